@@ -1,0 +1,92 @@
+"""Where everything lives in a site folder: one place, so no module guesses a path.
+
+    <site>/site.yaml                    the spec (any name)
+    <site>/compose/docker-compose.yml   rendered
+    <site>/nginx/nginx.conf, kit.js     rendered (mounted read-only at /etc/nginx/kit)
+    <site>/nginx/auth/                  htpasswd (bcrypt), keys.map (key digests), auth-state.conf
+    <site>/nginx/tls/                   server.crt, server.key, ca.crt
+    <site>/.kit/                        kit's own state: manifest, CA key, probe identity, last probe
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+NGINX_MOUNT = "/etc/nginx/kit"  # where the nginx/ folder appears inside the nginx container
+PROBE_USER = "kit-probe"  # the dedicated identity the gate authenticates as
+
+
+@dataclass(frozen=True)
+class SiteLayout:
+    root: Path
+
+    @property
+    def compose_dir(self) -> Path:
+        return self.root / "compose"
+
+    @property
+    def compose_file(self) -> Path:
+        return self.compose_dir / "docker-compose.yml"
+
+    @property
+    def nginx_dir(self) -> Path:
+        return self.root / "nginx"
+
+    @property
+    def nginx_conf(self) -> Path:
+        return self.nginx_dir / "nginx.conf"
+
+    @property
+    def auth_dir(self) -> Path:
+        return self.nginx_dir / "auth"
+
+    @property
+    def htpasswd(self) -> Path:
+        return self.auth_dir / "htpasswd"
+
+    @property
+    def keys_map(self) -> Path:
+        return self.auth_dir / "keys.map"
+
+    @property
+    def auth_state(self) -> Path:
+        return self.auth_dir / "auth-state.conf"
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.nginx_dir / "tls"
+
+    @property
+    def server_cert(self) -> Path:
+        return self.tls_dir / "server.crt"
+
+    @property
+    def server_key(self) -> Path:
+        return self.tls_dir / "server.key"
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.tls_dir / "ca.crt"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / ".kit"
+
+    @property
+    def ca_key(self) -> Path:
+        return self.state_dir / "ca.key"
+
+    @property
+    def manifest(self) -> Path:
+        return self.state_dir / "manifest.json"
+
+    @property
+    def probe_password(self) -> Path:
+        return self.state_dir / "probe.password"
+
+    @property
+    def last_probe(self) -> Path:
+        return self.state_dir / "last-probe.json"
+
+    @property
+    def keys_db(self) -> Path:
+        return self.state_dir / "keys.json"

@@ -1,0 +1,194 @@
+"""Spec → Plan: what the spec means on this server, decided once and in one place.
+
+The plan holds every decision the templates need (vLLM argv, GPU pinning, IPC mode, health timing,
+nginx sizing); templates only lay it out. Pure apart from reading model configs on this host.
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kit.errors import BadInput
+from kit.spec import Spec
+
+VLLM_PORT = 8000
+MODELS_MOUNT = "/models"
+HF_CACHE_MOUNT = "/root/.cache/huggingface"
+DEFAULT_ENGINE_READY_TIMEOUT = 600  # vLLM's VLLM_ENGINE_READY_TIMEOUT_S default
+WEIGHT_LOAD_ALLOWANCE = 300  # seconds beyond the engine-ready timeout for download + load
+STREAMS_WHEN_UNKNOWN = 256  # vLLM's max_num_seqs default on A100-class GPUs
+AUTH_VERIFIER_PORT = 8081  # nginx's loopback-only server: bcrypt check + its healthcheck
+
+
+@dataclass(frozen=True)
+class ServicePlan:
+    name: str
+    api_name: str
+    image: str
+    command: list[str]
+    gpus: list[str]
+    env: dict[str, str]
+    ipc_host: bool
+    model_is_local: bool
+    start_period: int  # seconds the healthcheck tolerates failures: the model loads meanwhile
+    max_num_seqs: int | None
+    max_num_seqs_reason: str
+    capacity: dict | None = None  # CapacityReport.to_json() when the model could be inspected
+
+
+@dataclass(frozen=True)
+class NginxPlan:
+    bind: str
+    https_port: int
+    http_port: int
+    max_body: str
+    read_timeout: int
+    connect_timeout: int
+    worker_connections: int
+    worker_rlimit_nofile: int
+    upstream_keepalive: int
+    rate_per_ip: int
+    rate_per_credential: int
+    failed_logins_per_ip: int
+    max_connections_per_ip: int
+    api_keys: bool
+    verifier_port: int = AUTH_VERIFIER_PORT
+
+
+@dataclass(frozen=True)
+class Plan:
+    site: str
+    domain: str
+    nginx_image: str
+    models_root: str
+    hf_cache: str | None
+    backend_internal: bool  # no egress for vLLM when every model is local
+    healthcheck_interval: int
+    services: list[ServicePlan]
+    nginx: NginxPlan
+    warnings: list[str] = field(default_factory=list)
+
+
+def build_plan(spec: Spec) -> Plan:
+    services = [_service_plan(spec, service) for service in spec.services]
+    streams = sum(s.max_num_seqs or STREAMS_WHEN_UNKNOWN for s in services)
+    # Each stream holds a client and an upstream connection; leave room for queued clients.
+    worker_connections = min(65536, max(4096, _next_power_of_two(streams * 4)))
+    warnings = [w for s in services for w in (s.capacity or {}).get("warnings", [])]
+    return Plan(
+        site=spec.site,
+        domain=spec.domain,
+        nginx_image=spec.images.nginx,
+        models_root=str(spec.models_root),
+        hf_cache=str(spec.hf_cache) if spec.hf_cache else None,
+        backend_internal=all(s.model_is_local for s in services),
+        healthcheck_interval=spec.healthcheck_interval,
+        services=services,
+        nginx=NginxPlan(
+            bind=spec.proxy.bind,
+            https_port=spec.proxy.https_port,
+            http_port=spec.proxy.http_port,
+            max_body=spec.proxy.max_body,
+            read_timeout=spec.proxy.read_timeout,
+            connect_timeout=spec.proxy.connect_timeout,
+            worker_connections=worker_connections,
+            worker_rlimit_nofile=worker_connections * 2,
+            upstream_keepalive=64,
+            rate_per_ip=spec.proxy.rate_limit_per_ip,
+            rate_per_credential=spec.proxy.rate_limit_per_credential,
+            failed_logins_per_ip=spec.proxy.failed_logins_per_ip,
+            max_connections_per_ip=spec.proxy.max_connections_per_ip,
+            api_keys=spec.auth.api_keys,
+        ),
+        warnings=warnings,
+    )
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def model_location(spec: Spec, model: str) -> tuple[bool, Path]:
+    """(is local, host path). `org/name` is a Hub id unless that directory exists here."""
+    host_path = spec.models_root / model
+    is_local = "/" not in model or host_path.is_dir()
+    return is_local, host_path
+
+
+def _service_plan(spec: Spec, service) -> ServicePlan:
+    is_local, host_path = model_location(spec, service.model)
+    capacity = _capacity(spec, service, host_path) if is_local else None
+    max_num_seqs, reason = _max_num_seqs(service, capacity)
+    command = [
+        "--model", f"{MODELS_MOUNT}/{service.model}" if is_local else service.model,
+        "--served-model-name", service.api_name,
+        "--tensor-parallel-size", str(service.tp),
+        "--max-model-len", str(service.max_model_len),
+        "--gpu-memory-utilization", f"{service.gpu_memory_utilization:g}",
+    ]
+    if max_num_seqs is not None:
+        command += ["--max-num-seqs", str(max_num_seqs)]
+    if service.dtype != "auto":
+        command += ["--dtype", service.dtype]
+    if service.quantization:
+        command += ["--quantization", service.quantization]
+    if service.kv_cache_dtype != "auto":
+        command += ["--kv-cache-dtype", service.kv_cache_dtype]
+    if service.trust_remote_code:
+        command += ["--trust-remote-code"]
+    command += ["--port", str(VLLM_PORT), *service.extra_args]
+    env = {"HF_HOME": HF_CACHE_MOUNT, **service.env}
+    engine_timeout = int(env.get("VLLM_ENGINE_READY_TIMEOUT_S", DEFAULT_ENGINE_READY_TIMEOUT))
+    return ServicePlan(
+        name=service.name,
+        api_name=service.api_name,
+        image=spec.images.vllm,
+        command=command,
+        gpus=[str(gpu) for gpu in service.gpus],
+        env=env,
+        ipc_host=service.tp > 1,
+        model_is_local=is_local,
+        start_period=service.startup_timeout or engine_timeout + WEIGHT_LOAD_ALLOWANCE,
+        max_num_seqs=max_num_seqs,
+        max_num_seqs_reason=reason,
+        capacity=capacity,
+    )
+
+
+def _capacity(spec: Spec, service, model_dir: Path) -> dict | None:
+    """The capacity plan when both the model config and the GPU size are known here."""
+    memory = [spec.gpu_memory_for(gpu) for gpu in service.gpus]
+    if not (model_dir / "config.json").is_file() or None in memory:
+        return None
+    from kit.capacity import plan_capacity
+    from kit.modelinfo import inspect_model_dir
+
+    report = plan_capacity(
+        inspect_model_dir(model_dir),
+        gpu_memory_gib=min(memory),
+        tensor_parallel=service.tp,
+        gpu_memory_utilization=service.gpu_memory_utilization,
+        max_model_len=service.max_model_len,
+        kv_cache_dtype=service.kv_cache_dtype,
+        quantization=service.quantization,
+        dtype=service.dtype,
+    )
+    if report.errors:
+        raise BadInput(
+            f"service {service.name} cannot start on this hardware:\n  - "
+            + "\n  - ".join(report.errors),
+            fix="see `kit plan` for the capacity table",
+        )
+    return report.to_json()
+
+
+def _max_num_seqs(service, capacity: dict | None) -> tuple[int | None, str]:
+    if service.max_num_seqs != "auto":
+        return service.max_num_seqs, "set in the spec"
+    if capacity is None:
+        return None, (
+            "auto, but the capacity plan needs the model's config.json and gpu_memory_gib on "
+            "this host: vLLM's own default applies"
+        )
+    return capacity["recommended_max_num_seqs"], capacity.get(
+        "recommended_max_num_seqs_reason", "from the capacity plan"
+    )

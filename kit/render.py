@@ -1,0 +1,131 @@
+"""Plan → files. Templates hold the layout; every decision was made in the plan.
+
+`render_site` is the whole `kit render`: validate, plan, compute every output, refuse to clobber
+hand edits, then write atomically. Nothing is written when any step fails.
+"""
+
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import jinja2
+
+from kit import __version__
+from kit.credentials import (
+    NewPassword,
+    auth_outputs,
+    self_signed_files,
+    tls_outputs,
+    user_files,
+)
+from kit.errors import BadInput
+from kit.files import Change, Output, apply_changes, hand_edits, pending_changes, read_manifest
+from kit.layout import NGINX_MOUNT, SiteLayout
+from kit.plan import (
+    AUTH_VERIFIER_PORT,
+    HF_CACHE_MOUNT,
+    MODELS_MOUNT,
+    VLLM_PORT,
+    Plan,
+    build_plan,
+)
+from kit.spec import Spec, load_spec, spec_warnings
+
+
+def _environment() -> jinja2.Environment:
+    loader = jinja2.FunctionLoader(
+        lambda name: resources.files("kit.templates").joinpath(name).read_text()
+    )
+    return jinja2.Environment(
+        loader=loader,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def generated_files(plan: Plan, spec_name: str) -> list[Output]:
+    """The files that are a pure function of the plan (committed as golden files)."""
+    env = _environment()
+    https = plan.nginx.https_port
+    context = {
+        "plan": plan,
+        "n": plan.nginx,
+        "spec_name": spec_name,
+        "kit_version": __version__,
+        "vllm_port": VLLM_PORT,
+        "models_mount": MODELS_MOUNT,
+        "hf_cache_mount": HF_CACHE_MOUNT,
+        "nginx_mount": NGINX_MOUNT,
+        "nginx_health_url": f"http://127.0.0.1:{AUTH_VERIFIER_PORT}/kit-healthz",
+        "https_port_suffix": "" if https == 443 else f":{https}",
+    }
+    layout = SiteLayout(Path("."))
+    return [
+        Output(
+            layout.compose_file,
+            env.get_template("docker-compose.yml.j2").render(context).encode(),
+        ),
+        Output(layout.nginx_conf, env.get_template("nginx.conf.j2").render(context).encode()),
+        Output(
+            layout.nginx_dir / "kit.js",
+            resources.files("kit.templates").joinpath("kit.js").read_bytes(),
+        ),
+    ]
+
+
+@dataclass
+class RenderResult:
+    spec: Spec
+    plan: Plan
+    changes: list[Change]
+    new_passwords: list[NewPassword] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    written: bool = False
+
+
+def site_outputs(spec: Spec, layout: SiteLayout, spec_dir: Path, spec_name: str):
+    """Every file of the site: generated config plus credential material."""
+    plan = build_plan(spec)
+    outputs = generated_files(plan, spec_name)
+    if spec.tls.mode == "self-signed":
+        tls = self_signed_files(layout, spec.site, spec.domain)
+    elif spec.tls.mode == "files":
+        cert = spec.tls.cert if spec.tls.cert.is_absolute() else spec_dir / spec.tls.cert
+        key = spec.tls.key if spec.tls.key.is_absolute() else spec_dir / spec.tls.key
+        tls = user_files(cert, key, spec.domain)
+    else:
+        raise BadInput(
+            "tls.mode acme is not available in this version of kit",
+            fix="use tls.mode self-signed, or files with a certificate you obtained",
+        )
+    outputs += tls_outputs(layout, tls)
+    auth, new_passwords = auth_outputs(layout, spec.auth.users)
+    return plan, outputs + auth, new_passwords
+
+
+def render_site(
+    spec_path: Path, out: Path | None = None, *, force: bool = False, dry_run: bool = False
+) -> RenderResult:
+    spec = load_spec(spec_path)
+    layout = SiteLayout(out or spec_path.parent)
+    plan, outputs, new_passwords = site_outputs(
+        spec, layout, spec_path.parent, spec_path.name
+    )
+    changes = pending_changes(layout.root, outputs)
+    result = RenderResult(spec, plan, changes, new_passwords, spec_warnings(spec) + plan.warnings)
+    if dry_run:
+        result.new_passwords = []  # nothing is written, so no password exists yet
+        return result
+    edited = hand_edits(layout.root, changes, read_manifest(layout.manifest))
+    if edited and not force:
+        raise BadInput(
+            "these files were edited by hand since kit last wrote them:\n"
+            + "\n".join(change.diff for change in edited),
+            fix="move the change into the spec, or re-run with --force to overwrite "
+            "(the diff above shows what would be lost: '-' lines are on disk now)",
+        )
+    layout.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    apply_changes(layout.root, changes, layout.manifest)
+    result.written = bool(changes)
+    return result
