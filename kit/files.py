@@ -115,6 +115,9 @@ def apply_changes(root: Path, changes: list[Change], manifest_path: Path) -> Non
     """Write every change atomically, the manifest last (it vouches for what is on disk)."""
     manifest = read_manifest(manifest_path)
     before = manifest_content(manifest)
+    for folder in {(root / change.output.path).parent for change in changes}:
+        for stale in folder.glob(".*.tmp"):
+            stale.unlink()  # left by a write that was killed before its rename
     for change in changes:
         output = change.output
         atomic_write(root / output.path, output.content, output.mode, output.group)

@@ -90,3 +90,8 @@ class SiteLayout:
     @property
     def keys_db(self) -> Path:
         return self.state_dir / "keys.json"
+
+    @property
+    def applied(self) -> Path:
+        """What the running stack has loaded that its labels cannot say (nginx's config digest)."""
+        return self.state_dir / "applied.json"

@@ -34,6 +34,11 @@ function principal(r) {
     return r.variables.remote_user ? 'user:' + r.variables.remote_user : '-';
 }
 
+// The verifier's answer once auth_basic accepted the password (cached by /_kit/auth).
+function verified(r) {
+    r.return(200, '');
+}
+
 function sendError(r, status, type, message, param) {
     r.headersOut['Content-Type'] = 'application/json';
     r.return(status, JSON.stringify({
@@ -123,4 +128,4 @@ function health(r) {
     });
 }
 
-export default {bearerDigest, credentialDigest, principal, route, models, health};
+export default {bearerDigest, credentialDigest, principal, verified, route, models, health};

@@ -1,0 +1,309 @@
+"""The only module that imports `docker`: kit's types in, plain data out, KitError on failure.
+
+Every engine error becomes a KitError saying what failed and how to fix it; callers never see a
+docker-py exception or object. The engine is found the way the docker CLI finds it (DOCKER_HOST,
+DOCKER_TLS_VERIFY, DOCKER_CERT_PATH; the local socket by default).
+"""
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+import docker
+import docker.errors
+import requests
+from docker.types import DeviceRequest, LogConfig, Mount, Ulimit
+
+from kit.errors import KitError
+from kit.stack import ContainerConfig, GpuRequest, NetworkState
+
+DEFAULT_HOST = "unix:///var/run/docker.sock"
+GPU_CHECK_ENTRYPOINT = "/kit-gpu-check-never-runs"  # exec fails after the GPU hook ran
+
+
+def engine_address() -> str:
+    return os.environ.get("DOCKER_HOST") or DEFAULT_HOST
+
+
+def explain(error: Exception, doing: str) -> KitError:
+    """A docker-py error → KitError with cause and fix (the mapping lives here, in one place)."""
+    text = _error_text(error)
+    if isinstance(error, requests.exceptions.ConnectionError) or (
+        isinstance(error, docker.errors.DockerException)
+        and not isinstance(error, docker.errors.APIError)
+        and ("Connection" in text or "connect" in text or "API version" in text)
+    ):
+        return KitError(
+            f"cannot reach the Docker engine at {engine_address()} while {doing}: {text}",
+            fix="is dockerd running? start it (systemctl start docker), or point "
+            f"DOCKER_HOST at the engine (DOCKER_HOST={os.environ.get('DOCKER_HOST', '<unset>')})",
+        )
+    if 'could not select device driver "nvidia"' in text:
+        return KitError(
+            f"the Docker engine has no NVIDIA runtime, so it cannot give containers GPUs "
+            f"({doing}: {text})",
+            fix="install nvidia-container-toolkit, run `nvidia-ctk runtime configure "
+            "--runtime=docker` and restart dockerd",
+        )
+    if "unknown device" in text or "invalid device ordinal" in text:
+        return KitError(
+            f"a GPU index the spec requests does not exist on this host ({doing}: {text})",
+            fix="list the GPUs with `nvidia-smi -L` and fix services[].gpus in the spec",
+        )
+    if "port is already allocated" in text or "address already in use" in text:
+        return KitError(
+            f"a published port is already in use ({doing}: {text})",
+            fix="stop what holds it, or change proxy.https_port / proxy.http_port in the spec",
+        )
+    return KitError(f"Docker engine: {doing} failed: {text}")
+
+
+def _error_text(error: Exception) -> str:
+    if isinstance(error, docker.errors.APIError) and error.explanation:
+        return str(error.explanation)
+    return str(error)
+
+
+@contextmanager
+def _engine_errors(doing: str) -> Iterator[None]:
+    try:
+        yield
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+        raise explain(error, doing) from None
+
+
+class Engine:
+    """A connected Docker engine, spoken to through kit's own types."""
+
+    def __init__(self, client: "docker.DockerClient"):
+        self._client = client
+        self._api = client.api
+
+    # ----------------------------------------------------------------- facts
+
+    @property
+    def is_local(self) -> bool:
+        """The engine runs on this host (so host paths and ports here are its own)."""
+        return engine_address().startswith(("unix://", "npipe://"))
+
+    def runtimes(self) -> set[str]:
+        with _engine_errors("reading the engine's info"):
+            return set(self._api.info().get("Runtimes") or {})
+
+    def containers(self, labels: list[str]) -> list[dict]:
+        """Inspect data of every container (running or not) carrying all `labels`."""
+        with _engine_errors("listing containers"):
+            summaries = self._api.containers(all=True, filters={"label": labels})
+            return [self._inspect_if_present(s["Id"]) for s in summaries if s]
+
+    def _inspect_if_present(self, container_id: str) -> dict:
+        try:
+            return self._api.inspect_container(container_id)
+        except docker.errors.NotFound:
+            return {}  # removed between the listing and the inspect
+
+    def inspect(self, container_id: str) -> dict:
+        with _engine_errors(f"inspecting container {container_id[:12]}"):
+            return self._api.inspect_container(container_id)
+
+    def networks(self, labels: list[str]) -> list[dict]:
+        with _engine_errors("listing networks"):
+            return self._api.networks(filters={"label": labels})
+
+    def volumes(self, labels: list[str]) -> list[dict]:
+        with _engine_errors("listing volumes"):
+            return self._api.volumes(filters={"label": labels}).get("Volumes") or []
+
+    def image_id(self, ref: str) -> str | None:
+        """The local image's ID for `ref`, or None when the engine does not have it."""
+        with _engine_errors(f"looking up image {ref}"):
+            try:
+                return self._api.inspect_image(ref)["Id"]
+            except docker.errors.ImageNotFound:
+                return None
+
+    def publishers(self, host_port: int) -> list[str]:
+        """Names of containers publishing `host_port`."""
+        with _engine_errors(f"looking for containers publishing port {host_port}"):
+            found = self._api.containers(all=False, filters={"publish": str(host_port)})
+            return [name.lstrip("/") for c in found for name in c.get("Names", [])[:1]]
+
+    # ----------------------------------------------------------------- images
+
+    def pull(self, ref: str) -> Iterator[dict]:
+        """Pull `ref`, yielding the engine's progress events ({id, status, progressDetail})."""
+        with _engine_errors(f"pulling image {ref}"):
+            for event in self._api.pull(ref, stream=True, decode=True):
+                if "error" in event:
+                    raise KitError(f"pulling image {ref} failed: {event['error']}")
+                yield event
+
+    # ----------------------------------------------------------------- networks, volumes
+
+    def create_network(self, network: NetworkState, labels: dict[str, str]) -> None:
+        with _engine_errors(f"creating network {network.name}"):
+            self._api.create_network(
+                network.name, driver="bridge", internal=network.internal, labels=labels
+            )
+
+    def remove_network(self, name: str) -> None:
+        with _engine_errors(f"removing network {name}"), suppress(docker.errors.NotFound):
+            self._api.remove_network(name)
+
+    def create_volume(self, name: str, labels: dict[str, str]) -> None:
+        with _engine_errors(f"creating volume {name}"):
+            self._api.create_volume(name, driver="local", labels=labels)
+
+    def remove_volume(self, name: str) -> None:
+        with _engine_errors(f"removing volume {name}"), suppress(docker.errors.NotFound):
+            self._api.remove_volume(name)
+
+    # ----------------------------------------------------------------- containers
+
+    def create_container(
+        self, name: str, config: ContainerConfig, labels: dict[str, str], aliases: list[str]
+    ) -> str:
+        """Create (not start) a container exactly as `config` says; returns its id.
+
+        Engine API 1.41 attaches one network at create; the others are connected before start.
+        """
+        first, *others = config.networks
+        with _engine_errors(f"creating container {name}"):
+            response = self._api.create_container(
+                image=config.image,
+                command=list(config.command),
+                name=name,
+                environment=[f"{key}={value}" for key, value in config.environment],
+                labels=labels,
+                ports=[(p.container_port, p.protocol) for p in config.ports],
+                healthcheck=_healthcheck(config),
+                stop_signal=config.stop_signal,
+                stop_timeout=config.stop_timeout,
+                host_config=self._api.create_host_config(**_host_config(config, first)),
+                networking_config=self._api.create_networking_config(
+                    {first: self._api.create_endpoint_config(aliases=aliases)}
+                ),
+            )
+            container_id = response["Id"]
+            for network in others:
+                self._api.connect_container_to_network(container_id, network, aliases=aliases)
+            return container_id
+
+    def start(self, container_id: str) -> None:
+        with _engine_errors(f"starting container {container_id[:12]}"):
+            self._api.start(container_id)
+
+    def stop(self, container_id: str) -> None:
+        """Stop with the container's own stop signal and grace period."""
+        with _engine_errors(f"stopping container {container_id[:12]}"):
+            self._api.stop(container_id)
+
+    def remove(self, container_id: str) -> None:
+        doing = f"removing container {container_id[:12]}"
+        with _engine_errors(doing), suppress(docker.errors.NotFound):
+            self._api.remove_container(container_id, force=True)
+
+    def exec(self, container_id: str, argv: list[str]) -> tuple[int, str]:
+        """Run `argv` in the container; (exit code, combined output)."""
+        with _engine_errors(f"running {argv[0]} in container {container_id[:12]}"):
+            exec_id = self._api.exec_create(container_id, argv)["Id"]
+            output = self._api.exec_start(exec_id)
+            return self._api.exec_inspect(exec_id)["ExitCode"], output.decode(errors="replace")
+
+    def signal(self, container_id: str, signal: str) -> None:
+        with _engine_errors(f"sending {signal} to container {container_id[:12]}"):
+            self._api.kill(container_id, signal=signal)
+
+    def log_tail(self, container_id: str, lines: int) -> str:
+        with _engine_errors(f"reading the log of container {container_id[:12]}"):
+            return self._api.logs(container_id, tail=lines).decode(errors="replace")
+
+    def log_stream(self, container_id: str, *, follow: bool, tail: int | str) -> Iterator[bytes]:
+        """The container's log as it arrives (stdout and stderr interleaved)."""
+        with _engine_errors(f"reading the log of container {container_id[:12]}"):
+            yield from self._api.logs(container_id, stream=True, follow=follow, tail=tail)
+
+    def check_device_request(self, image: str, gpus: tuple[GpuRequest, ...]) -> None:
+        """Prove the engine can give these GPUs: start a throwaway container asking for them.
+
+        The engine picks the device driver, then the NVIDIA hook checks the device ids, before
+        the entrypoint runs; the entrypoint does not exist, so nothing runs. Only a device error
+        counts, and it is raised as the KitError `explain` maps it to.
+        """
+        container_id = None
+        try:
+            with _engine_errors("checking the engine's GPU support"):
+                container_id = self._api.create_container(
+                    image=image,
+                    entrypoint=[GPU_CHECK_ENTRYPOINT],
+                    host_config=self._api.create_host_config(
+                        network_mode="none", device_requests=_device_requests(gpus)
+                    ),
+                    labels={"kit.gpu-check": "true"},
+                )["Id"]
+            try:
+                self._api.start(container_id)
+            except docker.errors.APIError as error:
+                mapped = explain(error, "checking the engine's GPU support")
+                if mapped.fix is not None:  # a device (or other understood) failure
+                    raise mapped from None
+        finally:
+            if container_id:
+                self.remove(container_id)
+
+
+def connect() -> Engine:
+    """Connect to the engine DOCKER_HOST names (or the local socket) and make sure it answers."""
+    with _engine_errors("connecting"):
+        client = docker.from_env()
+        client.ping()
+    return Engine(client)
+
+
+def _healthcheck(config: ContainerConfig) -> dict | None:
+    check = config.healthcheck
+    if check is None:
+        return None
+    return {
+        "test": list(check.test),
+        "interval": _nanoseconds(check.interval),
+        "timeout": _nanoseconds(check.timeout),
+        "retries": check.retries,
+        "start_period": _nanoseconds(check.start_period),
+    }
+
+
+def _nanoseconds(seconds: float) -> int:
+    return int(round(seconds * 1_000_000_000))
+
+
+def _device_requests(gpus: tuple[GpuRequest, ...]) -> list[DeviceRequest]:
+    return [
+        DeviceRequest(
+            driver=gpu.driver,
+            device_ids=list(gpu.device_ids),
+            capabilities=[list(gpu.capabilities)],
+        )
+        for gpu in gpus
+    ]
+
+
+def _host_config(config: ContainerConfig, network: str) -> dict[str, Any]:
+    return {
+        "mounts": [
+            Mount(m.target, m.source, type=m.type, read_only=m.read_only) for m in config.mounts
+        ],
+        "tmpfs": {path: "" for path in config.tmpfs},
+        "read_only": config.read_only or None,
+        "security_opt": list(config.security_opt) or None,
+        "ulimits": [Ulimit(name=n, soft=s, hard=h) for n, s, h in config.ulimits] or None,
+        "ipc_mode": config.ipc_mode,
+        "device_requests": _device_requests(config.gpus) or None,
+        "restart_policy": {"Name": config.restart} if config.restart != "no" else None,
+        "log_config": LogConfig(type=config.log_driver, config=dict(config.log_options)),
+        "port_bindings": {
+            f"{p.container_port}/{p.protocol}": (p.host_ip, p.host_port) for p in config.ports
+        },
+        "network_mode": network,
+    }

@@ -1,0 +1,277 @@
+"""Desired vs observed → the list of actions that converges the stack (pure; no engine).
+
+Every decision `kit up` and `kit down` make is taken here, so the plan prints as text that tests
+compare exactly, and an unchanged, healthy stack gives an empty plan. `kit.apply` only executes.
+
+Order matters and is decided here: containers that must go are removed first (a vLLM container
+holds GPU memory its replacement needs, so it is removed before the new one is created), then
+networks and volumes, then services in dependency order. A service waits for the health of the
+services it depends on before it is touched, and the proxy is reloaded after a backend it routes
+to was replaced (nginx resolves upstream names when it loads its config).
+"""
+
+from dataclasses import dataclass
+
+from kit.observe import ContainerState, ObservedState
+from kit.stack import PROXY_SERVICE, DesiredState, NetworkState, ServiceState, VolumeState
+
+
+@dataclass(frozen=True)
+class RemoveContainer:
+    container: ContainerState
+    reason: str
+    changes = True
+
+    def __str__(self) -> str:
+        return f"remove container {self.container.name}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class RemoveNetwork:
+    name: str
+    reason: str
+    changes = True
+
+    def __str__(self) -> str:
+        return f"remove network {self.name}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class CreateNetwork:
+    network: NetworkState
+    reason: str
+    changes = True
+
+    def __str__(self) -> str:
+        return f"create network {self.network.name}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class CreateVolume:
+    volume: VolumeState
+    reason: str
+    changes = True
+
+    def __str__(self) -> str:
+        return f"create volume {self.volume.name}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class RemoveVolume:
+    name: str
+    reason: str
+    changes = True
+
+    def __str__(self) -> str:
+        return f"remove volume {self.name}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class CreateContainer:
+    """Create and start the service's container."""
+
+    service: ServiceState
+    reason: str
+    changes = True
+
+    def __str__(self) -> str:
+        return f"create container {self.service.container_name}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class RecreateContainer:
+    """Stop and remove the old container, then create and start the new one."""
+
+    service: ServiceState
+    old: ContainerState
+    reason: str
+    changes = True
+
+    def __str__(self) -> str:
+        return f"recreate container {self.old.name}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class StartContainer:
+    service: ServiceState
+    container: ContainerState
+    reason: str
+    changes = True
+
+    def __str__(self) -> str:
+        return f"start container {self.container.name}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class ReloadProxy:
+    """Check the proxy's config in the container, then make it reload in place."""
+
+    service: ServiceState
+    container: ContainerState
+    reason: str
+    changes = True
+
+    def __str__(self) -> str:
+        return f"reload {self.container.name}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class WaitHealthy:
+    """Wait until every one of these services reports healthy (a step, not a change)."""
+
+    services: tuple[ServiceState, ...]
+    reason: str
+    changes = False
+
+    def __str__(self) -> str:
+        names = ", ".join(s.name for s in self.services)
+        return f"wait until healthy {names}: {self.reason}"
+
+
+Action = (
+    RemoveContainer | RemoveNetwork | CreateNetwork | CreateVolume | RemoveVolume
+    | CreateContainer | RecreateContainer | StartContainer | ReloadProxy | WaitHealthy
+)
+
+
+def describe(plan: list[Action]) -> str:
+    return "\n".join(str(action) for action in plan)
+
+
+def changes(plan: list[Action]) -> list[Action]:
+    """The actions that change the stack (drift), without the health waits."""
+    return [action for action in plan if action.changes]
+
+
+def plan_up(desired: DesiredState, observed: ObservedState) -> list[Action]:
+    """The actions that make the running stack what the rendered compose file describes."""
+    removals: list[Action] = []
+    kept: dict[str, ContainerState] = {}
+    for container in observed.containers:
+        if container.service not in {s.name for s in desired.services}:
+            removals.append(RemoveContainer(container, "service no longer in the compose file"))
+    for service in desired.services:
+        first, *extra = sorted(
+            observed.of(service.name),
+            key=lambda c: (c.name != service.container_name, not c.running, c.name),
+        ) or [None]
+        removals += [RemoveContainer(c, f"extra container of {service.name}") for c in extra]
+        if first is not None:
+            kept[service.name] = first
+
+    infrastructure: list[Action] = []
+    rebuilt_networks: set[str] = set()
+    for network in desired.networks:
+        found = observed.network(network.name)
+        if found is None:
+            infrastructure.append(CreateNetwork(network, "not found"))
+        elif found.internal != network.internal:
+            rebuilt_networks.add(network.name)
+            change = f"internal {str(found.internal).lower()} -> {str(network.internal).lower()}"
+            infrastructure += [
+                RemoveNetwork(network.name, change),
+                CreateNetwork(network, change),
+            ]
+    for service in desired.services:
+        if service.name in kept and rebuilt_networks.intersection(service.config.networks):
+            removals.append(RemoveContainer(kept.pop(service.name), "its network is recreated"))
+    infrastructure += [
+        CreateVolume(volume, "not found")
+        for volume in desired.volumes
+        if volume.name not in observed.volumes
+    ]
+
+    services = _service_actions(desired, observed, kept, rebuilt_networks)
+    declared = {n.name for n in desired.networks}
+    leftovers: list[Action] = [
+        RemoveNetwork(n.name, "no longer in the compose file")
+        for n in observed.networks
+        if n.name not in declared
+    ]
+    return removals + infrastructure + services + leftovers
+
+
+def _service_actions(
+    desired: DesiredState,
+    observed: ObservedState,
+    kept: dict[str, ContainerState],
+    rebuilt_networks: set[str],
+) -> list[Action]:
+    actions: list[Action] = []
+    touched: set[str] = set()  # services created, recreated or started by this plan
+    unhealthy: dict[str, str] = {}  # service → why it still has to be waited for
+    for service in desired.services:
+        action = _container_action(service, kept.get(service.name), observed, rebuilt_networks)
+        if action is None and service.reloadable and kept[service.name].running:
+            action = _reload_action(service, kept[service.name], observed, touched)
+        if action is not None:
+            waits = [
+                desired.service(dep) for dep, condition in service.depends_on
+                if condition == "service_healthy" and dep in unhealthy
+            ]
+            if waits:
+                reasons = {unhealthy.pop(s.name) for s in waits}
+                actions.append(WaitHealthy(tuple(waits), f"{service.name} depends on "
+                                           f"{'them' if len(waits) > 1 else 'it'}; "
+                                           + "; ".join(sorted(reasons))))
+            actions.append(action)
+        if isinstance(action, CreateContainer | RecreateContainer | StartContainer):
+            touched.add(service.name)
+            if service.config.healthcheck:
+                unhealthy[service.name] = "just started"
+        elif service.config.healthcheck and kept[service.name].health != "healthy":
+            unhealthy[service.name] = f"health {kept[service.name].health or 'unknown'}"
+    if unhealthy:
+        pending = tuple(desired.service(name) for name in unhealthy)
+        actions.append(WaitHealthy(pending, "; ".join(sorted(set(unhealthy.values())))))
+    return actions
+
+
+def _container_action(
+    service: ServiceState,
+    container: ContainerState | None,
+    observed: ObservedState,
+    rebuilt_networks: set[str],
+) -> Action | None:
+    if container is None:
+        recreated = rebuilt_networks.intersection(service.config.networks)
+        reason = f"network {', '.join(sorted(recreated))} recreated" if recreated else "not found"
+        return CreateContainer(service, reason)
+    if container.config_hash != service.config_hash:
+        old = (container.config_hash or "none")[:12]
+        return RecreateContainer(
+            service, container, f"config changed (hash {old} -> {service.config_hash[:12]})"
+        )
+    image_id = observed.image_ids.get(service.config.image)
+    if image_id is not None and image_id != container.image_id:
+        return RecreateContainer(service, container, f"image {service.config.image} was updated")
+    if container.state in ("created", "exited", "dead"):
+        detail = f" (exit code {container.exit_code})" if container.state == "exited" else ""
+        return StartContainer(service, container, f"{container.state}{detail}")
+    return None
+
+
+def _reload_action(
+    service: ServiceState, container: ContainerState, observed: ObservedState, touched: set[str]
+) -> Action | None:
+    reasons = []
+    loaded = observed.proxy_loaded
+    if loaded is None or loaded.container_id != container.id:
+        reasons.append("the config it loaded is not recorded")
+    elif loaded.files_digest != service.site_files_digest:
+        reasons.append("its mounted config files changed")
+    replaced = sorted(dep for dep, _ in service.depends_on if dep in touched)
+    if replaced:
+        reasons.append(f"re-resolve {', '.join(replaced)} (restarted)")
+    return ReloadProxy(service, container, "; ".join(reasons)) if reasons else None
+
+
+def plan_down(observed: ObservedState, volumes: bool) -> list[Action]:
+    """Remove every container of the project (the proxy first), its networks, and optionally
+    its volumes."""
+    containers = sorted(observed.containers, key=lambda c: c.service != PROXY_SERVICE)
+    plan: list[Action] = [RemoveContainer(c, "kit down") for c in containers]
+    plan += [RemoveNetwork(n.name, "kit down") for n in observed.networks]
+    if volumes:
+        plan += [RemoveVolume(name, "kit down --volumes") for name in observed.volumes]
+    return plan

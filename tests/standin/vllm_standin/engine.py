@@ -1,0 +1,447 @@
+"""The stand-in's "engine": a scheduler that emits one token per running request per step.
+
+Like vLLM's engine it runs requests in batched steps: at most --max-num-seqs run at once (and only
+as many as the simulated KV cache holds), the rest wait in FIFO order. Every step (one every
+STANDIN_TOKEN_INTERVAL_MS) gives each running request its next token. Metrics are real counts
+of what was served, exposed in Prometheus text as vLLM names them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+
+# Token texts: short lowercase pieces, most with a leading space (no JSON escaping needed).
+_rng = random.Random(20261129)
+VOCAB = [
+    (" " if _rng.random() < 0.7 else "")
+    + "".join(_rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(_rng.randint(1, 6)))
+    for _ in range(4096)
+]
+
+# Histogram buckets as vLLM 0.20 exposed them (http-trace.json).
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
+LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+
+
+class Histogram:
+    def __init__(self, name: str, help_text: str, buckets: tuple):
+        self.name, self.help, self.buckets = name, help_text, buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.sum = 0.0
+        self.created = time.time()
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.sum += value
+
+    def render(self, labels: str) -> list[str]:
+        out = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+        total = 0
+        for bound, count in zip((*self.buckets, math.inf), self.counts, strict=True):
+            total += count
+            le = "+Inf" if bound == math.inf else repr(float(bound))
+            bucket_labels = _labels(labels, 'le="' + le + '"')
+            out.append(f"{self.name}_bucket{{{bucket_labels}}} {float(total)}")
+        out.append(f"{self.name}_count{{{labels}}} {float(total)}")
+        out.append(f"{self.name}_sum{{{labels}}} {self.sum!r}")
+        out += [
+            f"# HELP {self.name}_created {self.help}",
+            f"# TYPE {self.name}_created gauge",
+            f"{self.name}_created{{{labels}}} {self.created!r}",
+        ]
+        return out
+
+
+class Request:
+    """One generation. `on_token(index, text, last)` is called once per step it runs."""
+
+    __slots__ = (
+        "prompt_tokens",
+        "max_tokens",
+        "on_token",
+        "arrival",
+        "scheduled",
+        "first_token",
+        "last_token",
+        "generated",
+        "rng",
+        "finished",
+    )
+
+    def __init__(
+        self, prompt_tokens: int, max_tokens: int, on_token: Callable[[int, str, bool], None]
+    ):
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.on_token = on_token
+        self.arrival = time.monotonic()
+        self.scheduled = self.first_token = self.last_token = 0.0
+        self.generated = 0
+        self.rng = random.Random()
+        self.finished = False
+
+    def blocks(self, block_size: int) -> int:
+        return -(-(self.prompt_tokens + self.max_tokens) // block_size)
+
+
+class Engine:
+    def __init__(
+        self,
+        *,
+        model_name: str,
+        interval_s: float,
+        max_num_seqs: int,
+        kv_tokens: int | None,
+        block_size: int,
+        cache_info: dict[str, str],
+    ):
+        self.model_name = model_name
+        self.interval = interval_s
+        self.max_num_seqs = max_num_seqs
+        self.block_size = block_size
+        self.total_blocks = kv_tokens // block_size if kv_tokens else None
+        self.used_blocks = 0
+        self.cache_info = cache_info
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._next_tick = 0.0
+        self.created = time.time()
+        self.counters = {
+            "prompt_tokens": 0,
+            "generation_tokens": 0,
+        }
+        self.success = dict.fromkeys(FINISH_REASONS, 0)
+        self.window = {"prompt": 0, "generation": 0, "start": time.monotonic()}
+        self.hist = {
+            "request_prompt_tokens": Histogram(
+                "vllm:request_prompt_tokens", "Number of prefill tokens processed.", TOKEN_BUCKETS
+            ),
+            "request_generation_tokens": Histogram(
+                "vllm:request_generation_tokens",
+                "Number of generation tokens processed.",
+                TOKEN_BUCKETS,
+            ),
+            "iteration_tokens_total": Histogram(
+                "vllm:iteration_tokens_total",
+                "Histogram of number of tokens per engine_step.",
+                ITERATION_BUCKETS,
+            ),
+            "request_params_max_tokens": Histogram(
+                "vllm:request_params_max_tokens",
+                "Histogram of the max_tokens request parameter.",
+                TOKEN_BUCKETS,
+            ),
+            "time_to_first_token_seconds": Histogram(
+                "vllm:time_to_first_token_seconds",
+                "Histogram of time to first token in seconds.",
+                TTFT_BUCKETS,
+            ),
+            "inter_token_latency_seconds": Histogram(
+                "vllm:inter_token_latency_seconds",
+                "Histogram of inter-token latency in seconds.",
+                ITL_BUCKETS,
+            ),
+            "request_time_per_output_token_seconds": Histogram(
+                "vllm:request_time_per_output_token_seconds",
+                "Histogram of time_per_output_token_seconds per request.",
+                ITL_BUCKETS,
+            ),
+            "e2e_request_latency_seconds": Histogram(
+                "vllm:e2e_request_latency_seconds",
+                "Histogram of e2e request latency in seconds.",
+                LATENCY_BUCKETS,
+            ),
+            "request_queue_time_seconds": Histogram(
+                "vllm:request_queue_time_seconds",
+                "Histogram of time spent in WAITING phase for request.",
+                LATENCY_BUCKETS,
+            ),
+            "request_inference_time_seconds": Histogram(
+                "vllm:request_inference_time_seconds",
+                "Histogram of time spent in RUNNING phase for request.",
+                LATENCY_BUCKETS,
+            ),
+            "request_prefill_time_seconds": Histogram(
+                "vllm:request_prefill_time_seconds",
+                "Histogram of time spent in PREFILL phase for request.",
+                LATENCY_BUCKETS,
+            ),
+            "request_decode_time_seconds": Histogram(
+                "vllm:request_decode_time_seconds",
+                "Histogram of time spent in DECODE phase for request.",
+                LATENCY_BUCKETS,
+            ),
+        }
+
+    # --- scheduling ------------------------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+        self.hist["request_params_max_tokens"].observe(request.max_tokens)
+        if self._timer is None:
+            loop = asyncio.get_running_loop()
+            self._next_tick = loop.time()
+            self._timer = loop.call_soon(self._step)
+
+    def abort(self, request: Request) -> None:
+        if request.finished:
+            return
+        if request in self.running:
+            self.running.remove(request)
+            self.used_blocks -= request.blocks(self.block_size)
+        else:
+            self.waiting.remove(request)
+        self._finish(request, "abort", time.monotonic())
+
+    def _admit(self, now: float) -> int:
+        prefill = 0
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            blocks = request.blocks(self.block_size)
+            if self.total_blocks is not None and self.used_blocks + blocks > self.total_blocks:
+                break
+            self.waiting.popleft()
+            self.used_blocks += blocks
+            request.scheduled = now
+            self.running.append(request)
+            prefill += request.prompt_tokens
+            self.counters["prompt_tokens"] += request.prompt_tokens
+            self.window["prompt"] += request.prompt_tokens
+        return prefill
+
+    def _step(self) -> None:
+        now = time.monotonic()
+        tokens = self._admit(now)
+        still_running = []
+        for request in self.running:
+            index = request.generated
+            request.generated += 1
+            last = request.generated >= request.max_tokens
+            if index == 0:
+                request.first_token = now
+            else:
+                self.hist["inter_token_latency_seconds"].observe(now - request.last_token)
+            request.last_token = now
+            request.on_token(index, VOCAB[request.rng.getrandbits(12)], last)
+            if last:
+                self.used_blocks -= request.blocks(self.block_size)
+                self._finish(request, "length", now)
+            else:
+                still_running.append(request)
+        tokens += len(self.running)
+        self.counters["generation_tokens"] += len(self.running)
+        self.window["generation"] += len(self.running)
+        if self.running:
+            self.hist["iteration_tokens_total"].observe(tokens)
+        self.running = still_running
+        if self.running or self.waiting:
+            loop = asyncio.get_running_loop()
+            self._next_tick = max(self._next_tick + self.interval, loop.time())
+            self._timer = loop.call_at(self._next_tick, self._step)
+        else:
+            self._timer = None
+
+    def _finish(self, request: Request, reason: str, now: float) -> None:
+        request.finished = True
+        self.success[reason] += 1
+        if reason == "abort":
+            return
+        h = self.hist
+        h["request_prompt_tokens"].observe(request.prompt_tokens)
+        h["request_generation_tokens"].observe(request.generated)
+        h["time_to_first_token_seconds"].observe(request.first_token - request.arrival)
+        h["e2e_request_latency_seconds"].observe(now - request.arrival)
+        h["request_queue_time_seconds"].observe(request.scheduled - request.arrival)
+        h["request_inference_time_seconds"].observe(now - request.scheduled)
+        h["request_prefill_time_seconds"].observe(request.first_token - request.scheduled)
+        h["request_decode_time_seconds"].observe(now - request.first_token)
+        if request.generated > 1:
+            h["request_time_per_output_token_seconds"].observe(
+                (now - request.first_token) / (request.generated - 1)
+            )
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    # --- reporting -------------------------------------------------------------------------
+
+    def kv_usage(self) -> float:
+        if not self.total_blocks:
+            return 0.0
+        used = sum(-(-(r.prompt_tokens + r.generated) // self.block_size) for r in self.running)
+        return used / self.total_blocks
+
+    def stats_line(self) -> str | None:
+        """vLLM's periodic "Engine 000: Avg prompt throughput ..." line, if anything happened."""
+        now = time.monotonic()
+        elapsed = max(1e-9, now - self.window["start"])
+        prompt, generation = self.window["prompt"], self.window["generation"]
+        self.window.update(prompt=0, generation=0, start=now)
+        if not (prompt or generation or self.running or self.waiting):
+            return None
+        return (
+            f"Engine 000: Avg prompt throughput: {prompt / elapsed:.1f} tokens/s, "
+            f"Avg generation throughput: {generation / elapsed:.1f} tokens/s, "
+            f"Running: {len(self.running)} reqs, Waiting: {len(self.waiting)} reqs, "
+            f"GPU KV cache usage: {100 * self.kv_usage():.1f}%, Prefix cache hit rate: 0.0%"
+        )
+
+    def metrics(self) -> str:
+        labels = f'engine="0",model_name="{self.model_name}"'
+        out: list[str] = []
+
+        def gauge(name: str, help_text: str, value: float) -> None:
+            out.extend(
+                [
+                    f"# HELP {name} {help_text}",
+                    f"# TYPE {name} gauge",
+                    f"{name}{{{labels}}} {float(value)!r}",
+                ]
+            )
+
+        def counter(name: str, help_text: str, values: dict[str, int]) -> None:
+            out.extend([f"# HELP {name}_total {help_text}", f"# TYPE {name}_total counter"])
+            for extra, value in values.items():
+                out.append(f"{name}_total{{{_labels(labels, extra)}}} {float(value)}")
+            out.extend([f"# HELP {name}_created {help_text}", f"# TYPE {name}_created gauge"])
+            for extra in values:
+                out.append(f"{name}_created{{{_labels(labels, extra)}}} {self.created!r}")
+
+        gauge(
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            len(self.running),
+        )
+        gauge(
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            len(self.waiting),
+        )
+        gauge(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            self.kv_usage(),
+        )
+        counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            {"": self.counters["prompt_tokens"]},
+        )
+        counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            {"": 0},
+        )
+        counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", {"": 0})
+        counter(
+            "vllm:prompt_tokens",
+            "Number of prefill tokens processed.",
+            {"": self.counters["prompt_tokens"]},
+        )
+        counter(
+            "vllm:generation_tokens",
+            "Number of generation tokens processed.",
+            {"": self.counters["generation_tokens"]},
+        )
+        counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            {f'finished_reason="{r}"': n for r, n in self.success.items()},
+        )
+        for histogram in self.hist.values():
+            out.extend(histogram.render(labels))
+        info = ",".join(f'{k}="{v}"' for k, v in sorted({**self.cache_info, "engine": "0"}.items()))
+        out.extend(
+            [
+                "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
+                "# TYPE vllm:cache_config_info gauge",
+                f"vllm:cache_config_info{{{info}}} 1.0",
+            ]
+        )
+        return "\n".join(out) + "\n"
+
+
+def _labels(base: str, extra: str) -> str:
+    """Labels sorted by name as prometheus_client prints them (engine, finished_reason, ...)."""
+    if not extra:
+        return base
+    parts = sorted([*base.split(","), extra], key=lambda p: p.split("=", 1)[0])
+    return ",".join(parts)

@@ -1,0 +1,556 @@
+"""`vllm serve` as the stand-in runs it: parse, validate, "load" (port refusing), serve.
+
+Start-up takes STANDIN_LOAD_SECONDS (default 3) and prints lines shaped like a real vLLM start-up
+log. The port is bound at once (so a port in use fails early, as in vLLM) but only listens once
+loading is done, so connections are refused meanwhile. Failures print vLLM's texts and exit with
+vLLM's codes. SIGTERM/SIGINT end the process within a second, with exit code 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import errno
+import os
+import signal
+import socket
+import sys
+import time
+
+from . import VERSION, cli, logs, model
+from .engine import Engine
+from .server import App, Connection
+
+PKG = "/usr/local/lib/python3.12/dist-packages/vllm"
+
+
+def _env_float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+class Failure(Exception):
+    """Start-up ends here; `report` prints what vLLM prints."""
+
+    def __init__(self, report, exit_code: int = 1):
+        super().__init__()
+        self.report = report
+        self.exit_code = exit_code
+
+
+def api_traceback(frames: list[tuple[str, int, str, str]], last: str) -> None:
+    lines = ["Traceback (most recent call last):"]
+    for path, lineno, func, code in frames:
+        lines += [f'  File "{path}", line {lineno}, in {func}', f"    {code}"]
+    logs.raw(logs.API, "\n".join([*lines, last]))
+
+
+SERVE_FRAMES = [
+    ("/usr/local/bin/vllm", 10, "<module>", "sys.exit(main())"),
+    (f"{PKG}/entrypoints/cli/main.py", 75, "main", "args.dispatch_function(args)"),
+    (f"{PKG}/entrypoints/cli/serve.py", 118, "cmd", "uvloop.run(run_server(args))"),
+]
+# Where EngineArgs.create_engine_config builds each config class.
+CONFIG_FRAMES = {
+    "ModelConfig": (1721, "model_config = self.create_model_config()"),
+    "ParallelConfig": (1852, "parallel_config = ParallelConfig("),
+    "VllmConfig": (2034, "config = VllmConfig("),
+}
+
+
+def config_failure(error: model.ConfigError) -> Failure:
+    lineno, code = CONFIG_FRAMES[error.config_class]
+    frames = [*SERVE_FRAMES, (f"{PKG}/engine/arg_utils.py", lineno, "create_engine_config", code)]
+
+    def report() -> None:
+        api_traceback(
+            frames,
+            f"pydantic_core._pydantic_core.ValidationError: 1 "
+            f"validation error for {error.config_class}\n  Value error, "
+            f"{error.message} [type=value_error, input_value={error.input_value}, "
+            "input_type=ArgsKwargs]",
+        )
+
+    return Failure(report)
+
+
+def repo_id_failure(message: str) -> Failure:
+    hub = "/usr/local/lib/python3.12/dist-packages/huggingface_hub/utils/_validators.py"
+    config = f"{PKG}/transformers_utils/config.py"
+
+    def report() -> None:
+        api_traceback(
+            [
+                (config, 612, "get_config", "config_dict, _ = PretrainedConfig.get_config_dict("),
+                (hub, 154, "validate_repo_id", "raise HFValidationError("),
+            ],
+            f"huggingface_hub.errors.HFValidationError: {message}\n\nThe above "
+            "exception was the direct cause of the following exception:\n",
+        )
+        api_traceback(
+            [*SERVE_FRAMES, (config, 640, "get_config", "raise OSError(str(e)) from e")],
+            f"OSError: {message}",
+        )
+
+    return Failure(report)
+
+
+def engine_failure(
+    exc_type: str, message: str, worker: str | None = None, worker_lines: tuple[str, ...] = ()
+) -> Failure:
+    """An exception in the engine core (or one of its workers) during initialisation."""
+
+    def report() -> None:
+        if worker is not None:
+            for text in worker_lines:
+                sys.stderr.write(text + "\n")
+            logs.error_block(
+                worker,
+                "multiproc_executor.py:862",
+                "\n".join(
+                    [
+                        "WorkerProc failed to start.",
+                        "Traceback (most recent call last):",
+                        f'  File "{PKG}/v1/executor/multiproc_executor.py", line 833, '
+                        "in worker_main",
+                        "    worker = WorkerProc(*args, **kwargs)",
+                        f"{exc_type}: {message}",
+                    ]
+                ),
+            )
+            core_type, core_message = (
+                "Exception",
+                (
+                    "WorkerProc initialization failed due to an exception in a background process. "
+                    "See stack trace for root cause."
+                ),
+            )
+        else:
+            core_type, core_message = exc_type, message
+        logs.error_block(
+            logs.ENGINE,
+            "core.py:1136",
+            "\n".join(
+                [
+                    "EngineCore failed to start.",
+                    "Traceback (most recent call last):",
+                    f'  File "{PKG}/v1/engine/core.py", line 1127, in run_engine_core',
+                    "    engine_core = EngineCoreProc(*args, engine_index=dp_rank, **kwargs)",
+                    f"{core_type}: {core_message}",
+                ]
+            ),
+        )
+        logs.raw(
+            logs.ENGINE,
+            "\n".join(
+                [
+                    "Process EngineCore:",
+                    "Traceback (most recent call last):",
+                    f'  File "{PKG}/v1/engine/core.py", line 1140, in run_engine_core',
+                    "    raise e",
+                    f"{core_type}: {core_message}",
+                ]
+            ),
+        )
+        api_traceback(
+            [
+                *SERVE_FRAMES,
+                (
+                    f"{PKG}/v1/engine/utils.py",
+                    1012,
+                    "wait_for_engine_startup",
+                    "raise RuntimeError(",
+                ),
+            ],
+            "RuntimeError: Engine core initialization failed. See root cause above. "
+            "Failed core proc(s): {}",
+        )
+
+    return Failure(report)
+
+
+class Standin:
+    def __init__(self, args: argparse.Namespace, parser: argparse.ArgumentParser):
+        self.args = args
+        self.parser = parser
+        self.load_s = _env_float("STANDIN_LOAD_SECONDS", 3.0)
+        self.start = time.monotonic()
+        self.sock: socket.socket | None = None
+        self.engine: Engine | None = None
+        self.app: App | None = None
+
+    async def at(self, fraction: float) -> None:
+        """Sleep until `fraction` of the simulated load time has passed."""
+        delay = self.start + fraction * self.load_s - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    # --- start-up --------------------------------------------------------------------------
+
+    def banner(self) -> None:
+        a = self.args
+        info = logs.line
+        info(logs.API, "INFO", "utils.py:299", "")
+        for text in (
+            "       █     █     █▄   ▄█",
+            f" ▄▄ ▄█ █     █     █ ▀▄▀ █  version {VERSION}",
+            f"  █▄█▀ █     █     █     █  model   {a.model}",
+            "   ▀▀  ▀▀▀▀▀ ▀▀▀▀▀ ▀     ▀",
+            "",
+        ):
+            info(logs.API, "INFO", "utils.py:299", text)
+        info(
+            logs.API,
+            "INFO",
+            "utils.py:233",
+            f"non-default args: {cli.non_default_args(a, self.parser)}",
+        )
+
+    def bind(self) -> None:
+        host = self.args.host or "0.0.0.0"
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            sock.bind((host, self.args.port))
+        except OSError as e:
+            sock.close()
+            text = f"OSError: [Errno {e.errno}] {os.strerror(e.errno or errno.EADDRINUSE)}"
+            frames = [
+                *SERVE_FRAMES,
+                (
+                    f"{PKG}/entrypoints/openai/api_server.py",
+                    611,
+                    "setup_server",
+                    "sock = create_server_socket(sock_addr)",
+                ),
+                (
+                    f"{PKG}/entrypoints/openai/api_server.py",
+                    573,
+                    "create_server_socket",
+                    "sock.bind(addr)",
+                ),
+            ]
+            raise Failure(lambda: api_traceback(frames, text)) from e
+        self.sock = sock
+
+    async def validate(self) -> tuple[model.ModelSource, int, list[str], int]:
+        """Config checks in vLLM's order: device, model, context length, parallelism."""
+        a = self.args
+        runtime_ids = model.runtime_gpu_ids()
+        if not runtime_ids:
+            await self.at(0.05)
+            logs.line(
+                logs.API,
+                "INFO",
+                "__init__.py:245",
+                "No platform detected, vLLM is running on UnspecifiedPlatform",
+            )
+            raise Failure(
+                lambda: api_traceback(
+                    [
+                        *SERVE_FRAMES,
+                        (f"{PKG}/config/device.py", 59, "__post_init__", "raise RuntimeError("),
+                    ],
+                    "RuntimeError: Failed to infer device type, please set the environment "
+                    "variable `VLLM_LOGGING_LEVEL=DEBUG` to turn on verbose logging to help "
+                    "debug the issue.",
+                )
+            )
+        await self.at(0.1)
+        try:
+            source = model.resolve_model(a.model)
+        except model.RepoIdError as e:
+            raise repo_id_failure(str(e)) from e
+        try:
+            model.check_remote_code(source, a.trust_remote_code)
+            model.check_quantization(a.model, a.quantization)
+            max_model_len = model.resolve_max_model_len(source, a.max_model_len)
+            gpu_count = model.cuda_device_count(runtime_ids)
+            tp, pp = a.tensor_parallel_size, a.pipeline_parallel_size
+            model.check_world_size(tp * pp, gpu_count, a.distributed_executor_backend, pp, tp)
+            model.check_heads(source, tp)
+        except model.ConfigError as e:
+            raise config_failure(e) from e
+        if source.config_dir is None:
+            logs.line(
+                logs.API,
+                "WARNING",
+                "model.py:555",
+                f"stand-in: no config.json for {a.model!r}; serving without model "
+                "dimensions (memory checks skipped)",
+            )
+        else:
+            arch = (source.config.get("architectures") or ["unknown"])[0]
+            logs.line(logs.API, "INFO", "model.py:555", f"Resolved architecture: {arch}")
+        logs.line(logs.API, "INFO", "model.py:1680", f"Using max model len {max_model_len}")
+        return source, max_model_len, runtime_ids, gpu_count
+
+    async def load(
+        self, source: model.ModelSource, max_model_len: int, gpu_count: int
+    ) -> model.MemoryPlan:
+        a = self.args
+        tp, pp = a.tensor_parallel_size, a.pipeline_parallel_size
+        gpu_total = int(_env_float("STANDIN_GPU_MEMORY_GIB", 80) * model.GiB)
+        default_seqs, default_tokens = model.scheduler_defaults(gpu_total)
+        self.max_num_seqs = a.max_num_seqs or default_seqs
+        batched = a.max_num_batched_tokens or default_tokens
+        logs.line(
+            logs.API,
+            "INFO",
+            "scheduler.py:239",
+            f"Chunked prefill is enabled with max_num_batched_tokens={batched}.",
+        )
+        await self.at(0.2)
+        logs.line(
+            logs.ENGINE,
+            "INFO",
+            "core.py:109",
+            f"Initializing a V1 LLM engine (v{VERSION}) with config: model='{a.model}', "
+            f"tokenizer='{a.model}', trust_remote_code={a.trust_remote_code}, "
+            f"dtype={a.dtype}, max_seq_len={max_model_len}, tensor_parallel_size={tp}, "
+            f"pipeline_parallel_size={pp}, enforce_eager={bool(a.enforce_eager)}",
+        )
+        if gpu_count == 0:
+            raise engine_failure("RuntimeError", "No CUDA GPUs are available")
+        if tp * pp > 1:
+            await self.at(0.25)
+            limit = model.shm_bytes()
+            if limit < model.GiB:
+                host = socket.gethostname()
+                pid = os.getpid()
+                seg = f"/dev/shm/nccl-{os.urandom(3).hex()}"
+                raise engine_failure(
+                    "RuntimeError",
+                    "NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)",
+                    worker="Worker_TP1",
+                    worker_lines=(
+                        f"{host}:{pid}:{pid} [1] misc/shmutils.cc:88 NCCL WARN Error: failed to "
+                        f"extend {seg} to 9637892 bytes, error: No space left on device (28)",
+                        f"{host}:{pid}:{pid} [1] misc/shmutils.cc:132 NCCL WARN Error while "
+                        f"creating shared memory segment {seg} (size 9637888), error: No space "
+                        "left on device (28)",
+                    ),
+                )
+            for rank in range(tp * pp):
+                logs.line(
+                    f"Worker_TP{rank}",
+                    "INFO",
+                    "parallel_state.py:1402",
+                    f"world_size={tp * pp} rank={rank} local_rank={rank} "
+                    "distributed_init_method=tcp://127.0.0.1:43973 backend=nccl",
+                )
+        await self.at(0.3)
+        logs.line(
+            logs.ENGINE, "INFO", "gpu_model_runner.py:4777", f"Starting to load model {a.model}..."
+        )
+        await self.at(0.5)
+        try:
+            plan = model.plan_memory(
+                source,
+                dtype_flag=a.dtype,
+                kv_cache_dtype=a.kv_cache_dtype,
+                tp=tp,
+                pp=pp,
+                gpu_memory_utilization=a.gpu_memory_utilization,
+                max_model_len=max_model_len,
+                max_num_batched_tokens=batched,
+                enforce_eager=bool(a.enforce_eager),
+            )
+        except model.EngineError as e:
+            if e.exc_type.startswith("torch"):
+                raise engine_failure(e.exc_type, e.message) from e
+            plan = None
+            failure = e
+        else:
+            failure = None
+        weights = model.MemoryPlan.weight_bytes(
+            source,
+            model.Dims.from_config(source.config),
+            model.model_dtype(source.config, a.dtype),
+            tp,
+            pp,
+        )
+        logs.line(
+            logs.ENGINE,
+            "INFO",
+            "gpu_model_runner.py:4879",
+            f"Model loading took {weights / model.GiB:.2f} GiB memory and "
+            f"{0.2 * self.load_s:.6f} seconds",
+        )
+        if not a.enforce_eager:
+            await self.at(0.7)
+            logs.line(
+                logs.ENGINE,
+                "INFO",
+                "monitor.py:53",
+                f"torch.compile took {0.2 * self.load_s:.2f} s in total",
+            )
+        await self.at(0.8)
+        if failure is not None:
+            raise engine_failure(failure.exc_type, failure.message)
+        if plan.kv_available is not None:
+            logs.line(
+                logs.ENGINE,
+                "INFO",
+                "gpu_worker.py:440",
+                f"Available KV cache memory: {plan.kv_available / model.GiB:.2f} GiB",
+            )
+            logs.line(
+                logs.ENGINE,
+                "INFO",
+                "kv_cache_utils.py:1711",
+                f"GPU KV cache size: {plan.kv_tokens:,} tokens",
+            )
+            logs.line(
+                logs.ENGINE,
+                "INFO",
+                "kv_cache_utils.py:1716",
+                f"Maximum concurrency for {max_model_len:,} tokens per request: "
+                f"{plan.kv_tokens / max_model_len:.2f}x",
+            )
+        if not a.enforce_eager:
+            await self.at(0.9)
+            logs.line(
+                logs.ENGINE,
+                "INFO",
+                "gpu_model_runner.py:6133",
+                f"Graph capturing finished in {0.1 * self.load_s:.0f} secs, took "
+                f"{model.CUDA_GRAPH_GIB:.2f} GiB",
+            )
+        await self.at(1.0)
+        logs.line(
+            logs.ENGINE,
+            "INFO",
+            "core.py:299",
+            f"init engine (profile, create kv cache, warmup model) took {0.8 * self.load_s:.2f} s",
+        )
+        return plan
+
+    async def serve(
+        self, source: model.ModelSource, max_model_len: int, plan: model.MemoryPlan
+    ) -> asyncio.Server:
+        a = self.args
+        names = a.served_model_name or [a.model]
+        keys = list(a.api_key or [])
+        if os.environ.get("VLLM_API_KEY"):
+            keys.append(os.environ["VLLM_API_KEY"])
+        self.engine = Engine(
+            model_name=names[0],
+            interval_s=_env_float("STANDIN_TOKEN_INTERVAL_MS", 20) / 1000,
+            max_num_seqs=self.max_num_seqs,
+            kv_tokens=plan.kv_tokens,
+            block_size=a.block_size or model.BLOCK_SIZE,
+            cache_info={
+                "block_size": str(a.block_size or model.BLOCK_SIZE),
+                "cache_dtype": a.kv_cache_dtype,
+                "gpu_memory_utilization": str(a.gpu_memory_utilization),
+                "num_gpu_blocks": str((plan.kv_tokens or 0) // model.BLOCK_SIZE),
+                "enable_prefix_caching": str(a.enable_prefix_caching is not False),
+            },
+        )
+        self.app = App(
+            engine=self.engine,
+            served_names=names,
+            root=a.model,
+            max_model_len=max_model_len,
+            api_keys=keys,
+            vocab_size=int(source.config.get("vocab_size") or 32000),
+            default_max_tokens=16,
+            force_usage=bool(a.enable_force_include_usage),
+            access_log=not a.disable_uvicorn_access_log,
+            log_stats=not a.disable_log_stats,
+        )
+        host = a.host or "0.0.0.0"
+        logs.line(logs.API, "INFO", "api_server.py:598", "Supported tasks: ['generate']")
+        logs.line(
+            logs.API, "INFO", "api_server.py:602", f"Starting vLLM server on http://{host}:{a.port}"
+        )
+        logs.line(logs.API, "INFO", "launcher.py:37", "Available routes are:")
+        for path, (methods, _) in self.app.routes.items():
+            logs.line(
+                logs.API,
+                "INFO",
+                "launcher.py:46",
+                f"Route: {path}, Methods: {', '.join(sorted(methods))}",
+            )
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(
+            lambda: Connection(self.app), sock=self.sock, backlog=2048
+        )
+        for text in (
+            f"INFO:     Started server process [{os.getpid()}]",
+            "INFO:     Waiting for application startup.",
+            "INFO:     Application startup complete.",
+        ):
+            logs.raw(logs.API, text, sys.stdout)
+        if not a.disable_log_stats:
+            self._schedule_stats(loop)
+        return server
+
+    def _schedule_stats(self, loop: asyncio.AbstractEventLoop) -> None:
+        def tick() -> None:
+            text = self.engine.stats_line()
+            if text:
+                logs.line(logs.API, "INFO", "loggers.py:257", text)
+            loop.call_later(10, tick)
+
+        loop.call_later(10, tick)
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        server = None
+        try:
+            self.banner()
+            self.bind()
+            source, max_model_len, _, gpu_count = await self.validate()
+            plan = await self.load(source, max_model_len, gpu_count)
+            server = await self.serve(source, max_model_len, plan)
+            await asyncio.Event().wait()
+        except Failure as f:
+            await self.at(0.1)
+            f.report()
+            return f.exit_code
+        except asyncio.CancelledError:
+            self.shutdown(server)
+            return 0
+        return 0
+
+    def shutdown(self, server: asyncio.Server | None) -> None:
+        if server is None:
+            return
+        logs.raw(logs.API, "INFO:     Shutting down", sys.stdout)
+        server.close()
+        if self.engine is not None:
+            self.engine.stop()
+        for conn in list(self.app.connections):
+            conn.transport.abort()
+        for text in (
+            "INFO:     Waiting for application shutdown.",
+            "INFO:     Application shutdown complete.",
+            f"INFO:     Finished server process [{os.getpid()}]",
+        ):
+            logs.raw(logs.API, text, sys.stdout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
+    argv = sys.argv[1:] if argv is None else argv
+    parser = cli.build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except cli.StandinUnsupported as e:
+        print(f"vllm stand-in: {e}", file=sys.stderr)
+        return 2
+    if args.subparser != "serve":
+        print("vllm stand-in: only `vllm serve` is imitated", file=sys.stderr)
+        return 2
+    if args.model_tag is not None:
+        args.model = args.model_tag
+    return asyncio.run(Standin(args, parser).run())

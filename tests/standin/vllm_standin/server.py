@@ -1,0 +1,744 @@
+"""HTTP/1.1 front of the stand-in: vLLM's OpenAI-compatible routes on a bare asyncio protocol.
+
+Responses copy what vLLM 0.20 sent on a real GPU (shared/reference/vllm-0.20-observed/
+http-trace.json): header names, JSON field order, SSE chunk layout, error bodies. Keep-alive and
+pipelined requests are handled; streamed bodies use chunked transfer encoding. Stream chunks are
+built from precomputed byte prefixes so hundreds of concurrent streams stay cheap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import hashlib
+import json
+import re
+import secrets
+import sys
+import time
+import zlib
+from dataclasses import dataclass
+from http import HTTPStatus
+
+from . import VERSION, logs
+from .engine import Engine, Request
+
+GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")
+SITE_PACKAGES = "/usr/local/lib/python3.12/dist-packages"
+MAX_HEADER_BYTES = 65536
+WORD = re.compile(r"\s*\w+|\s*[^\w\s]")
+
+
+def dumps(obj: object) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def error_body(message: str, err_type: str, param: str | None, code: int) -> bytes:
+    return dumps({"error": {"message": message, "type": err_type, "param": param, "code": code}})
+
+
+class HttpError(Exception):
+    pass
+
+
+@dataclass
+class HttpRequest:
+    method: str
+    target: str
+    version: str
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def path(self) -> str:
+        return self.target.split("?", 1)[0]
+
+
+def parse_request(buffer: bytearray) -> tuple[HttpRequest | None, bool]:
+    """(the first complete request, whether it waits for `100 Continue`); consumes it."""
+    end = buffer.find(b"\r\n\r\n")
+    if end < 0:
+        if len(buffer) > MAX_HEADER_BYTES:
+            raise HttpError("header too large")
+        return None, False
+    try:
+        head = buffer[:end].decode("latin-1").split("\r\n")
+        method, target, version = head[0].split(" ")
+    except ValueError as e:
+        raise HttpError("bad request line") from e
+    if not version.startswith("HTTP/1."):
+        raise HttpError("bad version")
+    headers: dict[str, str] = {}
+    for header_line in head[1:]:
+        name, sep, value = header_line.partition(":")
+        if not sep:
+            raise HttpError("bad header")
+        headers[name.strip().lower()] = value.strip()
+    start = end + 4
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        body = bytearray()
+        pos = start
+        while True:
+            eol = buffer.find(b"\r\n", pos)
+            if eol < 0:
+                return None, headers.get("expect", "").lower() == "100-continue"
+            try:
+                size = int(bytes(buffer[pos:eol]).split(b";")[0], 16)
+            except ValueError as e:
+                raise HttpError("bad chunk size") from e
+            if len(buffer) < eol + 2 + size + 2:
+                return None, headers.get("expect", "").lower() == "100-continue"
+            body += buffer[eol + 2 : eol + 2 + size]
+            pos = eol + 2 + size + 2
+            if size == 0:
+                break
+        consumed = pos
+    else:
+        try:
+            length = int(headers.get("content-length", "0"))
+        except ValueError as e:
+            raise HttpError("bad content-length") from e
+        if len(buffer) < start + length:
+            return None, headers.get("expect", "").lower() == "100-continue"
+        body = buffer[start : start + length]
+        consumed = start + length
+    del buffer[:consumed]
+    return HttpRequest(method, target, version, headers, bytes(body)), False
+
+
+_date_cache = [0, ""]
+
+
+def http_date() -> str:
+    now = int(time.time())
+    if _date_cache[0] != now:
+        _date_cache[:] = [now, email.utils.formatdate(now, usegmt=True)]
+    return _date_cache[1]
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, app: App):
+        self.app = app
+        self.buffer = bytearray()
+        self.busy = False
+        self.keep_alive = True
+        self.chunked = True
+        self.continued = False
+        self.active: Request | None = None
+        self.transport: asyncio.Transport | None = None
+        self.peer = ("", 0)
+
+    # --- asyncio protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.peer = transport.get_extra_info("peername") or ("", 0)
+        self.app.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if not self.busy:
+            self._next()
+
+    def connection_lost(self, exc) -> None:
+        self.app.connections.discard(self)
+        if self.active is not None:
+            self.app.engine.abort(self.active)
+            self.active = None
+
+    def _next(self) -> None:
+        while not self.busy and not self.transport.is_closing():
+            try:
+                request, wants_continue = parse_request(self.buffer)
+            except HttpError:
+                self.keep_alive = False
+                body = b"Invalid HTTP request received."
+                self.transport.write(
+                    b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                    b"connection: close\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body)
+                )
+                self.transport.close()
+                return
+            if request is None:
+                if wants_continue and not self.continued:
+                    self.continued = True
+                    self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                return
+            self.continued = False
+            self.busy = True
+            connection = request.headers.get("connection", "").lower()
+            if request.version == "HTTP/1.0":
+                self.keep_alive = connection == "keep-alive"
+                self.chunked = False
+            else:
+                self.keep_alive = connection != "close"
+            self.app.dispatch(self, request)
+
+    def _finish(self) -> None:
+        self.active = None
+        self.busy = False
+        if not self.keep_alive:
+            self.transport.close()
+        elif self.buffer:
+            asyncio.get_running_loop().call_soon(self._next)
+
+    # --- responses -------------------------------------------------------------------------
+
+    def _head(self, status: int, headers: list[tuple[str, str]]) -> bytes:
+        lines = [
+            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
+            f"Date: {http_date()}",
+            "Server: uvicorn",
+        ]
+        lines += [f"{k}: {v}" for k, v in headers]
+        lines.append("Vary: Origin")
+        if not self.keep_alive:
+            lines.append("Connection: close")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    def send(
+        self,
+        request: HttpRequest,
+        status: int,
+        body: bytes = b"",
+        content_type: str | None = "application/json",
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        head = [("Content-Length", str(len(body)))]
+        if content_type:
+            head.append(("Content-Type", content_type))
+        self.transport.write(self._head(status, head + list(headers)) + body)
+        self.app.access(self, request, status)
+        self._finish()
+
+    def start_stream(self, request: HttpRequest) -> None:
+        head = [("Content-Type", "text/event-stream; charset=utf-8")]
+        if self.chunked:
+            head.append(("Transfer-Encoding", "chunked"))
+        self.transport.write(self._head(200, head))
+        self.app.access(self, request, 200)
+
+    def write_event(self, payload: bytes) -> None:
+        if self.transport.is_closing():
+            return
+        if self.chunked:
+            self.transport.write(b"%x\r\n%b\r\n" % (len(payload), payload))
+        else:
+            self.transport.write(payload)
+
+    def end_stream(self) -> None:
+        if self.chunked and not self.transport.is_closing():
+            self.transport.write(b"0\r\n\r\n")
+        self._finish()
+
+
+class App:
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        served_names: list[str],
+        root: str,
+        max_model_len: int,
+        api_keys: list[str],
+        vocab_size: int,
+        default_max_tokens: int,
+        force_usage: bool,
+        access_log: bool,
+        log_stats: bool,
+    ):
+        self.engine = engine
+        self.served_names = served_names
+        self.root = root
+        self.max_model_len = max_model_len
+        self.key_hashes = {hashlib.sha256(k.encode()).digest() for k in api_keys}
+        self.vocab_size = vocab_size
+        self.default_max_tokens = default_max_tokens
+        self.force_usage = force_usage
+        self.access_log = access_log
+        self.log_stats = log_stats
+        self.created = int(time.time())
+        self.connections: set[Connection] = set()
+        self.routes = {
+            "/health": ({"GET"}, self.health),
+            "/ping": ({"GET", "POST"}, self.health),
+            "/version": ({"GET"}, self.version),
+            "/v1/models": ({"GET"}, self.models),
+            "/v1/chat/completions": ({"POST"}, self.chat),
+            "/v1/completions": ({"POST"}, self.completions),
+            "/tokenize": ({"POST"}, self.tokenize),
+            "/invocations": ({"POST"}, self.invocations),
+            "/metrics": ({"GET"}, self.metrics),
+        }
+
+    def access(self, conn: Connection, request: HttpRequest, status: int) -> None:
+        if self.access_log:
+            host, port = conn.peer[0], conn.peer[1]
+            logs.raw(
+                logs.API,
+                f'INFO:     {host}:{port} - "{request.method} {request.target} '
+                f'{request.version}" {status} {HTTPStatus(status).phrase}',
+                sys.stdout,
+            )
+
+    def dispatch(self, conn: Connection, request: HttpRequest) -> None:
+        path = request.path
+        if (
+            self.key_hashes
+            and request.method != "OPTIONS"
+            and path.startswith(GUARDED_PREFIX)
+            and not self._authorized(request)
+        ):
+            conn.send(request, 401, dumps({"error": "Unauthorized"}))
+            return
+        route = self.routes.get(path)
+        if route is None:
+            conn.send(request, 404, dumps({"detail": "Not Found"}))
+            return
+        methods, handler = route
+        if request.method not in methods:
+            conn.send(
+                request,
+                405,
+                dumps({"detail": "Method Not Allowed"}),
+                headers=(("Allow", ", ".join(sorted(methods))),),
+            )
+            return
+        handler(conn, request)
+
+    def _authorized(self, request: HttpRequest) -> bool:
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        return scheme == "Bearer" and hashlib.sha256(token.encode()).digest() in self.key_hashes
+
+    # --- simple routes ---------------------------------------------------------------------
+
+    def health(self, conn: Connection, request: HttpRequest) -> None:
+        conn.send(request, 200, b"", content_type=None)
+
+    def version(self, conn: Connection, request: HttpRequest) -> None:
+        conn.send(request, 200, dumps({"version": VERSION}))
+
+    def models(self, conn: Connection, request: HttpRequest) -> None:
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": self.created,
+                "owned_by": "vllm",
+                "root": self.root,
+                "parent": None,
+                "max_model_len": self.max_model_len,
+                "permission": [
+                    {
+                        "id": f"modelperm-{secrets.token_hex(8)}",
+                        "object": "model_permission",
+                        "created": self.created,
+                        "allow_create_engine": False,
+                        "allow_sampling": True,
+                        "allow_logprobs": True,
+                        "allow_search_indices": False,
+                        "allow_view": True,
+                        "allow_fine_tuning": False,
+                        "organization": "*",
+                        "group": None,
+                        "is_blocking": False,
+                    }
+                ],
+            }
+            for name in self.served_names
+        ]
+        conn.send(request, 200, dumps({"object": "list", "data": data}))
+
+    def metrics(self, conn: Connection, request: HttpRequest) -> None:
+        v = sys.version_info
+        text = (
+            "# HELP python_info Python platform information\n# TYPE python_info gauge\n"
+            f'python_info{{implementation="CPython",major="{v.major}",minor="{v.minor}",'
+            f'patchlevel="{v.micro}",version="{v.major}.{v.minor}.{v.micro}"}} 1.0\n'
+        )
+        if self.log_stats:
+            text += self.engine.metrics()
+        conn.send(request, 200, text.encode(), "text/plain; version=1.0.0; charset=utf-8")
+
+    # --- tokenization ----------------------------------------------------------------------
+
+    def _tokens(self, text: str) -> list[str]:
+        return WORD.findall(text)
+
+    def _chat_tokens(self, messages: list) -> list[str]:
+        tokens = ["<s>"]
+        for message in messages:
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, list):
+                content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+            role = message.get("role", "user") if isinstance(message, dict) else "user"
+            tokens += [
+                "<|start|>",
+                str(role),
+                "<|sep|>",
+                *self._tokens(str(content or "")),
+                "<|end|>",
+            ]
+        return [*tokens, "<|start|>", "assistant", "<|sep|>"]
+
+    def _prompt_tokens(self, prompt: object) -> list[str]:
+        if isinstance(prompt, list):
+            if all(isinstance(p, int) for p in prompt):
+                return [str(p) for p in prompt]
+            return [t for p in prompt for t in self._prompt_tokens(p)]
+        return ["<s>", *self._tokens(str(prompt))]
+
+    def _token_id(self, token: str) -> int:
+        return zlib.crc32(token.encode()) % self.vocab_size
+
+    # --- request validation ----------------------------------------------------------------
+
+    def _json_body(self, conn: Connection, request: HttpRequest, handler: str) -> dict | None:
+        try:
+            body = json.loads(request.body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            pos, msg = (e.pos, e.msg) if isinstance(e, json.JSONDecodeError) else (0, str(e))
+            detail = (
+                f"{{'type': 'json_invalid', 'loc': ('body', {pos}), 'msg': 'JSON decode "
+                f"error', 'input': {{}}, 'ctx': {{'error': '{msg}'}}}}"
+            )
+            message = (
+                f'1 validation error:\n  {detail}\n\n  File "{SITE_PACKAGES}/vllm/'
+                f'entrypoints/utils.py", line 40, in {handler}\n    {request.method} '
+                f"{request.path} [{detail}]"
+            )
+            conn.send(request, 400, error_body(message, "Bad Request", None, 400))
+            return None
+        if not isinstance(body, dict):
+            detail = (
+                f"{{'type': 'model_attributes_type', 'loc': ('body',), 'msg': 'Input "
+                f"should be a valid dictionary or object to extract fields from', "
+                f"'input': {body!r}}}"
+            )
+            conn.send(
+                request,
+                400,
+                error_body(f"1 validation error:\n  {detail}", "Bad Request", None, 400),
+            )
+            return None
+        return body
+
+    def _missing(self, conn: Connection, request: HttpRequest, body: dict, field: str) -> None:
+        detail = (
+            f"{{'type': 'missing', 'loc': ('body', '{field}'), 'msg': 'Field required', "
+            f"'input': {body!r}}}"
+        )
+        conn.send(
+            request, 400, error_body(f"1 validation error:\n  {detail}", "Bad Request", None, 400)
+        )
+
+    def _model(self, conn: Connection, request: HttpRequest, body: dict) -> str | None:
+        model = body.get("model")
+        if model is None:
+            return self.served_names[0]
+        if model not in self.served_names:
+            conn.send(
+                request,
+                404,
+                error_body(f"The model `{model}` does not exist.", "NotFoundError", "model", 404),
+            )
+            return None
+        return model
+
+    def _max_tokens(self, conn: Connection, request: HttpRequest, body: dict) -> int | None:
+        value = body.get("max_completion_tokens", body.get("max_tokens"))
+        if value is None:
+            return self.default_max_tokens
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            conn.send(
+                request,
+                400,
+                error_body(
+                    f"max_tokens must be at least 1, got {value}.",
+                    "BadRequestError",
+                    "max_tokens",
+                    400,
+                ),
+            )
+            return None
+        if value > self.max_model_len:
+            conn.send(
+                request,
+                400,
+                error_body(
+                    f"max_tokens={value} cannot be greater than max_model_len=max_total_tokens="
+                    f"{self.max_model_len}. Please request fewer output tokens. "
+                    f"(parameter=max_tokens, value={value})",
+                    "BadRequestError",
+                    "max_tokens",
+                    400,
+                ),
+            )
+            return None
+        return value
+
+    # --- generation ------------------------------------------------------------------------
+
+    def chat(
+        self, conn: Connection, request: HttpRequest, handler: str = "create_chat_completion"
+    ) -> None:
+        body = self._json_body(conn, request, handler)
+        if body is None:
+            return
+        if not isinstance(body.get("messages"), list):
+            self._missing(conn, request, body, "messages")
+            return
+        self._generate(
+            conn, request, body, chat=True, prompt_tokens=len(self._chat_tokens(body["messages"]))
+        )
+
+    def completions(
+        self, conn: Connection, request: HttpRequest, handler: str = "create_completion"
+    ) -> None:
+        body = self._json_body(conn, request, handler)
+        if body is None:
+            return
+        if "prompt" not in body:
+            self._missing(conn, request, body, "prompt")
+            return
+        self._generate(
+            conn, request, body, chat=False, prompt_tokens=len(self._prompt_tokens(body["prompt"]))
+        )
+
+    def invocations(self, conn: Connection, request: HttpRequest) -> None:
+        body = self._json_body(conn, request, "invocations")
+        if body is None:
+            return
+        if "prompt" in body and "messages" not in body:
+            self._generate(
+                conn,
+                request,
+                body,
+                chat=False,
+                prompt_tokens=len(self._prompt_tokens(body["prompt"])),
+            )
+        elif isinstance(body.get("messages"), list):
+            self._generate(
+                conn,
+                request,
+                body,
+                chat=True,
+                prompt_tokens=len(self._chat_tokens(body["messages"])),
+            )
+        else:
+            self._missing(conn, request, body, "messages")
+
+    def tokenize(self, conn: Connection, request: HttpRequest) -> None:
+        body = self._json_body(conn, request, "tokenize")
+        if body is None or self._model(conn, request, body) is None:
+            return
+        if isinstance(body.get("messages"), list):
+            tokens = self._chat_tokens(body["messages"])
+        elif "prompt" in body:
+            tokens = self._prompt_tokens(body["prompt"])
+        else:
+            self._missing(conn, request, body, "prompt")
+            return
+        ids = [self._token_id(t) for t in tokens]
+        conn.send(
+            request,
+            200,
+            dumps(
+                {
+                    "count": len(ids),
+                    "max_model_len": self.max_model_len,
+                    "tokens": ids,
+                    "token_strs": None,
+                }
+            ),
+        )
+
+    def _generate(
+        self, conn: Connection, request: HttpRequest, body: dict, *, chat: bool, prompt_tokens: int
+    ) -> None:
+        model = self._model(conn, request, body)
+        if model is None:
+            return
+        max_tokens = self._max_tokens(conn, request, body)
+        if max_tokens is None:
+            return
+        options = body.get("stream_options") or {}
+        usage = self.force_usage or bool(isinstance(options, dict) and options.get("include_usage"))
+        created = int(time.time())
+        rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(8)
+        if body.get("stream"):
+            sink = StreamSink(
+                conn,
+                chat=chat,
+                rid=rid,
+                created=created,
+                model=model,
+                prompt_tokens=prompt_tokens,
+                usage=usage,
+            )
+            conn.start_stream(request)
+        else:
+            sink = CollectSink(
+                conn,
+                request,
+                chat=chat,
+                rid=rid,
+                created=created,
+                model=model,
+                prompt_tokens=prompt_tokens,
+            )
+        job = Request(prompt_tokens, max_tokens, sink.on_token)
+        conn.active = job
+        self.engine.add(job)
+
+
+class StreamSink:
+    """Writes SSE chunks byte-for-byte in vLLM's layout as the engine produces tokens."""
+
+    __slots__ = ("conn", "prefix", "middle", "last", "first", "tail", "prompt_tokens")
+
+    def __init__(
+        self,
+        conn: Connection,
+        *,
+        chat: bool,
+        rid: str,
+        created: int,
+        model: str,
+        prompt_tokens: int,
+        usage: bool,
+    ):
+        self.conn = conn
+        self.prompt_tokens = prompt_tokens
+        head = f'{{"id":"{rid}","object":"{"chat.completion.chunk" if chat else "text_completion"}"'
+        head += f',"created":{created},"model":{json.dumps(model, ensure_ascii=False)}'
+        if chat:
+            self.first = (
+                f'data: {head},"choices":[{{"index":0,"delta":{{"role":"assistant",'
+                f'"content":""}},"logprobs":null,"finish_reason":null}}],'
+                f'"prompt_token_ids":null}}\n\n'
+            ).encode()
+            self.prefix = f'data: {head},"choices":[{{"index":0,"delta":{{"content":"'.encode()
+            self.middle = b'"},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
+            self.last = (
+                b'"},"logprobs":null,"finish_reason":"length","stop_reason":null,'
+                b'"token_ids":null}]}\n\n'
+            )
+        else:
+            self.first = b""
+            self.prefix = f'data: {head},"choices":[{{"index":0,"text":"'.encode()
+            self.middle = (
+                b'","logprobs":null,"finish_reason":null,"stop_reason":null,'
+                b'"prompt_token_ids":null,"token_ids":null}],"usage":null}\n\n'
+            )
+            self.last = (
+                b'","logprobs":null,"finish_reason":"length","stop_reason":null,'
+                b'"prompt_token_ids":null,"token_ids":null}],"usage":null}\n\n'
+            )
+        self.tail = f'data: {head},"choices":[],"usage":' if usage else None
+
+    def on_token(self, index: int, text: str, last: bool) -> None:
+        conn = self.conn
+        if index == 0 and self.first:
+            conn.write_event(self.first)
+        conn.write_event(self.prefix + text.encode() + (self.last if last else self.middle))
+        if last:
+            if self.tail is not None:
+                done = index + 1
+                conn.write_event(
+                    f'{self.tail}{{"prompt_tokens":{self.prompt_tokens},"total_tokens":'
+                    f'{self.prompt_tokens + done},"completion_tokens":{done}}}}}\n\n'.encode()
+                )
+            conn.write_event(b"data: [DONE]\n\n")
+            conn.end_stream()
+
+
+class CollectSink:
+    """Gathers the tokens of a non-streamed request and answers once with the whole body."""
+
+    __slots__ = ("conn", "request", "chat", "rid", "created", "model", "prompt_tokens", "parts")
+
+    def __init__(
+        self,
+        conn: Connection,
+        request: HttpRequest,
+        *,
+        chat: bool,
+        rid: str,
+        created: int,
+        model: str,
+        prompt_tokens: int,
+    ):
+        self.conn, self.request, self.chat, self.rid = conn, request, chat, rid
+        self.created, self.model, self.prompt_tokens = created, model, prompt_tokens
+        self.parts: list[str] = []
+
+    def on_token(self, index: int, text: str, last: bool) -> None:
+        self.parts.append(text)
+        if not last:
+            return
+        text = "".join(self.parts)
+        n = len(self.parts)
+        usage = {
+            "prompt_tokens": self.prompt_tokens,
+            "total_tokens": self.prompt_tokens + n,
+            "completion_tokens": n,
+            "prompt_tokens_details": None,
+        }
+        if self.chat:
+            body = {
+                "id": self.rid,
+                "object": "chat.completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {
+                            "role": "assistant",
+                            "content": text,
+                            "refusal": None,
+                            "annotations": None,
+                            "audio": None,
+                            "function_call": None,
+                            "tool_calls": [],
+                            "reasoning": None,
+                        },
+                        "logprobs": None,
+                        "finish_reason": "length",
+                        "stop_reason": None,
+                        "token_ids": None,
+                    }
+                ],
+                "service_tier": None,
+                "system_fingerprint": None,
+                "usage": usage,
+                "prompt_logprobs": None,
+                "prompt_token_ids": None,
+                "kv_transfer_params": None,
+            }
+        else:
+            body = {
+                "id": self.rid,
+                "object": "text_completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": text,
+                        "logprobs": None,
+                        "finish_reason": "length",
+                        "stop_reason": None,
+                        "prompt_token_ids": None,
+                        "prompt_logprobs": None,
+                        "token_ids": None,
+                    }
+                ],
+                "service_tier": None,
+                "system_fingerprint": None,
+                "usage": usage,
+                "kv_transfer_params": None,
+            }
+        if not self.conn.transport.is_closing():
+            self.conn.send(self.request, 200, dumps(body))

@@ -1,0 +1,63 @@
+"""Run the host's real nginx on a rendered nginx/ folder, laid out as in the container.
+
+A private mount namespace (unshare -m, as root) puts the folder at /etc/nginx/kit, the njs module
+at /etc/nginx/modules, an `nginx` user in /etc/passwd, the upstream service names in /etc/hosts
+and fresh tmpfs at /run and /var/cache/nginx — so the rendered config is checked unmodified and
+nothing on the host changes.
+"""
+
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+MODULES = Path("/usr/lib/nginx/modules")
+
+
+def available() -> str | None:
+    """Why the harness cannot run here (None when it can)."""
+    if shutil.which("nginx") is None:
+        return "nginx is not installed (apt-get install nginx-light libnginx-mod-http-js)"
+    if not (MODULES / "ngx_http_js_module.so").exists():
+        return "the njs module is missing (apt-get install libnginx-mod-http-js)"
+    if shutil.which("unshare") is None:
+        return "unshare (util-linux) is missing"
+    return None
+
+
+def namespace_script(nginx_dir: Path, hostnames: list[str], command: str, work: Path) -> str:
+    passwd = Path("/etc/passwd").read_text()
+    group = Path("/etc/group").read_text()
+    if "\nnginx:" not in "\n" + passwd:
+        passwd += "nginx:x:101:101:nginx:/nonexistent:/usr/sbin/nologin\n"
+    if "\nnginx:" not in "\n" + group:
+        group += "nginx:x:101:\n"
+    (work / "passwd").write_text(passwd)
+    (work / "group").write_text(group)
+    hosts = Path("/etc/hosts").read_text() + "".join(f"127.0.0.1 {h}\n" for h in hostnames)
+    (work / "hosts").write_text(hosts)
+    return f"""set -e
+mount --make-rprivate /
+mount -t tmpfs tmpfs /etc/nginx
+mkdir /etc/nginx/kit /etc/nginx/modules
+mount --bind {nginx_dir} /etc/nginx/kit
+mount --bind {MODULES} /etc/nginx/modules
+mount --bind {work}/passwd /etc/passwd
+mount --bind {work}/group /etc/group
+mount --bind {work}/hosts /etc/hosts
+mount -t tmpfs tmpfs /run
+mount -t tmpfs tmpfs /var/cache
+mkdir -p /var/cache/nginx
+{command}
+"""
+
+
+def nginx_t(nginx_dir: Path, hostnames: list[str]) -> subprocess.CompletedProcess:
+    """`nginx -t` of <nginx_dir>/nginx.conf as it would run in the container."""
+    with tempfile.TemporaryDirectory() as work:
+        script = namespace_script(
+            nginx_dir.resolve(), hostnames, "nginx -t -c /etc/nginx/kit/nginx.conf", Path(work)
+        )
+        return subprocess.run(
+            ["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=60
+        )

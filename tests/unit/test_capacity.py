@@ -1,0 +1,226 @@
+"""Capacity planning: exact KV arithmetic on real configs, hard errors, and the accuracy of the
+whole plan against figures vLLM printed in public start-up logs (tests/data/kv_points.json)."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from kit.capacity import plan_capacity, vllm_scheduler_defaults
+from kit.errors import BadInput
+from kit.modelinfo import inspect_model_dir
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+ACCURACY_SCRIPT = DATA.parent.parent / "scripts" / "plan_accuracy.py"
+
+
+def model(name: str):
+    return inspect_model_dir(DATA / "models" / name)
+
+
+def plan(name: str, **overrides):
+    arguments = {"gpu_memory_gib": 80.0, "tensor_parallel": 1, "gpu_memory_utilization": 0.9,
+                 "max_model_len": 8192, **overrides}
+    return plan_capacity(model(name), **arguments)
+
+
+def load_accuracy_script():
+    spec = importlib.util.spec_from_file_location("plan_accuracy", ACCURACY_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while building
+    spec.loader.exec_module(module)
+    return module
+
+
+ACCURACY = load_accuracy_script()
+POINTS = ACCURACY.load_points()
+
+
+@pytest.mark.parametrize(
+    ("name", "tensor_parallel", "kv_cache_dtype", "bytes_per_token"),
+    [
+        ("llama-3.1-8b-instruct", 1, "auto", 32 * 2 * 8 * 128 * 2),  # 128 KiB (vllm.md)
+        ("llama-3.1-8b-instruct", 2, "auto", 32 * 2 * 4 * 128 * 2),  # 64 KiB per GPU
+        ("llama-3.1-8b-instruct", 1, "fp8", 32 * 2 * 8 * 128 * 1),
+        ("llama-3.1-70b-instruct", 4, "auto", 80 * 2 * 2 * 128 * 2),
+        ("llama-3.1-70b-instruct", 8, "auto", 80 * 2 * 1 * 128 * 2),
+        ("llama-3.1-70b-instruct", 16, "auto", 80 * 2 * 1 * 128 * 2),  # 8 KV heads < 16 GPUs
+        ("qwen2.5-1.5b-instruct", 4, "auto", 28 * 2 * 1 * 128 * 2),  # 2 KV heads < 4 GPUs
+        ("deepseek-v2-lite-chat", 1, "auto", 27 * (512 + 64) * 2),  # MLA latent
+        ("deepseek-v2-lite-chat", 2, "auto", 27 * (512 + 64) * 2),  # ... not split by TP
+        ("gemma-2-9b-it", 1, "auto", 42 * 2 * 8 * 256 * 2),  # float32 config runs in 16 bits
+        ("qwen2.5-7b-instruct-awq", 1, "auto", 28 * 2 * 4 * 128 * 2),
+    ],
+)
+def test_kv_bytes_per_token(name, tensor_parallel, kv_cache_dtype, bytes_per_token):
+    report = plan(name, tensor_parallel=tensor_parallel, kv_cache_dtype=kv_cache_dtype,
+                  gpu_memory_gib=141.0)
+    assert report.kv_bytes_per_token == bytes_per_token
+
+
+def test_fewer_kv_heads_than_gpus_warns_that_kv_stops_shrinking():
+    report = plan("qwen2.5-1.5b-instruct", tensor_parallel=4)
+    assert report.errors == []
+    assert any("only 2 KV heads for tensor_parallel 4" in w for w in report.warnings)
+
+
+def test_sliding_window_caps_what_a_long_request_holds():
+    full = plan("llama-3.1-8b-instruct", max_model_len=32768)
+    sliding = plan("mistral-7b-v0.1", max_model_len=32768)
+    assert sliding.kv_bytes_per_token == full.kv_bytes_per_token
+    # a full-attention request holds all 32768 tokens; a sliding one window - 1 +
+    # max_num_batched_tokens (4095 + 8192) tokens, plus one block for the window's edge
+    assert full.max_concurrency == pytest.approx(full.kv_cache_tokens / 32768, rel=1e-3)
+    sliding_tokens = ((4095 + 8192 + 15) // 16 + 1) * 16
+    assert sliding.max_concurrency == pytest.approx(sliding.kv_cache_tokens / sliding_tokens,
+                                                    rel=1e-3)
+
+
+def test_hybrid_sliding_model_pads_layer_groups_like_vllm():
+    report = plan("gemma-3-27b-it")
+    # 10 full + 52 sliding layers -> groups of 10 -> 8 padding layers (vLLM: 15.38 % waste)
+    assert any("adds 8 padding layers" in w for w in report.warnings)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        ({"model_name": "qwen2.5-7b-instruct", "tensor_parallel": 8},
+         "attention heads (28) must be divisible by tensor parallel size (8)"),
+        ({"model_name": "qwen2.5-1.5b-instruct", "tensor_parallel": 3},
+         "tensor_parallel 3 is not a multiple of the 2 KV heads"),
+        ({"model_name": "llama-3.1-8b-instruct", "max_model_len": 200000},
+         "max_model_len 200000 is above the model's limit 131072"),
+        ({"model_name": "llama-3.1-70b-instruct"},
+         "weights need 131.4 GiB per GPU"),
+        ({"model_name": "llama-3.1-8b-instruct", "gpu_memory_utilization": 0.2},
+         "no memory left for the KV cache"),
+        ({"model_name": "llama-3.1-8b-instruct", "gpu_memory_gib": 140.4,
+          "gpu_memory_utilization": 0.13, "max_model_len": 131072},
+         "max_model_len 131072 needs 16.00 GiB of KV cache per GPU"),
+        ({"model_name": "llama-3.1-8b-instruct", "quantization": "fp4"},
+         "quantization 'fp4' is not a vLLM method"),
+    ],
+)
+def test_hard_errors_name_the_spec_key(overrides, needle):
+    name = overrides.pop("model_name")
+    errors = plan(name, **overrides).errors
+    assert len(errors) == 1
+    assert needle in errors[0]
+    assert "services[]." in errors[0] or "gpu_memory_utilization" in errors[0]
+
+
+def test_a_plan_that_fits_has_no_errors():
+    report = plan("llama-3.1-8b-instruct", max_model_len=32768)
+    assert report.errors == []
+    assert report.max_model_len_fit == 32768
+
+
+def test_scheduler_defaults_by_gpu():
+    assert vllm_scheduler_defaults(24) == (256, 2048)
+    assert vllm_scheduler_defaults(79.19) == (1024, 8192)
+    assert vllm_scheduler_defaults(79.15, "NVIDIA A100-SXM4-80GB") == (256, 2048)
+    assert vllm_scheduler_defaults(140.4) == (1024, 8192)
+    assert vllm_scheduler_defaults(178.4) == (1024, 16384)
+
+
+def test_recommended_max_num_seqs_is_bounded_by_the_kv_cache():
+    roomy = plan("qwen2.5-1.5b-instruct", gpu_memory_gib=140.4)
+    assert roomy.recommended_max_num_seqs == 1024
+    assert "vLLM's default" in roomy.recommended_max_num_seqs_reason
+    tight = plan("llama-3.1-8b-instruct", gpu_memory_gib=24.0, typical_request_tokens=4096)
+    assert tight.recommended_max_num_seqs == int(tight.max_concurrency_typical)
+    assert tight.recommended_max_num_seqs < 256
+    assert "requests of 4096 tokens" in tight.recommended_max_num_seqs_reason
+
+
+def test_overhead_terms_respond_to_their_inputs():
+    default = plan("llama-3.1-8b-instruct")
+    fewer_seqs = plan("llama-3.1-8b-instruct", max_num_seqs=64)
+    eager = plan("llama-3.1-8b-instruct", cuda_graphs_in_budget=False)
+    parallel = plan("llama-3.1-8b-instruct", tensor_parallel=2)
+    assert fewer_seqs.activation_gib < default.activation_gib
+    assert eager.cuda_graphs_gib == 0 < default.cuda_graphs_gib
+    assert parallel.runtime_gib > default.runtime_gib
+    assert default.kv_cache_gib == pytest.approx(
+        default.kv_budget_gib - default.weights_gib - default.overhead_gib)
+
+
+def test_weight_sources():
+    assert plan("llama-3.1-8b-instruct", weights_gib=16.0, tensor_parallel=2).weights_gib == 8.0
+    awq = plan("qwen2.5-7b-instruct-awq")
+    # Qwen/Qwen2.5-7B-Instruct-AWQ is 5.58 GB on disk (5.2 GiB)
+    assert awq.weights_gib == pytest.approx(5.2, abs=0.15)
+    runtime_fp8 = plan("llama-3.1-8b-instruct", quantization="fp8")
+    assert runtime_fp8.weights_gib == pytest.approx(8.49, abs=0.2)  # vLLM 0.19 logged 8.49
+
+
+def test_json_keys_are_stable():
+    keys = set(plan("llama-3.1-8b-instruct").to_json())
+    assert {"kv_bytes_per_token", "weights_gib", "kv_cache_gib", "kv_cache_tokens",
+            "max_concurrency", "recommended_max_num_seqs", "warnings", "errors"} <= keys
+    assert keys == {
+        "kv_bytes_per_token", "weights_gib", "weights_source", "gpu_memory_gib",
+        "gpu_memory_utilization", "tensor_parallel", "kv_budget_gib", "overhead_gib", "overhead",
+        "kv_cache_gib", "kv_cache_tokens", "kv_cache_dtype", "max_model_len",
+        "max_model_len_limit", "max_model_len_fit", "max_concurrency", "typical_request_tokens",
+        "max_concurrency_typical", "max_num_seqs", "max_num_batched_tokens",
+        "recommended_max_num_seqs", "recommended_max_num_seqs_reason", "warnings", "errors"}
+    assert json.loads(json.dumps(plan("gemma-2-9b-it").to_json()))["errors"] == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        ({"gpu_memory_gib": 0}, "gpu_memory_gib must be positive"),
+        ({"tensor_parallel": 0}, "tensor_parallel must be at least 1"),
+        ({"gpu_memory_utilization": 1.2}, "gpu_memory_utilization must be in (0, 1]"),
+        ({"max_model_len": 0}, "max_model_len must be positive"),
+        ({"kv_cache_dtype": "int8"}, "kv_cache_dtype 'int8'"),
+    ],
+)
+def test_impossible_numbers_are_bad_input(overrides, needle):
+    with pytest.raises(BadInput) as error:
+        plan("llama-3.1-8b-instruct", **overrides)
+    assert needle in error.value.message
+
+
+# --- accuracy against vLLM's own figures ------------------------------------------------------
+
+
+def test_there_are_enough_public_points_with_sources():
+    assert len(POINTS) >= 15
+    for point in POINTS:
+        assert point["source"].startswith(("https://github.com/", "shared/reference"))
+        assert (DATA / "models" / point["model_dir"] / "config.json").is_file()
+
+
+@pytest.mark.parametrize("point", POINTS, ids=[p["id"] for p in POINTS])
+def test_bytes_per_token_reproduce_vllms_figures_exactly(point):
+    """vLLM's printed KV memory, run through our layout, gives exactly its printed tokens
+    (and the GiB a failed start says it needed)."""
+    assert ACCURACY.evaluate(point).bytes_per_token_exact is True
+
+
+CAPACITY_POINTS = [p for p in POINTS if ACCURACY.evaluate(p).capacity_asserted]
+
+
+@pytest.mark.parametrize("point", CAPACITY_POINTS, ids=[p["id"] for p in CAPACITY_POINTS])
+def test_capacity_within_ten_percent_of_vllm(point):
+    evaluation = ACCURACY.evaluate(point)
+    assert abs(evaluation.capacity_error) <= ACCURACY.CAPACITY_TOLERANCE
+    assert evaluation.report.errors == []
+
+
+def test_capacity_is_asserted_on_most_points():
+    assert len(CAPACITY_POINTS) >= 15
+
+
+def test_a_start_vllm_refused_is_refused_by_the_plan_too():
+    failed = [p for p in POINTS if p["reported"].get("fails") and p["engine"] == "v1"
+              and p.get("gpu_memory_gib")]
+    assert failed
+    for point in failed:
+        assert ACCURACY.evaluate(point).report.errors
