@@ -416,34 +416,32 @@ def _check_inputs(gpu_memory_gib: float, tensor_parallel: int, utilization: floa
 
 def _parallelism_errors(model: ModelInfo, tensor_parallel: int, warnings: list[str]) -> list[str]:
     """vLLM's start-up checks on splitting attention heads over GPUs."""
-    errors = []
     heads, kv_heads = model.num_attention_heads, model.num_key_value_heads
     if heads % tensor_parallel:
         divisors = [d for d in range(1, heads + 1) if heads % d == 0]
-        errors.append(
+        return [
             f"total number of attention heads ({heads}) must be divisible by tensor parallel "
             f"size ({tensor_parallel}); set services[].tensor_parallel to one of "
             f"{', '.join(map(str, divisors))}"
-        )
-    elif model.is_mla:
-        pass  # MLA keeps one latent KV per token on every GPU
-    elif kv_heads >= tensor_parallel and kv_heads % tensor_parallel:
-        errors.append(
+        ]
+    if model.is_mla:  # one latent KV per token, kept whole on every GPU
+        return []
+    if kv_heads >= tensor_parallel and kv_heads % tensor_parallel:
+        return [
             f"{kv_heads} KV heads cannot be split over tensor_parallel {tensor_parallel}; set "
             "services[].tensor_parallel to a divisor of the KV head count"
+        ]
+    if kv_heads < tensor_parallel and tensor_parallel % kv_heads:
+        return [
+            f"tensor_parallel {tensor_parallel} is not a multiple of the {kv_heads} KV heads; "
+            "vLLM cannot replicate them evenly; change services[].tensor_parallel"
+        ]
+    if kv_heads < tensor_parallel:
+        warnings.append(
+            f"only {kv_heads} KV heads for tensor_parallel {tensor_parallel}: every GPU "
+            "keeps a whole KV head, so KV bytes per token per GPU stop shrinking with more GPUs"
         )
-    elif kv_heads < tensor_parallel:
-        if tensor_parallel % kv_heads:
-            errors.append(
-                f"tensor_parallel {tensor_parallel} is not a multiple of the {kv_heads} KV heads; "
-                "vLLM cannot replicate them evenly; change services[].tensor_parallel"
-            )
-        else:
-            warnings.append(
-                f"only {kv_heads} KV heads for tensor_parallel {tensor_parallel}: every GPU "
-                "keeps a whole KV head, so KV bytes per token per GPU stop shrinking with more GPUs"
-            )
-    return errors
+    return []
 
 
 def _weight_bytes(model: ModelInfo, weights_gib: float | None, quantization: str | None,

@@ -215,7 +215,8 @@ def new_ca(site: str) -> tuple[bytes, bytes]:
         .not_valid_after(now + dt.timedelta(days=CA_DAYS))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
-            x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False),
+            critical=True,
         )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())

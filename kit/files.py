@@ -111,13 +111,17 @@ def hand_edits(root: Path, changes: list[Change], manifest: dict[str, str]) -> l
     return edited
 
 
+def remove_stale_temps(root: Path, outputs: list[Output]) -> None:
+    """Delete temp files that a write killed before its rename left beside our targets."""
+    for folder in {(root / output.path).parent for output in outputs}:
+        for stale in folder.glob(".*.tmp"):
+            stale.unlink()
+
+
 def apply_changes(root: Path, changes: list[Change], manifest_path: Path) -> None:
     """Write every change atomically, the manifest last (it vouches for what is on disk)."""
     manifest = read_manifest(manifest_path)
     before = manifest_content(manifest)
-    for folder in {(root / change.output.path).parent for change in changes}:
-        for stale in folder.glob(".*.tmp"):
-            stale.unlink()  # left by a write that was killed before its rename
     for change in changes:
         output = change.output
         atomic_write(root / output.path, output.content, output.mode, output.group)

@@ -5,7 +5,7 @@
     <site>/nginx/nginx.conf, kit.js     rendered (mounted read-only at /etc/nginx/kit)
     <site>/nginx/auth/                  htpasswd (bcrypt), keys.map (key digests), auth-state.conf
     <site>/nginx/tls/                   server.crt, server.key, ca.crt
-    <site>/.kit/                        kit's own state: manifest, CA key, probe identity, last probe
+    <site>/.kit/                        kit's state: manifest, CA key, probe identity, last probe
 """
 
 from dataclasses import dataclass

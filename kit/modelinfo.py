@@ -272,16 +272,21 @@ def inspect_model_dir(path: Path, *, hf_cache_dir: Path | None = None) -> ModelI
     )
 
 
-def cache_space_warnings(cache_dir: Path, needed_bytes: int) -> list[str]:
-    """Warn when the HF cache's disk cannot hold another copy of the weights (a download)."""
-    probe = cache_dir
+def free_disk_gib(path: Path) -> float:
+    """Free space on the file system that holds `path` (or would, once created)."""
+    probe = path
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    free = shutil.disk_usage(probe).free
-    if free >= needed_bytes:
+    return shutil.disk_usage(probe).free / 2**30
+
+
+def cache_space_warnings(cache_dir: Path, needed_bytes: int) -> list[str]:
+    """Warn when the HF cache's disk cannot hold another copy of the weights (a download)."""
+    free = free_disk_gib(cache_dir)
+    if free * 2**30 >= needed_bytes:
         return []
     return [
-        f"only {free / 2**30:.1f} GiB free under {cache_dir} but the weights are "
+        f"only {free:.1f} GiB free under {cache_dir} but the weights are "
         f"{needed_bytes / 2**30:.1f} GiB: a download into the HF cache would fill the disk"
     ]
 

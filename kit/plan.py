@@ -171,6 +171,8 @@ def _capacity(spec: Spec, service, model_dir: Path) -> dict | None:
         kv_cache_dtype=service.kv_cache_dtype,
         quantization=service.quantization,
         dtype=service.dtype,
+        max_num_seqs=service.max_num_seqs if service.max_num_seqs != "auto" else None,
+        cuda_graphs_in_budget="--enforce-eager" not in service.extra_args,
     )
     if report.errors:
         raise BadInput(

@@ -19,7 +19,8 @@ import socket
 import ssl
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -27,7 +28,7 @@ from urllib.parse import urlsplit
 from kit.errors import BadInput
 from kit.files import atomic_write
 from kit.layout import PROBE_USER, SiteLayout
-from kit.spec import Spec
+from kit.spec import Service, Spec
 
 STREAM_TOKENS = 24  # asked for, with ignore_eos, so the stream is long enough to judge
 MIN_STREAM_TOKENS = 16
@@ -136,13 +137,14 @@ def run_probe(
     """Run every check against the live front door; record the result in .kit/last-probe.json."""
     target = target_for(spec, layout, address, timeout)
     gate = Gate(target, probe_password(layout))
-    checks = gate.run([s.api_name for s in spec.services], [s.name for s in spec.services])
+    checks = gate.run(spec.services)
     result = ProbeResult(
         target=f"https://{target.https_authority} via {target.address}",
         checked_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         checks=tuple(checks),
     )
-    atomic_write(layout.last_probe, (json.dumps(result.to_json(), indent=1) + "\n").encode())
+    record = json.dumps(result.to_json(), indent=1, ensure_ascii=False) + "\n"
+    atomic_write(layout.last_probe, record.encode())
     return result
 
 
@@ -190,16 +192,16 @@ class Gate:
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
         self.credentials = _basic(PROBE_USER, password)
 
-    def run(self, api_names: list[str], services: list[str]) -> list[Check]:
+    def run(self, services: Sequence[Service]) -> list[Check]:
         tls = self.tls()
         checks = [tls, self.legacy_tls_refused(), self.http_redirect()]
         if not tls.ok:
             return checks  # nothing over HTTPS can be trusted or even reached
         checks += self.auth_required()
-        checks += [self.wrong_password_refused(), self.models(api_names)]
-        checks += [self.chat(name) for name in api_names]
-        checks += [self.stream(name) for name in api_names]
-        checks += [self.metrics_need_auth(name) for name in services]
+        checks += [self.wrong_password_refused(), self.models([s.api_name for s in services])]
+        checks += [self.chat(s.api_name) for s in services]
+        checks += [self.stream(s.api_name) for s in services]
+        checks += [self.metrics_need_auth(s.name) for s in services]
         checks += [self.side_door_closed(method, path) for method, path in SIDE_DOORS]
         return checks
 
@@ -214,25 +216,23 @@ class Gate:
         credentials: str | None = None,
         tls: bool = True,
     ) -> Reply:
-        connection = _Connection(self.target, self.context if tls else None)
         started = time.perf_counter()
-        try:
-            response = self._send(connection, method, path, body, credentials)
+        with self.exchange(method, path, body=body, credentials=credentials, tls=tls) as response:
             data = response.read()
-            return Reply(response.status, response.headers, data, _ms_since(started))
-        except (OSError, http.client.HTTPException) as error:
-            raise ProbeFailure(self._explain(error, tls)) from error
-        finally:
-            connection.close()
+        return Reply(response.status, response.headers, data, _ms_since(started))
 
-    def _send(
+    @contextmanager
+    def exchange(
         self,
-        connection: _Connection,
         method: str,
         path: str,
-        body: dict | None,
-        credentials: str | None,
-    ) -> http.client.HTTPResponse:
+        *,
+        body: dict | None = None,
+        credentials: str | None = None,
+        tls: bool = True,
+    ) -> Iterator[http.client.HTTPResponse]:
+        """One request on a fresh connection; network and TLS errors become ProbeFailure."""
+        connection = _Connection(self.target, self.context if tls else None)
         headers = {"Accept": "application/json, text/event-stream", "User-Agent": "kit-probe"}
         if credentials:
             headers["Authorization"] = credentials
@@ -240,8 +240,13 @@ class Gate:
         if body is not None:
             payload = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
-        connection.request(method, path, body=payload, headers=headers)
-        return connection.getresponse()
+        try:
+            connection.request(method, path, body=payload, headers=headers)
+            yield connection.getresponse()
+        except (OSError, http.client.HTTPException) as error:
+            raise ProbeFailure(self._explain(error, tls)) from error
+        finally:
+            connection.close()
 
     def _explain(self, error: Exception, tls: bool) -> str:
         where = f"{self.target.address}:{self.target.https_port if tls else self.target.http_port}"
@@ -291,6 +296,11 @@ class Gate:
 
     def legacy_tls_refused(self) -> Check:
         name = "tls-below-1.2-refused"
+
+        def skipped(why: str) -> Check:
+            return Check(name, True, f"skipped: this OpenSSL cannot offer TLS 1.1 ({why})",
+                         skipped=True)
+
         legacy = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         legacy.check_hostname = False
         legacy.verify_mode = ssl.CERT_NONE
@@ -301,18 +311,18 @@ class Gate:
                 legacy.maximum_version = ssl.TLSVersion.TLSv1_1
             legacy.set_ciphers("DEFAULT:@SECLEVEL=0")  # OpenSSL 3 offers TLS 1.1 only at level 0
         except (ValueError, ssl.SSLError) as error:
-            return Check(name, True, f"skipped: this OpenSSL cannot offer TLS 1.1 ({error})",
-                         skipped=True)
+            return skipped(str(error))
+        address = (self.target.address, self.target.https_port)
         started = time.perf_counter()
         try:
-            raw = socket.create_connection((self.target.address, self.target.https_port),
-                                           self.target.timeout)
-            with legacy.wrap_socket(raw, server_hostname=self.target.domain) as tls:
+            with (
+                socket.create_connection(address, self.target.timeout) as raw,
+                legacy.wrap_socket(raw, server_hostname=self.target.domain) as tls,
+            ):
                 accepted = tls.version()
         except ssl.SSLError as error:
             if error.reason == "NO_PROTOCOLS_AVAILABLE":
-                return Check(name, True, "skipped: this OpenSSL cannot offer TLS 1.1",
-                             skipped=True)
+                return skipped(error.reason)
             return Check(name, True, f"TLS 1.1 refused ({error.reason})", _ms_since(started))
         except (ConnectionResetError, BrokenPipeError):
             return Check(name, True, "TLS 1.1 refused (connection reset)", _ms_since(started))
@@ -429,11 +439,9 @@ class Gate:
                 "stream": True,
                 "stream_options": {"include_usage": True},
             }
-            connection = _Connection(self.target, self.context)
             sent = time.perf_counter()
-            try:
-                response = self._send(connection, "POST", "/v1/chat/completions", body,
-                                      self.credentials)
+            with self.exchange("POST", "/v1/chat/completions", body=body,
+                               credentials=self.credentials) as response:
                 if response.status != 200:
                     return Check(name, False, f"got {response.status}: "
                                  f"{_snippet(response.read())}", _ms_since(sent))
@@ -442,10 +450,6 @@ class Gate:
                     return Check(name, False, f"answer is not an event stream ({kind})",
                                  _ms_since(sent))
                 stats = stream_stats(sent, sse_events(response))
-            except (OSError, http.client.HTTPException) as error:
-                raise ProbeFailure(self._explain(error, tls=True)) from error
-            finally:
-                connection.close()
             ok, detail = judge_stream(stats)
             return Check(name, ok, detail, stats.first_s * 1000)
 

@@ -19,7 +19,15 @@ from kit.credentials import (
     user_files,
 )
 from kit.errors import BadInput
-from kit.files import Change, Output, apply_changes, hand_edits, pending_changes, read_manifest
+from kit.files import (
+    Change,
+    Output,
+    apply_changes,
+    hand_edits,
+    pending_changes,
+    read_manifest,
+    remove_stale_temps,
+)
 from kit.layout import NGINX_MOUNT, SiteLayout
 from kit.plan import (
     AUTH_VERIFIER_PORT,
@@ -126,6 +134,7 @@ def render_site(
             "(the diff above shows what would be lost: '-' lines are on disk now)",
         )
     layout.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    remove_stale_temps(layout.root, outputs)
     apply_changes(layout.root, changes, layout.manifest)
     result.written = bool(changes)
     return result

@@ -69,7 +69,8 @@ class TLS(StrictModel):
             raise ValueError("tls.mode acme needs tls.email (the ACME account address)")
         if self.mode != "files" and (self.cert or self.key):
             raise ValueError(f"tls.cert/tls.key are only read in mode files, not {self.mode}")
-        if self.email is not None and not re.fullmatch(r"[^@\s\"';{}$]+@[^@\s\"';{}$]+", self.email):
+        address = r"[^@\s\"';{}$]+@[^@\s\"';{}$]+"
+        if self.email is not None and not re.fullmatch(address, self.email):
             raise ValueError(f"tls.email {self.email!r} is not an e-mail address")
         return self
 
@@ -277,11 +278,10 @@ def _walk(node: yaml.Node, path: tuple, located: Located, loader: yaml.SafeLoade
                 located.problems.append((path, "keys must be plain scalars"))
                 continue
             child = (*path, key)
+            located.marks[child] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
             if key in result:
-                located.marks[child] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
                 located.problems.append((child, f"duplicate key {key!r}"))
                 continue
-            located.marks[child] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
             result[key] = _walk(value_node, child, located, loader)
         return result
     if isinstance(node, yaml.SequenceNode):
@@ -352,7 +352,7 @@ def parse_spec(text: str, source: Path, *, check_host: bool = True) -> Spec:
         raise BadInput(f"{source}: invalid YAML: {error}") from None
     problems = [SpecProblem(path, message) for path, message in located.problems]
     if not isinstance(located.data, dict):
-        problems.append(SpecProblem((), "the spec must be a mapping (site:, domain:, services: ...)"))
+        problems.append(SpecProblem((), "the spec must be a mapping (site:, domain:, services:)"))
         raise SpecError(source, located, problems)
     if problems:
         raise SpecError(source, located, problems)
@@ -451,11 +451,12 @@ def _unique_names(spec: Spec) -> list[SpecProblem]:
     seen_served: dict[str, int] = {}
     for i, service in enumerate(spec.services):
         if service.name in ("nginx",):
-            problems.append(SpecProblem(("services", i, "name"), "'nginx' is the front door's name"))
+            problems.append(SpecProblem(("services", i, "name"), "'nginx' is the front door"))
         if service.name in seen_names:
             problems.append(SpecProblem(
                 ("services", i, "name"),
-                f"duplicate service name {service.name!r} (also services[{seen_names[service.name]}])",
+                f"duplicate service name {service.name!r} "
+                f"(also services[{seen_names[service.name]}])",
             ))
         seen_names.setdefault(service.name, i)
         if service.api_name in seen_served:
@@ -482,7 +483,7 @@ def _gpu_sharing(spec: Spec) -> list[SpecProblem]:
                 ("services", users[-1], "gpus"),
                 f"GPU {gpu} is shared by {names} whose gpu_memory_utilization adds up to "
                 f"{total:.2f} (> {GPU_SHARE_LIMIT}); vLLM would fail to allocate at start",
-                "lower gpu_memory_utilization of the services sharing it, or move one to another GPU",
+                "lower gpu_memory_utilization of the services sharing it, or move one elsewhere",
             ))
     return problems
 

@@ -59,7 +59,7 @@ class FlagTable:
 
 
 def normalise(flag: str) -> str:
-    """`--max_model_len` → `--max-model-len`; `--compilation-config.mode` → `--compilation-config`."""
+    """`--max_model_len` → `--max-model-len`; `--x-config.mode` → `--x-config`."""
     if flag.startswith("--"):
         name = flag[2:].split(".", 1)[0] if "-config." in flag else flag[2:]
         return "--" + name.replace("_", "-")

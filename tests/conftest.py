@@ -57,4 +57,5 @@ def example_site(tmp_path: Path) -> Path:
 
 def tree(root: Path) -> dict[str, bytes]:
     """Every file under root with its content: to prove a failed command wrote nothing."""
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    return {str(p.relative_to(root)): p.read_bytes() for p in files}

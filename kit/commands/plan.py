@@ -23,7 +23,7 @@ from kit.capacity import (
     plan_capacity,
 )
 from kit.errors import BadInput, ExitCode
-from kit.modelinfo import ModelInfo, find_config, inspect_model_dir
+from kit.modelinfo import ModelInfo, find_config, free_disk_gib, inspect_model_dir
 
 NVIDIA_SMI_QUERY = ["--query-gpu=index,memory.total,name", "--format=csv,noheader,nounits"]
 DTYPES = ["auto", "bfloat16", "float16", "half", "float", "float32"]
@@ -79,25 +79,33 @@ def query_gpus(run: Callable[..., subprocess.CompletedProcess] = subprocess.run)
                    "(default: safetensors headers, else the config's parameter count).")
 @click.option("--typical-request-tokens", type=click.IntRange(min=1),
               help="Prompt + completion of a typical request (default 2048).")
+@click.option("--hf-cache", type=click.Path(file_okay=False, path_type=Path),
+              help="Warn when this directory's disk has no room for another copy of the weights.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (stable keys) instead of text.")
 @click.pass_context
 def plan(ctx: click.Context, spec: Path | None, model_dir: Path | None, as_json: bool,
-         **numbers) -> None:
+         hf_cache: Path | None, **numbers) -> None:
     """KV-cache capacity per GPU of each service in SPEC (default ./site.yaml), or of
     --model-dir with the numbers given; exit 2 if a service cannot start."""
     if model_dir is not None:
         if spec is not None:
             raise click.UsageError("give either SPEC or --model-dir, not both")
-        failed = _plan_model_dir(model_dir, as_json, **numbers)
+        failed = _plan_model_dir(model_dir, as_json, hf_cache, **numbers)
     else:
+        given = [f"--{name.replace('_', '-')}" for name in [*numbers, "hf_cache"]
+                 if name != "typical_request_tokens"
+                 and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise click.UsageError(f"{', '.join(given)} apply to --model-dir only; a spec "
+                                   "plans each service with its own settings")
         failed = _plan_spec(spec or Path("site.yaml"), as_json, numbers["typical_request_tokens"])
     if failed:
         ctx.exit(ExitCode.BAD_INPUT)
 
 
-def _plan_model_dir(model_dir: Path, as_json: bool, *, gpu_memory_gib: float | None,
-                    max_model_len: int | None, **options) -> bool:
-    model = inspect_model_dir(model_dir)
+def _plan_model_dir(model_dir: Path, as_json: bool, hf_cache: Path | None, *,
+                    gpu_memory_gib: float | None, max_model_len: int | None, **options) -> bool:
+    model = inspect_model_dir(model_dir, hf_cache_dir=hf_cache)
     gpu_name = None
     if gpu_memory_gib is None:
         gpus = query_gpus()
@@ -132,7 +140,7 @@ def _plan_spec(spec_path: Path, as_json: bool, typical_request_tokens: int | Non
         model_dir = spec.models_root / service.model
         config = find_config(model_dir) if model_dir.is_dir() else None
         memory = [spec.gpu_memory_for(gpu) or _detected(detected, gpu) for gpu in service.gpus]
-        problem = _unplannable(service.model, model_dir, config, memory)
+        problem = _unplannable(service.model, config, memory, spec.hf_cache)
         if problem:
             results[service.name] = {"planned": False, "reason": problem}
             lines += [title, f"  not planned: {problem}", ""]
@@ -187,13 +195,15 @@ def _detected(detected: dict[int, Gpu], index: int) -> float | None:
     return gpu.memory_gib if gpu else None
 
 
-def _unplannable(model_ref: str, model_dir: Path, config: Path | None,
-                 memory: list[float | None]) -> str | None:
+def _unplannable(model_ref: str, config: Path | None, memory: list[float | None],
+                 hf_cache: Path | None) -> str | None:
     """Why a service cannot be planned here, or None."""
     if config is None:
+        room = (f"; {free_disk_gib(hf_cache):.1f} GiB free in hf_cache {hf_cache} for the "
+                "download" if hf_cache else "")
         return (f"{model_ref} is not a model directory with config.json under models_root on "
                 "this host (a Hugging Face id is downloaded by vLLM and cannot be inspected "
-                "beforehand); copy the model there to plan it")
+                f"beforehand){room}; copy the model there to plan it")
     if None in memory:
         return ("GPU memory unknown: set gpu_memory_gib in the spec or run kit plan on the GPU "
                 "server (nvidia-smi)")

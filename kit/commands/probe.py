@@ -33,6 +33,9 @@ def probe(
     """
     loaded = load_spec(spec, check_host=False)  # the model folders are vLLM's concern here
     result = run_probe(loaded, SiteLayout(spec.parent), address=address, timeout=timeout)
-    click.echo(json.dumps(result.to_json(), indent=1) if as_json else result.render())
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=1, ensure_ascii=False))
+    else:
+        click.echo(result.render())
     if not result.ok:
         ctx.exit(ExitCode.FAILED)

@@ -1,4 +1,4 @@
-"""Every bad spec: exit code 2, a message naming file:line:col, the key and the fix; nothing written."""
+"""Every bad spec: exit 2, a message naming file:line:col, the key and the fix; nothing written."""
 
 import json
 import shutil

@@ -179,3 +179,33 @@ def test_spec_form_json_and_failure_exit(tmp_path, no_nvidia_smi):
     assert any("max_model_len 32768 needs" in e for e in services["small"]["errors"])
     assert services["small"]["max_num_seqs"] == 64
     assert services["hub"] == {"planned": False, "reason": services["hub"]["reason"]}
+
+
+def test_standalone_flags_are_refused_in_the_spec_form(tmp_path):
+    result = CliRunner().invoke(plan, [str(write_spec(tmp_path)), "--gpu-memory-gib", "40"])
+    assert result.exit_code == 2
+    assert "--gpu-memory-gib apply to --model-dir only" in result.output
+
+
+def test_hub_models_report_the_free_hf_cache(tmp_path, no_nvidia_smi):
+    spec = write_spec(tmp_path)
+    (tmp_path / "hf").mkdir()
+    spec.write_text(spec.read_text().replace("gpu_memory_gib:", f"hf_cache: {tmp_path / 'hf'}\n"
+                                             "gpu_memory_gib:"))
+    hub = json.loads(run(str(spec), "--json").output)["services"]["hub"]
+    assert f"GiB free in hf_cache {tmp_path / 'hf'}" in hub["reason"]
+
+
+def test_hf_cache_without_room_for_the_weights_warns(tmp_path, monkeypatch):
+    model_dir = tmp_path / "llama"
+    shutil.copytree(LLAMA, model_dir)
+    (model_dir / "tokenizer.json").write_text("{}")
+    header = b'{"w": {"dtype": "BF16", "shape": [8], "data_offsets": [0, 16]}}'
+    (model_dir / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header
+                                                  + bytes(16))
+    monkeypatch.setattr("kit.modelinfo.free_disk_gib", lambda path: 0.0)
+    report = json.loads(run("--model-dir", str(model_dir), "--gpu-memory-gib", "80",
+                            "--max-model-len", "8192", "--hf-cache", str(tmp_path / "hf"),
+                            "--json").output)
+    assert any("would fill the disk" in w for w in report["warnings"])
+    assert report["weights_source"] == "safetensors headers"

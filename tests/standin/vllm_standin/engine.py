@@ -20,7 +20,7 @@ from collections.abc import Callable
 _rng = random.Random(20261129)
 VOCAB = [
     (" " if _rng.random() < 0.7 else "")
-    + "".join(_rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(_rng.randint(1, 6)))
+    + "".join(_rng.choices("abcdefghijklmnopqrstuvwxyz", k=_rng.randint(1, 6)))
     for _ in range(4096)
 ]
 

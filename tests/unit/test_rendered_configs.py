@@ -1,0 +1,169 @@
+"""Rendered files are accepted by the real tools: nginx -t (1.22) and docker-compose config."""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from kit.cli import cli
+from kit.credentials import new_ca, new_server_cert
+from tests.conftest import BASE_SPEC, LLAMA_8B, REPO
+from tests.support import nginx_ns
+
+COMPOSE_V2 = Path("/usr/local/lib/kit-test/docker-compose-v2")
+
+BIG = """\
+site: big
+domain: 10.1.2.3
+models_root: {models}
+hf_cache: {models}/hf
+gpu_memory_gib: 80
+tls: {tls}
+auth: {{users: [ops, alice], api_keys: false}}
+proxy: {{bind: 0.0.0.0, https_port: 9443, http_port: 9080, max_body: 4m, read_timeout: 1800}}
+services:
+  - {{name: big70b, model: llama-8b, gpus: [0, 1, 2, 3], max_model_len: 8192,
+      max_num_seqs: 128, gpu_memory_utilization: 0.92}}
+  - {{name: qwen, model: Qwen/Qwen2.5-7B-Instruct, served_name: qwen2.5-7b, gpus: [4, 5],
+      max_num_seqs: 64}}
+  - {{name: small-a, model: llama-8b, served_name: small-a, gpus: [6], max_num_seqs: 32,
+      gpu_memory_utilization: 0.45, kv_cache_dtype: fp8}}
+  - {{name: small-b, model: llama-8b, served_name: org/small:b, gpus: [6, 7],
+      max_num_seqs: 16, gpu_memory_utilization: 0.45, dtype: bfloat16,
+      extra_args: ["--enforce-eager"], env: {{HF_HUB_OFFLINE: "1"}}}}
+"""
+
+
+def variants(root: Path) -> dict[str, Path]:
+    models = root / "models"
+    (models / "llama-8b").mkdir(parents=True)
+    (models / "llama-8b" / "config.json").write_text(json.dumps(LLAMA_8B))
+    site = root / "site"
+    site.mkdir()
+    (site / "site.yaml").write_text(BASE_SPEC.format(models_root=models))
+    example_site = root / "example"
+    example_site.mkdir()
+    shutil.copy(REPO / "site.yaml", example_site / "site.yaml")
+    big = root / "big"
+    big.mkdir()
+    (big / "site.yaml").write_text(BIG.format(models=models, tls="{mode: self-signed}"))
+    files = root / "files"
+    files.mkdir()
+    ca_cert, ca_key = new_ca("files")
+    cert, key = new_server_cert("llm.test.internal", ca_cert, ca_key)
+    (files / "server.pem").write_bytes(cert)
+    (files / "server.key").write_bytes(key)
+    (files / "site.yaml").write_text(
+        (site / "site.yaml").read_text().replace(
+            "tls: {mode: self-signed}", "tls: {mode: files, cert: server.pem, key: server.key}"
+        )
+    )
+    return {"base": site, "example": example_site, "big": big, "files": files}
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    found = variants(tmp_path_factory.mktemp("variants"))
+    for name, folder in found.items():
+        result = CliRunner().invoke(cli, ["render", str(folder / "site.yaml")])
+        assert result.exit_code == 0, f"{name}: {result.output}"
+    return found
+
+
+def services_of(folder: Path) -> list[str]:
+    compose = yaml.safe_load((folder / "compose" / "docker-compose.yml").read_text())
+    return [name for name in compose["services"] if name != "nginx"]
+
+
+def test_nginx_accepts_every_rendered_config(rendered: dict[str, Path]) -> None:
+    reason = nginx_ns.available()
+    if reason:
+        pytest.skip(reason)
+    for name, folder in rendered.items():
+        result = nginx_ns.nginx_t(folder / "nginx", services_of(folder))
+        assert result.returncode == 0, f"{name}: {result.stderr}"
+        assert "test is successful" in result.stderr
+
+
+def test_nginx_rejects_a_broken_config(rendered: dict[str, Path]) -> None:
+    """The harness itself can fail: a config naming an unknown upstream host is refused."""
+    reason = nginx_ns.available()
+    if reason:
+        pytest.skip(reason)
+    result = nginx_ns.nginx_t(rendered["base"] / "nginx", [])
+    assert result.returncode != 0 and "host not found in upstream" in result.stderr
+
+
+def compose_binaries() -> list[list[str]]:
+    found = []
+    if shutil.which("docker-compose"):
+        found.append(["docker-compose"])
+    if COMPOSE_V2.exists():
+        found.append([str(COMPOSE_V2)])
+    return found
+
+
+@pytest.mark.parametrize("variant", ["base", "example", "big", "files"])
+def test_compose_accepts_the_rendered_file(rendered: dict[str, Path], variant: str) -> None:
+    binaries = compose_binaries()
+    if not binaries:
+        pytest.skip("neither docker-compose v1 nor v2 is installed (scripts/test.sh installs them)")
+    folder = rendered[variant]
+    for binary in binaries:
+        result = subprocess.run(
+            [*binary, "-p", "kit-config-test", "-f", "compose/docker-compose.yml", "config", "-q"],
+            cwd=folder, capture_output=True, text=True, timeout=60,
+        )
+        assert result.returncode == 0, f"{binary} {variant}: {result.stderr}"
+
+
+def test_compose_structure(rendered: dict[str, Path]) -> None:
+    compose = yaml.safe_load((rendered["big"] / "compose" / "docker-compose.yml").read_text())
+    assert "name" not in compose  # compose v1 rejects a top-level name
+    services = compose["services"]
+    expected_gpus = {"big70b": ["0", "1", "2", "3"], "qwen": ["4", "5"], "small-a": ["6"],
+                     "small-b": ["6", "7"]}
+    for name, gpus in expected_gpus.items():
+        service = services[name]
+        assert "ports" not in service and "expose" not in service, name
+        devices = service["deploy"]["resources"]["reservations"]["devices"]
+        assert devices == [{"driver": "nvidia", "device_ids": gpus, "capabilities": ["gpu"]}]
+        assert service.get("ipc") == ("host" if len(gpus) > 1 else None), name
+        assert service["restart"] == "unless-stopped"
+        assert service["logging"]["options"]["max-size"] == "50m"
+        assert service["healthcheck"]["start_period"].endswith("s")
+        mounts = {m["target"]: m for m in service["volumes"]}
+        assert mounts["/models"]["read_only"] is True
+        assert "/root/.cache/huggingface" in mounts
+        command = service["command"]
+        assert command[command.index("--tensor-parallel-size") + 1] == str(len(gpus))
+        assert command[command.index("--port") + 1] == "8000"
+        assert command[0] == "--model" and "serve" not in command
+    assert services["qwen"]["command"][1] == "Qwen/Qwen2.5-7B-Instruct"  # a Hub id, not /models
+    assert services["big70b"]["command"][1].startswith("/models/")
+    nginx = services["nginx"]
+    assert nginx["ports"] == ["0.0.0.0:9443:443", "0.0.0.0:9080:80"]
+    assert set(nginx["depends_on"]) == set(expected_gpus)
+    assert all(v == {"condition": "service_healthy"} for v in nginx["depends_on"].values())
+    assert nginx["volumes"][0]["read_only"] is True and nginx["read_only"] is True
+    assert compose["networks"]["backend"]["internal"] is False  # qwen downloads from the Hub
+
+
+def test_nginx_conf_has_the_streaming_and_security_essentials(rendered: dict[str, Path]) -> None:
+    conf = (rendered["big"] / "nginx" / "nginx.conf").read_text()
+    for line in (
+        "proxy_buffering off;", "proxy_cache off;", "proxy_http_version 1.1;",
+        'proxy_set_header Connection "";', "gzip off;", "add_header X-Accel-Buffering no always;",
+        "proxy_read_timeout 1800s;", "send_timeout 1800s;", "client_max_body_size 4m;",
+        "ssl_protocols TLSv1.2 TLSv1.3;", "Strict-Transport-Security", "auth_request /_kit/auth;",
+        'proxy_set_header Authorization "";', "return 301 https://10.1.2.3:9443$request_uri;",
+        '"org/small:b" "@kit_small_b";',
+    ):
+        assert line in conf, line
+    assert "include /etc/nginx/kit/auth/keys.map;" not in conf  # api_keys: false
+    for path in ("/invocations", "/tokenize", "/docs", "location = /metrics {"):
+        assert path not in conf
