@@ -101,7 +101,12 @@ ensure_base() {
             --dpkgopt='path-exclude=/usr/share/doc/*' \
             --dpkgopt='path-exclude=/usr/share/locale/*' \
             "${hooks[@]}" \
-            "$SUITE" "$tarball.part" "deb $(debian_mirror) $SUITE main" >/dev/null
+            "$SUITE" "$tarball.part" "deb $(debian_mirror) $SUITE main" \
+            >"$CACHE/mmdebstrap.log" 2>&1 || {
+            tail -n 30 "$CACHE/mmdebstrap.log" >&2
+            rm -f "$tarball.part"
+            exit 1
+        }
         mv "$tarball.part" "$tarball"
     fi
     log "importing $BASE"
@@ -126,9 +131,13 @@ build() {
         "$primary" 2>/dev/null || true)"
     if [ "$current" != "$inputs" ]; then
         log "building $name"
+        # The legacy builder needs no BuildKit and works with the 20.10 and 28.x clients alike.
         DOCKER_BUILDKIT=0 docker build --quiet --file "$dockerfile" --build-arg "BASE=$BASE" \
             --label "$LABEL=$inputs" --label "kit.test.image=$name" --tag "$primary" \
-            "$context" >/dev/null
+            "$context" >/dev/null 2>"$work/build.log" || {
+            cat "$work/build.log" >&2
+            exit 1
+        }
     fi
     local tag
     for tag in "$@"; do

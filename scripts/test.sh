@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh Debian 12 machine (the README's test command; CI runs it).
+# Installs what the tests need (Debian packages, Python deps), starts a Docker engine when none
+# answers (and stops only that one), builds the local test images, then runs unit + e2e tests.
+#   scripts/test.sh            everything
+#   scripts/test.sh -m 'not e2e'   without the engine-backed tests (any pytest arguments work)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v nginx >/dev/null || missing+=(nginx-light)
+[ -e /usr/lib/nginx/modules/ngx_http_js_module.so ] || missing+=(libnginx-mod-http-js)
+command -v dockerd >/dev/null || missing+=(docker.io)
+command -v docker-compose >/dev/null || missing+=(docker-compose)
+command -v curl >/dev/null || missing+=(curl)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "test.sh: installing ${missing[*]}"
+  apt-get update -q
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
+fi
+# The host nginx may have been started by its package: the tests start their own.
+systemctl disable --now nginx >/dev/null 2>&1 || service nginx stop >/dev/null 2>&1 || true
+
+python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+
+scripts/dockerd.sh start
+trap 'scripts/dockerd.sh stop' EXIT
+tests/images/build.sh
+
+python3 -m pytest -ra "$@"

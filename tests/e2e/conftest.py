@@ -1,0 +1,95 @@
+"""Fixtures for end-to-end tests against a real Docker engine and the local test images.
+
+The engine comes from scripts/dockerd.sh (or whatever engine already answers); the images from
+tests/images/build.sh, run once per session. Without an engine the tests are skipped with the
+reason (CI has one). Mark such tests with @pytest.mark.e2e.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import socket
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import docker
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = REPO / "tests" / "images" / "build.sh"
+PROJECT_LABEL = "com.docker.compose.project"
+
+# What build.sh tags by default: the names the rendered compose file references, plus its own.
+IMAGES = {
+    "vllm": "vllm/vllm-openai:v0.33.0",
+    "vllm_standin": "kit-test/vllm-standin:latest",
+    "nginx": "nginx:1.27-alpine",
+    "nginx_debian": "kit-test/nginx:1.22",
+}
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    """docker.from_env(), or a skip (with the reason) when no engine answers."""
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as e:
+        pytest.skip(f"no Docker engine answers ({e}); start one with scripts/dockerd.sh start")
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def test_images(docker_client) -> dict[str, str]:
+    """Builds (or re-tags, when nothing changed) the stand-in and nginx images once a session."""
+    result = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True, timeout=900)
+    if result.returncode != 0:
+        pytest.fail(f"tests/images/build.sh failed:\n{result.stderr}", pytrace=False)
+    for name in IMAGES.values():
+        docker_client.images.get(name)
+    return dict(IMAGES)
+
+
+def pick_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def free_port() -> Callable[..., int]:
+    return pick_free_port
+
+
+def remove_project(client, project: str) -> None:
+    """Remove the containers, networks and volumes labelled with a compose project name."""
+    label = f"{PROJECT_LABEL}={project}"
+    for container in client.containers.list(all=True, filters={"label": label}):
+        # NotFound: already gone (e.g. removed by `compose down` racing with us)
+        with contextlib.suppress(docker.errors.NotFound):
+            container.remove(force=True, v=True)
+    for network in client.networks.list(filters={"label": label}):
+        network.remove()
+    for volume in client.volumes.list(filters={"label": label}):
+        volume.remove(force=True)
+
+
+@pytest.fixture
+def compose_project(docker_client) -> Iterator[str]:
+    """A fresh compose project name; everything labelled with it is removed afterwards."""
+    project = f"kite2e{secrets.token_hex(4)}"
+    yield project
+    remove_project(docker_client, project)
+
+
+@pytest.fixture
+def cleanup_project(docker_client) -> Iterator[Callable[[str], None]]:
+    """Register project names (e.g. a site name) whose resources must go after the test."""
+    projects: list[str] = []
+    yield projects.append
+    for project in projects:
+        remove_project(docker_client, project)
