@@ -9,6 +9,7 @@ import base64
 import datetime as dt
 import fcntl
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -64,14 +65,14 @@ def require_rendered(layout: SiteLayout) -> None:
 
 @contextmanager
 def credential_lock(layout: SiteLayout) -> Iterator[None]:
-    """One credential change at a time per site (flock: released even on kill -9)."""
-    layout.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with open(layout.state_dir / "credentials.lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    """One credential change at a time per site: flock on the state folder itself (no lock
+    file to leave behind; the kernel releases it even on kill -9)."""
+    descriptor = os.open(layout.state_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)
 
 
 def write(layout: SiteLayout, htpasswd: bytes, keys: dict[str, dict]) -> Snapshot:

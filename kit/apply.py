@@ -20,7 +20,7 @@ from kit.reconcile import (
     StartContainer,
     WaitHealthy,
 )
-from kit.stack import DesiredState, ServiceState
+from kit.stack import ServiceState
 
 RELOAD_SIGNAL = "SIGHUP"  # nginx re-reads its config and replaces its workers gracefully
 
@@ -28,7 +28,6 @@ RELOAD_SIGNAL = "SIGHUP"  # nginx re-reads its config and replaces its workers g
 @dataclass(frozen=True)
 class Executor:
     engine: Engine
-    desired: DesiredState
     applied: Path  # the state file recording what the proxy has loaded
     wait: Callable[[tuple[ServiceState, ...]], None]
     report: Callable[[str], None]
@@ -44,17 +43,17 @@ class Executor:
                 self._remove(container)
             case RemoveNetwork(name=name):
                 self.engine.remove_network(name)
-            case CreateNetwork(network=network):
-                self.engine.create_network(network, self.desired.network_labels(network))
-            case CreateVolume(volume=volume):
-                self.engine.create_volume(volume.name, self.desired.volume_labels(volume))
+            case CreateNetwork(network=network, labels=labels):
+                self.engine.create_network(network, labels)
+            case CreateVolume(volume=volume, labels=labels):
+                self.engine.create_volume(volume.name, labels)
             case RemoveVolume(name=name):
                 self.engine.remove_volume(name)
-            case CreateContainer(service=service):
-                self._create(service)
-            case RecreateContainer(service=service, old=old):
+            case CreateContainer(service=service, labels=labels):
+                self._create(service, labels)
+            case RecreateContainer(service=service, old=old, labels=labels):
                 self._remove(old)
-                self._create(service)
+                self._create(service, labels)
             case StartContainer(service=service, container=container):
                 self.engine.start(container.id)
                 self._loaded(service, container.id)
@@ -71,11 +70,11 @@ class Executor:
         if loaded is not None and loaded.container_id == container.id:
             write_proxy_loaded(self.applied, None)
 
-    def _create(self, service: ServiceState) -> None:
+    def _create(self, service: ServiceState, labels: dict[str, str]) -> None:
         container_id = self.engine.create_container(
             service.container_name,
             service.config,
-            self.desired.labels(service),
+            labels,
             aliases=[service.name, service.container_name],
         )
         self.engine.start(container_id)

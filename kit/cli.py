@@ -3,12 +3,19 @@
 import click
 
 from kit import __version__
-from kit.commands import COMMANDS
+from kit.commands import VERBS, load
 from kit.errors import KitError
 
 
 class KitGroup(click.Group):
-    """kit's own errors become a message and their exit code; bugs keep their traceback."""
+    """Loads a verb's module only when it runs; kit's own errors become a message and their
+    exit code, while bugs keep their traceback."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(VERBS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        return load(name) if name in VERBS else None
 
     def invoke(self, ctx: click.Context):
         try:
@@ -25,10 +32,6 @@ class KitGroup(click.Group):
 @click.version_option(__version__, prog_name="kit")
 def cli() -> None:
     """Turn a GPU server into a secured, verified vLLM endpoint from one site.yaml."""
-
-
-for command in COMMANDS:
-    cli.add_command(command)
 
 
 def main() -> None:

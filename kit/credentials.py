@@ -75,8 +75,8 @@ def check_user_name(user: str) -> None:
         )
 
 
-def hash_password(password: str, cost: int = BCRYPT_COST) -> str:
-    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=cost)).decode()
+def hash_password(password: str) -> str:
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=BCRYPT_COST)).decode()
 
 
 def verify_password(password: str, hashed: str) -> bool:

@@ -133,8 +133,9 @@ def _unknown_quantization(match: re.Match[str], _log: str) -> _Finding:
 
 
 def _invalid_kv_dtype(match: re.Match[str], _log: str) -> _Finding:
+    dtype = match["dtype"].strip("'")
     return _Finding(
-        f"vLLM does not accept kv_cache_dtype {match['dtype'].strip(chr(39))!r}",
+        f"vLLM does not accept kv_cache_dtype {dtype!r}",
         "set services[].kv_cache_dtype to auto, or to a type this vLLM image and GPU support "
         "(kit validates against the vLLM version it ships with: does images.vllm pin another?)",
         "services[].kv_cache_dtype",
@@ -219,8 +220,8 @@ def _shared_memory(_match: re.Match[str], _log: str) -> _Finding:
     )
 
 
-def _shm_stall(_match: re.Match[str], _log: str) -> _Finding:
-    finding = _shared_memory(_match, _log)
+def _shm_stall(match: re.Match[str], log: str) -> _Finding:
+    finding = _shared_memory(match, log)
     return _Finding(
         "a worker stopped answering over shared memory; harmless while a long compile runs, "
         "a fault when the service never becomes healthy: " + finding.cause,

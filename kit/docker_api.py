@@ -104,7 +104,7 @@ class Engine:
             return {}  # removed between the listing and the inspect
 
     def inspect(self, container_id: str) -> dict:
-        with _engine_errors(f"inspecting container {container_id[:12]}"):
+        with _engine_errors(f"inspecting container {_short(container_id)}"):
             return self._api.inspect_container(container_id)
 
     def networks(self, labels: list[str]) -> list[dict]:
@@ -191,66 +191,67 @@ class Engine:
             return container_id
 
     def start(self, container_id: str) -> None:
-        with _engine_errors(f"starting container {container_id[:12]}"):
+        with _engine_errors(f"starting container {_short(container_id)}"):
             self._api.start(container_id)
 
     def stop(self, container_id: str) -> None:
         """Stop with the container's own stop signal and grace period."""
-        with _engine_errors(f"stopping container {container_id[:12]}"):
+        with _engine_errors(f"stopping container {_short(container_id)}"):
             self._api.stop(container_id)
 
-    def remove(self, container_id: str) -> None:
-        doing = f"removing container {container_id[:12]}"
+    def remove(self, container: str) -> None:
+        """Remove a container (by id or name) that may be running; absent is fine."""
+        doing = f"removing container {_short(container)}"
         with _engine_errors(doing), suppress(docker.errors.NotFound):
-            self._api.remove_container(container_id, force=True)
+            self._api.remove_container(container, force=True)
 
     def exec(self, container_id: str, argv: list[str]) -> tuple[int, str]:
         """Run `argv` in the container; (exit code, combined output)."""
-        with _engine_errors(f"running {argv[0]} in container {container_id[:12]}"):
+        with _engine_errors(f"running {argv[0]} in container {_short(container_id)}"):
             exec_id = self._api.exec_create(container_id, argv)["Id"]
             output = self._api.exec_start(exec_id)
             return self._api.exec_inspect(exec_id)["ExitCode"], output.decode(errors="replace")
 
     def signal(self, container_id: str, signal: str) -> None:
-        with _engine_errors(f"sending {signal} to container {container_id[:12]}"):
+        with _engine_errors(f"sending {signal} to container {_short(container_id)}"):
             self._api.kill(container_id, signal=signal)
 
     def log_tail(self, container_id: str, lines: int) -> str:
-        with _engine_errors(f"reading the log of container {container_id[:12]}"):
+        with _engine_errors(f"reading the log of container {_short(container_id)}"):
             return self._api.logs(container_id, tail=lines).decode(errors="replace")
 
     def log_stream(self, container_id: str, *, follow: bool, tail: int | str) -> Iterator[bytes]:
         """The container's log as it arrives (stdout and stderr interleaved)."""
-        with _engine_errors(f"reading the log of container {container_id[:12]}"):
+        with _engine_errors(f"reading the log of container {_short(container_id)}"):
             yield from self._api.logs(container_id, stream=True, follow=follow, tail=tail)
 
-    def check_device_request(self, image: str, gpus: tuple[GpuRequest, ...]) -> None:
+    def check_device_request(self, name: str, image: str, gpus: tuple[GpuRequest, ...]) -> None:
         """Prove the engine can give these GPUs: start a throwaway container asking for them.
 
         The engine picks the device driver, then the NVIDIA hook checks the device ids, before
         the entrypoint runs; the entrypoint does not exist, so nothing runs. Only a device error
-        counts, and it is raised as the KitError `explain` maps it to.
+        counts, and it is raised as the KitError `explain` maps it to. The container has a fixed
+        name so one left behind by an interrupted check is replaced, not accumulated.
         """
-        container_id = None
+        self.remove(name)
         try:
             with _engine_errors("checking the engine's GPU support"):
-                container_id = self._api.create_container(
+                self._api.create_container(
                     image=image,
+                    name=name,
                     entrypoint=[GPU_CHECK_ENTRYPOINT],
                     host_config=self._api.create_host_config(
                         network_mode="none", device_requests=_device_requests(gpus)
                     ),
-                    labels={"kit.gpu-check": "true"},
-                )["Id"]
+                )
             try:
-                self._api.start(container_id)
+                self._api.start(name)
             except docker.errors.APIError as error:
                 mapped = explain(error, "checking the engine's GPU support")
                 if mapped.fix is not None:  # a device (or other understood) failure
                     raise mapped from None
         finally:
-            if container_id:
-                self.remove(container_id)
+            self.remove(name)
 
 
 def connect() -> Engine:
@@ -259,6 +260,11 @@ def connect() -> Engine:
         client = docker.from_env()
         client.ping()
     return Engine(client)
+
+
+def _short(container: str) -> str:
+    """A container id as the docker CLI shows it (12 characters); names stay whole."""
+    return container[:12] if len(container) == 64 else container
 
 
 def _healthcheck(config: ContainerConfig) -> dict | None:

@@ -194,10 +194,10 @@ class Gate:
 
     def run(self, services: Sequence[Service]) -> list[Check]:
         tls = self.tls()
-        checks = [tls, self.legacy_tls_refused(), self.http_redirect()]
+        checks = [tls, self.http_redirect()]
         if not tls.ok:
             return checks  # nothing over HTTPS can be trusted or even reached
-        checks += self.auth_required()
+        checks += [self.legacy_tls_refused(), *self.auth_required()]
         checks += [self.wrong_password_refused(), self.models([s.api_name for s in services])]
         checks += [self.chat(s.api_name) for s in services]
         checks += [self.stream(s.api_name) for s in services]
@@ -254,6 +254,10 @@ class Gate:
             return f"TLS verification failed: {error.verify_message} — {self._trust_hint(error)}"
         if isinstance(error, ConnectionRefusedError):
             return f"cannot connect to {where}: connection refused — is the stack up (kit up)?"
+        if isinstance(error, ssl.SSLEOFError | ConnectionResetError):  # incl. RemoteDisconnected
+            return (f"{where} accepted the connection and closed it without an answer: the port "
+                    "is published but nothing answers behind it (is nginx up and listening "
+                    "inside its container? kit status)")
         if isinstance(error, TimeoutError):
             return f"no answer from {where} within {self.target.timeout:g} s"
         return f"{where}: {type(error).__name__}: {error}"
@@ -270,7 +274,7 @@ class Gate:
             return run()
         except ProbeFailure as failure:
             return Check(name, False, str(failure))
-        except (ValueError, KeyError, TypeError) as error:  # a body that is not what vLLM sends
+        except (ValueError, KeyError, TypeError, AttributeError) as error:  # not what vLLM sends
             return Check(name, False, f"unexpected answer: {type(error).__name__}: {error}")
 
     # ---- the checks

@@ -39,6 +39,7 @@ class RemoveNetwork:
 @dataclass(frozen=True)
 class CreateNetwork:
     network: NetworkState
+    labels: dict[str, str]
     reason: str
     changes = True
 
@@ -49,6 +50,7 @@ class CreateNetwork:
 @dataclass(frozen=True)
 class CreateVolume:
     volume: VolumeState
+    labels: dict[str, str]
     reason: str
     changes = True
 
@@ -71,6 +73,7 @@ class CreateContainer:
     """Create and start the service's container."""
 
     service: ServiceState
+    labels: dict[str, str]
     reason: str
     changes = True
 
@@ -84,6 +87,7 @@ class RecreateContainer:
 
     service: ServiceState
     old: ContainerState
+    labels: dict[str, str]
     reason: str
     changes = True
 
@@ -164,19 +168,21 @@ def plan_up(desired: DesiredState, observed: ObservedState) -> list[Action]:
     for network in desired.networks:
         found = observed.network(network.name)
         if found is None:
-            infrastructure.append(CreateNetwork(network, "not found"))
+            infrastructure.append(
+                CreateNetwork(network, desired.network_labels(network), "not found")
+            )
         elif found.internal != network.internal:
             rebuilt_networks.add(network.name)
             change = f"internal {str(found.internal).lower()} -> {str(network.internal).lower()}"
             infrastructure += [
                 RemoveNetwork(network.name, change),
-                CreateNetwork(network, change),
+                CreateNetwork(network, desired.network_labels(network), change),
             ]
     for service in desired.services:
         if service.name in kept and rebuilt_networks.intersection(service.config.networks):
             removals.append(RemoveContainer(kept.pop(service.name), "its network is recreated"))
     infrastructure += [
-        CreateVolume(volume, "not found")
+        CreateVolume(volume, desired.volume_labels(volume), "not found")
         for volume in desired.volumes
         if volume.name not in observed.volumes
     ]
@@ -201,7 +207,8 @@ def _service_actions(
     touched: set[str] = set()  # services created, recreated or started by this plan
     unhealthy: dict[str, str] = {}  # service → why it still has to be waited for
     for service in desired.services:
-        action = _container_action(service, kept.get(service.name), observed, rebuilt_networks)
+        action = _container_action(desired, service, kept.get(service.name), observed,
+                                   rebuilt_networks)
         if action is None and service.reloadable and kept[service.name].running:
             action = _reload_action(service, kept[service.name], observed, touched)
         if action is not None:
@@ -228,6 +235,7 @@ def _service_actions(
 
 
 def _container_action(
+    desired: DesiredState,
     service: ServiceState,
     container: ContainerState | None,
     observed: ObservedState,
@@ -236,15 +244,15 @@ def _container_action(
     if container is None:
         recreated = rebuilt_networks.intersection(service.config.networks)
         reason = f"network {', '.join(sorted(recreated))} recreated" if recreated else "not found"
-        return CreateContainer(service, reason)
+        return CreateContainer(service, desired.labels(service), reason)
     if container.config_hash != service.config_hash:
         old = (container.config_hash or "none")[:12]
-        return RecreateContainer(
-            service, container, f"config changed (hash {old} -> {service.config_hash[:12]})"
-        )
+        change = f"config changed (hash {old} -> {service.config_hash[:12]})"
+        return RecreateContainer(service, container, desired.labels(service), change)
     image_id = observed.image_ids.get(service.config.image)
     if image_id is not None and image_id != container.image_id:
-        return RecreateContainer(service, container, f"image {service.config.image} was updated")
+        change = f"image {service.config.image} was updated"
+        return RecreateContainer(service, container, desired.labels(service), change)
     if container.state in ("created", "exited", "dead"):
         detail = f" (exit code {container.exit_code})" if container.state == "exited" else ""
         return StartContainer(service, container, f"{container.state}{detail}")

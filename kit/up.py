@@ -73,7 +73,6 @@ def converge(
         progress = Progress()
         Executor(
             engine=engine,
-            desired=site.desired,
             applied=site.layout.applied,
             wait=lambda services: _report_healthy(
                 wait_healthy(engine, site.desired, services, timeout=timeout, progress=progress),
@@ -110,7 +109,7 @@ def preflight(
     if engine.is_local:
         check_bind_sources(site.spec, services)
     ensure_images(engine, services, observed, report)
-    check_gpus(engine, services)
+    check_gpus(engine, site.desired.project, services)
     if engine.is_local:
         check_ports(engine, site.spec, services, observed)
 
@@ -173,7 +172,7 @@ def _show_pull(image: str, events: Iterator[dict], stream: TextIO | None = None)
     stream.write("\n" if stream.isatty() else "")
 
 
-def check_gpus(engine: Engine, services: list[ServiceState]) -> None:
+def check_gpus(engine: Engine, project: str, services: list[ServiceState]) -> None:
     """The engine can hand out every GPU the starting services reserve (driver and indices)."""
     with_gpus = [s for s in services if s.config.gpus]
     if not with_gpus:
@@ -183,6 +182,7 @@ def check_gpus(engine: Engine, services: list[ServiceState]) -> None:
         for gpu in service.config.gpus:
             requests.setdefault((gpu.driver, gpu.capabilities), set()).update(gpu.device_ids)
     engine.check_device_request(
+        f"{project}-kit-gpu-check",
         with_gpus[0].config.image,
         tuple(
             GpuRequest(driver, tuple(sorted(ids, key=int)), capabilities)

@@ -1,6 +1,11 @@
-"""One module per verb; COMMANDS is what kit/cli.py registers."""
+"""One module per verb (kit/commands/<verb>.py exporting a click command of the same name).
+
+Verbs are imported only when run, so `kit render` does not pay for docker-py and friends.
+"""
 
 import importlib
+
+import click
 
 VERBS = [
     "init", "validate", "schema", "render", "plan", "up", "probe", "status", "down", "logs",
@@ -8,18 +13,6 @@ VERBS = [
 ]
 
 
-def _load() -> list:
-    commands = []
-    for verb in VERBS:
-        name = verb.replace("-", "_")
-        try:
-            module = importlib.import_module(f"kit.commands.{name}")
-        except ModuleNotFoundError as error:
-            if error.name != f"kit.commands.{name}":
-                raise
-            continue
-        commands.append(getattr(module, name))
-    return commands
-
-
-COMMANDS = _load()
+def load(verb: str) -> click.Command:
+    name = verb.replace("-", "_")
+    return getattr(importlib.import_module(f"kit.commands.{name}"), name)

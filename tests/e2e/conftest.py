@@ -87,6 +87,12 @@ def compose_project(docker_client) -> Iterator[str]:
 
 
 @pytest.fixture
+def project_labels(compose_project) -> dict[str, str]:
+    """Labels that put a container started by hand into `compose_project` (so it is removed)."""
+    return {PROJECT_LABEL: compose_project}
+
+
+@pytest.fixture
 def cleanup_project(docker_client) -> Iterator[Callable[[str], None]]:
     """Register project names (e.g. a site name) whose resources must go after the test."""
     projects: list[str] = []

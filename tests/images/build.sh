@@ -31,6 +31,9 @@ CUSTOMIZE=(
     'chroot "$1" groupadd --system --gid 101 nginx'
     'chroot "$1" useradd --system --uid 101 --gid nginx --no-create-home --home-dir /var/cache/nginx --shell /sbin/nologin nginx'
     'mkdir -p "$1/var/cache/nginx" "$1/etc/nginx/conf.d" && rm -f "$1/etc/nginx/sites-enabled/default"'
+    # Debian's compiled-in temp dirs (/var/lib/nginx/*) land in /var/cache/nginx like the official
+    # image's, so a read-only root with a tmpfs on /var/cache/nginx works.
+    'rm -rf "$1/var/lib/nginx" && ln -s /var/cache/nginx "$1/var/lib/nginx"'
     'ln -sfn /usr/lib/nginx/modules "$1/etc/nginx/modules" && ln -sfn /usr/lib/nginx/modules "$1/usr/share/nginx/modules"'
     'ln -sf /dev/stdout "$1/var/log/nginx/access.log" && ln -sf /dev/stderr "$1/var/log/nginx/error.log"'
 )
@@ -114,6 +117,14 @@ ensure_base() {
         -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
         -c 'ENV LANG=C.UTF-8' \
         "$tarball" "$BASE" >/dev/null
+    # Bases and root filesystems of earlier inputs are not needed any more.
+    local old
+    for old in "$CACHE"/rootfs-*.tar; do
+        [ "$old" = "$tarball" ] || rm -f "$old"
+    done
+    docker image ls --format '{{.Repository}}:{{.Tag}}' kit-test/base | while read -r old; do
+        [ "$old" = "$BASE" ] || docker rmi "$old" >/dev/null
+    done
 }
 
 # build NAME DOCKERFILE CONTEXT PRIMARY TAG...: build PRIMARY unless it already has the same
@@ -168,5 +179,5 @@ docker image prune --force --filter "label=kit.test.image" >/dev/null
 
 for tag in "$VLLM_IMAGE" "${vllm_tags[@]}" "$NGINX_IMAGE" "${nginx_tags[@]}"; do
     docker image inspect --format "$tag {{.Id}} {{.Size}}" "$tag" |
-        awk '{ printf "%-36s %.19s %4d MB\n", $1, $2, $3 / 1000000 }'
+        awk '{ printf "%-36s %.19s %4.0f MB\n", $1, $2, $3 / 1000000 }'
 done

@@ -43,6 +43,7 @@ def test_rerender_changes_no_file(site: Path) -> None:
     assert after == before
 
 
+@pytest.mark.real_bcrypt_cost
 def test_new_user_password_is_printed_once_and_stored_as_bcrypt(site: Path) -> None:
     first = render(str(site / "site.yaml"))
     assert "password for ops: " in first.output

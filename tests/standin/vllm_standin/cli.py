@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import VERSION
+from . import VERSION, logs
 
 FLAGS_FILE = Path(__file__).resolve().parent.parent / "vllm-0.33.0-serve-flags.txt"
 
@@ -310,9 +310,7 @@ class FlexibleArgumentParser(argparse.ArgumentParser):
 
 def warn(message: str) -> None:
     """A vLLM warning logged before the API server's log prefix is set up."""
-    from .logs import plain_line
-
-    plain_line("WARNING", "argparse_utils.py:312", message)
+    logs.plain_line("WARNING", "argparse_utils.py:312", message)
 
 
 def build_parser(specs: list[FlagSpec] | None = None) -> FlexibleArgumentParser:

@@ -274,7 +274,8 @@ class Engine:
         while self.waiting and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             blocks = request.blocks(self.block_size)
-            if self.total_blocks is not None and self.used_blocks + blocks > self.total_blocks:
+            full = self.total_blocks is not None and self.used_blocks + blocks > self.total_blocks
+            if full and self.running:  # alone, it runs even if it cannot fit: no deadlock
                 break
             self.waiting.popleft()
             self.used_blocks += blocks

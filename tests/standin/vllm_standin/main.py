@@ -177,6 +177,7 @@ class Standin:
         self.sock: socket.socket | None = None
         self.engine: Engine | None = None
         self.app: App | None = None
+        self.max_num_seqs = 0
 
     async def at(self, fraction: float) -> None:
         """Sleep until `fraction` of the simulated load time has passed."""
@@ -234,7 +235,7 @@ class Standin:
             raise Failure(lambda: api_traceback(frames, text)) from e
         self.sock = sock
 
-    async def validate(self) -> tuple[model.ModelSource, int, list[str], int]:
+    async def validate(self) -> tuple[model.ModelSource, int, int]:
         """Config checks in vLLM's order: device, model, context length, parallelism."""
         a = self.args
         runtime_ids = model.runtime_gpu_ids()
@@ -284,15 +285,14 @@ class Standin:
             arch = (source.config.get("architectures") or ["unknown"])[0]
             logs.line(logs.API, "INFO", "model.py:555", f"Resolved architecture: {arch}")
         logs.line(logs.API, "INFO", "model.py:1680", f"Using max model len {max_model_len}")
-        return source, max_model_len, runtime_ids, gpu_count
+        return source, max_model_len, gpu_count
 
     async def load(
         self, source: model.ModelSource, max_model_len: int, gpu_count: int
-    ) -> model.MemoryPlan:
+    ) -> model.KvCache | None:
         a = self.args
         tp, pp = a.tensor_parallel_size, a.pipeline_parallel_size
-        gpu_total = int(_env_float("STANDIN_GPU_MEMORY_GIB", 80) * model.GiB)
-        default_seqs, default_tokens = model.scheduler_defaults(gpu_total)
+        default_seqs, default_tokens = model.scheduler_defaults(model.gpu_memory())
         self.max_num_seqs = a.max_num_seqs or default_seqs
         batched = a.max_num_batched_tokens or default_tokens
         logs.line(
@@ -346,31 +346,9 @@ class Standin:
         )
         await self.at(0.5)
         try:
-            plan = model.plan_memory(
-                source,
-                dtype_flag=a.dtype,
-                kv_cache_dtype=a.kv_cache_dtype,
-                tp=tp,
-                pp=pp,
-                gpu_memory_utilization=a.gpu_memory_utilization,
-                max_model_len=max_model_len,
-                max_num_batched_tokens=batched,
-                enforce_eager=bool(a.enforce_eager),
-            )
+            weights = model.load_weights(source, dtype_flag=a.dtype, tp=tp, pp=pp)
         except model.EngineError as e:
-            if e.exc_type.startswith("torch"):
-                raise engine_failure(e.exc_type, e.message) from e
-            plan = None
-            failure = e
-        else:
-            failure = None
-        weights = model.MemoryPlan.weight_bytes(
-            source,
-            model.Dims.from_config(source.config),
-            model.model_dtype(source.config, a.dtype),
-            tp,
-            pp,
-        )
+            raise engine_failure(e.exc_type, e.message) from e
         logs.line(
             logs.ENGINE,
             "INFO",
@@ -387,27 +365,40 @@ class Standin:
                 f"torch.compile took {0.2 * self.load_s:.2f} s in total",
             )
         await self.at(0.8)
-        if failure is not None:
-            raise engine_failure(failure.exc_type, failure.message)
-        if plan.kv_available is not None:
+        try:
+            kv = model.size_kv_cache(
+                source,
+                weights,
+                dtype_flag=a.dtype,
+                kv_cache_dtype=a.kv_cache_dtype,
+                tp=tp,
+                pp=pp,
+                gpu_memory_utilization=a.gpu_memory_utilization,
+                max_model_len=max_model_len,
+                max_num_batched_tokens=batched,
+                enforce_eager=bool(a.enforce_eager),
+            )
+        except model.EngineError as e:
+            raise engine_failure(e.exc_type, e.message) from e
+        if kv is not None:
             logs.line(
                 logs.ENGINE,
                 "INFO",
                 "gpu_worker.py:440",
-                f"Available KV cache memory: {plan.kv_available / model.GiB:.2f} GiB",
+                f"Available KV cache memory: {kv.available / model.GiB:.2f} GiB",
             )
             logs.line(
                 logs.ENGINE,
                 "INFO",
                 "kv_cache_utils.py:1711",
-                f"GPU KV cache size: {plan.kv_tokens:,} tokens",
+                f"GPU KV cache size: {kv.tokens:,} tokens",
             )
             logs.line(
                 logs.ENGINE,
                 "INFO",
                 "kv_cache_utils.py:1716",
                 f"Maximum concurrency for {max_model_len:,} tokens per request: "
-                f"{plan.kv_tokens / max_model_len:.2f}x",
+                f"{kv.tokens / max_model_len:.2f}x",
             )
         if not a.enforce_eager:
             await self.at(0.9)
@@ -425,10 +416,10 @@ class Standin:
             "core.py:299",
             f"init engine (profile, create kv cache, warmup model) took {0.8 * self.load_s:.2f} s",
         )
-        return plan
+        return kv
 
     async def serve(
-        self, source: model.ModelSource, max_model_len: int, plan: model.MemoryPlan
+        self, source: model.ModelSource, max_model_len: int, kv: model.KvCache | None
     ) -> asyncio.Server:
         a = self.args
         names = a.served_model_name or [a.model]
@@ -439,13 +430,13 @@ class Standin:
             model_name=names[0],
             interval_s=_env_float("STANDIN_TOKEN_INTERVAL_MS", 20) / 1000,
             max_num_seqs=self.max_num_seqs,
-            kv_tokens=plan.kv_tokens,
+            kv_tokens=kv.tokens if kv else None,
             block_size=a.block_size or model.BLOCK_SIZE,
             cache_info={
                 "block_size": str(a.block_size or model.BLOCK_SIZE),
                 "cache_dtype": a.kv_cache_dtype,
                 "gpu_memory_utilization": str(a.gpu_memory_utilization),
-                "num_gpu_blocks": str((plan.kv_tokens or 0) // model.BLOCK_SIZE),
+                "num_gpu_blocks": str(kv.tokens // model.BLOCK_SIZE if kv else 0),
                 "enable_prefix_caching": str(a.enable_prefix_caching is not False),
             },
         )
@@ -508,9 +499,9 @@ class Standin:
         try:
             self.banner()
             self.bind()
-            source, max_model_len, _, gpu_count = await self.validate()
-            plan = await self.load(source, max_model_len, gpu_count)
-            server = await self.serve(source, max_model_len, plan)
+            source, max_model_len, gpu_count = await self.validate()
+            kv = await self.load(source, max_model_len, gpu_count)
+            server = await self.serve(source, max_model_len, kv)
             await asyncio.Event().wait()
         except Failure as f:
             await self.at(0.1)

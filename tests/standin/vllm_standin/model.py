@@ -395,81 +395,33 @@ class EngineError(Exception):
         self.message = message
 
 
-@dataclass(frozen=True)
-class MemoryPlan:
-    gpu_total: int
-    weights: int  # per GPU
-    kv_available: int | None  # per GPU; None when the model's dimensions are unknown
-    kv_tokens: int | None
-
-    @staticmethod
-    def weight_bytes(source: ModelSource, dims: Dims | None, dtype: str, tp: int, pp: int) -> int:
-        """Bytes of weights one GPU holds: STANDIN_WEIGHTS_GIB, the weight files, or an
-        estimate from config.json."""
-        env = os.environ.get("STANDIN_WEIGHTS_GIB")
-        if env:
-            total = float(env) * GiB
-        elif source.weight_bytes_on_disk:
-            total = source.weight_bytes_on_disk
-        elif dims is not None:
-            bits = (source.config.get("quantization_config") or {}).get("bits")
-            per_param = bits / 8 if isinstance(bits, int) else DTYPE_BYTES[dtype]
-            return int(sum(dims.tensors(tp, pp)) * per_param)
-        else:
-            return 0
-        return int(total / (tp * pp))
+def gpu_memory() -> int:
+    """Bytes of one simulated GPU (STANDIN_GPU_MEMORY_GIB)."""
+    return int(float(os.environ.get("STANDIN_GPU_MEMORY_GIB", "80")) * GiB)
 
 
-def plan_memory(
-    source: ModelSource,
-    *,
-    dtype_flag: str,
-    kv_cache_dtype: str,
-    tp: int,
-    pp: int,
-    gpu_memory_utilization: float,
-    max_model_len: int,
-    max_num_batched_tokens: int,
-    enforce_eager: bool,
-) -> MemoryPlan:
-    """Load the weights and size the KV cache on the simulated GPU, failing like vLLM."""
-    gpu_total = int(float(os.environ.get("STANDIN_GPU_MEMORY_GIB", "80")) * GiB)
+def weight_bytes(source: ModelSource, dims: Dims | None, dtype: str, tp: int, pp: int) -> int:
+    """Bytes of weights one GPU holds: STANDIN_WEIGHTS_GIB, the weight files, or an estimate
+    from config.json."""
+    env = os.environ.get("STANDIN_WEIGHTS_GIB")
+    if env:
+        total = float(env) * GiB
+    elif source.weight_bytes_on_disk:
+        total = source.weight_bytes_on_disk
+    elif dims is not None:
+        bits = (source.config.get("quantization_config") or {}).get("bits")
+        per_param = bits / 8 if isinstance(bits, int) else DTYPE_BYTES[dtype]
+        return int(sum(dims.tensors(tp, pp)) * per_param)
+    else:
+        return 0
+    return int(total / (tp * pp))
+
+
+def load_weights(source: ModelSource, *, dtype_flag: str, tp: int, pp: int) -> int:
+    """Allocate one GPU's weights tensor by tensor; past its capacity, PyTorch's OOM."""
+    gpu_total = gpu_memory()
     dims = Dims.from_config(source.config)
-    dtype = model_dtype(source.config, dtype_flag)
-    weights = MemoryPlan.weight_bytes(source, dims, dtype, tp, pp)
-    _load_weights(dims, weights, gpu_total, tp, pp)
-    if dims is None:
-        return MemoryPlan(gpu_total, weights, None, None)
-    act_bytes = DTYPE_BYTES[dtype]
-    activation = max_num_batched_tokens * (4 * dims.hidden + 2 * dims.intermediate // tp)
-    overhead = (NON_TORCH_GIB + (0 if enforce_eager else CUDA_GRAPH_GIB)) * GiB
-    available = gpu_total * gpu_memory_utilization - weights - overhead - activation * act_bytes
-    if available <= 0:
-        raise EngineError(
-            "ValueError",
-            "No available memory for the cache blocks. Try increasing "
-            "`gpu_memory_utilization` when initializing the engine. See "
-            "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
-        )
-    per_token = dims.kv_bytes_per_token(tp, pp, kv_dtype_bytes(kv_cache_dtype, dtype))
-    tokens = int(available // (per_token * BLOCK_SIZE)) * BLOCK_SIZE
-    needed = per_token * max_model_len
-    if needed > available:
-        raise EngineError(
-            "ValueError",
-            "To serve at least one request with the models's max seq len "
-            f"({max_model_len}), ({format_gib(needed)} GiB KV cache is needed, which is larger "
-            f"than the available KV cache memory ({format_gib(available)} GiB). Based on the "
-            f"available memory, the estimated maximum model length is {tokens}. Try increasing "
-            "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
-            "engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for "
-            "more details.",
-        )
-    return MemoryPlan(gpu_total, weights, int(available), tokens)
-
-
-def _load_weights(dims: Dims | None, weights: int, gpu_total: int, tp: int, pp: int) -> None:
-    """Allocate the weights tensor by tensor; past the GPU's capacity, PyTorch's OOM."""
+    weights = weight_bytes(source, dims, model_dtype(source.config, dtype_flag), tp, pp)
     if dims is not None:
         counts = dims.tensors(tp, pp)
         scale = weights / max(1, sum(counts))
@@ -494,6 +446,61 @@ def _load_weights(dims: Dims | None, weights: int, gpu_total: int, tp: int, pp: 
                 "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
             )
         allocated += size
+    return weights
+
+
+@dataclass(frozen=True)
+class KvCache:
+    available: int  # bytes per GPU
+    tokens: int
+
+
+def size_kv_cache(
+    source: ModelSource,
+    weights: int,
+    *,
+    dtype_flag: str,
+    kv_cache_dtype: str,
+    tp: int,
+    pp: int,
+    gpu_memory_utilization: float,
+    max_model_len: int,
+    max_num_batched_tokens: int,
+    enforce_eager: bool,
+) -> KvCache | None:
+    """What is left for the KV cache after the weights, failing like vLLM; None when the
+    model's dimensions are unknown."""
+    dims = Dims.from_config(source.config)
+    if dims is None:
+        return None
+    dtype = model_dtype(source.config, dtype_flag)
+    activation = max_num_batched_tokens * (4 * dims.hidden + 2 * dims.intermediate // tp)
+    overhead = (NON_TORCH_GIB + (0 if enforce_eager else CUDA_GRAPH_GIB)) * GiB
+    available = (
+        gpu_memory() * gpu_memory_utilization - weights - overhead - activation * DTYPE_BYTES[dtype]
+    )
+    if available <= 0:
+        raise EngineError(
+            "ValueError",
+            "No available memory for the cache blocks. Try increasing "
+            "`gpu_memory_utilization` when initializing the engine. See "
+            "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
+        )
+    per_token = dims.kv_bytes_per_token(tp, pp, kv_dtype_bytes(kv_cache_dtype, dtype))
+    tokens = int(available // (per_token * BLOCK_SIZE)) * BLOCK_SIZE
+    needed = per_token * max_model_len
+    if needed > available:
+        raise EngineError(
+            "ValueError",
+            "To serve at least one request with the models's max seq len "
+            f"({max_model_len}), ({format_gib(needed)} GiB KV cache is needed, which is larger "
+            f"than the available KV cache memory ({format_gib(available)} GiB). Based on the "
+            f"available memory, the estimated maximum model length is {tokens}. Try increasing "
+            "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
+            "engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for "
+            "more details.",
+        )
+    return KvCache(int(available), tokens)
 
 
 def scheduler_defaults(gpu_total: int) -> tuple[int, int]:

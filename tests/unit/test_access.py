@@ -1,0 +1,168 @@
+"""Credential commands on files (no engine): exact edits, backups, refusals, kill -9 safety."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import bcrypt
+import pytest
+from click.testing import CliRunner
+
+from kit.credentials import key_digest
+from kit.cli import cli
+from kit.credentials import parse_htpasswd
+from kit.layout import SiteLayout
+from tests.conftest import REPO, tree
+from tests.support import nginx_ns
+
+NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}  # nothing running to reload
+
+
+def kit(*args: str, stdin: str | None = None):
+    return CliRunner(env=NO_ENGINE).invoke(cli, list(args), input=stdin)
+
+
+@pytest.fixture
+def rendered(site: Path) -> Path:
+    assert kit("render", str(site / "site.yaml")).exit_code == 0
+    return site
+
+
+def entries(site: Path) -> dict[str, str]:
+    layout = SiteLayout(site)
+    return parse_htpasswd(layout.htpasswd.read_text(), layout.htpasswd)
+
+
+@pytest.mark.real_bcrypt_cost
+def test_rotate_keeps_other_lines_byte_for_byte_and_backs_up(rendered: Path) -> None:
+    spec = str(rendered / "site.yaml")
+    assert kit("users", "add", spec, "alice", "--password-stdin",
+               stdin="alice-password-1\n").exit_code == 0
+    layout = SiteLayout(rendered)
+    before = layout.htpasswd.read_text().splitlines()
+    result = kit("rotate-password", spec, "ops", "--password-stdin",
+                 stdin="a-brand-new-password\n")
+    assert result.exit_code == 0, result.output
+    after = layout.htpasswd.read_text().splitlines()
+    assert [line for line in after if not line.startswith("ops:")] == [
+        line for line in before if not line.startswith("ops:")
+    ]
+    ops = entries(rendered)["ops"]
+    assert bcrypt.checkpw(b"a-brand-new-password", ops.encode()) and ops.startswith("$2b$12$")
+    backup = layout.state_dir / "backup" / "htpasswd"
+    assert backup.read_text().splitlines() == before
+    assert backup.stat().st_mode & 0o777 == 0o600
+    assert "no nginx" in result.output or "did not answer" in result.output
+
+
+def test_rotation_changes_the_auth_epoch(rendered: Path) -> None:
+    layout = SiteLayout(rendered)
+    epoch = layout.auth_state.read_text()
+    kit("rotate-password", str(rendered / "site.yaml"), "ops", "--password-stdin",
+        stdin="another-good-password\n")
+    assert layout.auth_state.read_text() != epoch
+
+
+def test_keys_store_only_digests(rendered: Path) -> None:
+    spec = str(rendered / "site.yaml")
+    result = kit("keys", "add", spec, "ci-bot")
+    assert result.exit_code == 0, result.output
+    key = result.output.split("key ci-bot: ")[1].split()[0]
+    layout = SiteLayout(rendered)
+    stored = layout.keys_map.read_text() + layout.keys_db.read_text()
+    assert key not in stored and key_digest(key) in layout.keys_map.read_text()
+    assert key not in "".join(p.read_text(errors="ignore") for p in rendered.rglob("*")
+                              if p.is_file())
+    assert kit("keys", "revoke", spec, "ci-bot").exit_code == 0
+    assert key_digest(key) not in layout.keys_map.read_text()
+
+
+ADVERSARIAL = [
+    (["users", "add", "{spec}", "a:b", "--password-stdin"], "long-enough-password\n",
+     "user name 'a:b' is not allowed"),
+    (["users", "add", "{spec}", "a\nb", "--password-stdin"], "long-enough-password\n",
+     "is not allowed"),
+    (["users", "add", "{spec}", "carol", "--password-stdin"], "\n", "no password"),
+    (["users", "add", "{spec}", "carol", "--password-stdin"], "x" * 100 + "\n",
+     "longer than 72 bytes"),
+    (["users", "add", "{spec}", "carol", "--password-stdin"], "short\n", "at least 12"),
+    (["users", "add", "{spec}", "carol", "--password-stdin"], "aaaaaaaaaaaaaaaa\n",
+     "repeats too few"),
+    (["users", "add", "{spec}", "ops", "--password-stdin"], "long-enough-password\n",
+     "exists already"),
+    (["users", "remove", "{spec}", "ops"], None, "listed in the spec"),
+    (["users", "remove", "{spec}", "kit-probe"], None, "probe identity"),
+    (["users", "remove", "{spec}", "nobody"], None, "there is no user"),
+    (["rotate-password", "{spec}", "nobody", "--password-stdin"], "long-enough-password\n",
+     "there is no user"),
+    (["rotate-password", "{spec}", "ops", "--password-stdin"],
+     "long-enough-password\nwrong-current-password\n", "current password of ops is wrong"),
+    (["keys", "add", "{spec}", "my key"], None, "key name 'my key' is not allowed"),
+    (["keys", "add", "{spec}", "k;ey"], None, "is not allowed"),
+    (["keys", "revoke", "{spec}", "nope"], None, "there is no key"),
+    (["keys", "add", "{spec}", "a", "b", "c"], None, "expected [SPEC] NAME"),
+]
+
+
+@pytest.mark.parametrize("args,stdin,message", ADVERSARIAL, ids=[a[2] for a in ADVERSARIAL])
+def test_adversarial_credentials_are_refused_and_change_nothing(
+    rendered: Path, args: list[str], stdin: str | None, message: str
+) -> None:
+    before = tree(rendered)
+    spec = str(rendered / "site.yaml")
+    result = kit(*[a.replace("{spec}", spec) for a in args], stdin=stdin)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert tree(rendered) == before
+
+
+def test_commands_before_render_say_what_to_do(site: Path) -> None:
+    result = kit("users", "add", str(site / "site.yaml"), "zed", "--generate")
+    assert result.exit_code == 2 and "run `kit render`" in result.output
+
+
+def test_racing_rotations_killed_at_random_leave_a_whole_file(rendered: Path) -> None:
+    """Two rotations race; kill -9 at random moments, 50 times: htpasswd stays whole."""
+    spec = str(rendered / "site.yaml")
+    layout = SiteLayout(rendered)
+    passwords = {b"orig"}
+    original_ops = entries(rendered)["ops"]
+    probe_line = entries(rendered)["kit-probe"]
+    rng = random.Random(11)
+    env = {**os.environ, **NO_ENGINE}
+    killed = 0
+    for round_number in range(50):
+        racers = []
+        for racer in range(2):
+            password = f"round-{round_number}-racer-{racer}-pw"
+            passwords.add(password.encode())
+            racers.append(subprocess.Popen(
+                [sys.executable, "-m", "kit", "rotate-password", spec, "ops", "--password-stdin"],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                cwd=REPO, env=env,
+            ))
+            racers[-1].stdin.write(password.encode() + b"\n")
+            racers[-1].stdin.close()
+        time.sleep(rng.uniform(0.2, 0.9))
+        victim = racers[rng.randrange(2)]
+        if victim.poll() is None:
+            victim.send_signal(signal.SIGKILL)
+            killed += 1
+        for racer in racers:
+            racer.wait(timeout=30)
+        found = entries(rendered)
+        assert set(found) == {"kit-probe", "ops"}
+        assert found["kit-probe"] == probe_line
+        ops = found["ops"].encode()
+        assert ops == original_ops.encode() or any(
+            bcrypt.checkpw(p, ops) for p in passwords if p != b"orig"
+        )
+    assert killed >= 10
+    reason = nginx_ns.available()
+    if reason is None:
+        result = nginx_ns.nginx_t(layout.nginx_dir, ["llama8b"])
+        assert result.returncode == 0, result.stderr
