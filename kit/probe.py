@@ -190,7 +190,7 @@ class Gate:
             cafile=str(target.ca_file) if target.ca_file else None
         )
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
-        self.credentials = _basic(PROBE_USER, password)
+        self.credentials = basic_header(PROBE_USER, password)
 
     def run(self, services: Sequence[Service]) -> list[Check]:
         tls = self.tls()
@@ -380,7 +380,7 @@ class Gate:
 
     def wrong_password_refused(self) -> Check:
         def run() -> Check:
-            wrong = _basic(PROBE_USER, secrets.token_urlsafe(18))
+            wrong = basic_header(PROBE_USER, secrets.token_urlsafe(18))
             reply = self.fetch("GET", "/v1/models", credentials=wrong)
             ok = reply.status == 401
             detail = "wrong password: 401" if ok else (
@@ -572,7 +572,7 @@ def judge_stream(stats: StreamStats) -> tuple[bool, str]:
 # --------------------------------------------------------------------------- small helpers
 
 
-def _basic(user: str, password: str) -> str:
+def basic_header(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 

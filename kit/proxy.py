@@ -5,8 +5,6 @@ take new connections with the new credentials; old workers finish the streams th
 no stream is dropped.
 """
 
-import base64
-
 from kit.docker_api import connect
 from kit.errors import KitError
 from kit.layout import SiteLayout
@@ -44,10 +42,6 @@ def reload_proxy(spec: Spec, layout: SiteLayout) -> str | None:
     if proxy.site_files_digest is not None:
         write_proxy_loaded(layout.applied, ProxyLoaded(container["Id"], proxy.site_files_digest))
     return container["Name"].lstrip("/")
-
-
-def basic_header(user: str, password: str) -> str:
-    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
 def login_status(spec: Spec, layout: SiteLayout, authorization: str) -> int:

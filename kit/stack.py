@@ -295,6 +295,9 @@ def digest_paths(paths: list[Path]) -> str:
     """One digest over every file below `paths` (names and contents), stable across runs."""
     hasher = hashlib.sha256()
     for root in sorted(paths):
+        if not root.exists():  # the preflight refuses to start it; the digest only notes it
+            hasher.update(f"missing {root.name}\0".encode())
+            continue
         files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
         for file in files:
             hasher.update(str(file.relative_to(root.parent)).encode() + b"\0")

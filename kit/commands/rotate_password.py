@@ -10,7 +10,7 @@ from kit.credential_change import Applied, Expectation, apply
 from kit.credentials import generate_password, verify_password
 from kit.errors import BadInput
 from kit.layout import SiteLayout
-from kit.proxy import basic_header
+from kit.probe import basic_header
 from kit.spec import load_spec
 
 

@@ -8,7 +8,7 @@ from kit.commands.options import spec_and_name, spec_argument
 from kit.commands.rotate_password import read_passwords, report
 from kit.credential_change import Expectation, apply
 from kit.layout import PROBE_USER, SiteLayout
-from kit.proxy import basic_header
+from kit.probe import basic_header
 from kit.spec import load_spec
 
 

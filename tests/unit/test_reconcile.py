@@ -1,0 +1,251 @@
+"""Desired vs observed → plan, without an engine: every decision of kit up/down, as text."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from kit.observe import (
+    ContainerState,
+    NetworkFound,
+    ObservedState,
+    ProxyLoaded,
+    container_state,
+    parse_time,
+)
+from kit.reconcile import changes, describe, plan_down, plan_up
+from kit.stack import DesiredState, parse_compose
+from tests.unit.test_stack import rendered, write_site
+
+HEALTH = {"test": ["CMD", "true"], "interval": "1s", "start_period": "60s"}
+
+
+def compose(
+    *, seqs: int = 8, internal: bool = True, backends: tuple[str, ...] = ("a", "b")
+) -> dict:
+    """The shape kit renders: GPU backends on an internal network, nginx in front of them."""
+    services: dict = {
+        name: {
+            "image": "vllm:1",
+            "command": ["--model", "/models/m", "--max-num-seqs", str(seqs if name == "a" else 8)],
+            "volumes": [{"type": "volume", "source": "cache", "target": "/cache"}],
+            "deploy": {"resources": {"reservations": {"devices": [
+                {"driver": "nvidia", "device_ids": [str(i)], "capabilities": ["gpu"]}
+            ]}}},
+            "healthcheck": HEALTH,
+            "networks": ["backend"],
+        }
+        for i, name in enumerate(backends)
+    }
+    services["nginx"] = {
+        "image": "nginx:1",
+        "command": ["nginx", "-c", "/etc/nginx/kit/nginx.conf"],
+        "ports": ["127.0.0.1:8443:443"],
+        "volumes": [{"type": "bind", "source": "../nginx", "target": "/etc/nginx/kit",
+                     "read_only": True}],
+        "depends_on": {name: {"condition": "service_healthy"} for name in backends},
+        "healthcheck": HEALTH,
+        "networks": ["backend", "frontend"],
+    }
+    return {
+        "services": services,
+        "networks": {"backend": {"internal": internal}, "frontend": {}},
+        "volumes": {"cache": {}},
+    }
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Path:
+    (tmp_path / "nginx").mkdir()
+    (tmp_path / "nginx" / "nginx.conf").write_text("events {}\n")
+    return tmp_path
+
+
+def desired_state(site: Path, **options) -> DesiredState:
+    return parse_compose(compose(**options), "p", site / "compose" / "docker-compose.yml", site)
+
+
+def running(desired: DesiredState) -> ObservedState:
+    """The stack exactly as `desired` says, healthy, with the proxy's config recorded."""
+    containers = tuple(
+        ContainerState(
+            id=f"id-{s.name}", name=s.container_name, service=s.name, number=1,
+            config_hash=s.config_hash, state="running", health="healthy", restart_count=0,
+            exit_code=0, started_at=None, image=s.config.image, image_id=f"img-{s.config.image}",
+            gpu_ids=s.gpu_ids, host_ports=tuple((p.host_ip, p.host_port) for p in s.config.ports),
+        )
+        for s in desired.services
+    )
+    proxy = desired.service("nginx")
+    return ObservedState(
+        containers=containers,
+        networks=tuple(NetworkFound(n.name, n.key, n.internal) for n in desired.networks),
+        volumes=tuple(v.name for v in desired.volumes),
+        image_ids={s.config.image: f"img-{s.config.image}" for s in desired.services},
+        proxy_loaded=ProxyLoaded("id-nginx", proxy.site_files_digest or ""),
+    )
+
+
+def with_container(observed: ObservedState, service: str, **changed) -> ObservedState:
+    containers = tuple(
+        replace(c, **changed) if c.service == service else c for c in observed.containers
+    )
+    return replace(observed, containers=containers)
+
+
+def test_from_nothing_creates_backends_waits_then_creates_the_proxy(site: Path) -> None:
+    empty = ObservedState((), (), (), {}, None)
+    assert describe(plan_up(desired_state(site), empty)) == (
+        "create network p_backend: not found\n"
+        "create network p_frontend: not found\n"
+        "create volume p_cache: not found\n"
+        "create container p-a-1: not found\n"
+        "create container p-b-1: not found\n"
+        "wait until healthy a, b: nginx depends on them; just started\n"
+        "create container p-nginx-1: not found\n"
+        "wait until healthy nginx: just started"
+    )
+
+
+def test_an_unchanged_healthy_stack_gives_an_empty_plan(site: Path) -> None:
+    desired = desired_state(site)
+    assert plan_up(desired, running(desired)) == []
+
+
+def test_the_rendered_site_unchanged_gives_an_empty_plan(tmp_path: Path) -> None:
+    desired = rendered(write_site(tmp_path))
+    assert plan_up(desired, running(desired)) == []
+
+
+def test_one_changed_backend_is_recreated_and_the_proxy_reloaded_after_it(site: Path) -> None:
+    observed = running(desired_state(site))
+    plan = plan_up(desired_state(site, seqs=16), observed)
+    old, new = observed.of("a")[0].config_hash or "", desired_state(site, seqs=16).service("a")
+    assert describe(plan) == (
+        f"recreate container p-a-1: config changed (hash {old[:12]} -> {new.config_hash[:12]})\n"
+        "wait until healthy a: nginx depends on it; just started\n"
+        "reload p-nginx-1: re-resolve a (restarted)"
+    )
+
+
+def test_a_proxy_config_change_is_a_reload_not_a_recreate(site: Path) -> None:
+    observed = running(desired_state(site))
+    (site / "nginx" / "nginx.conf").write_text("events { worker_connections 512; }\n")
+    assert describe(plan_up(desired_state(site), observed)) == (
+        "reload p-nginx-1: its mounted config files changed"
+    )
+
+
+def test_a_proxy_whose_loaded_config_is_not_recorded_is_reloaded(site: Path) -> None:
+    desired = desired_state(site)
+    observed = replace(running(desired), proxy_loaded=ProxyLoaded("id-other", "x"))
+    assert describe(plan_up(desired, observed)) == (
+        "reload p-nginx-1: the config it loaded is not recorded"
+    )
+
+
+def test_a_removed_service_is_removed_and_the_rest_kept(site: Path) -> None:
+    observed = running(desired_state(site))
+    plan = plan_up(desired_state(site, backends=("a",)), observed)
+    assert describe(plan).splitlines()[0] == (
+        "remove container p-b-1: service no longer in the compose file"
+    )
+    assert not any("p-a-1" in line for line in describe(plan).splitlines())
+
+
+def test_an_exited_backend_is_started_and_waited_for(site: Path) -> None:
+    desired = desired_state(site)
+    observed = with_container(running(desired), "b", state="exited", exit_code=1, health=None)
+    assert describe(plan_up(desired, observed)) == (
+        "start container p-b-1: exited (exit code 1)\n"
+        "wait until healthy b: nginx depends on it; just started\n"
+        "reload p-nginx-1: re-resolve b (restarted)"
+    )
+
+
+def test_an_unhealthy_but_unchanged_backend_is_waited_for_without_changes(site: Path) -> None:
+    desired = desired_state(site)
+    observed = with_container(running(desired), "a", health="starting")
+    plan = plan_up(desired, observed)
+    assert describe(plan) == "wait until healthy a: health starting"
+    assert changes(plan) == []
+
+
+def test_an_updated_image_recreates_its_containers(site: Path) -> None:
+    desired = desired_state(site)
+    observed = replace(running(desired), image_ids={"vllm:1": "img-new", "nginx:1": "img-nginx:1"})
+    lines = describe(plan_up(desired, observed)).splitlines()
+    assert lines[:2] == [
+        "recreate container p-a-1: image vllm:1 was updated",
+        "recreate container p-b-1: image vllm:1 was updated",
+    ]
+
+
+def test_extra_containers_of_a_service_are_removed(site: Path) -> None:
+    desired = desired_state(site)
+    observed = running(desired)
+    extra = replace(observed.of("a")[0], id="id-a2", name="p_a_2", number=2)
+    observed = replace(observed, containers=(*observed.containers, extra))
+    assert describe(plan_up(desired, observed)) == "remove container p_a_2: extra container of a"
+
+
+def test_a_network_whose_config_changed_is_recreated_with_its_containers(site: Path) -> None:
+    observed = running(desired_state(site))
+    plan = plan_up(desired_state(site, internal=False), observed)
+    assert describe(plan) == (
+        "remove container p-a-1: its network is recreated\n"
+        "remove container p-b-1: its network is recreated\n"
+        "remove container p-nginx-1: its network is recreated\n"
+        "remove network p_backend: internal true -> false\n"
+        "create network p_backend: internal true -> false\n"
+        "create container p-a-1: network p_backend recreated\n"
+        "create container p-b-1: network p_backend recreated\n"
+        "wait until healthy a, b: nginx depends on them; just started\n"
+        "create container p-nginx-1: network p_backend recreated\n"
+        "wait until healthy nginx: just started"
+    )
+
+
+def test_down_removes_the_proxy_first_then_networks_and_volumes_only_when_asked(
+    site: Path,
+) -> None:
+    observed = running(desired_state(site))
+    assert describe(plan_down(observed, volumes=False)) == (
+        "remove container p-nginx-1: kit down\n"
+        "remove container p-a-1: kit down\n"
+        "remove container p-b-1: kit down\n"
+        "remove network p_backend: kit down\n"
+        "remove network p_frontend: kit down"
+    )
+    assert describe(plan_down(observed, volumes=True)).endswith(
+        "remove volume p_cache: kit down --volumes"
+    )
+
+
+INSPECT = {
+    "Id": "c" * 64,
+    "Name": "/p-a-1",
+    "Image": "sha256:abc",
+    "RestartCount": 2,
+    "Config": {
+        "Image": "vllm:1",
+        "Labels": {"com.docker.compose.service": "a", "com.docker.compose.container-number": "1",
+                   "com.docker.compose.config-hash": "f00"},
+    },
+    "State": {"Status": "running", "ExitCode": 0, "StartedAt": "2026-11-29T19:13:08.123456789Z",
+              "Health": {"Status": "starting"}},
+    "HostConfig": {
+        "DeviceRequests": [{"Driver": "nvidia", "DeviceIDs": ["1", "2"]}],
+        "PortBindings": {"443/tcp": [{"HostIp": "127.0.0.1", "HostPort": "8443"}]},
+    },
+}
+
+
+def test_inspect_data_becomes_container_state() -> None:
+    state = container_state(INSPECT)
+    assert (state.name, state.service, state.number, state.config_hash) == ("p-a-1", "a", 1, "f00")
+    assert (state.state, state.health, state.restart_count) == ("running", "starting", 2)
+    assert state.gpu_ids == ("1", "2")
+    assert state.host_ports == (("127.0.0.1", 8443),)
+    assert state.started_at == parse_time("2026-11-29T19:13:08.123456Z")
+    assert parse_time("0001-01-01T00:00:00Z") is None

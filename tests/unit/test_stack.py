@@ -1,0 +1,221 @@
+"""The rendered compose file → desired state: names, labels, engine config, config hash."""
+
+from pathlib import Path
+
+import pytest
+
+from kit.errors import KitError
+from kit.layout import SiteLayout
+from kit.render import render_site
+from kit.stack import (
+    CONFIG_FILES_LABEL,
+    CONFIG_HASH_LABEL,
+    CONTAINER_NUMBER_LABEL,
+    ONEOFF_LABEL,
+    PROJECT_LABEL,
+    SERVICE_LABEL,
+    WORKING_DIR_LABEL,
+    DesiredState,
+    Healthcheck,
+    Mount,
+    PortBinding,
+    load_desired,
+    parse_compose,
+    parse_duration,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL_CONFIG = REPO / "tests" / "data" / "models" / "qwen2.5-1.5b-instruct" / "config.json"
+
+SPEC = """\
+site: unit01
+domain: llm.test.internal
+models_root: {models}
+auth: {{users: [ops]}}
+proxy: {{bind: 127.0.0.1, https_port: 18443, http_port: 18080, read_timeout: {read_timeout}}}
+healthcheck_interval: 1
+services:
+  - name: alpha
+    model: qwen
+    gpus: [0]
+    max_num_seqs: {alpha_seqs}
+    max_model_len: 4096
+    env: {{STANDIN_LOAD_SECONDS: "2"}}
+  - name: beta
+    model: qwen
+    gpus: [1, 2]
+    max_num_seqs: 8
+    max_model_len: 4096
+"""
+
+
+def write_site(root: Path, *, alpha_seqs: int = 8, read_timeout: int = 900) -> Path:
+    """A two-service site (a model folder with a real config.json); returns the spec path."""
+    models = root / "models"
+    (models / "qwen").mkdir(parents=True, exist_ok=True)
+    (models / "qwen" / "config.json").write_bytes(MODEL_CONFIG.read_bytes())
+    spec = root / "site" / "site.yaml"
+    spec.parent.mkdir(exist_ok=True)
+    spec.write_text(SPEC.format(models=models, alpha_seqs=alpha_seqs, read_timeout=read_timeout))
+    return spec
+
+
+def rendered(spec: Path) -> DesiredState:
+    render_site(spec)
+    return load_desired(SiteLayout(spec.parent), "unit01")
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Path:
+    return write_site(tmp_path)
+
+
+def test_names_order_and_networks_follow_compose_v2(site: Path) -> None:
+    desired = rendered(site)
+    assert [s.name for s in desired.services] == ["alpha", "beta", "nginx"]  # backends first
+    assert [s.container_name for s in desired.services] == [
+        "unit01-alpha-1", "unit01-beta-1", "unit01-nginx-1",
+    ]
+    assert [(n.name, n.internal) for n in desired.networks] == [
+        ("unit01_backend", True), ("unit01_frontend", False),
+    ]
+    assert [v.name for v in desired.volumes] == ["unit01_hf-cache"]
+    assert desired.service("nginx").depends_on == (
+        ("alpha", "service_healthy"), ("beta", "service_healthy"),
+    )
+
+
+def test_engine_config_is_what_the_file_says(site: Path) -> None:
+    desired = rendered(site)
+    beta = desired.service("beta").config
+    assert desired.service("beta").gpu_ids == ("1", "2")
+    assert beta.gpus[0].driver == "nvidia" and beta.gpus[0].capabilities == ("gpu",)
+    models = str(site.parent.parent / "models")
+    assert Mount("bind", models, "/models", read_only=True) in beta.mounts
+    assert Mount("volume", "unit01_hf-cache", "/root/.cache/huggingface", False) in beta.mounts
+    assert beta.ipc_mode == "host"  # tensor parallel 2
+    assert beta.restart == "unless-stopped" and beta.stop_timeout == 30
+    assert beta.log_driver == "json-file" and dict(beta.log_options) == {
+        "max-size": "50m", "max-file": "5",
+    }
+    assert beta.networks == ("unit01_backend",)
+    assert beta.healthcheck is not None and beta.healthcheck.interval == 1.0
+    assert "--max-num-seqs" in beta.command
+    nginx = desired.service("nginx").config
+    assert nginx.ports == (
+        PortBinding("127.0.0.1", 18443, 443), PortBinding("127.0.0.1", 18080, 80),
+    )
+    assert Mount("bind", str(site.parent / "nginx"), "/etc/nginx/kit", True) in nginx.mounts
+    assert nginx.read_only and set(nginx.tmpfs) == {"/var/cache/nginx", "/run", "/tmp"}
+    assert nginx.security_opt == ("no-new-privileges:true",)
+    assert nginx.ulimits[0][0] == "nofile"
+    assert nginx.stop_signal == "SIGQUIT"
+    assert nginx.networks == ("unit01_backend", "unit01_frontend")
+
+
+def test_labels_are_the_ones_compose_reads(site: Path) -> None:
+    desired = rendered(site)
+    alpha = desired.service("alpha")
+    labels = desired.labels(alpha)
+    assert labels[PROJECT_LABEL] == "unit01"
+    assert labels[SERVICE_LABEL] == "alpha"
+    assert labels[CONTAINER_NUMBER_LABEL] == "1"
+    assert labels[ONEOFF_LABEL] == "False"
+    assert labels[CONFIG_HASH_LABEL] == alpha.config_hash
+    assert labels[WORKING_DIR_LABEL] == str(site.parent / "compose")
+    assert labels[CONFIG_FILES_LABEL] == str(site.parent / "compose" / "docker-compose.yml")
+    nginx_labels = desired.labels(desired.service("nginx"))
+    assert nginx_labels["com.docker.compose.depends_on"] == (
+        "alpha:service_healthy:false,beta:service_healthy:false"
+    )
+
+
+def test_hash_is_stable_and_changes_only_for_the_changed_service(tmp_path: Path) -> None:
+    before = rendered(write_site(tmp_path))
+    again = rendered(write_site(tmp_path))
+    assert [s.config_hash for s in before.services] == [s.config_hash for s in again.services]
+    after = rendered(write_site(tmp_path, alpha_seqs=16))
+    changed = {s.name for s, t in zip(before.services, after.services, strict=True)
+               if s.config_hash != t.config_hash}
+    assert changed == {"alpha"}
+
+
+def test_proxy_config_change_is_a_files_change_not_a_hash_change(tmp_path: Path) -> None:
+    before = rendered(write_site(tmp_path))
+    after = rendered(write_site(tmp_path, read_timeout=300))
+    assert [s.config_hash for s in before.services] == [s.config_hash for s in after.services]
+    old, new = before.service("nginx"), after.service("nginx")
+    assert old.reloadable and old.site_files_digest != new.site_files_digest
+
+
+def document(extra_service_keys: dict | None = None) -> dict:
+    return {
+        "services": {
+            "app": {
+                "image": "busybox:1",
+                "volumes": [{"type": "bind", "source": "../conf", "target": "/conf",
+                             "read_only": True}],
+                "networks": ["net"],
+                **(extra_service_keys or {}),
+            }
+        },
+        "networks": {"net": {}},
+    }
+
+
+def test_mounted_site_files_force_a_recreate_of_other_services(tmp_path: Path) -> None:
+    """docker/compose#11900: editing a mounted file must not go unnoticed."""
+    compose = tmp_path / "compose" / "docker-compose.yml"
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "app.ini").write_text("a=1\n")
+    before = parse_compose(document(), "p", compose, tmp_path).service("app")
+    (tmp_path / "conf" / "app.ini").write_text("a=2\n")
+    after = parse_compose(document(), "p", compose, tmp_path).service("app")
+    assert not before.reloadable
+    assert before.config_hash != after.config_hash
+
+
+def test_a_compose_key_kit_cannot_apply_is_refused(tmp_path: Path) -> None:
+    compose = tmp_path / "docker-compose.yml"
+    with pytest.raises(KitError, match="services.app uses privileged"):
+        parse_compose(document({"privileged": True}), "p", compose, tmp_path)
+
+
+def test_a_missing_compose_file_says_to_render(tmp_path: Path) -> None:
+    with pytest.raises(KitError) as raised:
+        load_desired(SiteLayout(tmp_path), "p")
+    assert "does not exist" in raised.value.message and "kit render" in str(raised.value.fix)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("10s", 10.0), ("1m30s", 90.0), ("500ms", 0.5), ("1h", 3600.0), (15, 15.0)],
+)
+def test_durations(text: str | int, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["10", "ten seconds", "5x", ""])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(KitError):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("port", "binding"),
+    [
+        ("127.0.0.1:8443:443", PortBinding("127.0.0.1", 8443, 443)),
+        ("[::1]:8443:443", PortBinding("::1", 8443, 443)),
+        ("::1:8443:443", PortBinding("::1", 8443, 443)),
+        ("8080:80/udp", PortBinding("0.0.0.0", 8080, 80, "udp")),
+    ],
+)
+def test_port_syntax(tmp_path: Path, port: str, binding: PortBinding) -> None:
+    parsed = parse_compose(document({"ports": [port]}), "p", tmp_path / "c.yml", tmp_path)
+    assert parsed.service("app").config.ports == (binding,)
+
+
+def test_health_deadline_covers_start_period_and_retries() -> None:
+    check = Healthcheck(("CMD", "true"), interval=1, timeout=5, retries=3, start_period=900)
+    assert check.deadline == 900 + 3 * (1 + 5)
+
