@@ -1,5 +1,6 @@
 """Execute a plan, action by action, in its order. No decisions here: `kit.reconcile` made them."""
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,9 @@ from kit.reconcile import (
 from kit.stack import ServiceState
 
 RELOAD_SIGNAL = "SIGHUP"  # nginx re-reads its config and replaces its workers gracefully
+WORKER_PROCESS = "nginx: worker process"  # how a serving nginx worker shows in the process list
+RELOAD_CONFIRM_SECONDS = 10
+RELOAD_POLL_SECONDS = 0.2
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,12 @@ class Executor:
             write_proxy_loaded(self.applied, ProxyLoaded(container_id, service.site_files_digest))
 
     def _reload(self, service: ServiceState, container: ContainerState) -> None:
-        """`nginx -t` with the container's own command line first; SIGHUP only if it passes."""
+        """`nginx -t` with the container's own command line first; SIGHUP only if it passes.
+
+        nginx applies a SIGHUP asynchronously and, when it cannot (a listen socket it cannot
+        bind), logs [emerg] and keeps the old config; so the reload counts only once new worker
+        processes run, and an [emerg] line after the signal is reported as the failure it is.
+        """
         code, output = self.engine.exec(container.id, [*service.config.command, "-t"])
         if code != 0:
             raise KitError(
@@ -94,5 +103,25 @@ class Executor:
                 f"{output.rstrip()}",
                 fix="fix the spec value the error points at, then `kit up` again",
             )
+        before = self._workers(container.id)
+        signalled = time.time()
         self.engine.signal(container.id, RELOAD_SIGNAL)
+        deadline = time.monotonic() + RELOAD_CONFIRM_SECONDS
+        while not self._workers(container.id) - before:
+            failed = [
+                line for line in self.engine.log_since(container.id, signalled).splitlines()
+                if "[emerg]" in line
+            ]
+            if failed or time.monotonic() > deadline:
+                raise KitError(
+                    f"{container.name} did not apply the new config and keeps the old one: "
+                    + ("\n" + "\n".join(failed) if failed else
+                       f"no new worker processes {RELOAD_CONFIRM_SECONDS}s after {RELOAD_SIGNAL}"),
+                    fix=f"restart it to load the config afresh: docker restart {container.name}",
+                )
+            time.sleep(RELOAD_POLL_SECONDS)
         self._loaded(service, container.id)
+
+    def _workers(self, container_id: str) -> set[int]:
+        return {pid for pid, command in self.engine.processes(container_id)
+                if command == WORKER_PROCESS}

@@ -216,6 +216,18 @@ class Engine:
         with _engine_errors(f"sending {signal} to container {_short(container_id)}"):
             self._api.kill(container_id, signal=signal)
 
+    def processes(self, container_id: str) -> list[tuple[int, str]]:
+        """(pid, command line) of every process in the container, as the host sees them."""
+        with _engine_errors(f"listing the processes of container {_short(container_id)}"):
+            top = self._api.top(container_id)
+        pid, command = top["Titles"].index("PID"), top["Titles"].index("CMD")
+        return [(int(row[pid]), row[command]) for row in top["Processes"] or ()]
+
+    def log_since(self, container_id: str, since: float) -> str:
+        """The log lines written since `since` (a Unix time)."""
+        with _engine_errors(f"reading the log of container {_short(container_id)}"):
+            return self._api.logs(container_id, since=since).decode(errors="replace")
+
     def log_tail(self, container_id: str, lines: int) -> str:
         with _engine_errors(f"reading the log of container {_short(container_id)}"):
             return self._api.logs(container_id, tail=lines).decode(errors="replace")

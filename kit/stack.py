@@ -34,6 +34,11 @@ CONFIG_FILES_LABEL = "com.docker.compose.project.config_files"
 DEPENDS_ON_LABEL = "com.docker.compose.depends_on"
 NETWORK_LABEL = "com.docker.compose.network"
 VOLUME_LABEL = "com.docker.compose.volume"
+VERSION_LABEL = "com.docker.compose.version"
+
+# The Compose release whose conventions kit follows (v2 names). Compose v1 reads this label on
+# every container and fails without it; v2 only records it.
+COMPOSE_VERSION = "2.0.0"
 
 PROXY_SERVICE = "nginx"  # the template's front door: config changes reload it in place
 CONTAINER_NUMBER = 1  # kit runs one container per service
@@ -158,6 +163,7 @@ class DesiredState:
             CONFIG_HASH_LABEL: service.config_hash,
             WORKING_DIR_LABEL: str(self.working_dir),
             CONFIG_FILES_LABEL: str(self.config_file),
+            VERSION_LABEL: COMPOSE_VERSION,
         }
         if service.depends_on:
             labels[DEPENDS_ON_LABEL] = ",".join(
@@ -166,10 +172,12 @@ class DesiredState:
         return labels
 
     def network_labels(self, network: NetworkState) -> dict[str, str]:
-        return {PROJECT_LABEL: self.project, NETWORK_LABEL: network.key}
+        return {PROJECT_LABEL: self.project, NETWORK_LABEL: network.key,
+                VERSION_LABEL: COMPOSE_VERSION}
 
     def volume_labels(self, volume: VolumeState) -> dict[str, str]:
-        return {PROJECT_LABEL: self.project, VOLUME_LABEL: volume.key}
+        return {PROJECT_LABEL: self.project, VOLUME_LABEL: volume.key,
+                VERSION_LABEL: COMPOSE_VERSION}
 
 
 def project_filter(project: str) -> list[str]:
