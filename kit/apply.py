@@ -47,17 +47,17 @@ class Executor:
                 self._remove(container)
             case RemoveNetwork(name=name):
                 self.engine.remove_network(name)
-            case CreateNetwork(network=network, labels=labels):
-                self.engine.create_network(network, labels)
-            case CreateVolume(volume=volume, labels=labels):
-                self.engine.create_volume(volume.name, labels)
+            case CreateNetwork(network=network):
+                self.engine.create_network(network)
+            case CreateVolume(volume=volume):
+                self.engine.create_volume(volume)
             case RemoveVolume(name=name):
                 self.engine.remove_volume(name)
-            case CreateContainer(service=service, labels=labels):
-                self._create(service, labels)
-            case RecreateContainer(service=service, old=old, labels=labels):
+            case CreateContainer(service=service):
+                self._create(service)
+            case RecreateContainer(service=service, old=old):
                 self._remove(old)
-                self._create(service, labels)
+                self._create(service)
             case StartContainer(service=service, container=container):
                 self.engine.start(container.id)
                 self._loaded(service, container.id)
@@ -74,11 +74,11 @@ class Executor:
         if loaded is not None and loaded.container_id == container.id:
             write_proxy_loaded(self.applied, None)
 
-    def _create(self, service: ServiceState, labels: dict[str, str]) -> None:
+    def _create(self, service: ServiceState) -> None:
         container_id = self.engine.create_container(
             service.container_name,
             service.config,
-            labels,
+            service.labels,
             aliases=[service.name, service.container_name],
         )
         self.engine.start(container_id)

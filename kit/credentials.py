@@ -323,6 +323,15 @@ def self_signed_files(layout: SiteLayout, site: str, domain: str) -> TLSFiles:
     return TLSFiles(cert, key, ca_cert, ca_key)
 
 
+def acme_files(layout: SiteLayout, site: str, domain: str) -> TLSFiles:
+    """Keep the certificate certbot installed while it serves the domain; until certbot has
+    one (first start) nginx needs something to start with: a kit-CA certificate."""
+    cert, key = _read(layout.server_cert), _read(layout.server_key)
+    if cert and key and not cert_problems(cert, key, domain, "server cert"):
+        return TLSFiles(cert, key, _read(layout.ca_cert), _read(layout.ca_key))
+    return self_signed_files(layout, site, domain)
+
+
 def user_files(cert_path: Path, key_path: Path, domain: str) -> TLSFiles:
     cert, key = cert_path.read_bytes(), key_path.read_bytes()
     problems = cert_problems(cert, key, domain, str(cert_path))

@@ -16,7 +16,7 @@ import requests
 from docker.types import DeviceRequest, LogConfig, Mount, Ulimit
 
 from kit.errors import KitError
-from kit.stack import ContainerConfig, GpuRequest, NetworkState
+from kit.stack import ContainerConfig, GpuRequest, NetworkState, VolumeState
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 GPU_CHECK_ENTRYPOINT = "/kit-gpu-check-never-runs"  # exec fails after the GPU hook ran
@@ -87,10 +87,6 @@ class Engine:
         """The engine runs on this host (so host paths and ports here are its own)."""
         return engine_address().startswith(("unix://", "npipe://"))
 
-    def runtimes(self) -> set[str]:
-        with _engine_errors("reading the engine's info"):
-            return set(self._api.info().get("Runtimes") or {})
-
     def containers(self, labels: list[str]) -> list[dict]:
         """Inspect data of every container (running or not) carrying all `labels`."""
         with _engine_errors("listing containers"):
@@ -141,19 +137,19 @@ class Engine:
 
     # ----------------------------------------------------------------- networks, volumes
 
-    def create_network(self, network: NetworkState, labels: dict[str, str]) -> None:
+    def create_network(self, network: NetworkState) -> None:
         with _engine_errors(f"creating network {network.name}"):
             self._api.create_network(
-                network.name, driver="bridge", internal=network.internal, labels=labels
+                network.name, driver="bridge", internal=network.internal, labels=network.labels
             )
 
     def remove_network(self, name: str) -> None:
         with _engine_errors(f"removing network {name}"), suppress(docker.errors.NotFound):
             self._api.remove_network(name)
 
-    def create_volume(self, name: str, labels: dict[str, str]) -> None:
-        with _engine_errors(f"creating volume {name}"):
-            self._api.create_volume(name, driver="local", labels=labels)
+    def create_volume(self, volume: VolumeState) -> None:
+        with _engine_errors(f"creating volume {volume.name}"):
+            self._api.create_volume(volume.name, driver="local", labels=volume.labels)
 
     def remove_volume(self, name: str) -> None:
         with _engine_errors(f"removing volume {name}"), suppress(docker.errors.NotFound):

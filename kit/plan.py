@@ -4,10 +4,12 @@ The plan holds every decision the templates need (vLLM argv, GPU pinning, IPC mo
 nginx sizing); templates only lay it out. Pure apart from reading model configs on this host.
 """
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.errors import BadInput
+from kit.layout import NGINX_MOUNT
 from kit.spec import Spec
 
 VLLM_PORT = 8000
@@ -17,6 +19,8 @@ DEFAULT_ENGINE_READY_TIMEOUT = 600  # vLLM's VLLM_ENGINE_READY_TIMEOUT_S default
 WEIGHT_LOAD_ALLOWANCE = 300  # seconds beyond the engine-ready timeout for download + load
 STREAMS_WHEN_UNKNOWN = 256  # vLLM's max_num_seqs default on A100-class GPUs
 AUTH_VERIFIER_PORT = 8081  # nginx's loopback-only server: bcrypt check + its healthcheck
+NGINX_CONF = f"{NGINX_MOUNT}/nginx.conf"
+NGINX_TEST = ["nginx", "-c", NGINX_CONF, "-t"]  # how a reload is checked first, in any mode
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,49 @@ class NginxPlan:
 
 
 @dataclass(frozen=True)
+class AcmePlan:
+    """Certificates from an ACME CA: certbot answers the HTTP-01 challenge through nginx."""
+
+    image: str
+    email: str
+    domain: str
+    server: str | None
+    staging: bool
+    renew_every: int = 43200  # seconds between `certbot certonly --keep-until-expiring` runs
+    reload_every: int = 21600  # seconds between nginx reloads that pick up a renewed cert
+    webroot: str = "/var/www/acme"
+    cert_name: str = "kit"
+    tls_mount: str = "/kit-tls"  # nginx/tls of the site, writable for certbot only
+
+    @property
+    def deploy_hook(self) -> str:
+        """Copy a new certificate into nginx/tls: key first, each by rename, key private."""
+        live = f"/etc/letsencrypt/live/{self.cert_name}"
+        tls = self.tls_mount
+        return (
+            f"install -m 600 {live}/privkey.pem {tls}/.server.key.new && "
+            f"install -m 644 {live}/fullchain.pem {tls}/.server.crt.new && "
+            f"mv -f {tls}/.server.key.new {tls}/server.key && "
+            f"mv -f {tls}/.server.crt.new {tls}/server.crt"
+        )
+
+    @property
+    def loop(self) -> str:
+        """certbot obtains the certificate, then keeps renewing it (a no-op until 30 days left)."""
+        argv = [
+            "certbot", "certonly", "--webroot", "-w", self.webroot, "-d", self.domain,
+            "--cert-name", self.cert_name, "--email", self.email, "--agree-tos",
+            "--non-interactive", "--keep-until-expiring", "--deploy-hook", self.deploy_hook,
+        ]
+        if self.staging:
+            argv.append("--staging")
+        if self.server:
+            argv += ["--server", self.server]
+        renew = shlex.join(argv)
+        return f"trap exit TERM; while :; do {renew}; sleep {self.renew_every} & wait; done"
+
+
+@dataclass(frozen=True)
 class Plan:
     site: str
     domain: str
@@ -65,7 +112,20 @@ class Plan:
     healthcheck_interval: int
     services: list[ServicePlan]
     nginx: NginxPlan
+    tls_mode: str
+    acme: AcmePlan | None = None
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def nginx_command(self) -> list[str]:
+        """nginx in the foreground; with ACME, it also reloads now and then to pick up renewals."""
+        run = ["nginx", "-c", NGINX_CONF, "-g", "daemon off;"]
+        if self.acme is None:
+            return run
+        reload_loop = (
+            f"while :; do sleep {self.acme.reload_every}; nginx -c {NGINX_CONF} -s reload; done"
+        )
+        return ["/bin/sh", "-c", f"{reload_loop} & exec {shlex.join(run)}"]
 
 
 def build_plan(spec: Spec) -> Plan:
@@ -99,6 +159,14 @@ def build_plan(spec: Spec) -> Plan:
             max_connections_per_ip=spec.proxy.max_connections_per_ip,
             api_keys=spec.auth.api_keys,
         ),
+        tls_mode=spec.tls.mode,
+        acme=AcmePlan(
+            image=spec.images.certbot,
+            email=spec.tls.email,
+            domain=spec.domain,
+            server=spec.tls.acme_server,
+            staging=spec.tls.staging,
+        ) if spec.tls.mode == "acme" else None,
         warnings=warnings,
     )
 

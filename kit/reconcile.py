@@ -20,7 +20,7 @@ from kit.stack import PROXY_SERVICE, DesiredState, NetworkState, ServiceState, V
 class RemoveContainer:
     container: ContainerState
     reason: str
-    changes = True
+    is_change = True
 
     def __str__(self) -> str:
         return f"remove container {self.container.name}: {self.reason}"
@@ -30,7 +30,7 @@ class RemoveContainer:
 class RemoveNetwork:
     name: str
     reason: str
-    changes = True
+    is_change = True
 
     def __str__(self) -> str:
         return f"remove network {self.name}: {self.reason}"
@@ -39,9 +39,8 @@ class RemoveNetwork:
 @dataclass(frozen=True)
 class CreateNetwork:
     network: NetworkState
-    labels: dict[str, str]
     reason: str
-    changes = True
+    is_change = True
 
     def __str__(self) -> str:
         return f"create network {self.network.name}: {self.reason}"
@@ -50,9 +49,8 @@ class CreateNetwork:
 @dataclass(frozen=True)
 class CreateVolume:
     volume: VolumeState
-    labels: dict[str, str]
     reason: str
-    changes = True
+    is_change = True
 
     def __str__(self) -> str:
         return f"create volume {self.volume.name}: {self.reason}"
@@ -62,7 +60,7 @@ class CreateVolume:
 class RemoveVolume:
     name: str
     reason: str
-    changes = True
+    is_change = True
 
     def __str__(self) -> str:
         return f"remove volume {self.name}: {self.reason}"
@@ -73,9 +71,8 @@ class CreateContainer:
     """Create and start the service's container."""
 
     service: ServiceState
-    labels: dict[str, str]
     reason: str
-    changes = True
+    is_change = True
 
     def __str__(self) -> str:
         return f"create container {self.service.container_name}: {self.reason}"
@@ -87,9 +84,8 @@ class RecreateContainer:
 
     service: ServiceState
     old: ContainerState
-    labels: dict[str, str]
     reason: str
-    changes = True
+    is_change = True
 
     def __str__(self) -> str:
         return f"recreate container {self.old.name}: {self.reason}"
@@ -100,7 +96,7 @@ class StartContainer:
     service: ServiceState
     container: ContainerState
     reason: str
-    changes = True
+    is_change = True
 
     def __str__(self) -> str:
         return f"start container {self.container.name}: {self.reason}"
@@ -113,7 +109,7 @@ class ReloadProxy:
     service: ServiceState
     container: ContainerState
     reason: str
-    changes = True
+    is_change = True
 
     def __str__(self) -> str:
         return f"reload {self.container.name}: {self.reason}"
@@ -125,7 +121,7 @@ class WaitHealthy:
 
     services: tuple[ServiceState, ...]
     reason: str
-    changes = False
+    is_change = False
 
     def __str__(self) -> str:
         names = ", ".join(s.name for s in self.services)
@@ -138,13 +134,9 @@ Action = (
 )
 
 
-def describe(plan: list[Action]) -> str:
-    return "\n".join(str(action) for action in plan)
-
-
 def changes(plan: list[Action]) -> list[Action]:
     """The actions that change the stack (drift), without the health waits."""
-    return [action for action in plan if action.changes]
+    return [action for action in plan if action.is_change]
 
 
 def plan_up(desired: DesiredState, observed: ObservedState) -> list[Action]:
@@ -168,21 +160,19 @@ def plan_up(desired: DesiredState, observed: ObservedState) -> list[Action]:
     for network in desired.networks:
         found = observed.network(network.name)
         if found is None:
-            infrastructure.append(
-                CreateNetwork(network, desired.network_labels(network), "not found")
-            )
+            infrastructure.append(CreateNetwork(network, "not found"))
         elif found.internal != network.internal:
             rebuilt_networks.add(network.name)
             change = f"internal {str(found.internal).lower()} -> {str(network.internal).lower()}"
             infrastructure += [
                 RemoveNetwork(network.name, change),
-                CreateNetwork(network, desired.network_labels(network), change),
+                CreateNetwork(network, change),
             ]
     for service in desired.services:
         if service.name in kept and rebuilt_networks.intersection(service.config.networks):
             removals.append(RemoveContainer(kept.pop(service.name), "its network is recreated"))
     infrastructure += [
-        CreateVolume(volume, desired.volume_labels(volume), "not found")
+        CreateVolume(volume, "not found")
         for volume in desired.volumes
         if volume.name not in observed.volumes
     ]
@@ -207,8 +197,7 @@ def _service_actions(
     touched: set[str] = set()  # services created, recreated or started by this plan
     unhealthy: dict[str, str] = {}  # service → why it still has to be waited for
     for service in desired.services:
-        action = _container_action(desired, service, kept.get(service.name), observed,
-                                   rebuilt_networks)
+        action = _container_action(service, kept.get(service.name), observed, rebuilt_networks)
         if action is None and service.reloadable and kept[service.name].running:
             action = _reload_action(service, kept[service.name], observed, touched)
         if action is not None:
@@ -217,10 +206,10 @@ def _service_actions(
                 if condition == "service_healthy" and dep in unhealthy
             ]
             if waits:
-                reasons = {unhealthy.pop(s.name) for s in waits}
-                actions.append(WaitHealthy(tuple(waits), f"{service.name} depends on "
-                                           f"{'them' if len(waits) > 1 else 'it'}; "
-                                           + "; ".join(sorted(reasons))))
+                reasons = sorted({unhealthy.pop(s.name) for s in waits})
+                them = "them" if len(waits) > 1 else "it"
+                why = f"{service.name} depends on {them}; {'; '.join(reasons)}"
+                actions.append(WaitHealthy(tuple(waits), why))
             actions.append(action)
         if isinstance(action, CreateContainer | RecreateContainer | StartContainer):
             touched.add(service.name)
@@ -235,7 +224,6 @@ def _service_actions(
 
 
 def _container_action(
-    desired: DesiredState,
     service: ServiceState,
     container: ContainerState | None,
     observed: ObservedState,
@@ -244,15 +232,15 @@ def _container_action(
     if container is None:
         recreated = rebuilt_networks.intersection(service.config.networks)
         reason = f"network {', '.join(sorted(recreated))} recreated" if recreated else "not found"
-        return CreateContainer(service, desired.labels(service), reason)
+        return CreateContainer(service, reason)
     if container.config_hash != service.config_hash:
         old = (container.config_hash or "none")[:12]
         change = f"config changed (hash {old} -> {service.config_hash[:12]})"
-        return RecreateContainer(service, container, desired.labels(service), change)
+        return RecreateContainer(service, container, change)
     image_id = observed.image_ids.get(service.config.image)
     if image_id is not None and image_id != container.image_id:
         change = f"image {service.config.image} was updated"
-        return RecreateContainer(service, container, desired.labels(service), change)
+        return RecreateContainer(service, container, change)
     if container.state in ("created", "exited", "dead"):
         detail = f" (exit code {container.exit_code})" if container.state == "exited" else ""
         return StartContainer(service, container, f"{container.state}{detail}")

@@ -13,6 +13,7 @@ import jinja2
 from kit import __version__
 from kit.credentials import (
     NewPassword,
+    acme_files,
     auth_outputs,
     self_signed_files,
     tls_outputs,
@@ -103,10 +104,7 @@ def site_outputs(spec: Spec, layout: SiteLayout, spec_dir: Path, spec_name: str)
         key = spec.tls.key if spec.tls.key.is_absolute() else spec_dir / spec.tls.key
         tls = user_files(cert, key, spec.domain)
     else:
-        raise BadInput(
-            "tls.mode acme is not available in this version of kit",
-            fix="use tls.mode self-signed, or files with a certificate you obtained",
-        )
+        tls = acme_files(layout, spec.site, spec.domain)
     outputs += tls_outputs(layout, tls)
     auth, new_passwords = auth_outputs(layout, spec.auth.users)
     return plan, outputs + auth, new_passwords

@@ -53,6 +53,7 @@ class StrictModel(BaseModel):
 class Images(StrictModel):
     vllm: Annotated[str, Field(pattern=IMAGE_REF)] = f"vllm/vllm-openai:v{SHIPPED_VERSION}"
     nginx: Annotated[str, Field(pattern=IMAGE_REF)] = "nginx:1.27-alpine"
+    certbot: Annotated[str, Field(pattern=IMAGE_REF)] = "certbot/certbot:v3.1.0"  # acme mode
 
 
 class TLS(StrictModel):
@@ -60,6 +61,8 @@ class TLS(StrictModel):
     cert: Path | None = None  # files mode: PEM certificate (chain) path, relative to the spec
     key: Path | None = None  # files mode: PEM private key path
     email: str | None = None  # acme mode: the account e-mail
+    acme_server: Annotated[str, Field(pattern=r"^https://[A-Za-z0-9.:/_-]+$")] | None = None
+    staging: bool = False  # acme mode: Let's Encrypt's staging CA (untrusted certs, high limits)
 
     @model_validator(mode="after")
     def _mode_needs(self) -> "TLS":
@@ -69,6 +72,10 @@ class TLS(StrictModel):
             raise ValueError("tls.mode acme needs tls.email (the ACME account address)")
         if self.mode != "files" and (self.cert or self.key):
             raise ValueError(f"tls.cert/tls.key are only read in mode files, not {self.mode}")
+        if self.mode != "acme" and (self.acme_server or self.staging):
+            raise ValueError(
+                f"tls.acme_server/tls.staging are only read in mode acme, not {self.mode}"
+            )
         address = r"[^@\s\"';{}$]+@[^@\s\"';{}$]+"
         if self.email is not None and not re.fullmatch(address, self.email):
             raise ValueError(f"tls.email {self.email!r} is not an e-mail address")

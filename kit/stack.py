@@ -120,6 +120,7 @@ class ServiceState:
     config: ContainerConfig
     depends_on: tuple[tuple[str, str], ...]  # (service, condition)
     config_hash: str
+    labels: dict[str, str]  # the container's labels, as Compose v2 sets them
     site_files_digest: str | None  # digest of the site files it bind-mounts (None: mounts none)
     reloadable: bool  # a change of those files is applied by a reload, not a recreate
 
@@ -133,12 +134,14 @@ class NetworkState:
     key: str  # the compose file's name for it
     name: str  # the engine's name: <project>_<key>
     internal: bool
+    labels: dict[str, str]
 
 
 @dataclass(frozen=True)
 class VolumeState:
     key: str
     name: str
+    labels: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -152,32 +155,6 @@ class DesiredState:
 
     def service(self, name: str) -> ServiceState:
         return next(s for s in self.services if s.name == name)
-
-    def labels(self, service: ServiceState) -> dict[str, str]:
-        """The container labels Compose v2 would set, so its ps/logs/down find the container."""
-        labels = {
-            PROJECT_LABEL: self.project,
-            SERVICE_LABEL: service.name,
-            CONTAINER_NUMBER_LABEL: str(CONTAINER_NUMBER),
-            ONEOFF_LABEL: "False",
-            CONFIG_HASH_LABEL: service.config_hash,
-            WORKING_DIR_LABEL: str(self.working_dir),
-            CONFIG_FILES_LABEL: str(self.config_file),
-            VERSION_LABEL: COMPOSE_VERSION,
-        }
-        if service.depends_on:
-            labels[DEPENDS_ON_LABEL] = ",".join(
-                f"{name}:{condition}:false" for name, condition in service.depends_on
-            )
-        return labels
-
-    def network_labels(self, network: NetworkState) -> dict[str, str]:
-        return {PROJECT_LABEL: self.project, NETWORK_LABEL: network.key,
-                VERSION_LABEL: COMPOSE_VERSION}
-
-    def volume_labels(self, volume: VolumeState) -> dict[str, str]:
-        return {PROJECT_LABEL: self.project, VOLUME_LABEL: volume.key,
-                VERSION_LABEL: COMPOSE_VERSION}
 
 
 def project_filter(project: str) -> list[str]:
@@ -208,12 +185,17 @@ def parse_compose(
     _expect(isinstance(document, dict) and isinstance(document.get("services"), dict),
             config_file, "has no services mapping")
     working_dir = config_file.parent
+    owner = {PROJECT_LABEL: project, VERSION_LABEL: COMPOSE_VERSION}
     networks = tuple(
-        NetworkState(key, f"{project}_{key}", bool((body or {}).get("internal", False)))
+        NetworkState(
+            key, f"{project}_{key}", bool((body or {}).get("internal", False)),
+            {**owner, NETWORK_LABEL: key},
+        )
         for key, body in (document.get("networks") or {}).items()
     )
     volumes = tuple(
-        VolumeState(key, f"{project}_{key}") for key in (document.get("volumes") or {})
+        VolumeState(key, f"{project}_{key}", {**owner, VOLUME_LABEL: key})
+        for key in (document.get("volumes") or {})
     )
     context = _Context(project, config_file, working_dir, site_root, networks, volumes)
     services = [_service(name, body or {}, context) for name, body in document["services"].items()]
@@ -278,23 +260,41 @@ def _service(name: str, body: dict, context: _Context) -> ServiceState:
     )
     reloadable = name == PROXY_SERVICE
     files_digest = digest_paths(site_sources) if site_sources else None
+    depends_on = tuple(
+        (dep, str((cond or {}).get("condition", "service_started")))
+        for dep, cond in _depends_on(body.get("depends_on")).items()
+    )
+    # What Compose v2 labels a container with, so its ps/logs/down find kit's containers.
+    identity = {
+        PROJECT_LABEL: context.project,
+        SERVICE_LABEL: name,
+        CONTAINER_NUMBER_LABEL: str(CONTAINER_NUMBER),
+        ONEOFF_LABEL: "False",
+        WORKING_DIR_LABEL: str(context.working_dir),
+        CONFIG_FILES_LABEL: str(context.config_file),
+        VERSION_LABEL: COMPOSE_VERSION,
+    }
+    digest = config_hash(config, identity, None if reloadable else files_digest)
+    labels = {**identity, CONFIG_HASH_LABEL: digest}
+    if depends_on:  # not hashed (as in Compose): a new backend must not recreate the proxy
+        labels[DEPENDS_ON_LABEL] = ",".join(f"{dep}:{cond}:false" for dep, cond in depends_on)
     return ServiceState(
         name=name,
         container_name=f"{context.project}-{name}-{CONTAINER_NUMBER}",
         config=config,
-        depends_on=tuple(
-            (dep, str((cond or {}).get("condition", "service_started")))
-            for dep, cond in _depends_on(body.get("depends_on")).items()
-        ),
-        config_hash=config_hash(config, None if reloadable else files_digest),
+        depends_on=depends_on,
+        config_hash=digest,
+        labels=labels,
         site_files_digest=files_digest,
         reloadable=reloadable,
     )
 
 
-def config_hash(config: ContainerConfig, site_files_digest: str | None) -> str:
-    """sha256 of the canonical JSON of the engine config (+ the mounted site files' digest)."""
-    document = {"config": asdict(config), "site_files": site_files_digest}
+def config_hash(
+    config: ContainerConfig, labels: dict[str, str], site_files_digest: str | None
+) -> str:
+    """sha256 of the canonical JSON of the engine config and labels (+ mounted site files)."""
+    document = {"config": asdict(config), "labels": labels, "site_files": site_files_digest}
     canonical = json.dumps(document, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 

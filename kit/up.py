@@ -139,7 +139,7 @@ def ensure_images(
         if observed.image_ids.get(image) is None:
             report(f"image {image} is not on this host: pulling it")
             try:
-                _show_pull(image, engine.pull(image))
+                show_pull(image, engine.pull(image))
             except KitError as error:
                 raise KitError(
                     f"image {image} is not on this host and pulling it failed: {error.message}",
@@ -149,7 +149,7 @@ def ensure_images(
                 ) from None
 
 
-def _show_pull(image: str, events: Iterator[dict], stream: TextIO | None = None) -> None:
+def show_pull(image: str, events: Iterator[dict], stream: TextIO | None = None) -> None:
     """One line of layer progress, redrawn on a terminal, every few seconds otherwise."""
     stream = stream or sys.stderr
     layers: dict[str, tuple[int, int]] = {}

@@ -139,7 +139,7 @@ def _failure(engine: Engine, item: _Tracked, failure: str, now: float) -> KitErr
         return KitError(message, fix=f"read the whole log: kit logs {item.service.name}")
     return KitError(
         f"{message}\ncause: {found.cause}\n  (from: {found.evidence})\n"
-        f"  spec key: {found.spec_key}",
+        f"  spec key: {found.spec_key} (service {item.service.name})",
         fix=found.fix,
     )
 

@@ -1,10 +1,16 @@
 """Desired vs observed → plan, without an engine: every decision of kit up/down, as text."""
 
+import io
+import socket
 from dataclasses import replace
 from pathlib import Path
 
+import docker.errors
 import pytest
+import requests
 
+from kit.docker_api import explain
+from kit.errors import KitError
 from kit.observe import (
     ContainerState,
     NetworkFound,
@@ -13,9 +19,17 @@ from kit.observe import (
     container_state,
     parse_time,
 )
-from kit.reconcile import changes, describe, plan_down, plan_up
+from kit.reconcile import Action, changes, plan_down, plan_up
+from kit.spec import Spec, parse_spec
 from kit.stack import DesiredState, parse_compose
+from kit.up import check_ports, show_pull
 from tests.unit.test_stack import rendered, write_site
+
+
+def describe(plan: list[Action]) -> str:
+    """The plan as kit prints it, one action a line."""
+    return "\n".join(str(action) for action in plan)
+
 
 HEALTH = {"test": ["CMD", "true"], "interval": "1s", "start_period": "60s"}
 
@@ -249,3 +263,93 @@ def test_inspect_data_becomes_container_state() -> None:
     assert state.host_ports == (("127.0.0.1", 8443),)
     assert state.started_at == parse_time("2026-11-29T19:13:08.123456Z")
     assert parse_time("0001-01-01T00:00:00Z") is None
+
+
+# --------------------------------------------------------------------------- preflight, engine
+
+
+class FakeEngine:
+    """Only what the port check asks the engine: who publishes a port."""
+
+    def __init__(self, publishers: dict[int, list[str]]):
+        self._publishers = publishers
+
+    def publishers(self, port: int) -> list[str]:
+        return self._publishers.get(port, [])
+
+
+def spec_with_ports(https: int, http: int) -> Spec:
+    return parse_spec(
+        "site: p\ndomain: llm.test\nmodels_root: /nonexistent\n"
+        f"proxy: {{bind: 127.0.0.1, https_port: {https}, http_port: {http}}}\n"
+        "services: [{name: a, model: m, gpus: [0]}]\n",
+        Path("site.yaml"),
+        check_host=False,
+    )
+
+
+def test_a_port_held_elsewhere_is_named_with_its_spec_key(site: Path) -> None:
+    desired = desired_state(site)  # nginx publishes 127.0.0.1:8443
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", 8443))
+        holder.listen()
+        with pytest.raises(KitError) as raised:
+            check_ports(FakeEngine({8443: ["other-nginx-1"]}), spec_with_ports(8443, 8080),
+                        [desired.service("nginx")], ObservedState((), (), (), {}, None))
+        assert str(raised.value) == (
+            "127.0.0.1:8443 (proxy.https_port) is already in use by container other-nginx-1\n"
+            "  fix: stop container other-nginx-1, or set proxy.https_port in the spec to a "
+            "free port"
+        )
+        # the port the proxy's own running container holds is freed when it is replaced
+        check_ports(FakeEngine({}), spec_with_ports(8443, 8080), [desired.service("nginx")],
+                    running(desired))
+
+
+@pytest.mark.parametrize(
+    ("explanation", "cause", "fix"),
+    [
+        ('could not select device driver "nvidia" with capabilities: [[gpu]]',
+         "has no NVIDIA runtime", "install nvidia-container-toolkit"),
+        ("nvidia-container-cli: device error: 3: unknown device: unknown",
+         "GPU index the spec requests does not exist", "nvidia-smi -L"),
+        ("driver failed programming external connectivity: port is already allocated",
+         "published port is already in use", "proxy.https_port"),
+    ],
+)
+def test_engine_refusals_become_cause_and_fix(explanation: str, cause: str, fix: str) -> None:
+    error = docker.errors.APIError("500 Server Error", explanation=explanation)
+    mapped = explain(error, "starting container p-a-1")
+    assert cause in mapped.message and explanation in mapped.message
+    assert fix in str(mapped.fix)
+
+
+def test_an_unreachable_engine_names_the_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "tcp://10.0.0.9:2375")
+    mapped = explain(requests.exceptions.ConnectionError("refused"), "connecting")
+    assert mapped.message.startswith("cannot reach the Docker engine at tcp://10.0.0.9:2375")
+    assert "is dockerd running?" in str(mapped.fix)
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_pull_progress_sums_layers_on_one_redrawn_line() -> None:
+    events = [
+        {"status": "Pulling from vllm/vllm-openai", "id": "v0.33.0"},
+        {"status": "Downloading", "id": "l1",
+         "progressDetail": {"current": 5_000_000, "total": 10_000_000}},
+        {"status": "Downloading", "id": "l2",
+         "progressDetail": {"current": 1_000_000, "total": 30_000_000}},
+        {"status": "Downloading", "id": "l1",
+         "progressDetail": {"current": 10_000_000, "total": 10_000_000}},
+        {"status": "Pull complete", "id": "l1"},
+    ]
+    shown = Terminal()
+    show_pull("vllm/vllm-openai:v0.33.0", iter(events), shown)
+    frames = shown.getvalue().split("\r\x1b[2K")
+    assert len(frames) == 1 + len(events)  # one redraw per event, nothing scrolls
+    assert frames[-1] == "  pulling vllm/vllm-openai:v0.33.0: 1 layer(s) done, 11/40 MB\n"

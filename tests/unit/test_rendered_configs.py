@@ -62,7 +62,15 @@ def variants(root: Path) -> dict[str, Path]:
             "tls: {mode: self-signed}", "tls: {mode: files, cert: server.pem, key: server.key}"
         )
     )
-    return {"base": site, "example": example_site, "big": big, "files": files}
+    acme = root / "acme"
+    acme.mkdir()
+    (acme / "site.yaml").write_text(
+        (site / "site.yaml").read_text().replace(
+            "tls: {mode: self-signed}",
+            "tls: {mode: acme, email: ops@test.example, staging: true}",
+        )
+    )
+    return {"base": site, "example": example_site, "big": big, "files": files, "acme": acme}
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +115,7 @@ def compose_binaries() -> list[list[str]]:
     return found
 
 
-@pytest.mark.parametrize("variant", ["base", "example", "big", "files"])
+@pytest.mark.parametrize("variant", ["base", "example", "big", "files", "acme"])
 def test_compose_accepts_the_rendered_file(rendered: dict[str, Path], variant: str) -> None:
     binaries = compose_binaries()
     if not binaries:
@@ -167,3 +175,33 @@ def test_nginx_conf_has_the_streaming_and_security_essentials(rendered: dict[str
     assert "include /etc/nginx/kit/auth/keys.map;" not in conf  # api_keys: false
     for path in ("/invocations", "/tokenize", "/docs", "location = /metrics {"):
         assert path not in conf
+
+
+def test_acme_mode_renders_certbot_and_the_challenge(rendered: dict[str, Path]) -> None:
+    folder = rendered["acme"]
+    compose = yaml.safe_load((folder / "compose" / "docker-compose.yml").read_text())
+    certbot = compose["services"]["certbot"]
+    loop = certbot["command"][0]
+    for part in ("certbot certonly --webroot -w /var/www/acme -d llm.test.internal",
+                 "--email ops@test.example", "--keep-until-expiring", "--staging",
+                 "--deploy-hook", "mv -f /kit-tls/.server.crt.new /kit-tls/server.crt",
+                 "sleep 43200 & wait"):
+        assert part in loop, part
+    mounts = {m["target"]: m for m in certbot["volumes"]}
+    assert mounts["/kit-tls"]["source"] == "../nginx/tls"
+    nginx = compose["services"]["nginx"]
+    assert nginx["command"][:2] == ["/bin/sh", "-c"]
+    assert "nginx -c /etc/nginx/kit/nginx.conf -s reload" in nginx["command"][2]
+    assert {"acme-webroot", "letsencrypt", "hf-cache"} <= set(compose["volumes"])
+    conf = (folder / "nginx" / "nginx.conf").read_text()
+    assert "location ^~ /.well-known/acme-challenge/ {" in conf
+    assert "ssl_stapling on;" in conf
+    # first start: a bootstrap certificate until certbot installs the real one, which render keeps
+    server_cert = folder / "nginx" / "tls" / "server.crt"
+    assert server_cert.is_file()
+    other_ca, other_key = new_ca("public-ca")
+    cert, key = new_server_cert("llm.test.internal", other_ca, other_key)
+    server_cert.write_bytes(cert)
+    (folder / "nginx" / "tls" / "server.key").write_bytes(key)
+    assert CliRunner().invoke(cli, ["render", str(folder / "site.yaml")]).exit_code == 0
+    assert server_cert.read_bytes() == cert

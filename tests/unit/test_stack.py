@@ -8,12 +8,14 @@ from kit.errors import KitError
 from kit.layout import SiteLayout
 from kit.render import render_site
 from kit.stack import (
+    COMPOSE_VERSION,
     CONFIG_FILES_LABEL,
     CONFIG_HASH_LABEL,
     CONTAINER_NUMBER_LABEL,
     ONEOFF_LABEL,
     PROJECT_LABEL,
     SERVICE_LABEL,
+    VERSION_LABEL,
     WORKING_DIR_LABEL,
     DesiredState,
     Healthcheck,
@@ -116,7 +118,7 @@ def test_engine_config_is_what_the_file_says(site: Path) -> None:
 def test_labels_are_the_ones_compose_reads(site: Path) -> None:
     desired = rendered(site)
     alpha = desired.service("alpha")
-    labels = desired.labels(alpha)
+    labels = alpha.labels
     assert labels[PROJECT_LABEL] == "unit01"
     assert labels[SERVICE_LABEL] == "alpha"
     assert labels[CONTAINER_NUMBER_LABEL] == "1"
@@ -124,7 +126,8 @@ def test_labels_are_the_ones_compose_reads(site: Path) -> None:
     assert labels[CONFIG_HASH_LABEL] == alpha.config_hash
     assert labels[WORKING_DIR_LABEL] == str(site.parent / "compose")
     assert labels[CONFIG_FILES_LABEL] == str(site.parent / "compose" / "docker-compose.yml")
-    nginx_labels = desired.labels(desired.service("nginx"))
+    assert labels[VERSION_LABEL] == COMPOSE_VERSION
+    nginx_labels = desired.service("nginx").labels
     assert nginx_labels["com.docker.compose.depends_on"] == (
         "alpha:service_healthy:false,beta:service_healthy:false"
     )

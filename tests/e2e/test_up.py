@@ -1,0 +1,394 @@
+"""kit up / status / down / logs against a real engine, on the local test images.
+
+Each test brings up its own site (unique name, free ports, the vLLM stand-in loading in 2 s,
+healthchecks every second) and asserts invariants of the running stack, as Compose's own e2e
+tests do: what the containers were given, which container ids survived a change, what nginx
+reloaded, and that docker compose sees the same stack.
+"""
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from kit.cli import cli
+from kit.layout import SiteLayout
+from kit.stack import CONFIG_HASH_LABEL, PROJECT_LABEL, SERVICE_LABEL, load_desired
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL_CONFIG = REPO / "tests" / "data" / "models" / "qwen2.5-1.5b-instruct" / "config.json"
+COMPOSE_V2 = Path(os.environ.get("KIT_TEST_LIB", "/usr/local/lib/kit-test")) / "docker-compose-v2"
+NO_CHANGE_LIMIT_S = 2.0
+HEALTHY_TIMEOUT_S = 120
+
+
+def kit(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kit", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+@dataclass
+class Site:
+    """A site folder with a spec this test edits, and the engine it runs on."""
+
+    root: Path
+    name: str
+    client: object  # docker.DockerClient
+    spec: dict = field(default_factory=dict)
+
+    @property
+    def spec_path(self) -> Path:
+        return self.root / "site.yaml"
+
+    def write(self) -> None:
+        self.spec_path.write_text(yaml.safe_dump(self.spec, sort_keys=False))
+
+    def service(self, name: str) -> dict:
+        return next(s for s in self.spec["services"] if s["name"] == name)
+
+    def kit(self, verb: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return kit(verb, str(self.spec_path), *args, timeout=timeout)
+
+    def up(self, *args: str) -> subprocess.CompletedProcess:
+        result = self.kit("up", *args)
+        assert result.returncode == 0, f"kit up failed:\n{result.stdout}\n{result.stderr}"
+        return result
+
+    def containers(self) -> dict:
+        """service → docker-py Container of this site."""
+        found = self.client.containers.list(
+            all=True, filters={"label": f"{PROJECT_LABEL}={self.name}"}
+        )
+        return {c.labels[SERVICE_LABEL]: c for c in found}
+
+    def ids(self) -> dict[str, str]:
+        return {service: c.id for service, c in self.containers().items()}
+
+    def compose(self, binary: str, *args: str) -> subprocess.CompletedProcess:
+        file = self.root / "compose" / "docker-compose.yml"
+        return subprocess.run(
+            [binary, "-f", str(file), "-p", self.name, *args],
+            capture_output=True, text=True, timeout=300,
+        )
+
+
+def nginx_workers(container) -> set[int]:
+    processes = container.top()["Processes"] or []
+    return {int(row[1]) for row in processes if row[-1] == "nginx: worker process"}
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = HEALTHY_TIMEOUT_S):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def all_healthy(site: Site, services: set[str]) -> bool:
+    containers = site.containers()
+    return set(containers) == services and all(
+        c.attrs["State"].get("Health", {}).get("Status") == "healthy" for c in containers.values()
+    )
+
+
+@pytest.fixture
+def make_site(
+    tmp_path: Path, docker_client, test_images, free_port, cleanup_project
+) -> Iterator[Callable[..., Site]]:
+    """Site factory: `make_site(backends=2)` writes a spec with `alpha` (GPU 0) and `beta`."""
+
+    def make(backends: int = 1) -> Site:
+        name = f"kitup{secrets.token_hex(3)}"
+        cleanup_project(name)
+        models = tmp_path / "models"
+        (models / "qwen").mkdir(parents=True, exist_ok=True)
+        shutil.copy(MODEL_CONFIG, models / "qwen" / "config.json")
+        backend = {"model": "qwen", "max_num_seqs": 8, "max_model_len": 4096,
+                   "env": {"STANDIN_LOAD_SECONDS": "2"}}
+        services = [{"name": "alpha", **backend, "gpus": [0]},
+                    {"name": "beta", **backend, "gpus": [1, 2]}][:backends]
+        site = Site(tmp_path / name, name, docker_client)
+        site.root.mkdir()
+        site.spec = {
+            "site": name,
+            "domain": "llm.test.internal",
+            "models_root": str(models),
+            "auth": {"users": ["ops"]},
+            "proxy": {"bind": "127.0.0.1", "https_port": free_port(), "http_port": free_port(),
+                      "read_timeout": 900},
+            "healthcheck_interval": 1,
+            "services": services,
+        }
+        site.write()
+        return site
+
+    yield make
+
+
+def test_up_from_nothing_is_healthy_pinned_labelled_and_passes_the_gate(make_site) -> None:
+    site = make_site(backends=2)
+    result = site.up()
+    assert "all checks passed" in result.stdout  # kit up ends with the gate
+    containers = site.containers()
+    assert set(containers) == {"alpha", "beta", "nginx"}
+    for container in containers.values():
+        assert container.attrs["State"]["Health"]["Status"] == "healthy"
+        assert container.name == f"{site.name}-{container.labels[SERVICE_LABEL]}-1"
+
+    for service, gpus in (("alpha", ["0"]), ("beta", ["1", "2"])):
+        requests = containers[service].attrs["HostConfig"]["DeviceRequests"]
+        assert [(r["Driver"], r["DeviceIDs"], r["Capabilities"]) for r in requests] == [
+            ("nvidia", gpus, [["gpu"]])
+        ]
+        mounts = {m["Destination"]: m for m in containers[service].attrs["Mounts"]}
+        assert mounts["/models"]["RW"] is False
+    assert not containers["nginx"].attrs["HostConfig"]["DeviceRequests"]
+    assert containers["nginx"].attrs["HostConfig"]["ReadonlyRootfs"] is True
+    nginx_mounts = {m["Destination"]: m for m in containers["nginx"].attrs["Mounts"]}
+    assert nginx_mounts["/etc/nginx/kit"]["RW"] is False
+
+    desired = load_desired(SiteLayout(site.root), site.name)
+    for service in desired.services:
+        assert containers[service.name].labels[CONFIG_HASH_LABEL] == service.config_hash
+
+    listed = site.compose("docker-compose", "ps", "-q")
+    assert listed.returncode == 0, listed.stderr
+    assert set(listed.stdout.split()) == {c.id for c in containers.values()}
+
+
+def test_a_second_up_without_change_touches_nothing_and_is_fast(make_site) -> None:
+    site = make_site()
+    site.up("--no-probe")
+    before = {s: c.attrs["State"]["StartedAt"] for s, c in site.containers().items()}
+    workers = nginx_workers(site.containers()["nginx"])
+
+    started = time.monotonic()
+    result = CliRunner().invoke(cli, ["up", "--no-probe", str(site.spec_path)])
+    elapsed = time.monotonic() - started
+
+    assert result.exit_code == 0, result.output
+    assert "no change: 2 container(s) up to date" in result.output
+    assert elapsed < NO_CHANGE_LIMIT_S, f"a no-change kit up took {elapsed:.2f}s"
+    after = site.containers()
+    assert {s: c.attrs["State"]["StartedAt"] for s, c in after.items()} == before
+    assert nginx_workers(after["nginx"]) == workers  # not even reloaded
+
+
+def test_a_changed_service_is_recreated_alone_and_nginx_reloads_after_it(make_site) -> None:
+    site = make_site(backends=2)
+    site.up("--no-probe")
+    before = site.ids()
+    workers = nginx_workers(site.containers()["nginx"])
+
+    site.service("alpha")["max_num_seqs"] = 16
+    site.write()
+    result = site.up("--no-probe")
+
+    after = site.ids()
+    assert after["alpha"] != before["alpha"]
+    assert after["beta"] == before["beta"] and after["nginx"] == before["nginx"]
+    assert f"recreate container {site.name}-alpha-1: config changed" in result.stdout
+    assert f"reload {site.name}-nginx-1: re-resolve alpha" in result.stdout
+    assert result.stdout.index("alpha healthy") < result.stdout.index(f"reload {site.name}-nginx")
+    assert not nginx_workers(site.containers()["nginx"]) & workers  # new config, same master
+    alpha = site.containers()["alpha"]
+    assert "16" in alpha.attrs["Args"][alpha.attrs["Args"].index("--max-num-seqs") + 1]
+    assert alpha.attrs["State"]["Health"]["Status"] == "healthy"
+
+
+def test_a_config_only_nginx_change_is_an_in_place_reload(make_site) -> None:
+    site = make_site()
+    site.up("--no-probe")
+    before = site.containers()
+    workers = nginx_workers(before["nginx"])
+
+    site.spec["proxy"]["read_timeout"] = 300
+    site.write()
+    result = site.up("--no-probe")
+
+    assert f"reload {site.name}-nginx-1: its mounted config files changed" in result.stdout
+    after = site.containers()
+    assert {s: c.id for s, c in after.items()} == {s: c.id for s, c in before.items()}
+    nginx = after["nginx"]
+    assert nginx.attrs["State"]["StartedAt"] == before["nginx"].attrs["State"]["StartedAt"]
+    assert nginx.attrs["RestartCount"] == 0
+    assert nginx_workers(nginx) and not nginx_workers(nginx) & workers
+    assert "no change" in site.up("--no-probe").stdout  # the reload was recorded
+
+
+def test_down_removes_containers_and_networks_and_volumes_only_when_asked(make_site) -> None:
+    site = make_site()
+    site.up("--no-probe")
+    label = {"label": f"{PROJECT_LABEL}={site.name}"}
+
+    result = site.kit("down")
+    assert result.returncode == 0, result.stderr
+    assert site.client.containers.list(all=True, filters=label) == []
+    assert site.client.networks.list(filters=label) == []
+    assert [v.name for v in site.client.volumes.list(filters=label)] == [f"{site.name}_hf-cache"]
+
+    assert site.kit("down", "--volumes").returncode == 0
+    assert site.client.volumes.list(filters=label) == []
+
+
+def test_status_shows_health_gpus_drift_and_the_last_probe(make_site) -> None:
+    site = make_site()
+    site.up()
+    status = site.kit("status", "--json")
+    assert status.returncode == 0, status.stderr
+    report = yaml.safe_load(status.stdout)
+    assert set(report) == {"site", "containers", "drift", "render_pending", "last_probe"}
+    assert set(report["containers"][0]) == {
+        "service", "name", "state", "health", "gpus", "uptime_seconds", "restarts", "image", "id",
+    }
+    by_service = {c["service"]: c for c in report["containers"]}
+    assert by_service["alpha"]["gpus"] == ["0"] and by_service["alpha"]["health"] == "healthy"
+    assert report["drift"] == [] and report["render_pending"] == []
+    assert report["last_probe"]["ok"] is True
+
+    site.service("alpha")["max_num_seqs"] = 4
+    site.write()
+    pending = yaml.safe_load(site.kit("status", "--json").stdout)["render_pending"]
+    assert "compose/docker-compose.yml" in pending
+    assert site.kit("render").returncode == 0
+    drift = yaml.safe_load(site.kit("status", "--json").stdout)["drift"]
+    assert drift[0].startswith(f"recreate container {site.name}-alpha-1: config changed")
+
+
+def test_logs_of_one_service_and_of_all(make_site) -> None:
+    site = make_site()
+    site.up("--no-probe")
+    one = site.kit("logs", "alpha", "-n", "5")
+    assert one.returncode == 0, one.stderr
+    assert "GET /health" in one.stdout and " | " not in one.stdout
+    every = site.kit("logs")
+    assert "alpha | " in every.stdout
+    unknown = site.kit("logs", "gamma")
+    assert unknown.returncode == 2 and "pick one of: alpha, nginx" in unknown.stderr
+
+
+def test_a_failing_start_is_reported_at_once_with_the_log_and_its_cause(make_site) -> None:
+    site = make_site()
+    site.service("alpha")["env"]["STANDIN_GPU_MEMORY_GIB"] = "2"  # the weights do not fit
+    site.write()
+    started = time.monotonic()
+    result = site.kit("up", "--no-probe")
+    elapsed = time.monotonic() - started
+    assert result.returncode == 1
+    assert elapsed < 60, "the failure must be seen when the container exits, not at the timeout"
+    assert "service alpha did not become healthy" in result.stderr
+    assert f"log lines of {site.name}-alpha-1" in result.stderr
+    assert "CUDA out of memory" in result.stderr
+    assert "cause: the GPU ran out of memory" in result.stderr
+    assert "nginx" not in site.containers()  # nginx waits for healthy backends
+
+
+def test_a_busy_port_is_refused_before_anything_is_created(make_site) -> None:
+    site = make_site()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", site.spec["proxy"]["https_port"]))
+        holder.listen()
+        result = site.kit("up", "--no-probe")
+    assert result.returncode == 1
+    assert "(proxy.https_port) is already in use by another process" in result.stderr
+    assert site.containers() == {}
+
+
+def test_a_missing_models_root_is_bad_input(make_site, tmp_path: Path) -> None:
+    site = make_site()
+    site.spec["models_root"] = str(tmp_path / "nowhere")
+    site.write()
+    result = site.kit("up", "--no-probe")
+    assert result.returncode == 2
+    assert f"{tmp_path / 'nowhere'} does not exist on this host" in result.stderr
+    assert "set models_root in the spec" in result.stderr
+    assert site.containers() == {}
+
+
+def test_an_image_that_is_absent_and_cannot_be_pulled(make_site) -> None:
+    site = make_site()
+    site.spec["images"] = {"vllm": f"kit-test/absent-{site.name}:0"}
+    site.write()
+    result = site.kit("up", "--no-probe")
+    assert result.returncode == 1
+    assert "is not on this host and pulling it failed" in result.stderr
+    assert site.containers() == {}
+
+
+COMPOSE_BINARIES = [
+    pytest.param("docker-compose", id="compose-v1"),
+    pytest.param(
+        str(COMPOSE_V2), id="compose-v2",
+        marks=pytest.mark.skipif(not COMPOSE_V2.exists(), reason="compose v2 not installed"),
+    ),
+]
+
+
+@pytest.mark.parametrize("compose", COMPOSE_BINARIES)
+def test_compose_runs_the_rendered_file_and_kit_adopts_its_stack(make_site, compose) -> None:
+    site = make_site()
+    assert site.kit("render").returncode == 0
+    started = site.compose(compose, "up", "-d")
+    assert started.returncode == 0, started.stderr
+    wait_until(lambda: all_healthy(site, {"alpha", "nginx"}), "compose's stack to be healthy")
+    gpus = site.containers()["alpha"].attrs["HostConfig"]["DeviceRequests"][0]["DeviceIDs"]
+    assert gpus == ["0"]
+
+    result = site.up()  # compose hashes differently: kit recreates, then the gate passes
+    assert "all checks passed" in result.stdout
+    listed = site.compose(compose, "ps", "-q")
+    assert set(listed.stdout.split()) == set(site.ids().values())
+
+    assert site.compose(compose, "down").returncode == 0
+    assert site.containers() == {}
+
+
+def test_a_service_removed_from_the_spec_loses_its_container(make_site) -> None:
+    site = make_site(backends=2)
+    site.up("--no-probe")
+    before = site.ids()
+
+    site.spec["services"] = [site.service("alpha")]
+    site.write()
+    result = site.up("--no-probe")
+
+    assert f"remove container {site.name}-beta-1: service no longer in the compose file" in (
+        result.stdout
+    )
+    assert site.ids() == {"alpha": before["alpha"], "nginx": before["nginx"]}
+    assert f"reload {site.name}-nginx-1: its mounted config files changed" in result.stdout
+
+
+def test_the_health_timeout_comes_from_the_spec_or_the_option(make_site) -> None:
+    site = make_site()
+    site.service("alpha")["env"]["STANDIN_LOAD_SECONDS"] = "60"
+    site.write()
+    result = site.kit("up", "--no-probe", "--timeout", "3")
+    assert result.returncode == 1
+    assert "service alpha did not become healthy" in result.stderr
+    assert "not healthy after 3s (override with --timeout)" in result.stderr
+
+
+def test_an_unreachable_engine_says_what_to_check(make_site, tmp_path: Path) -> None:
+    site = make_site()
+    address = f"unix://{tmp_path / 'no-engine.sock'}"
+    result = subprocess.run(
+        [sys.executable, "-m", "kit", "up", str(site.spec_path)],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "DOCKER_HOST": address},
+    )
+    assert result.returncode == 1
+    assert f"cannot reach the Docker engine at {address}" in result.stderr
+    assert "is dockerd running?" in result.stderr and f"DOCKER_HOST={address}" in result.stderr
