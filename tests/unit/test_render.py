@@ -187,3 +187,32 @@ def test_adversarial_user_names_are_refused(user: str) -> None:
 
     with pytest.raises(BadInput):
         check_user_name(user)
+
+
+def test_auto_max_num_seqs_comes_from_the_capacity_plan(site: Path) -> None:
+    from kit.capacity import plan_capacity
+    from kit.modelinfo import inspect_model_dir
+
+    spec = site / "site.yaml"
+    spec.write_text(spec.read_text().replace("max_num_seqs: 64", "max_num_seqs: auto")
+                    + "gpu_memory_gib: 80\n")
+    result = render(str(spec))
+    assert result.exit_code == 0, result.output
+    expected = plan_capacity(
+        inspect_model_dir(site.parent / "models" / "llama-8b"), gpu_memory_gib=80,
+        tensor_parallel=1, gpu_memory_utilization=0.9, max_model_len=8192,
+    ).recommended_max_num_seqs
+    command = yaml.safe_load((site / "compose" / "docker-compose.yml").read_text())[
+        "services"]["llama8b"]["command"]
+    assert command[command.index("--max-num-seqs") + 1] == str(expected)
+    assert f"max_num_seqs {expected}" in result.output
+
+
+def test_a_spec_that_cannot_start_is_refused_before_anything_is_written(site: Path) -> None:
+    spec = site / "site.yaml"
+    spec.write_text(spec.read_text() + "gpu_memory_gib: 12\n")  # 8B bf16 weights need ~15 GiB
+    before = tree(site)
+    result = render(str(spec))
+    assert result.exit_code == 2
+    assert "cannot start" in result.output and "kit plan" in result.output
+    assert tree(site) == before
