@@ -76,9 +76,8 @@ def _engine_errors(doing: str) -> Iterator[None]:
 class Engine:
     """A connected Docker engine, spoken to through kit's own types."""
 
-    def __init__(self, client: "docker.DockerClient"):
-        self._client = client
-        self._api = client.api
+    def __init__(self, api: docker.APIClient):
+        self._api = api
 
     # ----------------------------------------------------------------- facts
 
@@ -168,6 +167,7 @@ class Engine:
         with _engine_errors(f"creating container {name}"):
             response = self._api.create_container(
                 image=config.image,
+                entrypoint=list(config.entrypoint) if config.entrypoint is not None else None,
                 command=list(config.command),
                 name=name,
                 environment=[f"{key}={value}" for key, value in config.environment],
@@ -267,7 +267,7 @@ def connect() -> Engine:
     with _engine_errors("connecting"):
         client = docker.from_env()
         client.ping()
-    return Engine(client)
+    return Engine(client.api)
 
 
 def _short(container: str) -> str:

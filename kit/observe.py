@@ -16,6 +16,7 @@ from kit.files import atomic_write
 from kit.stack import (
     CONFIG_HASH_LABEL,
     CONTAINER_NUMBER_LABEL,
+    DEPENDS_ON_LABEL,
     NETWORK_LABEL,
     ONEOFF_LABEL,
     SERVICE_LABEL,
@@ -40,6 +41,7 @@ class ContainerState:
     image_id: str
     gpu_ids: tuple[str, ...]
     host_ports: tuple[tuple[str, int], ...]  # (host ip, host port) it publishes
+    depends_on: tuple[str, ...] = ()  # services it was started after (Compose's label)
 
     @property
     def running(self) -> bool:
@@ -127,6 +129,9 @@ def container_state(attrs: dict) -> ContainerState:
             for port_bindings in bindings.values()
             for b in port_bindings or ()
             if b.get("HostPort")
+        ),
+        depends_on=tuple(
+            entry.split(":")[0] for entry in labels.get(DEPENDS_ON_LABEL, "").split(",") if entry
         ),
     )
 

@@ -227,21 +227,9 @@ def _capacity(spec: Spec, service, model_dir: Path) -> dict | None:
     memory = [spec.gpu_memory_for(gpu) for gpu in service.gpus]
     if not (model_dir / "config.json").is_file() or None in memory:
         return None
-    from kit.capacity import plan_capacity
     from kit.modelinfo import inspect_model_dir
 
-    report = plan_capacity(
-        inspect_model_dir(model_dir),
-        gpu_memory_gib=min(memory),
-        tensor_parallel=service.tp,
-        gpu_memory_utilization=service.gpu_memory_utilization,
-        max_model_len=service.max_model_len,
-        kv_cache_dtype=service.kv_cache_dtype,
-        quantization=service.quantization,
-        dtype=service.dtype,
-        max_num_seqs=service.max_num_seqs if service.max_num_seqs != "auto" else None,
-        cuda_graphs_in_budget="--enforce-eager" not in service.extra_args,
-    )
+    report = service_capacity(inspect_model_dir(model_dir), service, min(memory))
     if report.errors:
         raise BadInput(
             f"service {service.name} cannot start on this hardware:\n  - "
@@ -261,4 +249,23 @@ def _max_num_seqs(service, capacity: dict | None) -> tuple[int | None, str]:
         )
     return capacity["recommended_max_num_seqs"], capacity.get(
         "recommended_max_num_seqs_reason", "from the capacity plan"
+    )
+
+
+def service_capacity(model, service, gpu_memory_gib: float, **context):
+    """The capacity plan of one spec service on GPUs of this size (kit render and kit plan)."""
+    from kit.capacity import plan_capacity
+
+    return plan_capacity(
+        model,
+        gpu_memory_gib=gpu_memory_gib,
+        tensor_parallel=service.tp,
+        gpu_memory_utilization=service.gpu_memory_utilization,
+        max_model_len=service.max_model_len,
+        kv_cache_dtype=service.kv_cache_dtype,
+        quantization=service.quantization,
+        dtype=service.dtype,
+        max_num_seqs=service.max_num_seqs if service.max_num_seqs != "auto" else None,
+        cuda_graphs_in_budget="--enforce-eager" not in service.extra_args,
+        **context,
     )

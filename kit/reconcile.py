@@ -13,7 +13,7 @@ to was replaced (nginx resolves upstream names when it loads its config).
 from dataclasses import dataclass
 
 from kit.observe import ContainerState, ObservedState
-from kit.stack import PROXY_SERVICE, DesiredState, NetworkState, ServiceState, VolumeState
+from kit.stack import DesiredState, NetworkState, ServiceState, VolumeState
 
 
 @dataclass(frozen=True)
@@ -263,10 +263,15 @@ def _reload_action(
 
 
 def plan_down(observed: ObservedState, volumes: bool) -> list[Action]:
-    """Remove every container of the project (the proxy first), its networks, and optionally
-    its volumes."""
-    containers = sorted(observed.containers, key=lambda c: c.service != PROXY_SERVICE)
-    plan: list[Action] = [RemoveContainer(c, "kit down") for c in containers]
+    """Remove every container of the project, dependents before what they depend on (the
+    proxy before its backends), then its networks, and its volumes only when asked."""
+    plan: list[Action] = []
+    remaining = list(observed.containers)
+    while remaining:
+        needed = {dep for c in remaining for dep in c.depends_on}
+        free = [c for c in remaining if c.service not in needed] or remaining  # a cycle: all
+        plan += [RemoveContainer(c, "kit down") for c in free]
+        remaining = [c for c in remaining if c not in free]
     plan += [RemoveNetwork(n.name, "kit down") for n in observed.networks]
     if volumes:
         plan += [RemoveVolume(name, "kit down --volumes") for name in observed.volumes]

@@ -44,9 +44,9 @@ PROXY_SERVICE = "nginx"  # the template's front door: config changes reload it i
 CONTAINER_NUMBER = 1  # kit runs one container per service
 
 SERVICE_KEYS = {
-    "image", "command", "environment", "volumes", "ipc", "deploy", "healthcheck", "restart",
-    "stop_grace_period", "stop_signal", "logging", "networks", "ports", "tmpfs", "read_only",
-    "security_opt", "ulimits", "depends_on",
+    "image", "entrypoint", "command", "environment", "volumes", "ipc", "deploy", "healthcheck",
+    "restart", "stop_grace_period", "stop_signal", "logging", "networks", "ports", "tmpfs",
+    "read_only", "security_opt", "ulimits", "depends_on",
 }
 DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|ns)")
 DURATION_SECONDS = {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
@@ -94,6 +94,7 @@ class ContainerConfig:
     """Everything the engine is given for one service; its canonical JSON is the config hash."""
 
     image: str
+    entrypoint: tuple[str, ...] | None  # None: the image's own
     command: tuple[str, ...]
     environment: tuple[tuple[str, str], ...]
     mounts: tuple[Mount, ...]
@@ -236,6 +237,7 @@ def _service(name: str, body: dict, context: _Context) -> ServiceState:
     logging, grace = body.get("logging") or {}, body.get("stop_grace_period")
     config = ContainerConfig(
         image=str(body["image"]),
+        entrypoint=tuple(str(arg) for arg in body["entrypoint"]) if "entrypoint" in body else None,
         command=tuple(str(arg) for arg in body.get("command") or ()),
         environment=_pairs(body.get("environment")),
         mounts=mounts,
@@ -325,10 +327,11 @@ def parse_duration(value: Any) -> float:
 
 
 def _mounts(entries: list, context: _Context, where: str) -> tuple[tuple[Mount, ...], list[Path]]:
-    """The mounts, plus the site's own files among the bind sources (relative in the file).
+    """The mounts, plus the site's own config files among the bind sources.
 
-    Relative sources are files kit rendered beside the compose file; absolute ones are host data
-    (models, caches) that must never be read to compute a digest.
+    Those are the read-only binds with a relative source: files kit rendered beside the compose
+    file, which the container reads. Absolute sources are host data (models, caches) that must
+    never be read for a digest; writable binds are state the container itself writes.
     """
     mounts, site_sources = [], []
     volume_names = {v.key: v.name for v in context.volumes}
@@ -340,7 +343,8 @@ def _mounts(entries: list, context: _Context, where: str) -> tuple[tuple[Mount, 
             path = Path(source)
             if not path.is_absolute():
                 path = (context.working_dir / path).resolve()
-                site_sources.append(path)
+                if entry.get("read_only"):
+                    site_sources.append(path)
             source = str(path)
         elif kind == "volume":
             _expect(source in volume_names, context.config_file,

@@ -30,14 +30,14 @@ from kit.reconcile import (
 )
 from kit.spec import Spec, load_spec
 from kit.stack import DesiredState, GpuRequest, ServiceState, load_desired
-from kit.wait import Progress, wait_healthy
+from kit.wait import wait_healthy
 
 PULL_REPORT_SECONDS = 5  # how often a non-terminal pull display prints a line
 
 
 @dataclass(frozen=True)
 class Site:
-    """A site as `kit up/status/down/logs` see it: its spec, folder and desired state."""
+    """A site as `kit up` and `kit status` see it: its spec, folder and desired state."""
 
     spec: Spec
     layout: SiteLayout
@@ -70,12 +70,11 @@ def converge(
     plan = plan_up(site.desired, observed)
     if plan:
         preflight(engine, site, observed, plan, report)
-        progress = Progress()
         Executor(
             engine=engine,
             applied=site.layout.applied,
             wait=lambda services: _report_healthy(
-                wait_healthy(engine, site.desired, services, timeout=timeout, progress=progress),
+                wait_healthy(engine, site.desired, services, timeout=timeout),
                 report,
             ),
             report=report,
@@ -88,7 +87,7 @@ def _report_healthy(seconds: dict[str, float], report: Callable[[str], None]) ->
         report(f"{name} healthy after {elapsed:.0f}s")
 
 
-def starting_services(plan: list[Action]) -> list[ServiceState]:
+def _starting_services(plan: list[Action]) -> list[ServiceState]:
     return [
         action.service
         for action in plan
@@ -103,7 +102,7 @@ def preflight(
     plan: list[Action],
     report: Callable[[str], None],
 ) -> None:
-    services = starting_services(plan)
+    services = _starting_services(plan)
     if not services:
         return
     if engine.is_local:

@@ -6,11 +6,10 @@ policy starts it again, so an exit, a restart or an "unhealthy" verdict ends the
 with the container's log tail and, when a rule recognises it, the cause and the spec key to fix.
 """
 
+import shutil
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TextIO
 
 from kit.diagnose import diagnose
 from kit.docker_api import Engine
@@ -40,8 +39,8 @@ class _Tracked:
 class Progress:
     """One line per service: elapsed, health, last log line; redrawn in place on a terminal."""
 
-    def __init__(self, stream: TextIO | None = None):
-        self._stream = stream or sys.stderr
+    def __init__(self) -> None:
+        self._stream = sys.stderr
         self._terminal = self._stream.isatty()
         self._drawn = 0
         self._last: dict[str, tuple[str, float]] = {}
@@ -50,8 +49,9 @@ class Progress:
         if self._terminal:
             if self._drawn:
                 self._stream.write(f"\x1b[{self._drawn}F")
+            width = shutil.get_terminal_size().columns - 1  # a wrapped line breaks the redraw
             for line in lines.values():
-                self._stream.write(f"\x1b[2K{line}\n")
+                self._stream.write(f"\x1b[2K{line[:width]}\n")
             self._drawn = len(lines)
         else:
             for name, line in lines.items():
@@ -70,19 +70,17 @@ def wait_healthy(
     services: tuple[ServiceState, ...],
     *,
     timeout: float | None = None,
-    progress: Progress | None = None,
-    clock: Callable[[], float] = time.monotonic,
 ) -> dict[str, float]:
     """Block until every service is healthy; seconds each took. KitError on the first failure."""
-    progress = progress or Progress()
+    progress = Progress()
     limit = timeout if timeout is not None else wait_timeout(services)
-    start = clock()
+    start = time.monotonic()
     tracked = []
     for service in services:
         container = _find(engine, desired, service)
         tracked.append(_Tracked(service, container, container.restart_count))
     while True:
-        now = clock() - start
+        now = time.monotonic() - start
         for item in tracked:
             if item.healthy_after is None:
                 _poll(engine, item, now, limit)

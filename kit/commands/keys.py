@@ -2,13 +2,12 @@
 
 import click
 
-from kit.access import add_key, require_rendered, revoke_key
-from kit.commands.options import spec_and_name, spec_argument
+from kit.access import add_key, revoke_key
+from kit.commands.options import credential_site, spec_argument
 from kit.commands.rotate_password import report
 from kit.credential_change import Expectation, apply
 from kit.credentials import read_keys
 from kit.layout import SiteLayout
-from kit.spec import load_spec
 
 
 @click.group("keys")
@@ -20,10 +19,7 @@ def keys_group() -> None:
 @click.argument("args", nargs=-1, metavar="[SPEC] NAME")
 def add(args: tuple[str, ...]) -> None:
     """Create key NAME and print it once (live: nginx reloads and the key is proven)."""
-    spec_path, name = spec_and_name(args, "NAME")
-    spec = load_spec(spec_path)
-    layout = SiteLayout(spec_path.parent)
-    require_rendered(layout)
+    spec, layout, name = credential_site(args, "NAME")
     if not spec.auth.api_keys:
         click.echo("warning: auth.api_keys is false: nginx ignores keys until it is true", err=True)
     created: list[str] = []
@@ -47,10 +43,7 @@ def add(args: tuple[str, ...]) -> None:
 @click.argument("args", nargs=-1, metavar="[SPEC] NAME")
 def revoke(args: tuple[str, ...]) -> None:
     """Revoke key NAME: its next request gets 401."""
-    spec_path, name = spec_and_name(args, "NAME")
-    spec = load_spec(spec_path)
-    layout = SiteLayout(spec_path.parent)
-    require_rendered(layout)
+    spec, layout, name = credential_site(args, "NAME")
     report(apply(spec, layout, lambda: revoke_key(layout, name)))
     click.echo(f"revoked {name}")
 

@@ -24,6 +24,7 @@ from kit.capacity import (
 )
 from kit.errors import BadInput, ExitCode
 from kit.modelinfo import ModelInfo, find_config, free_disk_gib, inspect_model_dir
+from kit.plan import service_capacity
 
 NVIDIA_SMI_QUERY = ["--query-gpu=index,memory.total,name", "--format=csv,noheader,nounits"]
 DTYPES = ["auto", "bfloat16", "float16", "half", "float", "float32"]
@@ -148,8 +149,10 @@ def _plan_spec(spec_path: Path, as_json: bool, typical_request_tokens: int | Non
         model = inspect_model_dir(model_dir)
         names = {detected[gpu].name for gpu in service.gpus if gpu in detected}
         try:
-            report = _plan_service(model, service, min(memory), typical_request_tokens,
-                                   names.pop() if len(names) == 1 else None)
+            report = service_capacity(
+                model, service, min(memory), typical_request_tokens=typical_request_tokens,
+                gpu_name=names.pop() if len(names) == 1 else None,
+            )
         except BadInput as error:
             results[service.name] = {"planned": False, "reason": str(error)}
             lines += [title, f"  not planned: {error}", ""]
@@ -167,23 +170,6 @@ def _plan_spec(spec_path: Path, as_json: bool, typical_request_tokens: int | Non
                   *(f"  warning: {note}" for note in notes), ""]
     click.echo(json.dumps({"services": results}, indent=2) if as_json else "\n".join(lines))
     return failed
-
-
-def _plan_service(model: ModelInfo, service, gpu_memory_gib: float,
-                  typical_request_tokens: int | None, gpu_name: str | None) -> CapacityReport:
-    return plan_capacity(
-        model,
-        gpu_memory_gib=gpu_memory_gib,
-        tensor_parallel=service.tp,
-        gpu_memory_utilization=service.gpu_memory_utilization,
-        max_model_len=service.max_model_len,
-        kv_cache_dtype=service.kv_cache_dtype,
-        quantization=service.quantization,
-        dtype=service.dtype,
-        max_num_seqs=None if service.max_num_seqs == "auto" else service.max_num_seqs,
-        typical_request_tokens=typical_request_tokens,
-        gpu_name=gpu_name,
-    )
 
 
 def _needs_nvidia_smi(spec) -> bool:

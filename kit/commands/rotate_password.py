@@ -4,14 +4,12 @@ import sys
 
 import click
 
-from kit.access import require_rendered, set_password, users
-from kit.commands.options import spec_and_name
+from kit.access import set_password, users
+from kit.commands.options import credential_site
 from kit.credential_change import Applied, Expectation, apply
 from kit.credentials import generate_password, verify_password
 from kit.errors import BadInput
-from kit.layout import SiteLayout
 from kit.probe import basic_header
-from kit.spec import load_spec
 
 
 def read_passwords(
@@ -53,10 +51,7 @@ def rotate_password(args: tuple[str, ...], password_stdin: bool, generate: bool)
     Once nginx has reloaded, the new password must get 200 (and the current one, when given,
     401) through the front door; otherwise the previous file is restored and the command fails.
     """
-    spec_path, user = spec_and_name(args, "USER")
-    spec = load_spec(spec_path)
-    layout = SiteLayout(spec_path.parent)
-    require_rendered(layout)
+    spec, layout, user = credential_site(args, "USER")
     password, current = read_passwords(password_stdin, generate, ask_current=True)
     known = users(layout)
     if current is not None and user in known and not verify_password(current, known[user]):

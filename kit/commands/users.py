@@ -4,7 +4,7 @@ import click
 
 from kit.access import remove_user, require_rendered, set_password
 from kit.access import users as password_entries
-from kit.commands.options import spec_and_name, spec_argument
+from kit.commands.options import credential_site, spec_argument
 from kit.commands.rotate_password import read_passwords, report
 from kit.credential_change import Expectation, apply
 from kit.layout import PROBE_USER, SiteLayout
@@ -23,10 +23,7 @@ def users_group() -> None:
 @click.option("--generate", is_flag=True, help="Generate a strong password and print it once.")
 def add(args: tuple[str, ...], password_stdin: bool, generate: bool) -> None:
     """Add USER with a new password, live (nginx reloads in place and the login is proven)."""
-    spec_path, user = spec_and_name(args, "USER")
-    spec = load_spec(spec_path)
-    layout = SiteLayout(spec_path.parent)
-    require_rendered(layout)
+    spec, layout, user = credential_site(args, "USER")
     password, _ = read_passwords(password_stdin, generate, ask_current=False)
     applied = apply(
         spec, layout, lambda: set_password(layout, user, password, must_exist=False),
@@ -42,10 +39,7 @@ def add(args: tuple[str, ...], password_stdin: bool, generate: bool) -> None:
 @click.argument("args", nargs=-1, metavar="[SPEC] USER")
 def remove(args: tuple[str, ...]) -> None:
     """Remove USER; their next request gets 401."""
-    spec_path, user = spec_and_name(args, "USER")
-    spec = load_spec(spec_path)
-    layout = SiteLayout(spec_path.parent)
-    require_rendered(layout)
+    spec, layout, user = credential_site(args, "USER")
     report(apply(spec, layout, lambda: remove_user(layout, user, spec.auth.users)))
     click.echo(f"removed {user}")
 
