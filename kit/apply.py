@@ -8,6 +8,7 @@ from pathlib import Path
 from kit.docker_api import Engine
 from kit.errors import KitError
 from kit.observe import ContainerState, ProxyLoaded, read_proxy_loaded, write_proxy_loaded
+from kit.plan import NGINX_TEST
 from kit.reconcile import (
     Action,
     CreateContainer,
@@ -90,13 +91,13 @@ class Executor:
             write_proxy_loaded(self.applied, ProxyLoaded(container_id, service.site_files_digest))
 
     def _reload(self, service: ServiceState, container: ContainerState) -> None:
-        """`nginx -t` with the container's own command line first; SIGHUP only if it passes.
+        """`nginx -t` of the mounted config first; SIGHUP only if it passes.
 
         nginx applies a SIGHUP asynchronously and, when it cannot (a listen socket it cannot
         bind), logs [emerg] and keeps the old config; so the reload counts only once new worker
         processes run, and an [emerg] line after the signal is reported as the failure it is.
         """
-        code, output = self.engine.exec(container.id, [*service.config.command, "-t"])
+        code, output = self.engine.exec(container.id, NGINX_TEST)
         if code != 0:
             raise KitError(
                 f"{container.name} rejected the new config; it keeps serving the old one:\n"

@@ -57,6 +57,12 @@ class NginxPlan:
     api_keys: bool
     verifier_port: int = AUTH_VERIFIER_PORT
 
+    @property
+    def published(self) -> list[str]:
+        """Compose port mappings: host bind address (bracketed when IPv6) → nginx's 443/80."""
+        host = f"[{self.bind}]" if ":" in self.bind else self.bind
+        return [f"{host}:{self.https_port}:443", f"{host}:{self.http_port}:80"]
+
 
 @dataclass(frozen=True)
 class AcmePlan:

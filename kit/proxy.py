@@ -1,19 +1,18 @@
 """The running front door: reload it in place after a credential change, and prove logins.
 
-A reload is nginx's graceful one: `nginx -t` in the container first, then SIGHUP. New workers
-take new connections with the new credentials; old workers finish the streams they carry, so
-no stream is dropped.
+The reload is kit up's own (kit/apply.py): `nginx -t` in the container, SIGHUP, and a check
+that new workers took over. Old workers finish the streams they carry, so none is dropped.
 """
 
+from kit.apply import Executor
 from kit.docker_api import connect
 from kit.errors import KitError
 from kit.layout import SiteLayout
-from kit.observe import ProxyLoaded, write_proxy_loaded
+from kit.observe import container_state
 from kit.probe import Gate, probe_password, target_for
+from kit.reconcile import ReloadProxy
 from kit.spec import Spec
-from kit.stack import SERVICE_LABEL, load_desired, project_filter
-
-PROXY_SERVICE = "nginx"
+from kit.stack import PROXY_SERVICE, SERVICE_LABEL, load_desired, project_filter
 
 
 class EngineUnreachable(KitError):
@@ -28,20 +27,15 @@ def reload_proxy(spec: Spec, layout: SiteLayout) -> str | None:
     except KitError as error:
         raise EngineUnreachable(error.message, fix=error.fix) from None
     labels = [*project_filter(spec.site), f"{SERVICE_LABEL}={PROXY_SERVICE}"]
-    running = [c for c in engine.containers(labels) if c.get("State", {}).get("Running")]
+    running = [
+        container_state(attrs) for attrs in engine.containers(labels)
+        if attrs.get("State", {}).get("Running")
+    ]
     if not running:
         return None
-    container = running[0]
-    code, output = engine.exec(container["Id"], [*proxy.config.command, "-t"])
-    if code != 0:
-        raise KitError(
-            f"nginx rejected the new files and keeps serving the old ones:\n{output.rstrip()}",
-            fix="the credential files were restored; report this output",
-        )
-    engine.signal(container["Id"], "SIGHUP")
-    if proxy.site_files_digest is not None:
-        write_proxy_loaded(layout.applied, ProxyLoaded(container["Id"], proxy.site_files_digest))
-    return container["Name"].lstrip("/")
+    executor = Executor(engine, layout.applied, wait=lambda services: None, report=lambda _: None)
+    executor.execute(ReloadProxy(proxy, running[0], "credentials changed"))
+    return running[0].name
 
 
 def login_status(spec: Spec, layout: SiteLayout, authorization: str) -> int:

@@ -35,7 +35,11 @@ HEALTH = {"test": ["CMD", "true"], "interval": "1s", "start_period": "60s"}
 
 
 def compose(
-    *, seqs: int = 8, internal: bool = True, backends: tuple[str, ...] = ("a", "b")
+    *,
+    seqs: int = 8,
+    internal: bool = True,
+    backends: tuple[str, ...] = ("a", "b"),
+    certbot: bool = False,
 ) -> dict:
     """The shape kit renders: GPU backends on an internal network, nginx in front of them."""
     services: dict = {
@@ -61,6 +65,14 @@ def compose(
         "healthcheck": HEALTH,
         "networks": ["backend", "frontend"],
     }
+    if certbot:  # acme mode: a renewal loop that starts once nginx answers
+        services["certbot"] = {
+            "image": "certbot:1",
+            "entrypoint": ["/bin/sh", "-c"],
+            "command": ["renew loop"],
+            "depends_on": {"nginx": {"condition": "service_healthy"}},
+            "networks": ["frontend"],
+        }
     return {
         "services": services,
         "networks": {"backend": {"internal": internal}, "frontend": {}},
@@ -87,6 +99,7 @@ def running(desired: DesiredState) -> ObservedState:
             config_hash=s.config_hash, state="running", health="healthy", restart_count=0,
             exit_code=0, started_at=None, image=s.config.image, image_id=f"img-{s.config.image}",
             gpu_ids=s.gpu_ids, host_ports=tuple((p.host_ip, p.host_port) for p in s.config.ports),
+            depends_on=tuple(dep for dep, _ in s.depends_on),
         )
         for s in desired.services
     )
@@ -119,6 +132,21 @@ def test_from_nothing_creates_backends_waits_then_creates_the_proxy(site: Path) 
         "create container p-nginx-1: not found\n"
         "wait until healthy nginx: just started"
     )
+
+
+def test_a_service_depending_on_the_proxy_waits_for_it(site: Path) -> None:
+    empty = ObservedState((), (), (), {}, None)
+    plan = describe(plan_up(desired_state(site, certbot=True), empty)).splitlines()
+    assert plan[-3:] == [
+        "create container p-nginx-1: not found",
+        "wait until healthy nginx: certbot depends on it; just started",
+        "create container p-certbot-1: not found",
+    ]
+    down = describe(plan_down(running(desired_state(site, certbot=True)), volumes=False))
+    assert down.splitlines()[:2] == [
+        "remove container p-certbot-1: kit down",
+        "remove container p-nginx-1: kit down",
+    ]
 
 
 def test_an_unchanged_healthy_stack_gives_an_empty_plan(site: Path) -> None:
@@ -220,7 +248,7 @@ def test_a_network_whose_config_changed_is_recreated_with_its_containers(site: P
     )
 
 
-def test_down_removes_the_proxy_first_then_networks_and_volumes_only_when_asked(
+def test_down_removes_dependents_first_then_networks_and_volumes_only_when_asked(
     site: Path,
 ) -> None:
     observed = running(desired_state(site))
@@ -244,7 +272,8 @@ INSPECT = {
     "Config": {
         "Image": "vllm:1",
         "Labels": {"com.docker.compose.service": "a", "com.docker.compose.container-number": "1",
-                   "com.docker.compose.config-hash": "f00"},
+                   "com.docker.compose.config-hash": "f00",
+                   "com.docker.compose.depends_on": "b:service_healthy:false,c::false"},
     },
     "State": {"Status": "running", "ExitCode": 0, "StartedAt": "2026-11-29T19:13:08.123456789Z",
               "Health": {"Status": "starting"}},
@@ -260,6 +289,7 @@ def test_inspect_data_becomes_container_state() -> None:
     assert (state.name, state.service, state.number, state.config_hash) == ("p-a-1", "a", 1, "f00")
     assert (state.state, state.health, state.restart_count) == ("running", "starting", 2)
     assert state.gpu_ids == ("1", "2")
+    assert state.depends_on == ("b", "c")
     assert state.host_ports == (("127.0.0.1", 8443),)
     assert state.started_at == parse_time("2026-11-29T19:13:08.123456Z")
     assert parse_time("0001-01-01T00:00:00Z") is None

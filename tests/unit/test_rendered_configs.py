@@ -24,7 +24,7 @@ hf_cache: {models}/hf
 gpu_memory_gib: 80
 tls: {tls}
 auth: {{users: [ops, alice], api_keys: false}}
-proxy: {{bind: 0.0.0.0, https_port: 9443, http_port: 9080, max_body: 4m, read_timeout: 1800}}
+proxy: {{bind: "::", https_port: 9443, http_port: 9080, max_body: 4m, read_timeout: 1800}}
 services:
   - {{name: big70b, model: llama-8b, gpus: [0, 1, 2, 3], max_model_len: 8192,
       max_num_seqs: 128, gpu_memory_utilization: 0.92}}
@@ -154,7 +154,7 @@ def test_compose_structure(rendered: dict[str, Path]) -> None:
     assert services["qwen"]["command"][1] == "Qwen/Qwen2.5-7B-Instruct"  # a Hub id, not /models
     assert services["big70b"]["command"][1].startswith("/models/")
     nginx = services["nginx"]
-    assert nginx["ports"] == ["0.0.0.0:9443:443", "0.0.0.0:9080:80"]
+    assert nginx["ports"] == ["[::]:9443:443", "[::]:9080:80"]
     assert set(nginx["depends_on"]) == set(expected_gpus)
     assert all(v == {"condition": "service_healthy"} for v in nginx["depends_on"].values())
     assert nginx["volumes"][0]["read_only"] is True and nginx["read_only"] is True

@@ -178,6 +178,20 @@ def test_mounted_site_files_force_a_recreate_of_other_services(tmp_path: Path) -
     assert before.config_hash != after.config_hash
 
 
+def test_files_a_service_writes_are_state_not_config(tmp_path: Path) -> None:
+    """A writable bind (certbot writing nginx/tls) must not recreate its writer on every change."""
+    compose = tmp_path / "compose" / "docker-compose.yml"
+    (tmp_path / "tls").mkdir()
+    writer = {"entrypoint": ["/bin/sh", "-c"], "command": ["renew"],
+              "volumes": [{"type": "bind", "source": "../tls", "target": "/out"}]}
+    before = parse_compose(document(writer), "p", compose, tmp_path).service("app")
+    (tmp_path / "tls" / "server.crt").write_text("renewed\n")
+    after = parse_compose(document(writer), "p", compose, tmp_path).service("app")
+    assert before.config.entrypoint == ("/bin/sh", "-c")
+    assert before.site_files_digest is None
+    assert before.config_hash == after.config_hash
+
+
 def test_a_compose_key_kit_cannot_apply_is_refused(tmp_path: Path) -> None:
     compose = tmp_path / "docker-compose.yml"
     with pytest.raises(KitError, match="services.app uses privileged"):

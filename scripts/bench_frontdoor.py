@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""What the front door costs a stream (issue 3): through nginx (TLS + Bearer auth) vs direct.
+
+Brings up its own site in a temp folder (kit render + kit up on the local test images: the vLLM
+STAND-IN pacing tokens at a fixed interval behind the rendered nginx), runs the same client
+(scripts/loadgen.py, in a container on the stack's backend network) against nginx and straight
+against the stand-in, alternately, in one run, prints the medians over the rounds and the
+comparison with the bars, and tears everything down. Needs a Docker engine
+(scripts/dockerd.sh start); builds the test images when needed.
+
+    python3 scripts/bench_frontdoor.py [--streams 200] [--tokens 64] [--interval-ms 20]
+                                       [--rounds 3]
+
+Two load shapes, both with --streams connections opened before the clock starts:
+  sustained  connection i sends its first request at i/N of one stream's duration, then two
+             more back to back: the streams overlap as a busy server sees them (judged);
+  burst      every connection sends its request in the same millisecond (shown, not judged).
+Bars (sustained): tokens/s nginx/direct ≥ 0.97; TTFT p50 added ≤ 10 ms; worst gap added
+≤ 50 ms. Exit status 1 when one is not met or a stream failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.e2e.conftest import BUILD, pick_free_port  # noqa: E402
+from tests.e2e.stack import (  # noqa: E402
+    DOMAIN,
+    SERVICE,
+    VLLM_PORT,
+    LoadClient,
+    Site,
+    cpu_seconds,
+    running_site,
+)
+
+NGINX_URL = "https://nginx:443"  # nginx's name on the backend network; the domain goes in SNI
+DIRECT_URL = f"http://{SERVICE}:{VLLM_PORT}"
+UNLIMITED = {"rate_limit_per_ip": 100000, "rate_limit_per_credential": 100000}
+
+# Rows of the table: loadgen's (or run_once's) field and its label.
+METRICS = (
+    ("tokens_per_s", "tokens/s"),
+    ("ttft_p50_ms", "TTFT p50 (ms)"),
+    ("ttft_p99_ms", "TTFT p99 (ms)"),
+    ("worst_gap_ms", "worst gap between chunks (ms)"),
+    ("gap_p99_ms", "gap p99 (ms)"),
+    ("connect_p50_ms", "connect p50, TCP+TLS (ms)"),
+    ("nginx_cpu_s", "nginx CPU (s)"),
+    ("failed", "failed requests"),
+)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How the requests start (see the module's docstring)."""
+
+    name: str
+    ramp_durations: float  # the start of the connections spread over this many stream durations
+    requests: int  # per connection, back to back
+
+    def options(self, args: argparse.Namespace) -> dict:
+        duration = args.tokens * args.interval_ms / 1000
+        return {"ramp": round(self.ramp_durations * duration, 3), "requests": self.requests}
+
+    def describe(self, args: argparse.Namespace) -> str:
+        options = self.options(args)
+        return (f"{self.name}: {args.streams} connections x {options['requests']} streamed "
+                f"completions x {args.tokens} tokens, stand-in at {args.interval_ms} ms/token, "
+                f"starts spread over {options['ramp']} s")
+
+
+SUSTAINED = Shape("sustained", 1.0, 3)
+BURST = Shape("burst", 0.0, 1)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One column of the table: where the client goes, with what, and under which nginx.conf."""
+
+    label: str
+    url: str
+    auth: str | None = None
+    conf: str | None = None  # nginx.conf text to load first; None: whatever is loaded
+
+    @property
+    def host(self) -> str | None:
+        return DOMAIN if self.url.startswith("https:") else None
+
+
+@dataclass(frozen=True)
+class Bar:
+    """`subject` against `baseline` on `metric`: a ratio (≥ limit) or an increase (≤ limit)."""
+
+    subject: str
+    baseline: str
+    metric: str
+    kind: str  # "ratio" or "added"
+    limit: float
+
+    def value(self, medians: dict[str, dict[str, float]]) -> float:
+        subject, baseline = medians[self.subject][self.metric], medians[self.baseline][self.metric]
+        return subject / baseline if self.kind == "ratio" else subject - baseline
+
+    def met(self, medians: dict[str, dict[str, float]]) -> bool:
+        value = self.value(medians)
+        return value >= self.limit if self.kind == "ratio" else value <= self.limit
+
+    def describe(self, medians: dict[str, dict[str, float]]) -> str:
+        value = self.value(medians)
+        if self.kind == "ratio":
+            figure, bar = f"{value:.3f}", f">= {self.limit:g}"
+        else:
+            figure, bar = f"{value:+.1f} ms", f"<= +{self.limit:g} ms"
+        verdict = "met" if self.met(medians) else "NOT met"
+        return (f"  {dict(METRICS)[self.metric]}, {self.subject} vs {self.baseline}: {figure} "
+                f"(bar {bar}) {verdict}")
+
+
+def arguments(description: str, rounds: int) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--streams", type=int, default=200)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--interval-ms", type=int, default=20, help="the stand-in's token pace")
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--timeout", type=float, default=300, help="per load run (seconds)")
+    return parser
+
+
+def machine() -> str:
+    load = "/".join(f"{x:.2f}" for x in os.getloadavg())
+    return f"{os.cpu_count()} cores, load average {load} (1/5/15 min)"
+
+
+@contextmanager
+def bench_stack(args: argparse.Namespace, prefix: str) -> Iterator[tuple[Site, LoadClient]]:
+    """A site with limits out of the way of the load, and the load client in its network."""
+    subprocess.run(["bash", str(BUILD)], check=True, capture_output=True)
+    client = docker.from_env()
+    with tempfile.TemporaryDirectory() as folder, running_site(
+        Path(folder), client, pick_free_port(), pick_free_port(), prefix=prefix,
+        proxy=UNLIMITED, env={"STANDIN_TOKEN_INTERVAL_MS": str(args.interval_ms)},
+        max_num_seqs=max(256, args.streams),
+    ) as site:
+        load = LoadClient(site)
+        try:
+            yield site, load
+        finally:
+            load.remove()
+
+
+def measure(site: Site, load: LoadClient, args: argparse.Namespace, shape: Shape,
+            targets: list[Target], rounds: int) -> dict[str, list[dict]]:
+    """A warm-up of each target, then `rounds` rounds, the order rotating every round."""
+    results: dict[str, list[dict]] = {target.label: [] for target in targets}
+    for number in range(rounds + 1):
+        shift = number % len(targets)
+        for target in targets[shift:] + targets[:shift]:
+            figures = run_once(site, load, args, shape, target)
+            if number:
+                results[target.label].append(figures)
+    return results
+
+
+def run_once(site: Site, load: LoadClient, args: argparse.Namespace, shape: Shape,
+             target: Target) -> dict:
+    if target.conf is not None and site.layout.nginx_conf.read_text() != target.conf:
+        site.layout.nginx_conf.write_text(target.conf)
+        site.reload_nginx()
+    nginx = site.nginx
+    before = cpu_seconds(nginx)
+    figures = load.run(target.url, host=target.host, auth=target.auth, streams=args.streams,
+                       tokens=args.tokens, timeout=args.timeout, **shape.options(args))
+    figures["nginx_cpu_s"] = round(cpu_seconds(nginx) - before, 2)
+    return figures
+
+
+def report(title: str, results: dict[str, list[dict]], bars: list[Bar]) -> bool:
+    """Print the per-round figures, the medians and the bars; True when all are met."""
+    labels = list(results)
+    table = {label: {key: statistics.median(r[key] for r in runs) for key, _ in METRICS}
+             for label, runs in results.items()}
+    print(f"\n{title}")
+    for label in labels:
+        rounds = " | ".join(
+            f"{r['tokens_per_s']:.0f} tok/s, TTFT {r['ttft_p50_ms']}, gap {r['worst_gap_ms']}"
+            for r in results[label]
+        )
+        print(f"  {label:<8} {rounds}")
+    width = max(len(name) for _, name in METRICS)
+    print(f"{'median of the rounds':<{width}}" + "".join(f"{label:>11}" for label in labels))
+    for key, name in METRICS:
+        print(f"{name:<{width}}" + "".join(f"{table[label][key]:>11.1f}" for label in labels))
+    failures = {label: r["failures"] for label in labels for r in results[label] if r["failed"]}
+    for label, failed in failures.items():
+        print(f"FAILED requests ({label}): {failed}")
+    for bar in bars:
+        print(bar.describe(table))
+    return not failures and all(bar.met(table) for bar in bars)
+
+
+def main() -> None:
+    args = arguments(__doc__.splitlines()[0], rounds=3).parse_args()
+    print(f"front door: nginx = rendered nginx.conf, TLS + Bearer key; direct = the stand-in; "
+          f"{args.rounds} rounds, order alternated; {machine()} at the start")
+    bars = [Bar("nginx", "direct", "tokens_per_s", "ratio", 0.97),
+            Bar("nginx", "direct", "ttft_p50_ms", "added", 10),
+            Bar("nginx", "direct", "worst_gap_ms", "added", 50)]
+    with bench_stack(args, "benchfd") as (site, load):
+        key = f"Bearer {site.add_key('bench')}"
+        targets = [Target("direct", DIRECT_URL), Target("nginx", NGINX_URL, key)]
+        results = {shape: measure(site, load, args, shape, targets, args.rounds)
+                   for shape in (SUSTAINED, BURST)}
+    ok = report(SUSTAINED.describe(args), results[SUSTAINED], bars)
+    report(BURST.describe(args) + " (not judged)", results[BURST], bars)
+    print(f"\nbars on the sustained load: {'all met' if ok else 'NOT all met'}; {machine()} "
+          "at the end")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,269 @@
+"""A site brought up with `kit up` on the local test images, and the clients that talk to it.
+
+Shared by the e2e tests (through their fixtures) and the front-door benchmarks (scripts/bench_*,
+which run without pytest), so both measure and assert against the same stack: one vLLM stand-in
+service behind the rendered nginx, with the spec's proxy limits and the stand-in's pacing chosen
+by the caller. The clients are kit's own probe client (single requests), scripts/loadgen.py on
+the host or inside the stack's backend network (many streams), and the OpenAI SDK.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+import yaml
+
+from kit.credentials import KEY_PREFIX
+from kit.layout import SiteLayout
+from kit.probe import Gate, basic_header, probe_password, target_for
+from kit.spec import load_spec
+from kit.stack import NETWORK_LABEL, PROJECT_LABEL, SERVICE_LABEL
+from tests.conftest import LLAMA_8B
+
+REPO = Path(__file__).resolve().parents[2]
+LOADGEN = REPO / "scripts" / "loadgen.py"
+CLIENT_IMAGE = "kit-test/vllm-standin:latest"  # has python3: runs loadgen.py in the network
+DOMAIN = "llm.test"  # not resolvable: clients connect to 127.0.0.1 and send it in SNI and Host
+SERVICE = "tiny"
+SERVED_NAME = "tiny-chat"
+VLLM_PORT = 8000
+RELOAD_TIMEOUT_S = 20
+
+
+def kit(*args: str, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the kit CLI as an operator would (a fresh process)."""
+    return subprocess.run([sys.executable, "-m", "kit", *args], input=stdin, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def checked(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    if result.returncode != 0:
+        raise AssertionError(f"{result.args[3:]} exited {result.returncode}:\n"
+                             f"{result.stdout}\n{result.stderr}")
+    return result
+
+
+@dataclass
+class Site:
+    """A site folder (spec, rendered files, credentials) and its stack on the engine."""
+
+    root: Path
+    name: str
+    client: docker.DockerClient
+    https_port: int
+    passwords: dict[str, str] = field(default_factory=dict)  # printed once by `kit render`
+
+    @classmethod
+    def create(cls, root: Path, client: docker.DockerClient, https_port: int, http_port: int, *,
+               prefix: str = "kit", users: tuple[str, ...] = ("ops",), proxy: dict | None = None,
+               env: dict[str, str] | None = None, max_num_seqs: int = 256) -> Site:
+        """Write the spec and render it (not up yet): one stand-in service `tiny`."""
+        site = cls(root, f"{prefix}{secrets.token_hex(3)}", client, https_port)
+        models = root / "models"
+        (models / SERVICE).mkdir(parents=True)
+        (models / SERVICE / "config.json").write_text(json.dumps(LLAMA_8B))
+        spec = {
+            "site": site.name,
+            "domain": DOMAIN,
+            "models_root": str(models),
+            "healthcheck_interval": 1,
+            "auth": {"users": list(users), "api_keys": True},
+            "proxy": {"bind": "127.0.0.1", "https_port": https_port, "http_port": http_port,
+                      **(proxy or {})},
+            "services": [{
+                "name": SERVICE, "model": SERVICE, "served_name": SERVED_NAME, "gpus": [0],
+                "max_model_len": 4096, "max_num_seqs": max_num_seqs,
+                "env": {"STANDIN_LOAD_SECONDS": "1", **(env or {})},
+            }],
+        }
+        site.spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        rendered = checked(site.kit("render")).stdout
+        site.passwords = dict(re.findall(r"^password for (\S+): (\S+)$", rendered, re.MULTILINE))
+        return site
+
+    @property
+    def spec_path(self) -> Path:
+        return self.root / "site.yaml"
+
+    @property
+    def layout(self) -> SiteLayout:
+        return SiteLayout(self.root)
+
+    def kit(self, verb: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+        """`kit VERB SPEC ARGS…` (the group verbs take `users add`, `keys revoke`, …)."""
+        words = verb.split()
+        return kit(*words, str(self.spec_path), *args, stdin=stdin)
+
+    def up(self) -> None:
+        result = checked(self.kit("up"))
+        assert "all checks passed" in result.stdout, result.stdout  # kit up ends with the gate
+
+    def down(self) -> None:
+        checked(self.kit("down", "--volumes"))
+
+    def container(self, service: str):
+        labels = [f"{PROJECT_LABEL}={self.name}", f"{SERVICE_LABEL}={service}"]
+        (found,) = self.client.containers.list(filters={"label": labels})
+        return found
+
+    @property
+    def nginx(self):
+        return self.container("nginx")
+
+    def network(self, key: str) -> str:
+        """The engine name of the compose network `key` (e.g. backend)."""
+        labels = [f"{PROJECT_LABEL}={self.name}", f"{NETWORK_LABEL}={key}"]
+        (found,) = self.client.networks.list(filters={"label": labels})
+        return found.name
+
+    # ---- credentials and single requests
+
+    def add_key(self, name: str) -> str:
+        added = checked(self.kit("keys add", name))
+        return re.search(re.escape(KEY_PREFIX) + r"[A-Za-z0-9_-]+", added.stdout).group(0)
+
+    def basic(self, user: str) -> str:
+        return basic_header(user, self.passwords[user])
+
+    def gate(self) -> Gate:
+        """kit's probe client: HTTPS to 127.0.0.1 with the domain in SNI, Host and cert check."""
+        layout = self.layout
+        return Gate(target_for(load_spec(self.spec_path), layout, None, 10), probe_password(layout))
+
+    def status(self, path: str = "/v1/models", credentials: str | None = None,
+               method: str = "GET", body: dict | None = None) -> int:
+        return self.gate().fetch(method, path, body=body, credentials=credentials).status
+
+    def completion(self, credentials: str, tokens: int = 4) -> int:
+        body = {"model": SERVED_NAME, "max_tokens": tokens,
+                "messages": [{"role": "user", "content": "Say hi."}]}
+        return self.status("/v1/chat/completions", credentials, "POST", body)
+
+    # ---- nginx
+
+    def reload_nginx(self) -> None:
+        """SIGHUP, then wait until no worker of the old configuration is left."""
+        nginx = self.nginx
+        before = nginx_workers(nginx)
+        nginx.kill(signal="SIGHUP")
+        deadline = time.monotonic() + RELOAD_TIMEOUT_S
+        while time.monotonic() < deadline:
+            now = nginx_workers(nginx)
+            if now and not now & before:
+                return
+            time.sleep(0.1)
+        logs = nginx.logs(tail=20).decode(errors="replace")
+        raise AssertionError(f"nginx kept its old workers after SIGHUP:\n{logs}")
+
+    def nginx_log(self, since: float) -> str:
+        return self.nginx.logs(since=int(since), stdout=True, stderr=True).decode(errors="replace")
+
+    # ---- many streams, the OpenAI SDK
+
+    def loadgen(self, auth: str | None, *, streams: int, tokens: int,
+                announce: bool = False) -> subprocess.Popen:
+        """scripts/loadgen.py on the host against the published port (stdout: one JSON line)."""
+        command = [sys.executable, str(LOADGEN), "--url", f"https://127.0.0.1:{self.https_port}",
+                   "--host", DOMAIN, "--ca", str(self.layout.ca_cert), "--model", SERVED_NAME,
+                   "--streams", str(streams), "--tokens", str(tokens)]
+        if auth:
+            command += ["--auth", auth]
+        if announce:
+            command.append("--announce")
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def openai(self, api_key: str):
+        """The OpenAI Python SDK (openai>=3, httpx2) aimed at this site, trusting the kit CA."""
+        import httpx2
+        import openai
+
+        class ToLoopback(httpx2.HTTPTransport):
+            """Connect to 127.0.0.1 while SNI, the certificate check and Host keep the domain."""
+
+            def handle_request(self, request):
+                request.url = request.url.copy_with(host="127.0.0.1")
+                request.extensions["sni_hostname"] = DOMAIN
+                return super().handle_request(request)
+
+        trust = ssl.create_default_context(cafile=str(self.layout.ca_cert))
+        return openai.OpenAI(
+            base_url=f"https://{DOMAIN}:{self.https_port}/v1", api_key=api_key, max_retries=0,
+            http_client=httpx2.Client(transport=ToLoopback(verify=trust)),
+        )
+
+
+def nginx_workers(container) -> set[str]:
+    top = container.top()
+    pid, command = top["Titles"].index("PID"), top["Titles"].index("CMD")
+    return {row[pid] for row in top["Processes"] or [] if "worker process" in row[command]}
+
+
+def finished(process: subprocess.Popen, timeout: float = 120) -> dict:
+    """The JSON figures a loadgen process printed."""
+    out, err = process.communicate(timeout=timeout)
+    assert process.returncode == 0, f"loadgen failed:\n{err}"
+    return json.loads(out)
+
+
+class LoadClient:
+    """A container on the site's backend network that runs scripts/loadgen.py (read-only mount),
+    so the same client reaches nginx and the vLLM services, which publish no port."""
+
+    def __init__(self, site: Site) -> None:
+        self.container = site.client.containers.run(
+            CLIENT_IMAGE, ["infinity"], entrypoint=["sleep"], detach=True,
+            name=f"{site.name}-loadgen", network=site.network("backend"),
+            labels={PROJECT_LABEL: site.name},
+            volumes={str(LOADGEN.parent): {"bind": "/kit/scripts", "mode": "ro"},
+                     str(site.layout.tls_dir): {"bind": "/kit/tls", "mode": "ro"}},
+        )
+
+    def run(self, url: str, *, streams: int, tokens: int, host: str | None = None,
+            auth: str | None = None, ramp: float = 0, requests: int = 1,
+            timeout: float = 120) -> dict:
+        command = ["python3", "/kit/scripts/loadgen.py", "--url", url, "--model", SERVED_NAME,
+                   "--streams", str(streams), "--tokens", str(tokens), "--ramp", str(ramp),
+                   "--requests", str(requests), "--timeout", str(timeout)]
+        if url.startswith("https:"):
+            command += ["--ca", "/kit/tls/ca.crt"]
+        if host:
+            command += ["--host", host]
+        if auth:
+            command += ["--auth", auth]
+        code, output = self.container.exec_run(command, demux=True)
+        stdout, stderr = output
+        if code != 0:
+            raise RuntimeError(f"loadgen exited {code}: {(stderr or b'').decode()}")
+        return json.loads(stdout)
+
+    def remove(self) -> None:
+        self.container.remove(force=True)
+
+
+def cpu_seconds(container) -> float:
+    """CPU time the container has used so far (its cgroup's total)."""
+    stats = container.client.api.stats(container.id, stream=False, one_shot=True)
+    return stats["cpu_stats"]["cpu_usage"]["total_usage"] / 1e9
+
+
+@contextmanager
+def running_site(root: Path, client: docker.DockerClient, https_port: int, http_port: int,
+                 **options) -> Iterator[Site]:
+    """For scripts without pytest's fixtures: a site that is up, and gone afterwards."""
+    site = Site.create(root, client, https_port, http_port, **options)
+    try:
+        site.up()
+        yield site
+    finally:
+        site.down()
