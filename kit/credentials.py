@@ -384,18 +384,17 @@ def auth_outputs(layout: SiteLayout, users: list[str]) -> tuple[list[Output], li
     present = parse_htpasswd(htpasswd, layout.htpasswd)
     new_passwords = []
     outputs = []
-    probe_password = (_read(layout.probe_password) or b"").decode().strip()
-    probe_ok = (
-        probe_password and PROBE_USER in present
-        and verify_password(probe_password, present[PROBE_USER])
-    )
-    if not probe_ok:
+    installed = (_read(layout.probe_hash) or b"").decode().strip()
+    if not (_read(layout.probe_password) and installed and present.get(PROBE_USER) == installed):
         probe_password = generate_password()
-        htpasswd = htpasswd_with(htpasswd, PROBE_USER, hash_password(probe_password))
-        outputs.append(Output(
-            layout.probe_password.relative_to(rel), probe_password.encode() + b"\n", SECRET,
-            generated=False,
-        ))
+        probe_hash = hash_password(probe_password)
+        htpasswd = htpasswd_with(htpasswd, PROBE_USER, probe_hash)
+        outputs += [
+            Output(layout.probe_password.relative_to(rel), probe_password.encode() + b"\n",
+                   SECRET, generated=False),
+            Output(layout.probe_hash.relative_to(rel), probe_hash.encode() + b"\n", SECRET,
+                   generated=False),
+        ]
     for user in users:
         if user not in present:
             password = generate_password()

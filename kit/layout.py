@@ -84,6 +84,12 @@ class SiteLayout:
         return self.state_dir / "probe.password"
 
     @property
+    def probe_hash(self) -> Path:
+        """The htpasswd hash the probe password was installed with: proves they still match
+        without a bcrypt check on every render."""
+        return self.state_dir / "probe.hash"
+
+    @property
     def last_probe(self) -> Path:
         return self.state_dir / "last-probe.json"
 

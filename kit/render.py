@@ -4,6 +4,8 @@
 hand edits, then write atomically. Nothing is written when any step fails.
 """
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -41,15 +43,28 @@ from kit.plan import (
 from kit.spec import Spec, load_spec, spec_warnings
 
 
+def _template_source(name: str) -> tuple[str, str, Callable[[], bool]]:
+    path = resources.files("kit.templates").joinpath(name)
+    return path.read_text(), str(path), lambda: True
+
+
+def _bytecode_cache() -> jinja2.BytecodeCache | None:
+    """Compiled templates cached per user: parsing them is most of a render's own time."""
+    folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kit" / "jinja"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return jinja2.FileSystemBytecodeCache(str(folder)) if os.access(folder, os.W_OK) else None
+
+
 def _environment() -> jinja2.Environment:
-    loader = jinja2.FunctionLoader(
-        lambda name: resources.files("kit.templates").joinpath(name).read_text()
-    )
     return jinja2.Environment(
-        loader=loader,
+        loader=jinja2.FunctionLoader(_template_source),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
+        bytecode_cache=_bytecode_cache(),
     )
 
 

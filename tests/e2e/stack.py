@@ -166,6 +166,20 @@ class Site:
         logs = nginx.logs(tail=20).decode(errors="replace")
         raise AssertionError(f"nginx kept its old workers after SIGHUP:\n{logs}")
 
+    def nginx_conf_with(self, *edits: tuple[str, str]) -> str:
+        """The rendered nginx.conf with each (old, new) replaced; fails when `old` is missing."""
+        text = self.layout.nginx_conf.read_text()
+        for old, new in edits:
+            assert old in text, f"nginx.conf no longer contains {old!r}: update the caller"
+            text = text.replace(old, new)
+        return text
+
+    def load_nginx_conf(self, text: str) -> None:
+        """Write nginx.conf (by hand, as an operator might) and reload when it changed."""
+        if self.layout.nginx_conf.read_text() != text:
+            self.layout.nginx_conf.write_text(text)
+            self.reload_nginx()
+
     def nginx_log(self, since: float) -> str:
         return self.nginx.logs(since=int(since), stdout=True, stderr=True).decode(errors="replace")
 

@@ -1,0 +1,88 @@
+"""Credential changes on a live site, as operators and programs see them through the front door.
+
+A password rotated while 200 streams run must drop none of them (nginx reloads in place; old
+workers finish what they carry) and cut the old password off at once; a key added with
+`kit keys add` must work in the stock OpenAI SDK and stop working when revoked; a user added
+and removed must get in and then not.
+"""
+
+import time
+
+import pytest
+
+from kit.probe import basic_header
+from tests.e2e.stack import SERVED_NAME, Site, finished
+
+pytestmark = pytest.mark.e2e
+
+STREAMS = 200
+TOKENS = 100
+TOKEN_INTERVAL_MS = 50  # each stream lasts about 5 s: the rotation happens inside them
+OLD_REFUSED_WITHIN_S = 1.0
+
+
+@pytest.fixture
+def site(tmp_path, docker_client, test_images, free_port, cleanup_project) -> Site:
+    """A one-service site, up, the stand-in pacing a token every TOKEN_INTERVAL_MS."""
+    site = Site.create(tmp_path / "site", docker_client, free_port(), free_port(),
+                       prefix="cred", env={"STANDIN_TOKEN_INTERVAL_MS": str(TOKEN_INTERVAL_MS)})
+    cleanup_project(site.name)
+    site.up()
+    return site
+
+
+def test_a_rotation_under_200_streams_drops_none_and_refuses_the_old_password(site: Site):
+    old, new = site.passwords["ops"], "rotated-under-load-7Qx"
+    load = site.loadgen(basic_header("ops", old), streams=STREAMS, tokens=TOKENS, announce=True)
+    assert load.stderr.readline() == "streaming\n", "the streams did not start"
+
+    rotated = site.kit("rotate-password", "ops", "--password-stdin", stdin=f"{new}\n{old}\n")
+    returned = time.monotonic()
+    old_status = site.status(credentials=basic_header("ops", old))
+    old_refused_after = time.monotonic() - returned
+    new_status = site.status(credentials=basic_header("ops", new))
+    streams_still_running = load.poll() is None
+    figures = finished(load)
+
+    assert rotated.returncode == 0, rotated.stdout + rotated.stderr
+    assert "reloaded" in rotated.stdout and "in place" in rotated.stdout
+    assert "proven through the front door: old password: 401" in rotated.stdout
+    assert old_status == 401 and old_refused_after < OLD_REFUSED_WITHIN_S, (
+        old_status, old_refused_after)
+    assert new_status == 200
+    assert streams_still_running, "the streams ended before the rotation did: make them longer"
+    assert figures["ok"] == STREAMS, figures  # each: 200, every token, then [DONE]
+    assert figures["tokens"] == STREAMS * TOKENS
+
+
+def test_a_new_key_streams_in_the_openai_sdk_and_once_revoked_gets_401(site: Site):
+    openai = pytest.importorskip("openai")
+    pytest.importorskip("httpx2")  # the HTTP client of openai>=3
+    client = site.openai(site.add_key("ci-bot"))
+    assert "ci-bot" in site.kit("keys list").stdout
+
+    stream = client.chat.completions.create(
+        model=SERVED_NAME, messages=[{"role": "user", "content": "Count to eight."}],
+        max_tokens=8, stream=True,
+    )
+    pieces = [chunk.choices[0].delta.content for chunk in stream if chunk.choices]
+    assert len([piece for piece in pieces if piece]) == 8
+
+    revoked = site.kit("keys revoke", "ci-bot")
+    assert revoked.returncode == 0, revoked.stdout + revoked.stderr
+    assert "ci-bot" not in site.kit("keys list").stdout
+    with pytest.raises(openai.AuthenticationError):
+        client.models.list()
+
+
+def test_a_user_added_gets_in_and_once_removed_gets_401(site: Site):
+    password = "added-by-the-test-5Kd"
+    added = site.kit("users add", "alice", "--password-stdin", stdin=f"{password}\n")
+    assert added.returncode == 0, added.stdout + added.stderr
+    assert "proven through the front door: login of alice: 200" in added.stdout
+    assert site.completion(basic_header("alice", password)) == 200
+
+    removed = site.kit("users remove", "alice")
+    assert removed.returncode == 0, removed.stdout + removed.stderr
+    assert site.status(credentials=basic_header("alice", password)) == 401
+    assert site.completion(basic_header("alice", password)) == 401

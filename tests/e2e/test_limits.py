@@ -1,0 +1,92 @@
+"""The front door's abuse limits, from the spec's proxy section, against the running nginx.
+
+Each test brings up its own site: the limits count per client address, and every request from
+this host reaches nginx from the same address, so a test that exhausts one would starve the
+next.
+"""
+
+import json
+import time
+from collections.abc import Callable
+
+import pytest
+
+from kit.probe import basic_header
+from tests.e2e.stack import SERVED_NAME, SERVICE, Site, finished
+
+pytestmark = pytest.mark.e2e
+
+RATE_PER_MINUTE = 20  # proxy.rate_limit_per_ip (the burst is as large)
+FLOOD = 3 * RATE_PER_MINUTE
+FAILED_LOGINS_PER_MINUTE = 5  # proxy.failed_logins_per_ip (the burst is as large)
+WRONG_PASSWORDS = 20
+
+
+@pytest.fixture
+def make_site(tmp_path, docker_client, test_images, free_port,
+              cleanup_project) -> Callable[..., Site]:
+    """`make_site(**proxy)`: a one-service site with these proxy settings, up."""
+
+    def make(**proxy) -> Site:
+        site = Site.create(tmp_path / "site", docker_client, free_port(), free_port(),
+                           prefix="lim", proxy=proxy)
+        cleanup_project(site.name)
+        site.up()
+        return site
+
+    return make
+
+
+def chat_body(size: int) -> dict:
+    """A chat request whose JSON (as kit's probe client sends it) is `size` bytes long."""
+    body = {"model": SERVED_NAME, "max_tokens": 1, "messages": [{"role": "user", "content": ""}]}
+    body["messages"][0]["content"] = "x" * (size - len(json.dumps(body)))
+    return body
+
+
+def test_a_body_above_max_body_gets_413(make_site) -> None:
+    site = make_site(max_body="2k")
+    ops = site.basic("ops")
+    assert site.status("/v1/chat/completions", ops, "POST", chat_body(1900)) == 200
+    assert site.status("/v1/chat/completions", ops, "POST", chat_body(2100)) == 413
+    assert site.status("/v1/chat/completions", None, "POST", chat_body(4096)) == 413
+
+
+def test_a_client_above_its_request_rate_gets_429(make_site) -> None:
+    site = make_site(rate_limit_per_ip=RATE_PER_MINUTE)
+    started = time.monotonic()
+    figures = finished(site.loadgen(site.basic("ops"), streams=FLOOD, tokens=1))
+    refilled = int((time.monotonic() - started) * RATE_PER_MINUTE / 60) + 1
+    # kit up's gate spent a few of the burst already; what is left of it passes, the rest is 429
+    assert 1 <= figures["ok"] <= RATE_PER_MINUTE + refilled, figures
+    assert figures["failures"] == {"status 429": FLOOD - figures["ok"]}, figures
+    assert site.completion(site.basic("ops")) == 429  # the client is limited, not a credential
+
+
+def test_a_wrong_password_flood_is_cut_off_before_bcrypt(make_site) -> None:
+    site = make_site(failed_logins_per_ip=FAILED_LOGINS_PER_MINUTE)
+    ops = site.basic("ops")
+    assert site.status(credentials=ops) == 200  # verified once: the verdict is cached
+    since = time.time()
+    statuses = [site.status(credentials=basic_header("ops", f"guess-number-{n:04d}"))
+                for n in range(WRONG_PASSWORDS)]
+    time.sleep(1.1)  # the error log is written at once; docker's `since` has 1 s granularity
+    limited = site.nginx_log(since - 1).count('zone "kit_failed_logins"')
+
+    assert statuses == [401] * WRONG_PASSWORDS
+    # at most the burst (less what kit up's gate used) reached bcrypt; the rest were refused
+    assert limited >= WRONG_PASSWORDS - FAILED_LOGINS_PER_MINUTE - 1, limited
+    assert site.status(credentials=ops) == 200  # a verified credential keeps working
+    # the same password in a header never verified before (the verdict cache is keyed by the
+    # whole header; nginx reads the scheme case-insensitively) must go to bcrypt: refused too
+    assert site.status(credentials=ops.replace("Basic ", "basic ", 1)) == 401
+
+
+def test_metrics_only_per_service_and_only_with_credentials(make_site) -> None:
+    site = make_site()
+    ops = site.basic("ops")
+    assert site.status("/metrics") == 404
+    assert site.status("/metrics", ops) == 404  # vLLM's own /metrics is not reachable at all
+    assert site.status(f"/metrics/{SERVICE}") == 401
+    reply = site.gate().fetch("GET", f"/metrics/{SERVICE}", credentials=ops)
+    assert reply.status == 200 and b"vllm:num_requests_running" in reply.body
