@@ -158,7 +158,7 @@ def build_plan(spec: Spec) -> Plan:
             connect_timeout=spec.proxy.connect_timeout,
             worker_connections=worker_connections,
             worker_rlimit_nofile=worker_connections * 2,
-            upstream_keepalive=64,
+            upstream_keepalive=256,  # a burst of streams reuses the last burst's connections
             rate_per_ip=spec.proxy.rate_limit_per_ip,
             rate_per_credential=spec.proxy.rate_limit_per_credential,
             failed_logins_per_ip=spec.proxy.failed_logins_per_ip,
