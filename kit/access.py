@@ -5,7 +5,6 @@ racing commands serialise instead of merging), with the previous credential file
 backups, so the file on disk is always either the old or the new one.
 """
 
-import base64
 import datetime as dt
 import fcntl
 import json
@@ -56,7 +55,7 @@ def snapshot(layout: SiteLayout) -> Snapshot:
 
 
 def require_rendered(layout: SiteLayout) -> None:
-    if not layout.htpasswd.exists() or not (layout.state_dir / "auth-secret").exists():
+    if not layout.htpasswd.exists() or not layout.auth_state.exists():
         raise BadInput(
             f"{layout.root} has no credential files yet",
             fix="run `kit render` on the spec first",
@@ -88,14 +87,12 @@ def write(layout: SiteLayout, htpasswd: bytes, keys: dict[str, dict]) -> Snapsho
 
 
 def restore(layout: SiteLayout, files: Snapshot) -> None:
-    """Write a full set of credential files; the auth epoch follows from their content."""
-    secret = (layout.state_dir / "auth-secret").read_bytes()
-    epoch = auth_state(base64.b64decode(secret), files.htpasswd, files.keys_map).encode()
+    """Write a full set of credential files, with a new auth epoch (cached verdicts expire)."""
     mode, group = worker_readable()
     atomic_write(layout.keys_db, files.keys_db, SECRET)
     atomic_write(layout.keys_map, files.keys_map, SECRET)
     atomic_write(layout.htpasswd, files.htpasswd, mode, group)
-    atomic_write(layout.auth_state, epoch, SECRET)
+    atomic_write(layout.auth_state, auth_state().encode(), SECRET)
 
 
 def users(layout: SiteLayout) -> dict[str, str]:

@@ -108,7 +108,7 @@ class Executor:
         signalled = time.time()
         self.engine.signal(container.id, RELOAD_SIGNAL)
         deadline = time.monotonic() + RELOAD_CONFIRM_SECONDS
-        while not self._workers(container.id) - before:
+        while not (now := self._workers(container.id)) or now & before:  # old ones stop accepting
             failed = [
                 line for line in self.engine.log_since(container.id, signalled).splitlines()
                 if "[emerg]" in line

@@ -37,11 +37,11 @@ import docker
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from kit.plan import VLLM_PORT  # noqa: E402
 from tests.e2e.conftest import BUILD, pick_free_port  # noqa: E402
 from tests.e2e.stack import (  # noqa: E402
     DOMAIN,
     SERVICE,
-    VLLM_PORT,
     LoadClient,
     Site,
     cpu_seconds,
@@ -151,7 +151,9 @@ def machine() -> str:
 @contextmanager
 def bench_stack(args: argparse.Namespace, prefix: str) -> Iterator[tuple[Site, LoadClient]]:
     """A site with limits out of the way of the load, and the load client in its network."""
-    subprocess.run(["bash", str(BUILD)], check=True, capture_output=True)
+    built = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True)
+    if built.returncode != 0:
+        sys.exit(f"{BUILD} failed (a Docker engine? scripts/dockerd.sh start):\n{built.stderr}")
     client = docker.from_env()
     with tempfile.TemporaryDirectory() as folder, running_site(
         Path(folder), client, pick_free_port(), pick_free_port(), prefix=prefix,

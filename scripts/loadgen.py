@@ -36,7 +36,10 @@ from urllib.parse import urlsplit
 
 READ_SIZE = 65536
 DONE = b"[DONE]"
-LAST_CHUNK = -2  # `remaining` once the terminating zero-size chunk was read
+# `remaining` (bytes left of the chunk, or of the body when not chunked) in its special states:
+AT_SIZE_LINE = -1  # chunked: the next bytes are a chunk-size line
+COMPLETE = -2  # the whole response is in
+UNTIL_CLOSE = -3  # neither chunked nor Content-Length: the body ends with the connection
 
 
 class Stream:
@@ -67,7 +70,7 @@ class Stream:
         self.status: int | None = None
         self.chunked = False
         self.keep_alive = True
-        self.remaining = -1  # bytes left in the chunk (chunked) or the body (Content-Length)
+        self.remaining = AT_SIZE_LINE
         self.events = bytearray()  # de-chunked body not yet split into events
         self.done = False
         self.chunks = 0
@@ -86,7 +89,7 @@ class Stream:
 
     def fail(self, why: str) -> None:
         """The connection is lost: the request in flight and the ones not sent fail."""
-        self.failures += [why] * max(self.left, 0)
+        self.failures += [why] * self.left
         self.left = 0
         self.close()
 
@@ -109,19 +112,31 @@ class Stream:
                       for k, _, v in (line.partition(":") for line in head[1:])}
             self.chunked = fields.get("transfer-encoding") == "chunked"
             self.keep_alive = fields.get("connection") != "close"
-            self.remaining = -1 if self.chunked else int(fields.get("content-length", "-1"))
+            if not self.chunked:
+                length = fields.get("content-length")
+                self.remaining = int(length) if length else UNTIL_CLOSE
             self.state = "body"
         if self.chunked:
             self._dechunk()
         else:
-            self.events += self.buffer
-            self.buffer.clear()
+            self._take_body()
         self._parse_events(now)
+
+    def _take_body(self) -> None:
+        if self.remaining == UNTIL_CLOSE:
+            taken = len(self.buffer)
+        else:
+            taken = min(self.remaining, len(self.buffer))
+            self.remaining -= taken
+            if self.remaining == 0:
+                self.remaining = COMPLETE
+        self.events += self.buffer[:taken]
+        del self.buffer[:taken]
 
     def _dechunk(self) -> None:
         buffer = self.buffer
-        while buffer and self.remaining != LAST_CHUNK:
-            if self.remaining < 0:  # at a chunk-size line
+        while buffer and self.remaining != COMPLETE:
+            if self.remaining == AT_SIZE_LINE:
                 end = buffer.find(b"\r\n")
                 if end < 0:
                     return
@@ -130,7 +145,7 @@ class Stream:
                     if len(buffer) < end + 4:  # the empty trailer's CRLF
                         return
                     del buffer[: end + 4]
-                    self.remaining = LAST_CHUNK
+                    self.remaining = COMPLETE
                     return
                 del buffer[: end + 2]
                 self.remaining = size + 2  # the data and its CRLF
@@ -140,7 +155,7 @@ class Stream:
             self.remaining -= take
             if self.remaining == 0:
                 del self.events[-2:]
-                self.remaining = -1
+                self.remaining = AT_SIZE_LINE
 
     def _parse_events(self, now: float) -> None:
         while (end := self.events.find(b"\n\n")) >= 0:
@@ -159,11 +174,7 @@ class Stream:
 
     @property
     def response_complete(self) -> bool:
-        if self.state != "body":
-            return False
-        if self.chunked:
-            return self.remaining == LAST_CHUNK
-        return 0 <= self.remaining <= len(self.events)
+        return self.state == "body" and self.remaining == COMPLETE
 
 
 class Run:
@@ -293,7 +304,11 @@ class Run:
                 return
             if not data:
                 self.selector.unregister(stream.sock)
-                stream.fail("truncated" if stream.status else "closed without a response")
+                if stream.state == "body" and stream.remaining == UNTIL_CLOSE:
+                    stream.response_ended()  # its body ran until the close
+                    stream.fail("the server closed the connection")  # fails what is left
+                else:
+                    stream.fail("truncated" if stream.status else "closed without a response")
                 return
             stream.received(data, time.perf_counter())
             if stream.response_complete:

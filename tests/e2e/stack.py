@@ -30,14 +30,13 @@ from kit.probe import Gate, basic_header, probe_password, target_for
 from kit.spec import load_spec
 from kit.stack import NETWORK_LABEL, PROJECT_LABEL, SERVICE_LABEL
 from tests.conftest import LLAMA_8B
+from tests.e2e.conftest import IMAGES, REPO
 
-REPO = Path(__file__).resolve().parents[2]
 LOADGEN = REPO / "scripts" / "loadgen.py"
-CLIENT_IMAGE = "kit-test/vllm-standin:latest"  # has python3: runs loadgen.py in the network
+CLIENT_IMAGE = IMAGES["vllm_standin"]  # has python3: runs loadgen.py in the stack's network
 DOMAIN = "llm.test"  # not resolvable: clients connect to 127.0.0.1 and send it in SNI and Host
 SERVICE = "tiny"
 SERVED_NAME = "tiny-chat"
-VLLM_PORT = 8000
 RELOAD_TIMEOUT_S = 20
 
 

@@ -16,8 +16,8 @@ from tests.e2e.stack import SERVED_NAME, Site, finished
 pytestmark = pytest.mark.e2e
 
 STREAMS = 200
-TOKENS = 100
-TOKEN_INTERVAL_MS = 50  # each stream lasts about 5 s: the rotation happens inside them
+TOKENS = 160
+TOKEN_INTERVAL_MS = 50  # each stream lasts about 8 s: the rotation (2-4 s) happens inside
 OLD_REFUSED_WITHIN_S = 1.0
 
 
@@ -31,7 +31,7 @@ def site(tmp_path, docker_client, test_images, free_port, cleanup_project) -> Si
     return site
 
 
-def test_a_rotation_under_200_streams_drops_none_and_refuses_the_old_password(site: Site):
+def test_a_rotation_under_200_streams_drops_none_and_refuses_the_old_password(site: Site) -> None:
     old, new = site.passwords["ops"], "rotated-under-load-7Qx"
     load = site.loadgen(basic_header("ops", old), streams=STREAMS, tokens=TOKENS, announce=True)
     assert load.stderr.readline() == "streaming\n", "the streams did not start"
@@ -55,7 +55,7 @@ def test_a_rotation_under_200_streams_drops_none_and_refuses_the_old_password(si
     assert figures["tokens"] == STREAMS * TOKENS
 
 
-def test_a_new_key_streams_in_the_openai_sdk_and_once_revoked_gets_401(site: Site):
+def test_a_new_key_streams_in_the_openai_sdk_and_once_revoked_gets_401(site: Site) -> None:
     openai = pytest.importorskip("openai")
     pytest.importorskip("httpx2")  # the HTTP client of openai>=3
     client = site.openai(site.add_key("ci-bot"))
@@ -75,7 +75,7 @@ def test_a_new_key_streams_in_the_openai_sdk_and_once_revoked_gets_401(site: Sit
         client.models.list()
 
 
-def test_a_user_added_gets_in_and_once_removed_gets_401(site: Site):
+def test_a_user_added_gets_in_and_once_removed_gets_401(site: Site) -> None:
     password = "added-by-the-test-5Kd"
     added = site.kit("users add", "alice", "--password-stdin", stdin=f"{password}\n")
     assert added.returncode == 0, added.stdout + added.stderr
