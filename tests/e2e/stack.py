@@ -152,18 +152,7 @@ class Site:
     # ---- nginx
 
     def reload_nginx(self) -> None:
-        """SIGHUP, then wait until no worker of the old configuration is left."""
-        nginx = self.nginx
-        before = nginx_workers(nginx)
-        nginx.kill(signal="SIGHUP")
-        deadline = time.monotonic() + RELOAD_TIMEOUT_S
-        while time.monotonic() < deadline:
-            now = nginx_workers(nginx)
-            if now and not now & before:
-                return
-            time.sleep(0.1)
-        logs = nginx.logs(tail=20).decode(errors="replace")
-        raise AssertionError(f"nginx kept its old workers after SIGHUP:\n{logs}")
+        reload_nginx(self.nginx)
 
     def nginx_conf_with(self, *edits: tuple[str, str]) -> str:
         """The rendered nginx.conf with each (old, new) replaced; fails when `old` is missing."""
@@ -214,6 +203,20 @@ class Site:
             base_url=f"https://{DOMAIN}:{self.https_port}/v1", api_key=api_key, max_retries=0,
             http_client=httpx2.Client(transport=ToLoopback(verify=trust)),
         )
+
+
+def reload_nginx(nginx) -> None:
+    """SIGHUP, then wait until no worker of the old configuration is left."""
+    before = nginx_workers(nginx)
+    nginx.kill(signal="SIGHUP")
+    deadline = time.monotonic() + RELOAD_TIMEOUT_S
+    while time.monotonic() < deadline:
+        now = nginx_workers(nginx)
+        if now and not now & before:
+            return
+        time.sleep(0.1)
+    logs = nginx.logs(tail=20).decode(errors="replace")
+    raise AssertionError(f"nginx kept its old workers after SIGHUP:\n{logs}")
 
 
 def nginx_workers(container) -> set[str]:

@@ -11,8 +11,6 @@ import re
 import secrets
 import ssl
 import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,17 +20,12 @@ import pytest
 from kit.credentials import KEY_PREFIX, new_ca, new_server_cert
 from kit.layout import SiteLayout
 from tests.conftest import LLAMA_8B
+from tests.e2e.stack import kit, reload_nginx
 
 pytestmark = pytest.mark.e2e
 
 DOMAIN = "llm.test"  # not resolvable: the gate and the SDK connect to 127.0.0.1 and send it in SNI
 SERVED_NAME = "tiny-chat"
-RELOAD_TIMEOUT_S = 20
-
-
-def kit(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kit", *args], capture_output=True, text=True,
-                          timeout=timeout)
 
 
 @dataclass
@@ -54,22 +47,7 @@ class Stack:
         return original
 
     def reload_nginx(self) -> None:
-        """SIGHUP, then wait until no worker of the old configuration is left."""
-        before = self._workers()
-        self.nginx.kill(signal="SIGHUP")
-        deadline = time.monotonic() + RELOAD_TIMEOUT_S
-        while time.monotonic() < deadline:
-            now = self._workers()
-            if now and not now & before:
-                return
-            time.sleep(0.1)
-        logs = self.nginx.logs(tail=20).decode(errors="replace")
-        raise AssertionError(f"nginx kept its old workers after SIGHUP:\n{logs}")
-
-    def _workers(self) -> set[str]:
-        top = self.nginx.top()
-        pid, command = top["Titles"].index("PID"), top["Titles"].index("CMD")
-        return {row[pid] for row in top["Processes"] if "worker process" in row[command]}
+        reload_nginx(self.nginx)
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from click.testing import CliRunner
 from kit.cli import cli
 from kit.layout import SiteLayout
 from kit.stack import CONFIG_HASH_LABEL, PROJECT_LABEL, SERVICE_LABEL, load_desired
+from tests.e2e.stack import kit
 
 pytestmark = pytest.mark.e2e
 
@@ -32,12 +33,6 @@ MODEL_CONFIG = REPO / "tests" / "data" / "models" / "qwen2.5-1.5b-instruct" / "c
 COMPOSE_V2 = Path(os.environ.get("KIT_TEST_LIB", "/usr/local/lib/kit-test")) / "docker-compose-v2"
 NO_CHANGE_LIMIT_S = 2.0
 HEALTHY_TIMEOUT_S = 120
-
-
-def kit(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "kit", *args], capture_output=True, text=True, timeout=timeout
-    )
 
 
 @dataclass
