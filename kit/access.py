@@ -26,6 +26,7 @@ from kit.credentials import (
     key_digest,
     keys_map,
     parse_htpasswd,
+    read_if_present,
     read_keys,
     worker_readable,
 )
@@ -44,10 +45,7 @@ class Snapshot:
 
 
 def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        return b""
+    return read_if_present(path) or b""
 
 
 def snapshot(layout: SiteLayout) -> Snapshot:

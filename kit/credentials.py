@@ -304,12 +304,12 @@ def signed_by(cert_pem: bytes, ca_cert_pem: bytes) -> bool:
 
 def self_signed_files(layout: SiteLayout, site: str, domain: str) -> TLSFiles:
     """Keep the CA and server cert when still good; make what is missing, expiring or stale."""
-    ca_cert = _read(layout.ca_cert)
-    ca_key = _read(layout.ca_key)
+    ca_cert = read_if_present(layout.ca_cert)
+    ca_key = read_if_present(layout.ca_key)
     if ca_cert is None or ca_key is None or days_left(ca_cert) < RENEW_WHEN_DAYS_LEFT:
         ca_cert, ca_key = new_ca(site)
-    cert = _read(layout.server_cert)
-    key = _read(layout.server_key)
+    cert = read_if_present(layout.server_cert)
+    key = read_if_present(layout.server_key)
     if (
         cert is None
         or key is None
@@ -324,9 +324,9 @@ def self_signed_files(layout: SiteLayout, site: str, domain: str) -> TLSFiles:
 def acme_files(layout: SiteLayout, site: str, domain: str) -> TLSFiles:
     """Keep the certificate certbot installed while it serves the domain; until certbot has
     one (first start) nginx needs something to start with: a kit-CA certificate."""
-    cert, key = _read(layout.server_cert), _read(layout.server_key)
+    cert, key = read_if_present(layout.server_cert), read_if_present(layout.server_key)
     if cert and key and not cert_problems(cert, key, domain, "server cert"):
-        return TLSFiles(cert, key, _read(layout.ca_cert), _read(layout.ca_key))
+        return TLSFiles(cert, key, read_if_present(layout.ca_cert), read_if_present(layout.ca_key))
     return self_signed_files(layout, site, domain)
 
 
@@ -355,7 +355,7 @@ def tls_outputs(layout: SiteLayout, files: TLSFiles) -> list[Output]:
     return outputs
 
 
-def _read(path: Path) -> bytes | None:
+def read_if_present(path: Path) -> bytes | None:
     try:
         return path.read_bytes()
     except FileNotFoundError:
@@ -378,12 +378,14 @@ def auth_outputs(layout: SiteLayout, users: list[str]) -> tuple[list[Output], li
     the caller prints once. The probe's password is kept in .kit/ (0600) for `kit probe`.
     """
     rel = layout.root
-    htpasswd = (_read(layout.htpasswd) or b"").decode()
+    on_disk = read_if_present(layout.htpasswd) or b""
+    htpasswd = on_disk.decode()
     present = parse_htpasswd(htpasswd, layout.htpasswd)
     new_passwords = []
     outputs = []
-    installed = (_read(layout.probe_hash) or b"").decode().strip()
-    if not (_read(layout.probe_password) and installed and present.get(PROBE_USER) == installed):
+    installed = (read_if_present(layout.probe_hash) or b"").decode().strip()
+    probe_ready = read_if_present(layout.probe_password) and present.get(PROBE_USER) == installed
+    if not (installed and probe_ready):
         probe_password = generate_password()
         probe_hash = hash_password(probe_password)
         htpasswd = htpasswd_with(htpasswd, PROBE_USER, probe_hash)
@@ -400,9 +402,9 @@ def auth_outputs(layout: SiteLayout, users: list[str]) -> tuple[list[Output], li
             new_passwords.append(NewPassword(user, password))
     keys = keys_map(read_keys(layout)).encode()
     unchanged = (
-        _read(layout.htpasswd) == htpasswd.encode() and _read(layout.keys_map) == keys
+        on_disk == htpasswd.encode() and read_if_present(layout.keys_map) == keys
     )
-    epoch = _read(layout.auth_state) if unchanged else None
+    epoch = read_if_present(layout.auth_state) if unchanged else None
     mode, group = worker_readable()
     outputs += [
         Output(layout.htpasswd.relative_to(rel), htpasswd.encode(), mode, False, group),
