@@ -44,6 +44,8 @@ SIZE = r"^[1-9][0-9]{0,5}[kmg]?$"
 HOSTNAME_LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
 SAFE_TEXT = re.compile(r"^[^\s\"'`$;{}\\]+$")
 RESERVED_USERS = {"kit-probe"}
+# Compose services kit renders itself, beside the spec's ones.
+RESERVED_SERVICES = {"nginx": "the front door", "certbot": "the ACME client (tls.mode acme)"}
 
 
 class StrictModel(BaseModel):
@@ -457,8 +459,11 @@ def _unique_names(spec: Spec) -> list[SpecProblem]:
     seen_names: dict[str, int] = {}
     seen_served: dict[str, int] = {}
     for i, service in enumerate(spec.services):
-        if service.name in ("nginx",):
-            problems.append(SpecProblem(("services", i, "name"), "'nginx' is the front door"))
+        if service.name in RESERVED_SERVICES:
+            problems.append(SpecProblem(
+                ("services", i, "name"),
+                f"{service.name!r} is {RESERVED_SERVICES[service.name]}", "choose another name",
+            ))
         if service.name in seen_names:
             problems.append(SpecProblem(
                 ("services", i, "name"),

@@ -85,6 +85,8 @@ CASES = [
      ["'fp4' is not a --quantization value", "valid: awq"]),
     ("kv-dtype-bad", replace("    gpus: [0]", "    gpus: [0]\n    kv_cache_dtype: int8"),
      ["'int8' is not a --kv-cache-dtype value"]),
+    ("service-named-nginx", replace("name: llama8b", "name: nginx"), ["'nginx' is the front door"]),
+    ("service-named-certbot", replace("name: llama8b", "name: certbot"), ["the ACME client"]),
     ("duplicate-service-name", append(SECOND.replace("name: qwen", "name: llama8b")),
      ["duplicate service name 'llama8b'"]),
     ("duplicate-served-name", append(SECOND + "    served_name: llama-3.1-8b\n"),
