@@ -1,8 +1,9 @@
-"""Changing who may get in: Basic-auth users, Bearer keys, password rotation.
+"""The credential files of a site: who may get in (Basic-auth users, Bearer keys).
 
-Every change is computed as new file contents, written atomically under an exclusive lock (two
-racing commands serialise instead of merging), with the previous credential files kept as 0600
-backups, so the file on disk is always either the old or the new one.
+Every change is first computed as new file contents (all checks before anything is written),
+then written atomically under an exclusive lock (two racing commands serialise instead of
+merging), with the previous credential files kept as 0600 backups, so the file on disk is
+always either the old or the new one. Making a change live is kit/credential_change.py's job.
 """
 
 import datetime as dt
@@ -17,6 +18,7 @@ from pathlib import Path
 from kit.credentials import (
     SECRET,
     auth_state,
+    check_key_name,
     check_password,
     check_user_name,
     generate_api_key,
@@ -28,11 +30,13 @@ from kit.credentials import (
     parse_htpasswd,
     read_if_present,
     read_keys,
+    verify_password,
     worker_readable,
 )
 from kit.errors import BadInput
 from kit.files import atomic_write
 from kit.layout import PROBE_USER, SiteLayout
+from kit.spec import load_spec
 
 
 @dataclass(frozen=True)
@@ -72,16 +76,23 @@ def credential_lock(layout: SiteLayout) -> Iterator[None]:
         os.close(descriptor)
 
 
-def write(layout: SiteLayout, htpasswd: bytes, keys: dict[str, dict]) -> Snapshot:
-    """Install new credential files; return the snapshot of what they replaced."""
+@dataclass(frozen=True)
+class Credentials:
+    """New contents of the credential files, computed before anything is written."""
+
+    htpasswd: bytes
+    keys: dict[str, dict]
+
+
+def write(layout: SiteLayout, new: Credentials) -> None:
+    """Install new credential files, keeping the ones they replace in .kit/backup/ (0600)."""
     before = snapshot(layout)
     backups = layout.state_dir / "backup"
     backups.mkdir(mode=0o700, exist_ok=True)
     atomic_write(backups / "htpasswd", before.htpasswd, SECRET)
     atomic_write(backups / "keys.json", before.keys_db, SECRET)
-    keys_db = (json.dumps(keys, indent=1, sort_keys=True) + "\n").encode()
-    restore(layout, Snapshot(htpasswd, keys_db, keys_map(keys).encode()))
-    return before
+    keys_db = (json.dumps(new.keys, indent=1, sort_keys=True) + "\n").encode()
+    restore(layout, Snapshot(new.htpasswd, keys_db, keys_map(new.keys).encode()))
 
 
 def restore(layout: SiteLayout, files: Snapshot) -> None:
@@ -97,7 +108,17 @@ def users(layout: SiteLayout) -> dict[str, str]:
     return parse_htpasswd(_read(layout.htpasswd).decode(), layout.htpasswd)
 
 
-def set_password(layout: SiteLayout, user: str, password: str, *, must_exist: bool) -> Snapshot:
+def listed_users(spec_path: Path) -> list[tuple[str, str]]:
+    """(user, where it comes from) for every user in the password file, sorted."""
+    spec = load_spec(spec_path)
+    layout = SiteLayout(spec_path.parent)
+    require_rendered(layout)
+    origins = {PROBE_USER: "kit probe"} | dict.fromkeys(spec.auth.users, "spec")
+    return [(user, origins.get(user, "added")) for user in sorted(users(layout))]
+
+
+def with_password(layout: SiteLayout, user: str, password: str, *, must_exist: bool) -> Credentials:
+    """The files with `user`'s password set (a new user unless `must_exist`)."""
     check_user_name(user)
     check_password(password)
     present = users(layout)
@@ -108,10 +129,19 @@ def set_password(layout: SiteLayout, user: str, password: str, *, must_exist: bo
             f"user {user!r} exists already", fix=f"change its password: kit rotate-password {user}"
         )
     content = htpasswd_with(_read(layout.htpasswd).decode(), user, hash_password(password))
-    return write(layout, content.encode(), read_keys(layout))
+    return Credentials(content.encode(), read_keys(layout))
 
 
-def remove_user(layout: SiteLayout, user: str, spec_users: list[str]) -> Snapshot:
+def check_current(layout: SiteLayout, user: str, current: str | None, new: str) -> None:
+    """Refuse a rotation whose stated current password is wrong or equal to the new one."""
+    known = users(layout)
+    if current is not None and user in known and not verify_password(current, known[user]):
+        raise BadInput(f"the current password of {user} is wrong", fix="nothing was changed")
+    if current == new:
+        raise BadInput("the new password is the current one", fix="choose a new password")
+
+
+def without_user(layout: SiteLayout, user: str, spec_users: list[str]) -> Credentials:
     check_user_name(user)
     if user == PROBE_USER:
         raise BadInput(f"{PROBE_USER} is kit's probe identity", fix="it cannot be removed")
@@ -123,10 +153,11 @@ def remove_user(layout: SiteLayout, user: str, spec_users: list[str]) -> Snapsho
     if user not in users(layout):
         raise BadInput(f"there is no user {user!r}", fix="see `kit users list`")
     content = htpasswd_without(_read(layout.htpasswd).decode(), user)
-    return write(layout, content.encode(), read_keys(layout))
+    return Credentials(content.encode(), read_keys(layout))
 
 
-def add_key(layout: SiteLayout, name: str) -> tuple[str, Snapshot]:
+def with_new_key(layout: SiteLayout, name: str) -> tuple[str, Credentials]:
+    """A new random key named `name` and the files that accept it (only its digest stored)."""
     check_key_name(name)
     keys = read_keys(layout)
     if name in keys:
@@ -134,23 +165,13 @@ def add_key(layout: SiteLayout, name: str) -> tuple[str, Snapshot]:
     key = generate_api_key()
     created = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     keys[name] = {"sha256": key_digest(key), "created": created}
-    return key, write(layout, _read(layout.htpasswd), keys)
+    return key, Credentials(_read(layout.htpasswd), keys)
 
 
-def revoke_key(layout: SiteLayout, name: str) -> Snapshot:
+def without_key(layout: SiteLayout, name: str) -> Credentials:
     check_key_name(name)
     keys = read_keys(layout)
     if name not in keys:
         raise BadInput(f"there is no key named {name!r}", fix="see `kit keys list`")
     del keys[name]
-    return write(layout, _read(layout.htpasswd), keys)
-
-
-def check_key_name(name: str) -> None:
-    try:
-        check_user_name(name)
-    except BadInput:
-        raise BadInput(
-            f"key name {name!r} is not allowed",
-            fix="use lower-case letters, digits, '.', '_' and '-', starting with a letter",
-        ) from None
+    return Credentials(_read(layout.htpasswd), keys)

@@ -1,16 +1,43 @@
-"""Apply a credential change to a live site: write, reload nginx in place, prove, or roll back."""
+"""One owner for a live credential change: lock, snapshot, write, reload, prove — or undo.
+
+Every credential verb runs through `live_change`. Under the site's credential lock it snapshots
+the files; the caller computes the new ones (every refusal comes before anything is written);
+the engine is reached before the first write, so when it cannot be the files stay as they were;
+then the files are installed, the running nginx reloads in place (kit/proxy.py, the reload
+`kit up` uses) and logins through the front door prove the change live. Any failure after the
+first write — a write error, `nginx -t`, the reload, the proof, an interrupt — restores the
+previous files byte for byte (with a fresh auth epoch, so no verdict cached meanwhile survives)
+and reloads nginx with them. `--offline` (no connection) changes the files only.
+"""
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
-from kit.access import Snapshot, credential_lock, restore
+from kit.access import (
+    Credentials,
+    Snapshot,
+    check_current,
+    credential_lock,
+    restore,
+    snapshot,
+    with_new_key,
+    with_password,
+    without_key,
+    without_user,
+)
+from kit.access import write as write_files
+from kit.docker_api import Engine
 from kit.errors import KitError
 from kit.layout import SiteLayout
-from kit.proxy import EngineUnreachable, login_status, reload_proxy
+from kit.observe import ContainerState
+from kit.probe import basic_header
+from kit.proxy import Connection, reload, running_proxy
 from kit.spec import Spec
+from kit.stack import PROXY_SERVICE, load_desired
 
-PROOF_SECONDS = 5.0
+OFFLINE = "--offline"
 
 
 @dataclass(frozen=True)
@@ -23,53 +50,171 @@ class Expectation:
 
 
 @dataclass(frozen=True)
-class Applied:
-    proxy: str | None  # the reloaded nginx container, None when none runs
-    proof: list[str]  # one line per expectation met, with how long it took
-    note: str = ""  # why nothing was reloaded
+class Outcome:
+    proxy: str | None  # the reloaded nginx container; None when none was reloaded
+    proof: tuple[str, ...] = ()  # one line per expectation met, with how long it took
+    note: str = ""  # why nothing was reloaded, and when the change takes effect
 
 
-def apply(
-    spec: Spec,
-    layout: SiteLayout,
-    change: Callable[[], Snapshot],
-    expectations: Callable[[], list[Expectation]] = list,
-) -> Applied:
-    """Run `change` under the credential lock; make it live; undo it when it cannot be proven."""
-    with credential_lock(layout):
-        before = change()
+@dataclass
+class LiveChange:
+    """What the body of `live_change` uses: `write` the new files, `expect` logins."""
+
+    spec: Spec
+    layout: SiteLayout
+    connection: Connection | None  # None: --offline, the engine is never asked
+    before: Snapshot
+    expectations: list[Expectation] = field(default_factory=list)
+    engine: Engine | None = None
+    proxy: ContainerState | None = None
+    written: bool = False
+    outcome: Outcome = Outcome(None)
+
+    def expect(self, label: str, authorization: str, status: int) -> None:
+        self.expectations.append(Expectation(label, authorization, status))
+
+    def write(self, new: Credentials) -> None:
+        if self.connection is not None:
+            self._reach(self.connection)
+        self.written = True
         try:
-            proxy = reload_proxy(spec, layout)
-        except EngineUnreachable as error:
-            return Applied(None, [], f"the Docker engine did not answer ({error.message})")
-        if proxy is None:
-            return Applied(None, [], f"no nginx of site {spec.site} is running")
-        try:
-            return Applied(proxy, _prove(spec, layout, expectations()))
-        except KitError as error:
-            restore(layout, before)
-            reload_proxy(spec, layout)
+            write_files(self.layout, new)
+        except OSError as error:
             raise KitError(
-                f"{error.message}\nthe previous credential files were restored and reloaded",
-                fix=error.fix,
+                f"writing the credential files failed: {error.filename}: {error.strerror}",
+                fix=f"make {self.layout.root} writable with free space, then run this again",
             ) from None
 
+    def _reach(self, connection: Connection) -> None:
+        try:
+            self.engine = connection.engine()
+            self.proxy = running_proxy(self.engine, self.spec.site)
+        except KitError as error:
+            raise KitError(
+                f"{error.message}\nnothing was changed: the credential files are as they were, "
+                "and a front door that is running keeps accepting the old credentials",
+                fix=(f"{error.fix}; " if error.fix else "") + f"or pass {OFFLINE} to change the "
+                "files only (in effect at the next `kit up`)",
+            ) from None
 
-def _prove(spec: Spec, layout: SiteLayout, expectations: list[Expectation]) -> list[str]:
-    started = time.monotonic()
-    lines = []
-    for expectation in expectations:
-        while True:
-            status = login_status(spec, layout, expectation.authorization)
-            elapsed = time.monotonic() - started
-            if status == expectation.status:
-                lines.append(f"{expectation.label}: {status} after {elapsed:.2f} s")
-                break
-            if elapsed > PROOF_SECONDS:
-                raise KitError(
-                    f"{expectation.label}: got {status}, expected {expectation.status} "
-                    f"{PROOF_SECONDS:.0f} s after the reload",
-                    fix="check `kit logs SPEC nginx`; nginx may not verify these hashes",
-                )
-            time.sleep(0.05)
-    return lines
+    def go_live(self) -> None:
+        if self.connection is None:
+            self.outcome = Outcome(None, note=f"nginx was not reloaded ({OFFLINE}): a running "
+                                   "front door may accept the old credentials until the next "
+                                   "`kit up`, which reloads it")
+        elif self.engine is None or self.proxy is None:
+            self.outcome = Outcome(None, note=f"no nginx of site {self.spec.site} is running: "
+                                   "the change takes effect when it starts (kit up)")
+        else:
+            self._reload(self.engine, self.proxy)
+            self.outcome = Outcome(self.proxy.name, self._prove(self.connection))
+
+    def undo(self) -> str:
+        """Put the previous files back and reload; what is in effect now, in plain words."""
+        try:
+            restore(self.layout, self.before)
+        except OSError as error:
+            return (f"restoring the previous credential files failed too ({error.strerror}): "
+                    f"copies of them are in {self.layout.state_dir / 'backup'}")
+        if self.engine is None or self.proxy is None:
+            return "the previous credential files were restored"
+        try:
+            self._reload(self.engine, self.proxy)
+        except KitError as error:
+            return (f"the previous credential files were restored, but {self.proxy.name} did not "
+                    f"reload them ({error.message}): run `kit up` to bring it in line")
+        return (f"the previous credential files were restored and {self.proxy.name} reloaded "
+                "them: the old credentials stay in effect")
+
+    def _reload(self, engine: Engine, proxy: ContainerState) -> None:
+        service = load_desired(self.layout, self.spec.site).service(PROXY_SERVICE)
+        reload(engine, service, proxy, self.layout.applied)
+
+    def _prove(self, connection: Connection) -> tuple[str, ...]:
+        started = time.monotonic()
+        lines = []
+        for expectation in self.expectations:
+            while True:
+                status = connection.login(self.spec, self.layout, expectation.authorization)
+                elapsed = time.monotonic() - started
+                if status == expectation.status:
+                    lines.append(f"{expectation.label}: {status} after {elapsed:.2f} s")
+                    break
+                if elapsed > connection.proof_seconds:
+                    raise KitError(
+                        f"{expectation.label}: got {status}, expected {expectation.status} "
+                        f"{connection.proof_seconds:.0f} s after the reload",
+                        fix="check `kit logs SPEC nginx`; nginx may not verify these hashes",
+                    )
+                time.sleep(0.05)
+        return tuple(lines)
+
+
+@contextmanager
+def live_change(
+    spec: Spec, layout: SiteLayout, connection: Connection | None
+) -> Iterator[LiveChange]:
+    """The body computes and `write`s the new files; on leaving, they go live or are undone."""
+    with credential_lock(layout):
+        change = LiveChange(spec, layout, connection, snapshot(layout))
+        try:
+            yield change
+            change.go_live()
+        except BaseException as error:
+            if not change.written:
+                raise
+            undone = change.undo()
+            if isinstance(error, KitError):
+                raise type(error)(f"{error.message}\n{undone}", fix=error.fix) from None
+            raise
+
+
+def add_user(
+    spec: Spec, layout: SiteLayout, user: str, password: str, connection: Connection | None
+) -> Outcome:
+    with live_change(spec, layout, connection) as change:
+        change.write(with_password(layout, user, password, must_exist=False))
+        change.expect(f"login of {user}", basic_header(user, password), 200)
+    return change.outcome
+
+
+def rotate_password(
+    spec: Spec, layout: SiteLayout, user: str, password: str, current: str | None,
+    connection: Connection | None,
+) -> Outcome:
+    """The new password must get 200 (and the current one, when given, 401) once live."""
+    with live_change(spec, layout, connection) as change:
+        check_current(layout, user, current, password)
+        change.write(with_password(layout, user, password, must_exist=True))
+        change.expect("new password", basic_header(user, password), 200)
+        if current is not None:
+            change.expect("old password", basic_header(user, current), 401)
+    return change.outcome
+
+
+def remove_user(
+    spec: Spec, layout: SiteLayout, user: str, connection: Connection | None
+) -> Outcome:
+    with live_change(spec, layout, connection) as change:
+        change.write(without_user(layout, user, spec.auth.users))
+    return change.outcome
+
+
+def add_key(
+    spec: Spec, layout: SiteLayout, name: str, connection: Connection | None
+) -> tuple[str, Outcome]:
+    """A new key, proven when nginx accepts keys at all (auth.api_keys)."""
+    with live_change(spec, layout, connection) as change:
+        key, new = with_new_key(layout, name)
+        change.write(new)
+        if spec.auth.api_keys:
+            change.expect(f"key {name}", f"Bearer {key}", 200)
+    return key, change.outcome
+
+
+def revoke_key(
+    spec: Spec, layout: SiteLayout, name: str, connection: Connection | None
+) -> Outcome:
+    with live_change(spec, layout, connection) as change:
+        change.write(without_key(layout, name))
+    return change.outcome

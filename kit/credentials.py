@@ -27,7 +27,7 @@ from kit.layout import PROBE_USER, SiteLayout
 BCRYPT_COST = 12
 MIN_PASSWORD_LENGTH = 12
 MAX_PASSWORD_BYTES = 72  # bcrypt ignores everything past 72 bytes: refuse instead of truncating
-USER_NAME = re.compile(r"^[a-z][a-z0-9._-]{0,31}$")
+USER_NAME = re.compile(r"[a-z][a-z0-9._-]{0,31}")  # matched whole: fullmatch, never match
 SERVER_CERT_DAYS = 397
 RENEW_WHEN_DAYS_LEFT = 30
 CA_DAYS = 3650
@@ -64,13 +64,21 @@ def check_password(password: str) -> None:
         raise BadInput("the password repeats too few characters", fix="use --generate")
 
 
+NAME_RULE = "use lower-case letters, digits, '.', '_' and '-', starting with a letter"
+
+
 def check_user_name(user: str) -> None:
-    if not USER_NAME.match(user):
+    if not USER_NAME.fullmatch(user):
         raise BadInput(
             f"user name {user!r} is not allowed",
-            fix="use lower-case letters, digits, '.', '_' and '-', starting with a letter "
-            "(no ':' or whitespace: they would corrupt the htpasswd file)",
+            fix=f"{NAME_RULE} (no ':' or whitespace: they would corrupt the htpasswd file)",
         )
+
+
+def check_key_name(name: str) -> None:
+    """Key names land in nginx's keys.map between quotes: the same whole-name rule."""
+    if not USER_NAME.fullmatch(name):
+        raise BadInput(f"key name {name!r} is not allowed", fix=NAME_RULE)
 
 
 def hash_password(password: str) -> str:
@@ -91,7 +99,9 @@ def parse_htpasswd(content: str, source: Path) -> dict[str, str]:
         if not sep or not hashed or user in entries:
             raise BadInput(
                 f"{source}:{number}: not a 'user:hash' line or a duplicate user",
-                fix="fix or remove that line (kit never rewrites other users' lines)",
+                fix=f"edit {source} and fix or delete line {number} (kit never rewrites other "
+                "users' lines); a deleted user is added back with a new password by `kit render` "
+                "when the spec lists it, or with `kit users add`",
             )
         entries[user] = hashed
     return entries
@@ -137,13 +147,41 @@ def keys_map(keys: dict[str, dict]) -> str:
     return "".join(lines)
 
 
+KEY_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
 def read_keys(layout: SiteLayout) -> dict[str, dict]:
+    """name → {sha256, created}; a file nginx's keys.map could not safely be made from is
+    refused with its path and the way out."""
+    path = layout.keys_db
     try:
-        return json.loads(layout.keys_db.read_text())
+        keys = json.loads(path.read_text())
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as error:
-        raise BadInput(f"{layout.keys_db} is unreadable: {error}") from None
+        raise _corrupt_keys(path, str(error)) from None
+    if not isinstance(keys, dict):
+        raise _corrupt_keys(path, "it is not a JSON object of keys")
+    for name, entry in keys.items():
+        if not USER_NAME.fullmatch(name):
+            raise _corrupt_keys(path, f"key name {name!r} is not allowed")
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("sha256"), str) and KEY_DIGEST.fullmatch(entry["sha256"])
+            and isinstance(entry.get("created"), str)
+        ):
+            raise _corrupt_keys(path, f"key {name!r} lacks a SHA-256 digest or creation time")
+    return keys
+
+
+def _corrupt_keys(path: Path, problem: str) -> BadInput:
+    backup = path.parent / "backup" / path.name
+    return BadInput(
+        f"{path} is unreadable: {problem}",
+        fix=f"restore the previous version (cp {backup} {path}), or delete it, which revokes "
+        "every Bearer key at the next `kit render` or credential change (`kit keys add` makes new "
+        "ones)",
+    )
 
 
 # --------------------------------------------------------------------------- auth cache epoch

@@ -5,6 +5,7 @@ docker-py exception or object. The engine is found the way the docker CLI finds 
 DOCKER_TLS_VERIFY, DOCKER_CERT_PATH; the local socket by default).
 """
 
+import errno
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -19,6 +20,12 @@ from kit.errors import KitError
 from kit.stack import ContainerConfig, GpuRequest, NetworkState, VolumeState
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
+CONNECT_ERRORS = {  # errno → what it means for the engine's address, in the operator's words
+    errno.ENOENT: "there is no socket at that path",
+    errno.EACCES: "permission denied on its socket (run as root or join the docker group)",
+    errno.EPERM: "permission denied on its socket (run as root or join the docker group)",
+    errno.ECONNREFUSED: "connection refused (nothing listens there)",
+}
 GPU_CHECK_ENTRYPOINT = "/kit-gpu-check-never-runs"  # exec fails after the GPU hook ran
 
 
@@ -34,8 +41,10 @@ def explain(error: Exception, doing: str) -> KitError:
         and not isinstance(error, docker.errors.APIError)
         and ("Connection" in text or "connect" in text or "API version" in text)
     ):
+        cause = _os_error(error)
         return KitError(
-            f"cannot reach the Docker engine at {engine_address()} while {doing}: {text}",
+            f"cannot reach the Docker engine at {engine_address()} while {doing}: "
+            + (CONNECT_ERRORS.get(cause.errno, cause.strerror or "no answer") if cause else text),
             fix="is dockerd running? start it (systemctl start docker), or point "
             f"DOCKER_HOST at the engine (DOCKER_HOST={os.environ.get('DOCKER_HOST', '<unset>')})",
         )
@@ -57,6 +66,22 @@ def explain(error: Exception, doing: str) -> KitError:
             fix="stop what holds it, or change proxy.https_port / proxy.http_port in the spec",
         )
     return KitError(f"Docker engine: {doing} failed: {text}")
+
+
+def _os_error(error: BaseException) -> OSError | None:
+    """The operating system's reason deep inside docker-py's and urllib3's wrappers."""
+    seen, todo = set(), [error]
+    while todo:
+        current = todo.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno is not None:
+            return current
+        inner = [current.__cause__, current.__context__, getattr(current, "reason", None),
+                 *getattr(current, "args", ())]
+        todo += [item for item in inner if isinstance(item, BaseException)]
+    return None
 
 
 def _error_text(error: Exception) -> str:

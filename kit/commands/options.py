@@ -1,10 +1,16 @@
-"""Arguments several verbs share."""
+"""Arguments several verbs share, and what the credential verbs read and print."""
 
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from kit.spec import DEFAULT_SPEC
+
+if TYPE_CHECKING:  # imported when a credential verb runs, not by every verb
+    from kit.credential_change import Outcome
 
 spec_argument = click.argument(
     "spec",
@@ -13,6 +19,28 @@ spec_argument = click.argument(
     type=click.Path(dir_okay=False, path_type=Path),
     metavar="[SPEC]",
 )
+
+offline_option = click.option(
+    "--offline", is_flag=True,
+    help="Change the files only, without the engine: nothing is reloaded or proven, and the "
+    "change takes effect at the next `kit up`. Without it, a change that cannot be made live "
+    "and proven fails (exit 1) and leaves the files as they were.",
+)
+
+password_options: list[Callable] = [
+    click.option("--password-stdin", is_flag=True,
+                 help="Read the new password from stdin's first line (and, for "
+                 "rotate-password, the current one from the second)."),
+    click.option("--generate", is_flag=True,
+                 help="Generate a strong password and print it once. This is also what happens "
+                 "without a terminal to ask on and without --password-stdin."),
+]
+
+
+def with_password_options(command: Callable) -> Callable:
+    for option in reversed(password_options):
+        command = option(command)
+    return command
 
 
 def spec_and_name(values: tuple[str, ...], what: str) -> tuple[Path, str]:
@@ -24,14 +52,57 @@ def spec_and_name(values: tuple[str, ...], what: str) -> tuple[Path, str]:
     raise click.UsageError(f"expected [SPEC] {what}")
 
 
-def credential_site(values: tuple[str, ...], what: str):
-    """(spec, layout, name) for the verbs that change credentials of a rendered site."""
+def credential_site(values: tuple[str, ...], what: str, offline: bool = False):
+    """(spec, layout, name, connection) for the verbs that change credentials of a rendered
+    site; the connection is the real engine and front door, or None with --offline."""
     from kit.access import require_rendered
     from kit.layout import SiteLayout
+    from kit.proxy import LIVE
     from kit.spec import load_spec
 
     spec_path, name = spec_and_name(values, what)
     spec = load_spec(spec_path)
     layout = SiteLayout(spec_path.parent)
     require_rendered(layout)
-    return spec, layout, name
+    return spec, layout, name, None if offline else LIVE
+
+
+def read_passwords(
+    from_stdin: bool, generate: bool, *, ask_current: bool
+) -> tuple[str, str | None, bool]:
+    """(new password, current password or None, whether it was generated).
+
+    From stdin: the new password on the first line, optionally the current one on the second.
+    On a terminal: the current one first (optional), then the new one twice. Neither: generated.
+    """
+    from kit.credentials import generate_password
+    from kit.errors import BadInput
+
+    if from_stdin and generate:
+        raise click.UsageError("--password-stdin and --generate exclude each other")
+    if from_stdin:
+        lines = sys.stdin.read().split("\n")
+        if not lines[0]:
+            raise BadInput("no password on standard input", fix="printf 'NEW\\nCURRENT\\n' | ...")
+        return lines[0], (lines[1] if len(lines) > 1 and lines[1] else None), False
+    terminal = sys.stdin.isatty()
+    current = None
+    if ask_current and terminal:
+        current = click.prompt(
+            "current password (Enter to skip proving that it stops working)",
+            hide_input=True, default="", show_default=False,
+        ) or None
+    if generate or not terminal:
+        return generate_password(), current, True
+    new = click.prompt("new password", hide_input=True, confirmation_prompt=True)
+    return new, current, False
+
+
+def report(outcome: "Outcome") -> None:
+    """How the change went live, or why it was not reloaded."""
+    if outcome.proxy is None:
+        click.echo(outcome.note)
+        return
+    click.echo(f"reloaded {outcome.proxy} in place (no restart, running streams continue)")
+    for line in outcome.proof:
+        click.echo(f"  proven through the front door: {line}")

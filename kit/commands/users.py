@@ -2,14 +2,16 @@
 
 import click
 
-from kit.access import remove_user, require_rendered, set_password
-from kit.access import users as password_entries
-from kit.commands.options import credential_site, spec_argument
-from kit.commands.rotate_password import read_passwords, report
-from kit.credential_change import Expectation, apply
-from kit.layout import PROBE_USER, SiteLayout
-from kit.probe import basic_header
-from kit.spec import load_spec
+from kit.access import listed_users
+from kit.commands.options import (
+    credential_site,
+    offline_option,
+    read_passwords,
+    report,
+    spec_argument,
+    with_password_options,
+)
+from kit.credential_change import add_user, remove_user
 
 
 @click.group("users")
@@ -19,41 +21,39 @@ def users_group() -> None:
 
 @users_group.command("add")
 @click.argument("args", nargs=-1, metavar="[SPEC] USER")
-@click.option("--password-stdin", is_flag=True, help="Read the password from stdin.")
-@click.option("--generate", is_flag=True, help="Generate a strong password and print it once.")
-def add(args: tuple[str, ...], password_stdin: bool, generate: bool) -> None:
-    """Add USER with a new password, live (nginx reloads in place and the login is proven)."""
-    spec, layout, user = credential_site(args, "USER")
-    password, _ = read_passwords(password_stdin, generate, ask_current=False)
-    applied = apply(
-        spec, layout, lambda: set_password(layout, user, password, must_exist=False),
-        lambda: [Expectation(f"login of {user}", basic_header(user, password), 200)],
-    )
+@with_password_options
+@offline_option
+def add(args: tuple[str, ...], password_stdin: bool, generate: bool, offline: bool) -> None:
+    """Add USER with a new password, live (nginx reloads in place and the login is proven).
+
+    The password is asked for twice on a terminal; without one (a script), it is generated and
+    printed once unless --password-stdin gives it.
+    """
+    spec, layout, user, connection = credential_site(args, "USER", offline)
+    password, _, generated = read_passwords(password_stdin, generate, ask_current=False)
+    outcome = add_user(spec, layout, user, password, connection)
     click.echo(f"added {user}")
-    if generate:
+    if generated:
         click.echo(f"password for {user}: {password}  (shown once)")
-    report(applied)
+    report(outcome)
 
 
 @users_group.command("remove")
 @click.argument("args", nargs=-1, metavar="[SPEC] USER")
-def remove(args: tuple[str, ...]) -> None:
+@offline_option
+def remove(args: tuple[str, ...], offline: bool) -> None:
     """Remove USER; their next request gets 401."""
-    spec, layout, user = credential_site(args, "USER")
-    report(apply(spec, layout, lambda: remove_user(layout, user, spec.auth.users)))
+    spec, layout, user, connection = credential_site(args, "USER", offline)
+    outcome = remove_user(spec, layout, user, connection)
     click.echo(f"removed {user}")
+    report(outcome)
 
 
 @users_group.command("list")
 @spec_argument
 def list_users(spec) -> None:
     """The users in the password file (marking those the spec lists and kit's probe)."""
-    loaded = load_spec(spec)
-    layout = SiteLayout(spec.parent)
-    require_rendered(layout)
-    for user in sorted(password_entries(layout)):
-        origin = "kit probe" if user == PROBE_USER else (
-            "spec" if user in loaded.auth.users else "added")
+    for user, origin in listed_users(spec):
         click.echo(f"{user}\t{origin}")
 
 
