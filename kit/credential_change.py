@@ -121,8 +121,8 @@ class LiveChange:
         try:
             self._reload(self.engine, self.proxy)
         except KitError as error:
-            return (f"the previous credential files were restored, but {self.proxy.name} did not "
-                    f"reload them ({error.message}): run `kit up` to bring it in line")
+            return ("the previous credential files were restored, but reloading them failed "
+                    f"too (run `kit up` to bring {self.proxy.name} in line): {error.message}")
         return (f"the previous credential files were restored and {self.proxy.name} reloaded "
                 "them: the old credentials stay in effect")
 

@@ -1,0 +1,303 @@
+"""An in-memory Docker engine with kit.docker_api.Engine's interface, for engine-free tests.
+
+Same methods, same plain data (inspect-shaped dicts, (exit code, output), (pid, command)), and
+KitError where the real adapter raises one, so the executor, the health wait, the front-door
+reload and the credential change run unmodified against it. Tests script what a real engine
+would do on its own (a container exiting, health changing, nginx refusing a reload) and read
+`calls`, the order in which kit asked for things.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from kit.errors import KitError
+from kit.stack import ContainerConfig, GpuRequest, NetworkState, VolumeState
+
+NGINX_WORKER = "nginx: worker process"
+
+
+@dataclass
+class _Container:
+    attrs: dict
+    argv: list[str]
+    healthcheck: bool
+    processes: list[tuple[int, str]] = field(default_factory=list)
+    log: list[tuple[float, str]] = field(default_factory=list)
+    inspections: int = 0
+    scheduled: list[tuple[int, dict]] = field(default_factory=list)  # (after n inspects, State)
+
+
+class FakeEngine:
+    """kit.docker_api.Engine over dicts. Scripting: `images`, `exec_results`, `reload_errors`,
+    `fail(method, error)`, `schedule(container, after=n, **state)`, `write_log`."""
+
+    def __init__(self, images: dict[str, str] | None = None, *, local: bool = True) -> None:
+        self.images = dict(images or {})  # reference → image id (what `docker images` has)
+        self.pullable: dict[str, str] = {}  # reference → id a pull would fetch
+        self.calls: list[tuple[str, str]] = []  # (method, what it was about), in order
+        self.exec_results: dict[tuple[str, ...], list[tuple[int, str]]] = {}  # used in turn
+        self.reload_errors: list[str] = []  # [emerg] lines nginx logs instead of reloading
+        self._failures: dict[str, KitError] = {}
+        self._local = local
+        self._containers: dict[str, _Container] = {}
+        self._networks: dict[str, dict] = {}
+        self._volumes: dict[str, dict] = {}
+        self._ids = itertools.count(1)
+        self._pids = itertools.count(100)
+
+    # ----------------------------------------------------------------- scripting
+
+    def fail(self, method: str, error: KitError) -> None:
+        """Every later call of `method` raises `error` (as the real adapter raises KitError)."""
+        self._failures[method] = error
+
+    def schedule(self, container: str, *, after: int, **state) -> None:
+        """On its `after`-th inspection, the container's State takes these values, as if it
+        happened meanwhile (an exit: Status="exited", Running=False, ExitCode=1; `restarts=1`
+        also counts a restart by the engine's restart policy)."""
+        self._get(container).scheduled.append((after, state))
+
+    def set_health(self, container: str, status: str) -> None:
+        self._get(container).attrs["State"]["Health"] = {"Status": status}
+
+    def write_log(self, container: str, text: str) -> None:
+        self._get(container).log += [(time.time(), line) for line in text.splitlines()]
+
+    def names(self) -> list[str]:
+        return sorted(c.attrs["Name"].lstrip("/") for c in self._containers.values())
+
+    # ----------------------------------------------------------------- facts
+
+    @property
+    def is_local(self) -> bool:
+        return self._local
+
+    def containers(self, labels: list[str]) -> list[dict]:
+        self._call("containers", ",".join(labels))
+        return [
+            self._observed(c) for c in self._containers.values()
+            if _matches(c.attrs["Config"]["Labels"], labels)
+        ]
+
+    def inspect(self, container_id: str) -> dict:
+        self._call("inspect", container_id)
+        return self._observed(self._get(container_id))
+
+    def networks(self, labels: list[str]) -> list[dict]:
+        self._call("networks", ",".join(labels))
+        return [copy.deepcopy(n) for n in self._networks.values() if _matches(n["Labels"], labels)]
+
+    def volumes(self, labels: list[str]) -> list[dict]:
+        self._call("volumes", ",".join(labels))
+        return [copy.deepcopy(v) for v in self._volumes.values() if _matches(v["Labels"], labels)]
+
+    def image_id(self, ref: str) -> str | None:
+        self._call("image_id", ref)
+        return self.images.get(ref)
+
+    def publishers(self, host_port: int) -> list[str]:
+        self._call("publishers", str(host_port))
+        return [
+            c.attrs["Name"].lstrip("/") for c in self._containers.values()
+            if c.attrs["State"]["Running"] and any(
+                binding["HostPort"] == str(host_port)
+                for bindings in c.attrs["HostConfig"]["PortBindings"].values()
+                for binding in bindings
+            )
+        ]
+
+    # ----------------------------------------------------------------- images
+
+    def pull(self, ref: str) -> Iterator[dict]:
+        self._call("pull", ref)
+        if ref not in self.pullable:
+            raise KitError(f"pulling image {ref} failed: manifest for {ref} not found")
+        yield {"id": "layer1", "status": "Pull complete", "progressDetail": {}}
+        self.images[ref] = self.pullable[ref]
+
+    # ----------------------------------------------------------------- networks, volumes
+
+    def create_network(self, network: NetworkState) -> None:
+        self._call("create_network", network.name)
+        if network.name in self._networks:
+            raise _api_error(f"creating network {network.name}", "network already exists")
+        self._networks[network.name] = {
+            "Name": network.name, "Internal": network.internal, "Labels": dict(network.labels),
+        }
+
+    def remove_network(self, name: str) -> None:
+        self._call("remove_network", name)
+        self._networks.pop(name, None)
+
+    def create_volume(self, volume: VolumeState) -> None:
+        self._call("create_volume", volume.name)
+        self._volumes[volume.name] = {"Name": volume.name, "Labels": dict(volume.labels)}
+
+    def remove_volume(self, name: str) -> None:
+        self._call("remove_volume", name)
+        self._volumes.pop(name, None)
+
+    # ----------------------------------------------------------------- containers
+
+    def create_container(
+        self, name: str, config: ContainerConfig, labels: dict[str, str], aliases: list[str]
+    ) -> str:
+        self._call("create_container", name)
+        doing = f"creating container {name}"
+        if any(c.attrs["Name"] == f"/{name}" for c in self._containers.values()):
+            raise _api_error(doing, f'Conflict. The container name "/{name}" is already in use')
+        if config.image not in self.images:
+            raise _api_error(doing, f"No such image: {config.image}")
+        missing = [n for n in config.networks if n not in self._networks]
+        if missing:
+            raise _api_error(doing, f"network {missing[0]} not found")
+        container_id = f"{next(self._ids):064x}"
+        self._containers[container_id] = _Container(
+            attrs={
+                "Id": container_id,
+                "Name": f"/{name}",
+                "Image": self.images[config.image],
+                "RestartCount": 0,
+                "Config": {"Image": config.image, "Labels": dict(labels)},
+                "State": {"Status": "created", "Running": False, "ExitCode": 0,
+                          "StartedAt": "0001-01-01T00:00:00Z"},
+                "HostConfig": {
+                    "DeviceRequests": [_device_request(gpu) for gpu in config.gpus] or None,
+                    "PortBindings": {
+                        f"{p.container_port}/{p.protocol}": [
+                            {"HostIp": p.host_ip, "HostPort": str(p.host_port)}]
+                        for p in config.ports
+                    },
+                    "RestartPolicy": {"Name": config.restart},
+                },
+                "NetworkSettings": {"Networks": {n: {"Aliases": list(aliases)}
+                                                 for n in config.networks}},
+            },
+            argv=[*(config.entrypoint or ()), *config.command],
+            healthcheck=config.healthcheck is not None,
+        )
+        return container_id
+
+    def start(self, container_id: str) -> None:
+        self._call("start", container_id)
+        container = self._get(container_id)
+        state = container.attrs["State"]
+        state.update(Status="running", Running=True, ExitCode=0,
+                     StartedAt=datetime.now(UTC).isoformat().replace("+00:00", "Z"))
+        if container.healthcheck:
+            state["Health"] = {"Status": "starting"}
+        if container.argv and container.argv[0].rsplit("/", 1)[-1] == "nginx":
+            container.processes = [(next(self._pids), "nginx: master process " +
+                                    " ".join(container.argv)), (next(self._pids), NGINX_WORKER)]
+        else:
+            container.processes = [(next(self._pids), " ".join(container.argv))]
+
+    def stop(self, container_id: str) -> None:
+        self._call("stop", container_id)
+        container = self._get(container_id)
+        container.attrs["State"].update(Status="exited", Running=False, ExitCode=0)
+        container.processes = []
+
+    def remove(self, container: str) -> None:
+        self._call("remove", container)
+        found = self._find(container)
+        if found is not None:
+            del self._containers[found.attrs["Id"]]
+
+    def exec(self, container_id: str, argv: list[str]) -> tuple[int, str]:
+        self._call("exec", " ".join(argv))
+        self._running(container_id, f"running {argv[0]} in container")
+        results = self.exec_results.get(tuple(argv), [(0, "")])
+        return results.pop(0) if len(results) > 1 else results[0]
+
+    def signal(self, container_id: str, signal: str) -> None:
+        self._call("signal", signal)
+        container = self._running(container_id, f"sending {signal} to container")
+        if signal != "SIGHUP" or not container.processes[0][1].startswith("nginx: master"):
+            return
+        if self.reload_errors:  # nginx logs why and keeps its old workers and config
+            container.log.append((time.time(), self.reload_errors.pop(0)))
+            return
+        master = container.processes[0]
+        container.processes = [master, (next(self._pids), NGINX_WORKER)]
+        container.log.append((time.time(), "signal process started"))
+
+    def processes(self, container_id: str) -> list[tuple[int, str]]:
+        self._call("processes", container_id)
+        return list(self._running(container_id, "listing the processes of container").processes)
+
+    def log_since(self, container_id: str, since: float) -> str:
+        self._call("log_since", container_id)
+        return "".join(f"{line}\n" for at, line in self._get(container_id).log if at >= since)
+
+    def log_tail(self, container_id: str, lines: int) -> str:
+        self._call("log_tail", container_id)
+        return "".join(f"{line}\n" for _, line in self._get(container_id).log[-lines:])
+
+    def log_stream(self, container_id: str, *, follow: bool, tail: int | str) -> Iterator[bytes]:
+        self._call("log_stream", container_id)
+        log = self._get(container_id).log
+        shown = log if tail == "all" else log[len(log) - int(tail):]
+        yield from (f"{line}\n".encode() for _, line in shown)
+
+    def check_device_request(self, name: str, image: str, gpus: tuple[GpuRequest, ...]) -> None:
+        self._call("check_device_request", ",".join(i for g in gpus for i in g.device_ids))
+
+    # ----------------------------------------------------------------- internals
+
+    def _call(self, method: str, about: str) -> None:
+        self.calls.append((method, about))
+        if method in self._failures:
+            raise self._failures[method]
+
+    def _find(self, container: str) -> _Container | None:
+        return self._containers.get(container) or next(
+            (c for c in self._containers.values() if c.attrs["Name"] == f"/{container}"), None)
+
+    def _get(self, container: str) -> _Container:
+        found = self._find(container)
+        if found is None:
+            raise _api_error(f"inspecting container {container}", f"No such container: {container}")
+        return found
+
+    def _running(self, container_id: str, doing: str) -> _Container:
+        container = self._get(container_id)
+        if not container.attrs["State"]["Running"]:
+            raise _api_error(f"{doing} {container_id[:12]}",
+                             f"Container {container_id} is not running")
+        return container
+
+    def _observed(self, container: _Container) -> dict:
+        """Its inspect data now, after any scripted change that is due."""
+        container.inspections += 1
+        due = [state for after, state in container.scheduled if after <= container.inspections]
+        container.scheduled = [(a, s) for a, s in container.scheduled
+                               if a > container.inspections]
+        for state in due:
+            container.attrs["RestartCount"] += state.pop("restarts", 0)
+            container.attrs["State"].update(state)
+        return copy.deepcopy(container.attrs)
+
+
+def _matches(labels: dict[str, str], wanted: list[str]) -> bool:
+    for label in wanted:
+        key, has_value, value = label.partition("=")
+        if key not in labels or (has_value and labels[key] != value):
+            return False
+    return True
+
+
+def _device_request(gpu: GpuRequest) -> dict:
+    return {"Driver": gpu.driver, "DeviceIDs": list(gpu.device_ids),
+            "Capabilities": [list(gpu.capabilities)]}
+
+
+def _api_error(doing: str, text: str) -> KitError:
+    """What kit.docker_api.explain makes of an engine error it has no special words for."""
+    return KitError(f"Docker engine: {doing} failed: {text}")
