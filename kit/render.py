@@ -13,14 +13,7 @@ from pathlib import Path
 import jinja2
 
 from kit import __version__
-from kit.credentials import (
-    NewPassword,
-    acme_files,
-    auth_outputs,
-    self_signed_files,
-    tls_outputs,
-    user_files,
-)
+from kit.credentials import NewPassword, auth_outputs
 from kit.errors import BadInput
 from kit.files import (
     Change,
@@ -41,6 +34,7 @@ from kit.plan import (
     build_plan,
 )
 from kit.spec import Spec, load_spec, spec_warnings
+from kit.tls import acme_files, self_signed_files, tls_outputs, user_files
 
 
 def _template_source(name: str) -> tuple[str, str, Callable[[], bool]]:

@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from kit.cli import main
-from kit.credentials import new_ca, new_server_cert
 from kit.errors import BadInput, ExitCode
 from kit.layout import PROBE_USER, SiteLayout
 from kit.probe import (
@@ -33,6 +32,7 @@ from kit.probe import (
     stream_stats,
 )
 from kit.spec import Spec
+from kit.tls import new_ca, new_server_cert
 
 DOMAIN = "llm.test"
 PASSWORD = "probe-password-0123456789"

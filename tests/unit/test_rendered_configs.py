@@ -10,7 +10,7 @@ import yaml
 from click.testing import CliRunner
 
 from kit.cli import cli
-from kit.credentials import new_ca, new_server_cert
+from kit.tls import new_ca, new_server_cert
 from tests.conftest import BASE_SPEC, LLAMA_8B, REPO
 from tests.support import nginx_ns
 
