@@ -10,6 +10,7 @@ the host or inside the stack's backend network (many streams), and the OpenAI SD
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import ssl
@@ -40,10 +41,11 @@ SERVED_NAME = "tiny-chat"
 RELOAD_TIMEOUT_S = 20
 
 
-def kit(*args: str, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run the kit CLI as an operator would (a fresh process)."""
+def kit(*args: str, stdin: str | None = None, timeout: float = 300,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run the kit CLI as an operator would (a fresh process; `env` adds to the environment)."""
     return subprocess.run([sys.executable, "-m", "kit", *args], input=stdin, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def checked(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from kit.probe import basic_header
-from tests.e2e.stack import SERVED_NAME, Site, finished
+from tests.e2e.stack import SERVED_NAME, Site, finished, kit
 
 pytestmark = pytest.mark.e2e
 
@@ -86,3 +86,22 @@ def test_a_user_added_gets_in_and_once_removed_gets_401(site: Site) -> None:
     assert removed.returncode == 0, removed.stdout + removed.stderr
     assert site.status(credentials=basic_header("alice", password)) == 401
     assert site.completion(basic_header("alice", password)) == 401
+
+
+def test_with_the_engine_unreachable_a_rotation_is_refused_and_the_old_password_stays(
+    site: Site, tmp_path
+) -> None:
+    """A wrong DOCKER_HOST: kit cannot reload or prove, so it changes nothing (exit 1) instead
+    of rewriting the files while the running front door keeps the old password."""
+    old, new = site.passwords["ops"], "never-made-live-3Jv"
+    htpasswd = site.layout.htpasswd.read_bytes()
+    address = f"unix://{tmp_path / 'no-engine.sock'}"
+    refused = kit("rotate-password", str(site.spec_path), "ops", "--password-stdin",
+                  stdin=f"{new}\n", env={"DOCKER_HOST": address})
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert f"cannot reach the Docker engine at {address}" in refused.stderr
+    assert "nothing was changed" in refused.stderr and "--offline" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert site.layout.htpasswd.read_bytes() == htpasswd
+    assert site.status(credentials=basic_header("ops", old)) == 200
+    assert site.status(credentials=basic_header("ops", new)) == 401
