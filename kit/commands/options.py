@@ -11,6 +11,9 @@ from kit.spec import DEFAULT_SPEC
 
 if TYPE_CHECKING:  # imported when a credential verb runs, not by every verb
     from kit.credential_change import Outcome
+    from kit.layout import SiteLayout
+    from kit.proxy import Connection
+    from kit.spec import Spec
 
 spec_argument = click.argument(
     "spec",
@@ -52,7 +55,9 @@ def spec_and_name(values: tuple[str, ...], what: str) -> tuple[Path, str]:
     raise click.UsageError(f"expected [SPEC] {what}")
 
 
-def credential_site(values: tuple[str, ...], what: str, offline: bool = False):
+def credential_site(
+    values: tuple[str, ...], what: str, offline: bool
+) -> "tuple[Spec, SiteLayout, str, Connection | None]":
     """(spec, layout, name, connection) for the verbs that change credentials of a rendered
     site; the connection is the real engine and front door, or None with --offline."""
     from kit.access import require_rendered

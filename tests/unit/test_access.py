@@ -21,7 +21,7 @@ NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}  # nothing runnin
 
 
 def kit(*args: str, stdin: str | None = None):
-    return CliRunner(env=NO_ENGINE).invoke(cli, list(args), input=stdin)
+    return CliRunner(env=NO_ENGINE).invoke(cli, list(args), input=stdin, catch_exceptions=False)
 
 
 @pytest.fixture
