@@ -1,16 +1,15 @@
 """What a site is doing: its containers, drift from the spec, and the last gate result."""
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from kit.docker_api import Engine
-from kit.errors import KitError
 from kit.observe import ContainerState
 from kit.reconcile import changes, plan_up
 from kit.render import render_site
 from kit.site import Site
+from kit.state import json_object, read_state
 
 
 @dataclass(frozen=True)
@@ -58,14 +57,7 @@ def gather(site: Site, engine: Engine) -> StackStatus:
 
 
 def _last_probe(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as error:
-        raise KitError(
-            f"{path} is unreadable ({error})", fix="run `kit probe` to rewrite it"
-        ) from None
+    return read_state(path, json_object, fix="run `kit probe` to rewrite it")
 
 
 def _uptime(container: ContainerState, now: datetime) -> int | None:
