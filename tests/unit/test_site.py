@@ -22,7 +22,7 @@ def test_the_desired_state_is_read_on_first_use_and_kept(tmp_path: Path) -> None
     assert {s.name for s in site.desired.services} >= {"nginx"}
 
 
-def test_a_render_and_a_dry_run_of_one_site_parse_the_spec_once(tmp_path: Path, monkeypatch) -> None:
+def test_a_render_and_a_dry_run_parse_the_spec_once(tmp_path: Path, monkeypatch) -> None:
     spec = write_site(tmp_path)
     loads = []
     real = spec_module.parse_spec  # every spec load, from any module, ends here
