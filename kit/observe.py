@@ -11,7 +11,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from kit.docker_api import Engine
-from kit.errors import KitError
 from kit.files import atomic_write
 from kit.stack import (
     CONFIG_HASH_LABEL,
@@ -23,6 +22,7 @@ from kit.stack import (
     VOLUME_LABEL,
     project_filter,
 )
+from kit.state import json_object, read_state
 
 
 @dataclass(frozen=True)
@@ -147,16 +147,13 @@ def parse_time(text: str | None) -> datetime | None:
 
 
 def read_proxy_loaded(path: Path) -> ProxyLoaded | None:
-    try:
-        record = json.loads(path.read_text())["proxy"]
-        return ProxyLoaded(str(record["container_id"]), str(record["files_digest"]))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise KitError(
-            f"{path} is unreadable ({error})",
-            fix="delete it: kit then reloads the proxy once to know what it has loaded",
-        ) from None
+    return read_state(path, _proxy_loaded, fix="delete it: kit then reloads the proxy once to "
+                      "know what it has loaded")
+
+
+def _proxy_loaded(text: str) -> ProxyLoaded:
+    record = json_object(text)["proxy"]
+    return ProxyLoaded(str(record["container_id"]), str(record["files_digest"]))
 
 
 def write_proxy_loaded(path: Path, loaded: ProxyLoaded | None) -> None:

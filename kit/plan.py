@@ -6,7 +6,6 @@ nginx sizing); templates only lay it out. Pure apart from reading model configs 
 
 import shlex
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from kit.errors import BadInput
 from kit.layout import NGINX_MOUNT
@@ -181,16 +180,14 @@ def _next_power_of_two(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def model_location(spec: Spec, model: str) -> tuple[bool, Path]:
-    """(is local, host path). `org/name` is a Hub id unless that directory exists here."""
-    host_path = spec.models_root / model
-    is_local = "/" not in model or host_path.is_dir()
-    return is_local, host_path
+def model_is_local(spec: Spec, model: str) -> bool:
+    """`org/name` is a Hub id unless that directory exists here; a bare name is always local."""
+    return "/" not in model or (spec.models_root / model).is_dir()
 
 
 def _service_plan(spec: Spec, service) -> ServicePlan:
-    is_local, host_path = model_location(spec, service.model)
-    capacity = _capacity(spec, service, host_path) if is_local else None
+    is_local = model_is_local(spec, service.model)
+    capacity = _capacity(spec, service) if is_local else None
     max_num_seqs, reason = _max_num_seqs(service, capacity)
     command = [
         "--model", f"{MODELS_MOUNT}/{service.model}" if is_local else service.model,
@@ -228,21 +225,18 @@ def _service_plan(spec: Spec, service) -> ServicePlan:
     )
 
 
-def _capacity(spec: Spec, service, model_dir: Path) -> dict | None:
+def _capacity(spec: Spec, service) -> dict | None:
     """The capacity plan when both the model config and the GPU size are known here."""
-    memory = [spec.gpu_memory_for(gpu) for gpu in service.gpus]
-    if not (model_dir / "config.json").is_file() or None in memory:
-        return None
-    from kit.modelinfo import inspect_model_dir
+    from kit.service_capacity import fit_service  # reads model files: only when rendering
 
-    report = service_capacity(inspect_model_dir(model_dir), service, min(memory))
-    if report.errors:
+    fit = fit_service(spec, service)
+    if fit.failed:
+        errors = fit.report.errors if fit.report else [fit.unplanned]
         raise BadInput(
-            f"service {service.name} cannot start on this hardware:\n  - "
-            + "\n  - ".join(report.errors),
+            f"service {service.name} cannot start on this hardware:\n  - " + "\n  - ".join(errors),
             fix="see `kit plan` for the capacity table",
         )
-    return report.to_json()
+    return fit.report.to_json() if fit.report else None
 
 
 def _max_num_seqs(service, capacity: dict | None) -> tuple[int | None, str]:
@@ -255,23 +249,4 @@ def _max_num_seqs(service, capacity: dict | None) -> tuple[int | None, str]:
         )
     return capacity["recommended_max_num_seqs"], capacity.get(
         "recommended_max_num_seqs_reason", "from the capacity plan"
-    )
-
-
-def service_capacity(model, service, gpu_memory_gib: float, **context):
-    """The capacity plan of one spec service on GPUs of this size (kit render and kit plan)."""
-    from kit.capacity import plan_capacity
-
-    return plan_capacity(
-        model,
-        gpu_memory_gib=gpu_memory_gib,
-        tensor_parallel=service.tp,
-        gpu_memory_utilization=service.gpu_memory_utilization,
-        max_model_len=service.max_model_len,
-        kv_cache_dtype=service.kv_cache_dtype,
-        quantization=service.quantization,
-        dtype=service.dtype,
-        max_num_seqs=service.max_num_seqs if service.max_num_seqs != "auto" else None,
-        cuda_graphs_in_budget="--enforce-eager" not in service.extra_args,
-        **context,
     )

@@ -29,6 +29,7 @@ from kit.errors import BadInput
 from kit.files import atomic_write
 from kit.layout import PROBE_USER, SiteLayout
 from kit.spec import Service, Spec
+from kit.state import read_state
 
 STREAM_TOKENS = 24  # asked for, with ignore_eos, so the stream is long enough to judge
 MIN_STREAM_TOKENS = 16
@@ -119,15 +120,10 @@ def target_for(spec: Spec, layout: SiteLayout, address: str | None, timeout: flo
 
 
 def probe_password(layout: SiteLayout) -> str:
-    try:
-        password = layout.probe_password.read_text().strip()
-    except FileNotFoundError:
-        password = ""
+    fix = "run kit render first (it creates the probe identity)"
+    password = read_state(layout.probe_password, str.strip, fix=fix)
     if not password:
-        raise BadInput(
-            f"no probe credentials in {layout.probe_password}",
-            fix="run kit render first (it creates the probe identity)",
-        )
+        raise BadInput(f"no probe credentials in {layout.probe_password}", fix=fix)
     return password
 
 

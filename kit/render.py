@@ -33,7 +33,8 @@ from kit.plan import (
     Plan,
     build_plan,
 )
-from kit.spec import Spec, load_spec, spec_warnings
+from kit.site import Site
+from kit.spec import Spec, spec_warnings
 from kit.tls import acme_files, self_signed_files, tls_outputs, user_files
 
 
@@ -101,6 +102,35 @@ class RenderResult:
     warnings: list[str] = field(default_factory=list)
     written: bool = False
 
+    def summary(self) -> list[str]:
+        """What a render wrote, per service, and each new password (shown this once)."""
+        lines = [f"{'created' if c.old is None else 'updated'} {c.output.path}"
+                 for c in self.changes]
+        if not self.changes:
+            lines.append(f"no change: {len(self.plan.services)} service(s) already rendered")
+        for service in self.plan.services:
+            seqs = service.max_num_seqs if service.max_num_seqs is not None else "vLLM default"
+            lines.append(f"  {service.name}: GPUs {','.join(service.gpus)}, max_num_seqs {seqs} "
+                         f"({service.max_num_seqs_reason})")
+        lines += [
+            f"password for {new.user}: {new.password}\n"
+            "  (shown once; only its bcrypt hash is stored. Change it with kit rotate-password)"
+            for new in self.new_passwords
+        ]
+        return lines
+
+    def dry_run_report(self) -> list[str]:
+        """The diff of every generated file; credential material only named, never shown."""
+        lines = []
+        for change in self.changes:
+            if not change.output.generated:
+                verb = "create" if change.old is None else "update"
+                lines.append(f"would {verb} {change.output.path} (credential material, not shown)")
+            else:
+                lines.append((change.diff or f"would create {change.output.path} (empty)\n")
+                             .removesuffix("\n"))
+        return lines or ["no change"]
+
 
 def site_outputs(spec: Spec, layout: SiteLayout, spec_dir: Path, spec_name: str):
     """Every file of the site: generated config plus credential material."""
@@ -119,13 +149,11 @@ def site_outputs(spec: Spec, layout: SiteLayout, spec_dir: Path, spec_name: str)
     return plan, outputs + auth, new_passwords
 
 
-def render_site(
-    spec_path: Path, out: Path | None = None, *, force: bool = False, dry_run: bool = False
-) -> RenderResult:
-    spec = load_spec(spec_path)
-    layout = SiteLayout(out or spec_path.parent)
+def render_site(site: Site, *, force: bool = False, dry_run: bool = False) -> RenderResult:
+    """The whole `kit render` of a loaded site (`dry_run`: compute the changes, write nothing)."""
+    spec, layout = site.spec, site.layout
     plan, outputs, new_passwords = site_outputs(
-        spec, layout, spec_path.parent, spec_path.name
+        spec, layout, site.spec_path.parent, site.spec_path.name
     )
     changes = pending_changes(layout.root, outputs)
     result = RenderResult(spec, plan, changes, new_passwords, spec_warnings(spec) + plan.warnings)

@@ -1,4 +1,4 @@
-"""`kit up` after the render: observe, plan, preflight what the plan needs, apply, wait.
+"""`kit up`: render, then observe, plan, preflight what the plan needs, apply, wait, gate.
 
 Preflight runs only for what the plan is about to create or start, so an unchanged stack costs
 one engine round trip. Each check names the cause and the fix before anything is changed:
@@ -7,6 +7,8 @@ engine's NVIDIA device support and the GPU indices, and the host ports nginx pub
 spec load inside the render already refused model folders missing under an existing models_root.
 """
 
+from __future__ import annotations
+
 import errno
 import socket
 import sys
@@ -14,50 +16,77 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from kit.apply import Executor
 from kit.docker_api import Engine, connect
 from kit.errors import BadInput, KitError
-from kit.layout import SiteLayout
-from kit.observe import ObservedState, observe
+from kit.observe import ObservedState
 from kit.reconcile import (
     Action,
     CreateContainer,
     RecreateContainer,
     StartContainer,
+    changes,
     plan_up,
 )
-from kit.spec import Spec, load_spec
-from kit.stack import DesiredState, GpuRequest, ServiceState, load_desired
+from kit.render import RenderResult, render_site
+from kit.site import Site
+from kit.spec import Spec
+from kit.stack import GpuRequest, ServiceState
 from kit.wait import wait_healthy
 
+if TYPE_CHECKING:
+    from kit.probe import ProbeResult
+
 PULL_REPORT_SECONDS = 5  # how often a non-terminal pull display prints a line
-
-
-@dataclass(frozen=True)
-class Site:
-    """A site as `kit up` and `kit status` see it: its spec, folder and desired state."""
-
-    spec: Spec
-    layout: SiteLayout
-    desired: DesiredState
-
-    @classmethod
-    def load(cls, spec_path: Path) -> "Site":
-        spec = load_spec(spec_path, check_host=False)
-        layout = SiteLayout(spec_path.parent)
-        return cls(spec, layout, load_desired(layout, spec.site))
-
-    def observe(self, engine: Engine) -> ObservedState:
-        images = tuple(s.config.image for s in self.desired.services)
-        return observe(engine, self.desired.project, images, self.layout.applied)
 
 
 @dataclass(frozen=True)
 class UpResult:
     plan: list[Action]
     seconds: float
+
+
+@dataclass(frozen=True)
+class SiteUp:
+    """All of `kit up`: the render it did, the convergence, and the gate (None if skipped)."""
+
+    rendered: RenderResult
+    converged: UpResult
+    containers: int
+    probe: ProbeResult | None
+
+    def summary(self) -> str:
+        changed = changes(self.converged.plan)
+        seconds = self.converged.seconds
+        if changed:
+            return (f"stack {self.rendered.spec.site}: {len(changed)} change(s) applied, "
+                    f"{self.containers} container(s) healthy ({seconds:.1f}s)")
+        return f"no change: {self.containers} container(s) up to date ({seconds:.1f}s)"
+
+
+def up_site(
+    site: Site,
+    *,
+    timeout: float | None,
+    probe: bool,
+    report: Callable[[str], None],
+    warn: Callable[[str], None],
+) -> SiteUp:
+    """Render what the spec changed, converge the stack, then run the gate through nginx."""
+    rendered = render_site(site)
+    for warning in rendered.warnings:
+        warn(warning)
+    for line in rendered.summary():
+        report(line)
+    converged = converge(site, timeout=timeout, report=report)
+    gate = None
+    if probe:
+        from kit.probe import run_probe  # the gate: only imported when it runs
+
+        gate = run_probe(site.spec, site.layout)
+    return SiteUp(rendered, converged, len(site.desired.services), gate)
 
 
 def converge(

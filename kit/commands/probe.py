@@ -7,9 +7,8 @@ import click
 
 from kit.commands.options import spec_argument
 from kit.errors import ExitCode
-from kit.layout import SiteLayout
 from kit.probe import run_probe
-from kit.spec import load_spec
+from kit.site import Site
 
 
 @click.command()
@@ -31,8 +30,8 @@ def probe(
     side doors closed; exit 1 when a check fails, 2 on bad input. The result is also kept in
     .kit/last-probe.json.
     """
-    loaded = load_spec(spec, check_host=False)  # the model folders are vLLM's concern here
-    result = run_probe(loaded, SiteLayout(spec.parent), address=address, timeout=timeout)
+    site = Site.load(spec, check_host=False)  # the model folders are vLLM's concern here
+    result = run_probe(site.spec, site.layout, address=address, timeout=timeout)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=1, ensure_ascii=False))
     else:

@@ -7,6 +7,7 @@ import pytest
 from kit.errors import KitError
 from kit.layout import SiteLayout
 from kit.render import render_site
+from kit.site import Site
 from kit.stack import (
     COMPOSE_VERSION,
     CONFIG_FILES_LABEL,
@@ -63,8 +64,9 @@ def write_site(root: Path, *, alpha_seqs: int = 8, read_timeout: int = 900) -> P
 
 
 def rendered(spec: Path) -> DesiredState:
-    render_site(spec)
-    return load_desired(SiteLayout(spec.parent), "unit01")
+    site = Site.load(spec)
+    render_site(site)
+    return site.desired
 
 
 @pytest.fixture

@@ -1,0 +1,53 @@
+"""A site as every verb sees it: the spec loaded once, the folder it renders into, and the
+desired state read from the rendered compose file when a verb first needs it.
+
+Verbs build one `Site` and hand it to one core call; no module below the CLI loads the spec again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kit.layout import SiteLayout
+from kit.spec import Spec, load_spec
+from kit.stack import DesiredState, load_desired
+
+if TYPE_CHECKING:  # docker-py loads only for the verbs that talk to the engine
+    from kit.docker_api import Engine
+    from kit.observe import ObservedState
+
+
+@dataclass(frozen=True)
+class Site:
+    spec: Spec
+    spec_path: Path
+    layout: SiteLayout
+
+    @classmethod
+    def load(cls, spec_path: Path, *, out: Path | None = None, check_host: bool = True) -> Site:
+        """Validate the spec at `spec_path`; the site folder is `out` or the spec's folder.
+
+        `check_host=False` skips the model-directory checks, for verbs that only talk to the
+        engine or the front door (the model folders are vLLM's concern by then).
+        """
+        spec = load_spec(spec_path, check_host=check_host)
+        return cls(spec, spec_path, SiteLayout(out or spec_path.parent))
+
+    @property
+    def project(self) -> str:
+        return self.spec.site
+
+    @cached_property
+    def desired(self) -> DesiredState:
+        """What the rendered compose file asks for (read on first use, then kept)."""
+        return load_desired(self.layout, self.spec.site)
+
+    def observe(self, engine: Engine, *, with_images: bool = True) -> ObservedState:
+        """The running stack; `with_images` also resolves the desired images' ids."""
+        from kit.observe import observe
+
+        images = tuple(s.config.image for s in self.desired.services) if with_images else ()
+        return observe(engine, self.project, images, self.layout.applied)
