@@ -38,12 +38,12 @@ FORWARD_HIDDEN_COPIES = 4.3  # [tokens, hidden] tensors alive beside the MLP's i
 # parallelism NCCL and custom all-reduce buffers), as logged by vLLM 0.19 on H100.
 RUNTIME_GIB_SINGLE_GPU = 0.25
 RUNTIME_GIB_TENSOR_PARALLEL = 2.1
-# vLLM >= 0.21 reserves its CUDA-graph estimate inside the budget. It logs it as a first
-# capture (96-136 MiB per mode) plus (captures - 1) x a per-graph cost; the totals logged for
-# 51 captured sizes were 0.5-1.9 GiB, growing with the number of layers (piecewise graphs).
+# vLLM >= 0.21 reserves its CUDA-graph estimate inside the budget. It logs it per mode as a
+# first capture plus (captures - 1) x a per-graph cost; the totals logged for 51 captured sizes
+# were 0.5-1.9 GiB, growing with the number of layers (piecewise graphs).
 CUDA_GRAPH_BASE_GIB = 0.5  # at 51 captures, plus CUDA_GRAPH_PER_LAYER_GIB per layer
 CUDA_GRAPH_PER_LAYER_GIB = 0.01
-CUDA_GRAPH_FIRST_CAPTURE_GIB = 0.2  # both modes' first capture, paid whatever the count
+CUDA_GRAPH_FIRST_CAPTURE_GIB = 0.38  # both modes' first captures in the fit points' logs
 CUDA_GRAPH_REFERENCE_CAPTURES = 51  # capture sizes up to 512, what the logged estimates used
 MAX_CUDA_GRAPH_CAPTURE = 512  # vLLM captures batch sizes up to min(2 x max_num_seqs, 512)
 # MXFP4 checkpoints (gpt-oss) quantize only the routed experts: 4-bit values plus one 8-bit
