@@ -4,12 +4,17 @@ Pure: a ModelInfo and the service's numbers in, a CapacityReport out. The arithm
 vLLM's V1 engine (see docs/capacity.md for the derivation and the accuracy table):
 
     budget     = gpu_memory_gib x gpu_memory_utilization
-    kv_cache   = budget - weights_per_gpu - activation_peak - runtime - cuda_graphs
+    kv_cache   = budget - weights_per_gpu - activation_peak - non_torch - cuda_graphs
+    weights    = dense parts / tp + routed experts / tp (or whole experts per GPU with EP)
+    activation = max(sampler over max_num_seqs, forward over max_num_batched_tokens)
+                 + fused-MoE workspace
     bytes/tok  = layers x 2 x max(1, kv_heads // tp) x head_dim x kv_dtype_bytes
                  (MLA: layers x (kv_lora_rank + qk_rope_head_dim) x kv_dtype_bytes, not / tp)
 
-Weights, KV layout and the sliding-window accounting are exact; the three overhead terms are
-estimates fitted to vLLM's own start-up logs.
+KV layout and the sliding-window accounting are exact, weights are exact from safetensors
+headers; the activation, non-torch and CUDA-graph terms follow vLLM's rules with constants
+chosen on the "fit" points of tests/data/kv_points.json only. Every term is reported with its
+rule and the flags that change it (CapacityReport.terms).
 """
 
 from __future__ import annotations
@@ -562,12 +567,13 @@ def _weights_per_gpu(model: ModelInfo, weights_gib: float | None, quantization: 
         per_weight = bits / 8 + (2 / group if group and group > 0 else 0)  # 16-bit group scale
     dense = unquantized * element_bytes + linear * per_weight
     per_gpu = dense / tensor_parallel + experts * per_weight * expert_share
-    quantized = f"{method} at {per_weight * 8:.2f} bits" if per_weight < element_bytes else \
-        f"{element_bytes * 8}-bit"
+    linear_rule = (f"linear layers {method} at {per_weight * 8:.2f} bits, embeddings "
+                   f"(vocabulary padded to 64) and vision tower at {element_bytes * 8} bits"
+                   if per_weight < element_bytes else
+                   f"all at {element_bytes * 8} bits (vocabulary padded to 64)")
     return Weights(per_gpu, "estimated from config parameters",
-                   f"{model.parameter_count / 1e9:.2f} B parameters: linear layers {quantized}, "
-                   f"embeddings (vocabulary padded to 64) and vision tower at "
-                   f"{element_bytes * 8} bits, over {tensor_parallel} GPU(s)")
+                   f"{model.parameter_count / 1e9:.2f} B parameters, {linear_rule}, over "
+                   f"{tensor_parallel} GPU(s)")
 
 
 def _expert_share(model: ModelInfo, tensor_parallel: int, expert_parallel: bool) -> float:
@@ -588,10 +594,8 @@ def _mxfp4_expert_bytes(model: ModelInfo, tensor_parallel: int, expert_parallel:
         local, width = math.ceil(experts / tensor_parallel), _round_up(width, MXFP4_PAD)
     else:
         local, width = experts, _round_up(math.ceil(width / tensor_parallel), MXFP4_PAD)
-    per_layer_expert = 3 * hidden * width  # gate and up (2 x width) plus down
-    layers = model.expert_parameter_count / (experts * 3 * model.hidden_size
-                                              * (model.moe_intermediate_size or 1))
-    return layers * local * per_layer_expert * MXFP4_BYTES_PER_WEIGHT
+    per_expert = 3 * hidden * width  # gate and up (2 x width) plus down
+    return model.moe_layers * local * per_expert * MXFP4_BYTES_PER_WEIGHT
 
 
 def _round_up(value: int, multiple: int) -> int:

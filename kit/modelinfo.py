@@ -139,6 +139,7 @@ class ModelInfo:
     expert_parameter_count: int
     vision_parameter_count: int
     moe_intermediate_size: int | None
+    moe_layers: int
     dense_mlp_width: int
     gated_mlp: bool
     vocab_padding_parameters: int
@@ -280,6 +281,7 @@ def inspect_model_dir(path: Path, *, hf_cache_dir: Path | None = None) -> ModelI
         expert_parameter_count=expert_parameter_count(config),
         vision_parameter_count=_vision_params(config),
         moe_intermediate_size=_expert_size(text),
+        moe_layers=_moe_layer_count(text),
         dense_mlp_width=dense_mlp_width(text),
         gated_mlp=_matrices_per_mlp(text) == 3,
         vocab_padding_parameters=vocab_padding_parameter_count(config),
@@ -370,13 +372,17 @@ def expert_parameter_count(config: Mapping[str, Any]) -> int:
     """Parameters of the routed experts alone: what expert parallelism splits and MXFP4
     checkpoints quantize (shared experts, router and attention stay with the dense part)."""
     text = _text_config(config)
-    experts = _num_experts(text)
-    if not experts:
-        return 0
+    experts = _num_experts(text) or 0
     hidden = _first_int(text, "hidden_size", "n_embd", "d_model") or 0
+    return (_moe_layer_count(text) * experts * _matrices_per_mlp(text) * hidden
+            * (_expert_size(text) or 0))
+
+
+def _moe_layer_count(text: Mapping[str, Any]) -> int:
+    if not _num_experts(text):
+        return 0
     layers = _first_int(text, "num_hidden_layers", "n_layer", "num_layers") or 0
-    moe_layers = sum(1 for layer in range(layers) if _is_moe_layer(text, layer))
-    return moe_layers * experts * _matrices_per_mlp(text) * hidden * (_expert_size(text) or 0)
+    return sum(1 for layer in range(layers) if _is_moe_layer(text, layer))
 
 
 def vocab_padding_parameter_count(config: Mapping[str, Any]) -> int:
