@@ -4,12 +4,17 @@ Pure: a ModelInfo and the service's numbers in, a CapacityReport out. The arithm
 vLLM's V1 engine (see docs/capacity.md for the derivation and the accuracy table):
 
     budget     = gpu_memory_gib x gpu_memory_utilization
-    kv_cache   = budget - weights_per_gpu - activation_peak - runtime - cuda_graphs
+    kv_cache   = budget - weights_per_gpu - activation_peak - non_torch - cuda_graphs
+    weights    = dense parts / tp + routed experts / tp (or whole experts per GPU with EP)
+    activation = max(sampler over max_num_seqs, forward over max_num_batched_tokens)
+                 + fused-MoE workspace
     bytes/tok  = layers x 2 x max(1, kv_heads // tp) x head_dim x kv_dtype_bytes
                  (MLA: layers x (kv_lora_rank + qk_rope_head_dim) x kv_dtype_bytes, not / tp)
 
-Weights, KV layout and the sliding-window accounting are exact; the three overhead terms are
-estimates fitted to vLLM's own start-up logs.
+KV layout and the sliding-window accounting are exact, weights are exact from safetensors
+headers; the activation, non-torch and CUDA-graph terms follow vLLM's rules with constants
+chosen on the "fit" points of tests/data/kv_points.json only. Every term is reported with its
+rule and the flags that change it (CapacityReport.terms).
 """
 
 from __future__ import annotations
@@ -26,21 +31,31 @@ BLOCK_SIZE = 16  # vLLM's default KV block size on CUDA
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vLLM 0.33 default (0.9 before)
 DEFAULT_TYPICAL_REQUEST_TOKENS = 2048  # prompt + completion of an ordinary chat turn
 
-# Overhead model: vLLM profiles one forward pass over max_num_batched_tokens tokens plus one
-# sampler pass over max_num_seqs sequences and keeps the peak. Fitted (least squares) to the
-# activation peaks vLLM 0.19 logged for 18 models on H100 (llm-d-planner accuracy logs,
-# see docs/capacity.md); worst residual 0.28 GiB.
-SAMPLER_LOGIT_COPIES = 3.6  # fp32 [max_num_seqs, vocab] tensors alive at the sampler's peak
-FORWARD_HIDDEN_COPIES = 2.5  # 16-bit [max_num_batched_tokens, hidden] tensors at the peak
-MOE_DISPATCH_COPIES = 2.0  # 16-bit [tokens x experts_per_token, hidden] in fused MoE
+# Activation peak of vLLM's profiling run (gpu_model_runner.profile_run): one forward pass over
+# max_num_batched_tokens tokens, then one sampler pass over max_num_seqs sequences. The two
+# happen one after the other, so the peak is the larger of them; fused-MoE workspaces are
+# cached between calls and add to both. Constants fitted only to the "fit" points of
+# tests/data/kv_points.json (docs/capacity.md).
+SAMPLER_LOGIT_COPIES = 3.75  # fp32 [max_num_seqs, vocab]: logits, probabilities, sort values
+SAMPLER_HIDDEN_COPIES = 1.0  # the [max_num_batched_tokens, hidden] states still alive
+FORWARD_HIDDEN_COPIES = 4.3  # [tokens, hidden] tensors alive beside the MLP's intermediate
 # Memory outside PyTorch's allocator during the forward pass (cuBLAS workspaces; with tensor
 # parallelism NCCL and custom all-reduce buffers), as logged by vLLM 0.19 on H100.
 RUNTIME_GIB_SINGLE_GPU = 0.25
 RUNTIME_GIB_TENSOR_PARALLEL = 2.1
-# vLLM >= 0.21 reserves its CUDA-graph estimate inside the budget; logged estimates were
-# 0.5-1.9 GiB, growing with the number of layers (one piecewise graph per layer).
-CUDA_GRAPH_BASE_GIB = 0.5
+# vLLM >= 0.21 reserves its CUDA-graph estimate inside the budget. It logs it per mode as a
+# first capture plus (captures - 1) x a per-graph cost; the totals logged for 51 captured sizes
+# were 0.5-1.9 GiB, growing with the number of layers (piecewise graphs).
+CUDA_GRAPH_BASE_GIB = 0.5  # at 51 captures, plus CUDA_GRAPH_PER_LAYER_GIB per layer
 CUDA_GRAPH_PER_LAYER_GIB = 0.01
+CUDA_GRAPH_FIRST_CAPTURE_GIB = 0.38  # both modes' first captures in the fit points' logs
+CUDA_GRAPH_REFERENCE_CAPTURES = 51  # capture sizes up to 512, what the logged estimates used
+MAX_CUDA_GRAPH_CAPTURE = 512  # vLLM captures batch sizes up to min(2 x max_num_seqs, 512)
+# MXFP4 checkpoints (gpt-oss) quantize only the routed experts: 4-bit values plus one 8-bit
+# scale per 32; vLLM's Hopper kernels pad each expert's dimensions to a multiple of 256.
+EXPERTS_ONLY_METHODS = frozenset({"mxfp4", "gpt_oss_mxfp4"})
+MXFP4_BYTES_PER_WEIGHT = 0.5 + 1 / 32
+MXFP4_PAD = 256
 
 # vLLM's scheduler defaults by GPU (vllm.md): >=160 GiB, H100/H200 class, A100 and smaller.
 LARGE_GPU_GIB = 160
@@ -93,6 +108,20 @@ VLLM_QUANTIZATION_METHODS = frozenset(QUANTIZATION_BITS) | {
 
 
 @dataclass(frozen=True)
+class Term:
+    """One line of the memory account: its size per GPU, vLLM's rule and what changes it."""
+
+    name: str
+    gib: float
+    rule: str
+    changed_by: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "gib": round(self.gib, 3), "rule": self.rule,
+                "changed_by": self.changed_by}
+
+
+@dataclass(frozen=True)
 class CapacityReport:
     """The capacity of one service on each of its GPUs, and what stops it from starting."""
 
@@ -119,6 +148,8 @@ class CapacityReport:
     recommended_max_num_seqs: int
     recommended_max_num_seqs_reason: str
     kv_cache_dtype: str
+    expert_parallel: bool = False
+    terms: list[Term] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -156,6 +187,8 @@ class CapacityReport:
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "recommended_max_num_seqs": self.recommended_max_num_seqs,
             "recommended_max_num_seqs_reason": self.recommended_max_num_seqs_reason,
+            "expert_parallel": self.expert_parallel,
+            "terms": [term.to_json() for term in self.terms],
             "warnings": list(self.warnings),
             "errors": list(self.errors),
         }
@@ -281,6 +314,7 @@ def plan_capacity(
     max_num_seqs: int | None = None,
     gpu_name: str | None = None,
     cuda_graphs_in_budget: bool = True,
+    expert_parallel: bool = False,
 ) -> CapacityReport:
     """Plan one service's memory on each of its GPUs the way vLLM will split it.
 
@@ -288,7 +322,8 @@ def plan_capacity(
     overrides what the model directory says. `max_num_seqs` None means vLLM's default for the
     GPU (the overhead is then an upper bound for any smaller recommended value).
     `cuda_graphs_in_budget` False matches vLLM < 0.21, --enforce-eager or
-    VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0.
+    VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0. `expert_parallel` is --enable-expert-parallel:
+    whole experts per GPU instead of a slice of every expert.
     """
     _check_inputs(gpu_memory_gib, tensor_parallel, gpu_memory_utilization, max_model_len,
                   kv_cache_dtype)
@@ -327,12 +362,17 @@ def plan_capacity(
             "of KV in those layers"
         )
 
-    total_weight_bytes, weights_source = _weight_bytes(model, weights_gib, quantization,
-                                                       element_bytes, warnings)
-    weights_per_gpu = total_weight_bytes / tensor_parallel / GIB
-    activation = _activation_gib(model, seqs, batched, element_bytes)
+    if expert_parallel and not model.num_experts:
+        warnings.append("--enable-expert-parallel has no effect: the model has no experts")
+    weights = _weights_per_gpu(model, weights_gib, quantization, element_bytes, tensor_parallel,
+                               expert_parallel, warnings)
+    weights_per_gpu = weights.bytes / GIB
+    peaks = _activation_peaks(model, seqs, batched, element_bytes, tensor_parallel,
+                              expert_parallel)
+    activation = peaks.total_gib
     runtime = RUNTIME_GIB_TENSOR_PARALLEL if tensor_parallel > 1 else RUNTIME_GIB_SINGLE_GPU
-    cuda_graphs = (CUDA_GRAPH_BASE_GIB + CUDA_GRAPH_PER_LAYER_GIB * model.num_hidden_layers
+    captures = cuda_graph_capture_count(seqs)
+    cuda_graphs = (cuda_graph_gib(model.num_hidden_layers, captures)
                    if cuda_graphs_in_budget else 0.0)
     budget = gpu_memory_gib * gpu_memory_utilization
     kv_cache_gib = budget - weights_per_gpu - activation - runtime - cuda_graphs
@@ -362,6 +402,29 @@ def plan_capacity(
             f"{kv_cache_gib:.2f} GiB is left (at most {longest:,} tokens fit); lower "
             "services[].max_model_len or raise gpu_memory_utilization"
         )
+    terms = [
+        Term("budget", budget, f"gpu_memory_gib {gpu_memory_gib:g} x gpu_memory_utilization "
+             f"{gpu_memory_utilization:g}", "--gpu-memory-utilization; the GPU"),
+        Term("weights", weights_per_gpu, weights.rule,
+             "the checkpoint, --quantization, --dtype, --tensor-parallel-size, "
+             "--enable-expert-parallel"),
+        Term("activation peak", activation, peaks.rule(seqs, batched),
+             "--max-num-seqs, --max-num-batched-tokens (defaults depend on the GPU: "
+             f"{default_seqs} / {default_batched} here), --tensor-parallel-size, "
+             "--enable-expert-parallel"),
+        Term("non-torch memory", runtime,
+             "cuBLAS workspaces" + (", NCCL and custom all-reduce buffers"
+                                    if tensor_parallel > 1 else ""),
+             "--tensor-parallel-size"),
+        Term("CUDA graphs", cuda_graphs,
+             f"{captures} captured batch sizes (up to min(2 x max_num_seqs, "
+             f"{MAX_CUDA_GRAPH_CAPTURE})) x {model.num_hidden_layers} layers"
+             if cuda_graphs_in_budget else "not reserved inside the budget",
+             "--enforce-eager, --max-num-seqs, VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"),
+        Term("KV cache", kv_cache_gib, "budget - weights - activation - non-torch - CUDA "
+             f"graphs = {layout.tokens(kv_bytes):,} tokens of {layout.bytes_per_token:,} B",
+             "--kv-cache-dtype, --gpu-memory-utilization"),
+    ]
     typical = min(typical_request_tokens or DEFAULT_TYPICAL_REQUEST_TOKENS, max_model_len)
     typical_concurrency = layout.concurrency(kv_bytes, typical, batched)
     recommended, reason = _recommend_max_num_seqs(typical_concurrency, typical, default_seqs,
@@ -369,7 +432,7 @@ def plan_capacity(
     return CapacityReport(
         kv_bytes_per_token=layout.bytes_per_token,
         weights_gib=weights_per_gpu,
-        weights_source=weights_source,
+        weights_source=weights.source,
         gpu_memory_gib=gpu_memory_gib,
         gpu_memory_utilization=gpu_memory_utilization,
         tensor_parallel=tensor_parallel,
@@ -390,6 +453,8 @@ def plan_capacity(
         recommended_max_num_seqs=recommended,
         recommended_max_num_seqs_reason=reason,
         kv_cache_dtype=kv_cache_dtype,
+        expert_parallel=expert_parallel,
+        terms=terms,
         warnings=warnings,
         errors=errors,
     )
@@ -444,11 +509,24 @@ def _parallelism_errors(model: ModelInfo, tensor_parallel: int, warnings: list[s
     return []
 
 
-def _weight_bytes(model: ModelInfo, weights_gib: float | None, quantization: str | None,
-                  element_bytes: int, warnings: list[str]) -> tuple[float, str]:
-    """Total weight bytes in GPU memory and where the number comes from."""
+@dataclass(frozen=True)
+class Weights:
+    """Weight bytes on the busiest GPU and how they were counted."""
+
+    bytes: float
+    source: str
+    rule: str
+
+
+def _weights_per_gpu(model: ModelInfo, weights_gib: float | None, quantization: str | None,
+                     element_bytes: int, tensor_parallel: int, expert_parallel: bool,
+                     warnings: list[str]) -> Weights:
+    """Weights on one GPU: dense parts split by TP, routed experts by TP or (with expert
+    parallelism) whole experts per GPU, the busiest GPU holding ceil(experts / GPUs)."""
+    expert_share = _expert_share(model, tensor_parallel, expert_parallel)
     if weights_gib is not None:
-        return weights_gib * GIB, "given (--weights-gib)"
+        return Weights(weights_gib * GIB / tensor_parallel, "given (--weights-gib)",
+                       f"{weights_gib:g} GiB / tensor_parallel {tensor_parallel}")
     runtime_quantization = quantization and not model.quantization
     if model.weights_bytes and not runtime_quantization:
         stored = 0.0
@@ -456,34 +534,132 @@ def _weight_bytes(model: ModelInfo, weights_gib: float | None, quantization: str
             is_float = dtype in ("float32", "float16", "bfloat16")
             scale = element_bytes / DTYPE_BYTES[dtype] if is_float and not model.quantization else 1
             stored += size * scale
-        return (stored or model.weights_bytes), "safetensors headers"
-    bits = model.quantization_bits
+        total = stored or model.weights_bytes
+        experts = total * model.expert_parameter_count / max(model.parameter_count, 1)
+        per_gpu = (total - experts) / tensor_parallel + experts * expert_share
+        return Weights(per_gpu, "safetensors headers",
+                       f"{total / GIB:.2f} GiB in the checkpoint, split over {tensor_parallel} "
+                       "GPU(s)" + (" (experts whole per GPU)" if expert_parallel else ""))
+    if model.weights_bytes:
+        warnings.append(f"runtime quantization {quantization}: weights estimated from the "
+                        "config's parameter count, not from the checkpoint")
     method = model.quantization or quantization
+    bits = model.quantization_bits
     if method and not bits:
         bits = QUANTIZATION_BITS.get(method)
         if bits is None:
             warnings.append(f"unknown bits per weight for {method}; weights counted at 16 bits")
-    if model.weights_bytes:
-        warnings.append(f"runtime quantization {quantization}: weights estimated from the "
-                        "config's parameter count, not from the checkpoint")
-    embeddings = model.embedding_parameter_count
-    if not bits or bits >= element_bytes * 8:
-        return model.parameter_count * element_bytes, "estimated from config parameters"
-    group = model.quantization_group_size
-    per_weight = bits / 8 + (2 / group if group and group > 0 else 0)  # 16-bit scale per group
-    quantized = (model.parameter_count - embeddings) * per_weight
-    return quantized + embeddings * element_bytes, "estimated from config parameters"
+    unquantized = (model.embedding_parameter_count + model.vocab_padding_parameters
+                   + model.vision_parameter_count)
+    experts = model.expert_parameter_count
+    linear = model.parameter_count - model.embedding_parameter_count \
+        - model.vision_parameter_count - experts
+    if method in EXPERTS_ONLY_METHODS:
+        expert_bytes = _mxfp4_expert_bytes(model, tensor_parallel, expert_parallel)
+        dense_bytes = (unquantized + linear) * element_bytes
+        return Weights(dense_bytes / tensor_parallel + expert_bytes,
+                       "estimated from config parameters",
+                       f"{method}: routed experts at 4.25 bits (padded to {MXFP4_PAD}), "
+                       "attention, router, embeddings at 16 bits")
+    per_weight = float(element_bytes)
+    if bits and bits < element_bytes * 8:
+        group = model.quantization_group_size
+        per_weight = bits / 8 + (2 / group if group and group > 0 else 0)  # 16-bit group scale
+    dense = unquantized * element_bytes + linear * per_weight
+    per_gpu = dense / tensor_parallel + experts * per_weight * expert_share
+    linear_rule = (f"linear layers {method} at {per_weight * 8:.2f} bits, embeddings "
+                   f"(vocabulary padded to 64) and vision tower at {element_bytes * 8} bits"
+                   if per_weight < element_bytes else
+                   f"all at {element_bytes * 8} bits (vocabulary padded to 64)")
+    return Weights(per_gpu, "estimated from config parameters",
+                   f"{model.parameter_count / 1e9:.2f} B parameters, {linear_rule}, over "
+                   f"{tensor_parallel} GPU(s)")
 
 
-def _activation_gib(model: ModelInfo, max_num_seqs: int, max_num_batched_tokens: int,
-                    element_bytes: int) -> float:
-    sampler = SAMPLER_LOGIT_COPIES * max_num_seqs * (model.vocab_size or 0) * 4
-    forward = FORWARD_HIDDEN_COPIES * max_num_batched_tokens * model.hidden_size * element_bytes
-    moe = 0.0
-    if model.num_experts and model.num_experts_per_tok:
-        moe = (MOE_DISPATCH_COPIES * max_num_batched_tokens * model.num_experts_per_tok
-               * model.hidden_size * element_bytes)
-    return (sampler + forward + moe) / GIB
+def _expert_share(model: ModelInfo, tensor_parallel: int, expert_parallel: bool) -> float:
+    """Fraction of all routed-expert weights on the busiest GPU."""
+    if not expert_parallel or not model.num_experts:
+        return 1 / tensor_parallel
+    return math.ceil(model.num_experts / tensor_parallel) / model.num_experts
+
+
+def _mxfp4_expert_bytes(model: ModelInfo, tensor_parallel: int, expert_parallel: bool) -> float:
+    """MXFP4 experts on one GPU, each padded to MXFP4_PAD in both dimensions."""
+    experts = model.num_experts or 0
+    width = model.moe_intermediate_size or 0
+    if not experts or not width:
+        return 0.0
+    hidden = _round_up(model.hidden_size, MXFP4_PAD)
+    if expert_parallel:
+        local, width = math.ceil(experts / tensor_parallel), _round_up(width, MXFP4_PAD)
+    else:
+        local, width = experts, _round_up(math.ceil(width / tensor_parallel), MXFP4_PAD)
+    per_expert = 3 * hidden * width  # gate and up (2 x width) plus down
+    return model.moe_layers * local * per_expert * MXFP4_BYTES_PER_WEIGHT
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class ActivationPeaks:
+    """The two phases of vLLM's profiling run and the MoE workspace beside both."""
+
+    sampler_gib: float
+    forward_gib: float
+    moe_workspace_gib: float
+
+    @property
+    def total_gib(self) -> float:
+        return max(self.sampler_gib, self.forward_gib) + self.moe_workspace_gib
+
+    def rule(self, seqs: int, batched: int) -> str:
+        phase = "sampler" if self.sampler_gib >= self.forward_gib else "forward"
+        text = (f"max(sampler over {seqs} sequences {self.sampler_gib:.2f}, forward over "
+                f"{batched} tokens {self.forward_gib:.2f}) -> {phase}")
+        if self.moe_workspace_gib:
+            text += f" + fused-MoE workspace {self.moe_workspace_gib:.2f}"
+        return text
+
+
+def _activation_peaks(model: ModelInfo, max_num_seqs: int, max_num_batched_tokens: int,
+                      element_bytes: int, tensor_parallel: int,
+                      expert_parallel: bool) -> ActivationPeaks:
+    """vLLM's profile_run: the forward pass keeps hidden states and one MLP's intermediate
+    (gate/up and activation, split by TP); the sampler's fp32 logits are gathered whole on
+    every GPU; fused MoE caches [tokens x top-k x width] workspaces (full expert width when
+    experts are whole per GPU)."""
+    tokens, hidden = max_num_batched_tokens, model.hidden_size
+    hidden_bytes = tokens * hidden * element_bytes
+    sampler = (SAMPLER_LOGIT_COPIES * max_num_seqs * (model.vocab_size or 0) * 4
+               + SAMPLER_HIDDEN_COPIES * hidden_bytes)
+    matrices = 3 if model.gated_mlp else 2
+    mlp = tokens * matrices * model.dense_mlp_width / tensor_parallel * element_bytes
+    forward = mlp + FORWARD_HIDDEN_COPIES * hidden_bytes
+    workspace = 0.0
+    if model.num_experts and model.num_experts_per_tok and model.moe_intermediate_size:
+        split = 1 if expert_parallel else tensor_parallel
+        gate_up = 2 * model.moe_intermediate_size / split
+        # gate/up output, activated half, down output: per routed token copy
+        workspace = tokens * model.num_experts_per_tok * (gate_up * 1.5 + hidden) * element_bytes
+    return ActivationPeaks(sampler / GIB, forward / GIB, workspace / GIB)
+
+
+def cuda_graph_capture_count(max_num_seqs: int) -> int:
+    """How many batch sizes vLLM captures: 1, 2, 4, then steps of 8 to 256, then of 16, up to
+    min(2 x max_num_seqs, 512)."""
+    largest = min(2 * max_num_seqs, MAX_CUDA_GRAPH_CAPTURE)
+    sizes = [1, 2, 4, *range(8, 257, 8), *range(272, MAX_CUDA_GRAPH_CAPTURE + 1, 16)]
+    return sum(1 for size in sizes if size <= largest)
+
+
+def cuda_graph_gib(layers: int, captures: int) -> float:
+    """vLLM's CUDA-graph estimate: the first capture plus a per-graph cost taken from the
+    logged 51-capture totals."""
+    at_reference = CUDA_GRAPH_BASE_GIB + CUDA_GRAPH_PER_LAYER_GIB * layers
+    per_graph = (at_reference - CUDA_GRAPH_FIRST_CAPTURE_GIB) / (CUDA_GRAPH_REFERENCE_CAPTURES - 1)
+    return CUDA_GRAPH_FIRST_CAPTURE_GIB + (captures - 1) * per_graph
 
 
 def _recommend_max_num_seqs(typical_concurrency: float, typical_tokens: int, default_seqs: int,

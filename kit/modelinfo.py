@@ -42,6 +42,14 @@ MAX_LEN_KEYS = (
 # RoPE types whose max_position_embeddings already includes the extension (vLLM does not scale).
 ROPE_TYPES_ALREADY_SCALED = ("su", "longrope", "llama3")
 
+# vLLM pads the vocabulary of the embedding and LM head to a multiple of this.
+VOCAB_PADDING = 64
+# Model types whose MLP is two matrices (up, down) rather than gated three (gate, up, down).
+NON_GATED_MLP_TYPES = frozenset({"phi", "gpt2", "gpt_neox", "gptj", "gpt_bigcode", "falcon",
+                                 "starcoder2", "opt", "bloom", "mpt"})
+# Model types with one always-active shared expert of the routed experts' size per MoE layer.
+ONE_SHARED_EXPERT_TYPES = frozenset({"llama4_text", "llama4"})
+
 # Where multimodal / wrapper configs keep the language model's config.
 NESTED_TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config")
 
@@ -128,6 +136,13 @@ class ModelInfo:
     quantization_group_size: int | None
     parameter_count: int
     embedding_parameter_count: int
+    expert_parameter_count: int
+    vision_parameter_count: int
+    moe_intermediate_size: int | None
+    moe_layers: int
+    dense_mlp_width: int
+    gated_mlp: bool
+    vocab_padding_parameters: int
     weights_bytes: int | None
     weights_bytes_by_dtype: Mapping[str, int]
     has_tokenizer: bool
@@ -263,6 +278,13 @@ def inspect_model_dir(path: Path, *, hf_cache_dir: Path | None = None) -> ModelI
         quantization_group_size=group_size,
         parameter_count=estimate_parameter_count(config),
         embedding_parameter_count=embedding_parameter_count(config),
+        expert_parameter_count=expert_parameter_count(config),
+        vision_parameter_count=_vision_params(config),
+        moe_intermediate_size=_expert_size(text),
+        moe_layers=_moe_layer_count(text),
+        dense_mlp_width=dense_mlp_width(text),
+        gated_mlp=_matrices_per_mlp(text) == 3,
+        vocab_padding_parameters=vocab_padding_parameter_count(config),
         weights_bytes=weights_bytes,
         weights_bytes_by_dtype=by_dtype,
         has_tokenizer=has_tokenizer,
@@ -344,6 +366,33 @@ def estimate_parameter_count(config: Mapping[str, Any]) -> int:
     embeddings = embedding_parameter_count(config)
     mlp_total = sum(_mlp_params(text, hidden, layer) for layer in range(layers))
     return embeddings + layers * attention + mlp_total + _vision_params(config)
+
+
+def expert_parameter_count(config: Mapping[str, Any]) -> int:
+    """Parameters of the routed experts alone: what expert parallelism splits and MXFP4
+    checkpoints quantize (shared experts, router and attention stay with the dense part)."""
+    text = _text_config(config)
+    experts = _num_experts(text) or 0
+    hidden = _first_int(text, "hidden_size", "n_embd", "d_model") or 0
+    return (_moe_layer_count(text) * experts * _matrices_per_mlp(text) * hidden
+            * (_expert_size(text) or 0))
+
+
+def _moe_layer_count(text: Mapping[str, Any]) -> int:
+    if not _num_experts(text):
+        return 0
+    layers = _first_int(text, "num_hidden_layers", "n_layer", "num_layers") or 0
+    return sum(1 for layer in range(layers) if _is_moe_layer(text, layer))
+
+
+def vocab_padding_parameter_count(config: Mapping[str, Any]) -> int:
+    """Rows vLLM adds to the embedding (and an untied LM head): it pads the vocabulary to a
+    multiple of 64 (DEFAULT_VOCAB_PADDING_SIZE) before splitting it over the GPUs."""
+    text = _text_config(config)
+    hidden = _first_int(text, "hidden_size", "n_embd", "d_model") or 0
+    vocab = _first_int(text, "vocab_size", "padded_vocab_size") or 0
+    tied = text.get("tie_word_embeddings", config.get("tie_word_embeddings", False))
+    return (-vocab % VOCAB_PADDING) * hidden * (1 if tied else 2)
 
 
 def embedding_parameter_count(config: Mapping[str, Any]) -> int:
@@ -546,13 +595,46 @@ def _attention_params(text: Mapping[str, Any], shapes: Mapping[str, Any]) -> int
 def _mlp_params(text: Mapping[str, Any], hidden: int, layer: int) -> int:
     """One layer's MLP: dense, or routed experts plus shared experts and router."""
     dense = _first_int(text, "intermediate_size", "ffn_hidden_size", "n_inner") or 4 * hidden
+    matrices = _matrices_per_mlp(text)
     experts = _num_experts(text)
     if not experts or not _is_moe_layer(text, layer):
-        return 3 * hidden * dense
-    expert_size = _first_int(text, "moe_intermediate_size", "expert_intermediate_size") or dense
-    shared = (_first_int(text, "n_shared_experts") or 0) * expert_size
-    shared += _first_int(text, "shared_expert_intermediate_size") or 0
-    return 3 * hidden * (experts * expert_size + shared) + hidden * experts
+        return matrices * hidden * dense
+    expert_size = _expert_size(text) or dense
+    return matrices * hidden * (experts * expert_size + shared_expert_width(text)) \
+        + hidden * experts
+
+
+def _matrices_per_mlp(text: Mapping[str, Any]) -> int:
+    return 2 if str(text.get("model_type")) in NON_GATED_MLP_TYPES else 3
+
+
+def _expert_size(text: Mapping[str, Any]) -> int | None:
+    if not _num_experts(text):
+        return None
+    return (_first_int(text, "moe_intermediate_size", "expert_intermediate_size")
+            or _first_int(text, "intermediate_size", "ffn_hidden_size"))
+
+
+def dense_mlp_width(text: Mapping[str, Any]) -> int:
+    """The widest MLP every token passes through: a dense layer's, or a MoE layer's shared
+    experts (the activation peak of a forward pass scales with it)."""
+    hidden = _first_int(text, "hidden_size", "n_embd", "d_model") or 0
+    dense = _first_int(text, "intermediate_size", "ffn_hidden_size", "n_inner") or 4 * hidden
+    if not _num_experts(text):
+        return dense
+    layers = _first_int(text, "num_hidden_layers", "n_layer", "num_layers") or 0
+    has_dense_layer = any(not _is_moe_layer(text, layer) for layer in range(layers))
+    return max(dense if has_dense_layer else 0, shared_expert_width(text))
+
+
+def shared_expert_width(text: Mapping[str, Any]) -> int:
+    """Intermediate width of the always-active shared expert(s) of one MoE layer."""
+    expert_size = _expert_size(text) or 0
+    width = (_first_int(text, "n_shared_experts") or 0) * expert_size
+    width += _first_int(text, "shared_expert_intermediate_size") or 0
+    if str(text.get("model_type")) in ONE_SHARED_EXPERT_TYPES:
+        width += expert_size
+    return width
 
 
 def _is_moe_layer(text: Mapping[str, Any], layer: int) -> bool:

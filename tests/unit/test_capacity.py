@@ -148,6 +148,51 @@ def test_overhead_terms_respond_to_their_inputs():
         default.kv_budget_gib - default.weights_gib - default.overhead_gib)
 
 
+def test_every_term_of_the_account_is_explained():
+    report = plan("qwen1.5-moe-a2.7b", gpu_memory_gib=44.4, tensor_parallel=2)
+    terms = {term.name: term for term in report.terms}
+    assert list(terms) == ["budget", "weights", "activation peak", "non-torch memory",
+                           "CUDA graphs", "KV cache"]
+    assert terms["KV cache"].gib == pytest.approx(
+        terms["budget"].gib - sum(terms[name].gib for name in
+                                  ("weights", "activation peak", "non-torch memory",
+                                   "CUDA graphs")))
+    assert "256 / 2048 here" in terms["activation peak"].changed_by  # a 44 GiB GPU's defaults
+    assert "fused-MoE workspace" in terms["activation peak"].rule
+    assert all(term.rule and term.changed_by for term in report.terms)
+    assert report.to_json()["terms"][0]["name"] == "budget"
+
+
+def test_expert_parallel_puts_whole_experts_on_each_gpu():
+    split = plan("qwen1.5-moe-a2.7b", tensor_parallel=8, gpu_memory_gib=44.4)
+    whole = plan("qwen1.5-moe-a2.7b", tensor_parallel=8, gpu_memory_gib=44.4,
+                 expert_parallel=True)
+    # 60 experts over 8 GPUs: the busiest GPU holds 8 of them, not 7.5
+    experts = inspect_model_dir(DATA / "models" / "qwen1.5-moe-a2.7b").expert_parameter_count
+    assert whole.weights_gib - split.weights_gib == pytest.approx(
+        experts * 2 * (8 / 60 - 1 / 8) / 2**30, rel=1e-6)
+    # the fused-MoE workspace holds whole experts' width instead of 1/8 of it
+    assert whole.activation_gib > split.activation_gib
+    dense = plan("llama-3.1-8b-instruct", expert_parallel=True)
+    assert any("no effect" in warning for warning in dense.warnings)
+
+
+def test_smaller_gpus_profile_with_smaller_defaults():
+    small = plan("llama-3.1-8b-instruct", gpu_memory_gib=22.0)
+    large = plan("llama-3.1-8b-instruct", gpu_memory_gib=79.19)
+    assert (small.max_num_seqs, small.max_num_batched_tokens) == (256, 2048)
+    assert small.activation_gib < large.activation_gib / 3  # the sampler's logits shrink
+    assert small.cuda_graphs_gib == pytest.approx(large.cuda_graphs_gib)  # 51 sizes either way
+    assert plan("llama-3.1-8b-instruct", max_num_seqs=16).cuda_graphs_gib < \
+        small.cuda_graphs_gib
+
+
+def test_mxfp4_quantizes_only_the_experts():
+    report = plan("gpt-oss-20b", tensor_parallel=2)
+    assert report.weights_gib == pytest.approx(7.01, abs=0.1)  # vLLM 0.19 logged 7.01 at TP 2
+    assert "routed experts at 4.25 bits" in report.terms[1].rule
+
+
 def test_weight_sources():
     assert plan("llama-3.1-8b-instruct", weights_gib=16.0, tensor_parallel=2).weights_gib == 8.0
     awq = plan("qwen2.5-7b-instruct-awq")
@@ -167,7 +212,8 @@ def test_json_keys_are_stable():
         "kv_cache_gib", "kv_cache_tokens", "kv_cache_dtype", "max_model_len",
         "max_model_len_limit", "max_model_len_fit", "max_concurrency", "typical_request_tokens",
         "max_concurrency_typical", "max_num_seqs", "max_num_batched_tokens",
-        "recommended_max_num_seqs", "recommended_max_num_seqs_reason", "warnings", "errors"}
+        "recommended_max_num_seqs", "recommended_max_num_seqs_reason", "expert_parallel",
+        "terms", "warnings", "errors"}
     assert json.loads(json.dumps(plan("gemma-2-9b-it").to_json()))["errors"] == []
 
 
@@ -195,6 +241,7 @@ def test_there_are_enough_public_points_with_sources():
     for point in POINTS:
         assert point["source"].startswith(("https://github.com/", "shared/reference"))
         assert (DATA / "models" / point["model_dir"] / "config.json").is_file()
+        assert point["role"] in ("fit", "check")
 
 
 @pytest.mark.parametrize("point", POINTS, ids=[p["id"] for p in POINTS])
@@ -205,17 +252,28 @@ def test_bytes_per_token_reproduce_vllms_figures_exactly(point):
 
 
 CAPACITY_POINTS = [p for p in POINTS if ACCURACY.evaluate(p).capacity_asserted]
+FIT_POINTS = [p for p in CAPACITY_POINTS if p["role"] == "fit"]
 
 
-@pytest.mark.parametrize("point", CAPACITY_POINTS, ids=[p["id"] for p in CAPACITY_POINTS])
-def test_capacity_within_ten_percent_of_vllm(point):
+@pytest.mark.parametrize("point", FIT_POINTS, ids=[p["id"] for p in FIT_POINTS])
+def test_capacity_within_ten_percent_on_the_points_the_constants_were_fitted_to(point):
     evaluation = ACCURACY.evaluate(point)
     assert abs(evaluation.capacity_error) <= ACCURACY.CAPACITY_TOLERANCE
     assert evaluation.report.errors == []
 
 
+def test_capacity_within_ten_percent_on_most_checking_points():
+    """The bar of issue 15, on points no constant was fitted to (docs/capacity.md lists every
+    miss and its cause)."""
+    evaluations = [ACCURACY.evaluate(point) for point in POINTS]
+    checking = [e for e in evaluations if e.capacity_asserted and e.role == "check"]
+    assert len(checking) >= 25
+    assert ACCURACY.check_share(evaluations) >= ACCURACY.REQUIRED_CHECK_SHARE
+    assert all(e.report.errors == [] for e in checking)
+
+
 def test_capacity_is_asserted_on_most_points():
-    assert len(CAPACITY_POINTS) >= 15
+    assert len(CAPACITY_POINTS) >= 40
 
 
 def test_a_start_vllm_refused_is_refused_by_the_plan_too():

@@ -105,6 +105,16 @@ def test_awq_quantization_is_read():
         ("mixtral-8x7b-instruct-v0.1", 46.7),
         ("qwen3-30b-a3b", 30.5),
         ("gemma-2-9b-it", 9.24),
+        ("gemma-2-2b-it", 2.61),
+        ("gemma-7b", 8.54),
+        ("granite-3.1-8b-instruct", 8.17),
+        ("phi-2", 2.78),  # two-matrix MLP (fc1, fc2), not gated
+        ("phi-4", 14.7),
+        ("qwen1.5-moe-a2.7b", 14.3),  # 60 experts + a shared expert of 5632
+        ("llama-4-scout-17b-16e-instruct", 109.0),  # 16 experts + one shared, vision tower
+        ("kimi-vl-a3b-instruct", 16.4),  # MLA + 64 experts, 2 shared, MoonViT
+        ("gpt-oss-20b", 20.9),
+        ("mistral-small-3.1-24b-instruct-2503", 24.0),
     ],
 )
 def test_parameter_count_matches_published_size(name, published_billions):
@@ -258,3 +268,27 @@ def test_cache_space_warning(tmp_path):
     assert cache_space_warnings(tmp_path / "hub", 1024) == []
     warnings = cache_space_warnings(tmp_path / "hub", 10**18)
     assert len(warnings) == 1 and "would fill the disk" in warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("name", "experts_billions", "dense_mlp_width"),
+    [
+        ("mixtral-8x7b-instruct-v0.1", 45.1, 0),  # every layer routed, no shared expert
+        ("qwen1.5-moe-a2.7b", 12.46, 5632),  # the shared expert is not a routed expert
+        ("llama-4-scout-17b-16e-instruct", 96.64, 8192),
+        ("kimi-vl-a3b-instruct", 14.39, 11264),  # layer 0 is dense (first_k_dense_replace)
+        ("llama-3.1-8b-instruct", 0, 14336),
+    ],
+)
+def test_routed_expert_parameters_are_counted_apart(name, experts_billions, dense_mlp_width):
+    model = inspect_model_dir(MODELS / name)
+    assert model.expert_parameter_count / 1e9 == pytest.approx(experts_billions, abs=0.01)
+    assert model.dense_mlp_width == dense_mlp_width
+
+
+def test_vocabulary_padding_and_vision_parameters():
+    granite = inspect_model_dir(MODELS / "granite-3.1-8b-instruct")
+    assert granite.vocab_padding_parameters == (49216 - 49155) * 4096  # tied: one matrix
+    assert inspect_model_dir(MODELS / "llama-3.1-8b-instruct").vocab_padding_parameters == 0
+    assert inspect_model_dir(MODELS / "gemma-3-4b-it").vision_parameter_count > 0.4e9
+    assert inspect_model_dir(MODELS / "phi-2").gated_mlp is False
