@@ -198,6 +198,10 @@ def capacity_table(title: str, model: ModelInfo, report: CapacityReport,
     ]
     width = max(len(name) for name, _ in rows)
     lines = [title] + [f"  {name.ljust(width)}  {value}" for name, value in rows]
+    lines.append("  memory account per GPU (vLLM's rule; what changes it):")
+    term_width = max((len(term.name) for term in report.terms), default=0)
+    lines += [f"    {term.name.ljust(term_width)}  {term.gib:8.2f} GiB  {term.rule}; "
+              f"changed by {term.changed_by}" for term in report.terms]
     lines += [f"  warning: {warning}" for warning in report.warnings]
     lines += [f"  ERROR: {error}" for error in report.errors]
     return lines

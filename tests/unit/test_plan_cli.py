@@ -1,6 +1,7 @@
 """`kit plan`: the stand-alone form other tools call, and the per-service spec form."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -74,6 +75,9 @@ def test_text_table():
                   "max_num_seqs"):
         assert f"  {label} " in result.output
     assert "sliding window" in result.output
+    for term in ("budget", "weights", "activation peak", "non-torch memory", "CUDA graphs",
+                 "KV cache"):
+        assert re.search(rf"^    {term} +[0-9.]+ GiB  .*; changed by ", result.output, re.M), term
 
 
 @pytest.mark.parametrize(
