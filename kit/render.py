@@ -1,11 +1,13 @@
 """Plan → files. Templates hold the layout; every decision was made in the plan.
 
-`render_site` is the whole `kit render`: validate, plan, compute every output, refuse to clobber
-hand edits, then write atomically. Nothing is written when any step fails.
+`render_site` is the whole `kit render`: finish an interrupted render, validate, plan, compute
+every output, refuse to clobber hand edits, then write every change as one transaction
+(kit.files.commit). Nothing is written when any step fails.
 """
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -13,22 +15,31 @@ from pathlib import Path
 import jinja2
 
 from kit import __version__
+from kit.access import credential_lock
 from kit.credentials import (
+    SECRET,
+    AuthFiles,
     NewPassword,
     acme_files,
     auth_outputs,
     self_signed_files,
     tls_outputs,
+    unshown_passwords,
+    unshown_passwords_output,
     user_files,
 )
+from kit.envfile import env_file_text
 from kit.errors import BadInput
 from kit.files import (
     Change,
     Output,
-    apply_changes,
+    commit,
+    digest,
     hand_edits,
+    manifest_content,
     pending_changes,
     read_manifest,
+    recover,
     remove_stale_temps,
 )
 from kit.layout import NGINX_MOUNT, SiteLayout
@@ -85,11 +96,17 @@ def generated_files(plan: Plan, spec_name: str) -> list[Output]:
         "https_port_suffix": "" if https == 443 else f":{https}",
     }
     layout = SiteLayout(Path("."))
+    env_files = [
+        Output(layout.env_file(service.name), env_file_text(service.env, spec_name).encode(),
+               SECRET, secret=True)
+        for service in plan.services
+    ]
     return [
         Output(
             layout.compose_file,
             env.get_template("docker-compose.yml.j2").render(context).encode(),
         ),
+        *env_files,
         Output(layout.nginx_conf, env.get_template("nginx.conf.j2").render(context).encode()),
         Output(
             layout.nginx_dir / "kit.js",
@@ -102,13 +119,19 @@ def generated_files(plan: Plan, spec_name: str) -> list[Output]:
 class RenderResult:
     spec: Spec
     plan: Plan
+    layout: SiteLayout
     changes: list[Change]
-    new_passwords: list[NewPassword] = field(default_factory=list)
+    new_passwords: list[NewPassword] = field(default_factory=list)  # to print, then forget
+    removed_users: list[str] = field(default_factory=list)  # dropped from auth.users: removed
+    unlisted_users: list[str] = field(default_factory=list)  # htpasswd users the spec lacks
     warnings: list[str] = field(default_factory=list)
+    recovered: str | None = None  # what finishing an interrupted render did
     written: bool = False
 
 
-def site_outputs(spec: Spec, layout: SiteLayout, spec_dir: Path, spec_name: str):
+def site_outputs(
+    spec: Spec, layout: SiteLayout, spec_dir: Path, spec_name: str
+) -> tuple[Plan, list[Output], AuthFiles]:
     """Every file of the site: generated config plus credential material."""
     plan = build_plan(spec)
     outputs = generated_files(plan, spec_name)
@@ -121,8 +144,28 @@ def site_outputs(spec: Spec, layout: SiteLayout, spec_dir: Path, spec_name: str)
     else:
         tls = acme_files(layout, spec.site, spec.domain)
     outputs += tls_outputs(layout, tls)
-    auth, new_passwords = auth_outputs(layout, spec.auth.users)
-    return plan, outputs + auth, new_passwords
+    auth = auth_outputs(layout, spec.auth.users)
+    return plan, outputs + auth.outputs, auth
+
+
+@contextmanager
+def _locked(layout: SiteLayout) -> Iterator[None]:
+    """Render and the credential commands take turns (neither overwrites the other's htpasswd);
+    before the first render there is no state folder and nothing to race with."""
+    with credential_lock(layout) if layout.state_dir.is_dir() else nullcontext():
+        yield
+
+
+def _exposed_secrets(spec: Spec, spec_path: Path) -> list[str]:
+    """A spec holding tokens should not be readable by everyone (its env values are secrets)."""
+    secret_names = [
+        f"services[{service.name}].env.{name}" for service in spec.services for name in service.env
+        if name.endswith(("_TOKEN", "_KEY", "_SECRET")) or "PASSWORD" in name
+    ]
+    if secret_names and spec_path.stat().st_mode & 0o004:
+        return [f"{spec_path} holds {', '.join(secret_names)} and anyone on this host can read it: "
+                f"chmod 600 {spec_path} (kit keeps these values in compose/<service>.env, 0600)"]
+    return []
 
 
 def render_site(
@@ -130,24 +173,49 @@ def render_site(
 ) -> RenderResult:
     spec = load_spec(spec_path)
     layout = SiteLayout(out or spec_path.parent)
-    plan, outputs, new_passwords = site_outputs(
-        spec, layout, spec_path.parent, spec_path.name
-    )
-    changes = pending_changes(layout.root, outputs)
-    result = RenderResult(spec, plan, changes, new_passwords, spec_warnings(spec) + plan.warnings)
-    if dry_run:
-        result.new_passwords = []  # nothing is written, so no password exists yet
-        return result
-    edited = hand_edits(layout.root, changes, read_manifest(layout.manifest))
-    if edited and not force:
-        raise BadInput(
-            "these files were edited by hand since kit last wrote them:\n"
-            + "\n".join(change.diff for change in edited),
-            fix="move the change into the spec, or re-run with --force to overwrite "
-            "(the diff above shows what would be lost: '-' lines are on disk now)",
+    with _locked(layout):
+        recovered = None if dry_run else recover(layout.root, layout.state_dir)
+        plan, outputs, auth = site_outputs(spec, layout, spec_path.parent, spec_path.name)
+        unshown = [] if dry_run else unshown_passwords(layout)
+        if auth.new_passwords:
+            outputs.append(unshown_passwords_output(layout, unshown + auth.new_passwords))
+        changes = pending_changes(layout.root, outputs)
+        result = RenderResult(
+            spec, plan, layout, changes, unshown + auth.new_passwords, auth.removed,
+            auth.unlisted, spec_warnings(spec) + plan.warnings + _exposed_secrets(spec, spec_path),
+            recovered,
         )
-    layout.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    remove_stale_temps(layout.root, outputs)
-    apply_changes(layout.root, changes, layout.manifest)
+        if dry_run:
+            result.new_passwords = []  # nothing is written, so no password exists yet
+            return result
+        manifest = read_manifest(layout.manifest, force=force)
+        edited = hand_edits(layout.root, changes, manifest)
+        if edited and not force:
+            raise BadInput(
+                "these files were edited by hand since kit last wrote them:\n"
+                + "\n".join(change.diff for change in edited),
+                fix="move the change into the spec, or re-run with --force to overwrite "
+                "(the diff above shows what would be lost: '-' lines are on disk now)",
+            )
+        remove_stale_temps(
+            {(layout.root / output.path).parent for output in outputs} | {layout.state_dir}
+        )
+        commit(layout.root, layout.state_dir, changes, _new_manifest(layout, manifest, changes))
     result.written = bool(changes)
     return result
+
+
+def _new_manifest(
+    layout: SiteLayout, manifest: dict[str, str], changes: list[Change]
+) -> bytes | None:
+    """The manifest after `changes`, None when the one on disk already says it."""
+    files = dict(manifest)
+    for change in changes:
+        if change.output.generated:
+            files[str(change.output.path)] = digest(change.output.content)
+    content = manifest_content(files)
+    try:
+        unchanged = layout.manifest.read_bytes() == content
+    except OSError:
+        unchanged = False
+    return None if unchanged else content

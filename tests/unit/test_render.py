@@ -16,7 +16,7 @@ from kit.cli import cli
 from kit.layout import SiteLayout
 from tests.conftest import REPO, tree
 
-GOLDEN = ["compose/docker-compose.yml", "nginx/nginx.conf", "nginx/kit.js"]
+GOLDEN = ["compose/docker-compose.yml", "compose/llama8b.env", "nginx/nginx.conf", "nginx/kit.js"]
 
 
 def render(*args: str) -> "CliRunner.invoke":
