@@ -267,7 +267,8 @@ def _journal_content(entries: list[Entry]) -> bytes:
 
 def _sync_folders(root: Path, entries: list[Entry]) -> None:
     for folder in sorted({(root / entry.path).parent for entry in entries}):
-        _fsync_dir(folder)
+        with _naming(folder):
+            _fsync_dir(folder)
 
 
 def commit(root: Path, state_dir: Path, changes: list[Change], manifest: bytes | None) -> None:
@@ -288,6 +289,10 @@ def commit(root: Path, state_dir: Path, changes: list[Change], manifest: bytes |
         with _naming(journal):
             atomic_write(journal, _journal_content(entries), 0o600)
     except OSError as error:
+        with contextlib.suppress(OSError):
+            journal.unlink(missing_ok=True)  # renamed in place, but its fsync failed
+        if journal.exists():
+            raise _unfinished(write_failure(error), state_dir) from None
         _discard(root, entries)
         raise write_failure(error) from None
     done = 0
@@ -326,8 +331,15 @@ def _roll_back(
             f"{failure.message.removesuffix('; nothing was changed')}; putting the old files "
             f"back failed too ({second.strerror or second})"
         )
-        failure.fix = (f"{failure.fix}; the next `kit render` finishes the interrupted one "
-                       f"from {state_dir}/{FORWARD} or {ROLLBACK} before anything else")
+        return _unfinished(failure, state_dir)
+    return failure
+
+
+def _unfinished(failure: KitError, state_dir: Path) -> KitError:
+    """The failure, saying that the site is mid-render until the next render finishes it."""
+    failure.message = failure.message.removesuffix("; nothing was changed")
+    failure.fix = (f"{failure.fix}; the next `kit render` first finishes the interrupted one "
+                   f"(journal in {state_dir})")
     return failure
 
 
