@@ -29,6 +29,7 @@ from kit.errors import BadInput, KitError
 FORWARD = "render-journal.json"  # in the state folder: a committed render to finish
 ROLLBACK = "render-rollback.json"  # a render being undone: put the backups back
 PERMISSION = {errno.EACCES, errno.EPERM, errno.EROFS}
+IN_THE_WAY = {errno.ENOTDIR, errno.EISDIR, errno.EEXIST}
 
 
 @dataclass(frozen=True)
@@ -50,10 +51,10 @@ def digest(content: bytes) -> str:
 def write_failure(error: OSError, path: Path | str | None = None) -> KitError:
     """An OSError while writing the site → what failed, where, and what to do (no traceback).
 
-    Permission problems are the operator's to fix (exit 2); a full disk or an I/O error is the
-    host failing the command (exit 1). Either way the caller guarantees nothing was changed.
+    Permissions and files in the way are the operator's to fix (exit 2); a full disk or an I/O
+    error is the host failing the command (exit 1). Either way the caller has changed nothing.
     """
-    where = error.filename or path or "the site folder"
+    where = path or error.filename or "the site folder"
     reason = error.strerror or str(error)
     message = f"cannot write {where}: {reason}; nothing was changed"
     if error.errno in PERMISSION:
@@ -62,6 +63,8 @@ def write_failure(error: OSError, path: Path | str | None = None) -> KitError:
             fix="make the site folder and its files writable for the user running kit "
             "(ls -ld; chown/chmod, or remount read-write), or render elsewhere with --out",
         )
+    if error.errno in IN_THE_WAY:
+        return BadInput(message, fix="something else is in the way at that path: move it away")
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         return KitError(message, fix="free space on that file system (df -h), then run kit again")
     return KitError(message, fix="fix the file system problem, then run kit again")
