@@ -358,15 +358,20 @@ def _undo(root: Path, entries: list[Entry]) -> None:
     _sync_folders(root, entries)
 
 
+def interrupted(state_dir: Path) -> Path | None:
+    """The journal of a render that did not finish, if any (`recover` finishes it)."""
+    return next((journal for journal in (_journal(state_dir, ROLLBACK),
+                                         _journal(state_dir, FORWARD)) if journal.exists()), None)
+
+
 def recover(root: Path, state_dir: Path) -> str | None:
     """Finish a render that was interrupted (killed, or its rollback failed): roll a committed
     one forward, complete a rollback. What was done, for the operator; None when nothing was."""
-    forward, backward = _journal(state_dir, FORWARD), _journal(state_dir, ROLLBACK)
-    journal = backward if backward.exists() else forward
+    journal = interrupted(state_dir)
+    if journal is None:
+        return None
     try:
         text = journal.read_text()
-    except FileNotFoundError:
-        return None
     except OSError as error:
         raise BadInput(
             f"cannot read {journal}: {error.strerror}",
@@ -381,7 +386,7 @@ def recover(root: Path, state_dir: Path) -> str | None:
             "--force`",
         ) from None
     try:
-        if journal == backward:
+        if journal.name == ROLLBACK:
             _undo(root, entries)
             done = "undone"
         else:

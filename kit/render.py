@@ -36,6 +36,7 @@ from kit.files import (
     commit,
     digest,
     hand_edits,
+    interrupted,
     manifest_content,
     pending_changes,
     read_manifest,
@@ -187,6 +188,10 @@ def render_site(
         )
         if dry_run:
             result.new_passwords = []  # nothing is written, so no password exists yet
+            journal = interrupted(layout.state_dir)
+            if journal is not None:
+                result.warnings.append(f"a render did not finish ({journal}): the diff is "
+                                       "against a half-updated site; kit render finishes it first")
             return result
         manifest = read_manifest(layout.manifest, force=force)
         edited = hand_edits(layout.root, changes, manifest)

@@ -168,15 +168,20 @@ def test_a_render_failing_at_every_step_leaves_the_site_whole(
     assert tried == sum(counts[name] for name in calls) >= 4 * len(calls)
 
 
+def dies_before_printing(spec: Path, monkeypatch: pytest.MonkeyPatch) -> SiteLayout:
+    """A render whose process ends after writing everything, before printing the passwords."""
+    with monkeypatch.context() as patch:
+        patch.setattr("kit.commands.render._report_users", lambda result: None)
+        assert render(spec).exit_code == 0
+    return SiteLayout(spec.parent)
+
+
 def test_a_password_whose_render_died_is_printed_by_the_next_render(
     update: tuple[Path, dict], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Killed after the new htpasswd is in place but before the password was printed."""
     spec, _ = update
-    layout = SiteLayout(spec.parent)
-    with monkeypatch.context() as patch:
-        patch.setattr("kit.commands.render._report_users", lambda result: None)
-        assert render(spec).exit_code == 0
+    layout = dies_before_printing(spec, monkeypatch)
     saved = json.loads(layout.new_passwords.read_text())
     assert stat.S_IMODE(layout.new_passwords.stat().st_mode) == 0o600
     assert [entry["user"] for entry in saved] == ["dev"]
@@ -191,10 +196,7 @@ def test_a_saved_password_is_not_shown_once_it_was_changed(
     update: tuple[Path, dict], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spec, _ = update
-    layout = SiteLayout(spec.parent)
-    with monkeypatch.context() as patch:
-        patch.setattr("kit.commands.render._report_users", lambda result: None)
-        render(spec)
+    layout = dies_before_printing(spec, monkeypatch)
     set_password(layout, "dev", "a-brand-new-passphrase", must_exist=True)
     assert "password for" not in render(spec).output
 
@@ -220,7 +222,11 @@ def test_a_killed_render_is_finished_by_the_next_one(update: tuple[Path, dict]) 
     assert killed.returncode == -9
     layout = SiteLayout(spec.parent)
     assert (layout.state_dir / "render-journal.json").exists()
-    assert snapshot(spec.parent).keys() - old.keys(), "staged files wait beside their targets"
+    halfway = snapshot(spec.parent)
+    assert halfway.keys() - old.keys(), "staged files wait beside their targets"
+    dry = render(spec, "--dry-run")
+    assert dry.exit_code == 0 and "a render did not finish" in dry.output
+    assert snapshot(spec.parent) == halfway
     finished = render(spec)
     assert finished.exit_code == 0, finished.output
     assert "an interrupted render was finished" in finished.output
