@@ -282,6 +282,8 @@ def commit(root: Path, state_dir: Path, changes: list[Change], manifest: bytes |
         path = (state_dir / "manifest.json").relative_to(root)
         outputs.append((Output(path, manifest, 0o600, generated=False),
                         read_existing(root / path)))
+    if not outputs:
+        return  # nothing to write: a read-only site renders "no change"
     entries: list[Entry] = []
     journal = _journal(state_dir, FORWARD)
     try:

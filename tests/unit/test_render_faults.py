@@ -233,22 +233,38 @@ def test_a_killed_render_is_finished_by_the_next_one(update: tuple[Path, dict]) 
     assert_consistent(spec.parent, passwords(finished.output), "gone")
 
 
-def test_a_read_only_site_folder_is_refused_with_the_path(update: tuple[Path, dict]) -> None:
-    spec, old = update
+def render_read_only(spec: Path) -> subprocess.CompletedProcess:
+    """`kit render` with the site folder mounted read-only (a private mount namespace)."""
     site = spec.parent
     read_only = f"mount --bind {site} {site} && mount -o remount,bind,ro {site}"
     able = subprocess.run(["unshare", "--mount", "sh", "-c", read_only], capture_output=True,
                           text=True, timeout=60)
     if able.returncode != 0:
         pytest.skip(f"cannot make a read-only bind mount here: {able.stderr}")
-    result = subprocess.run(
+    return subprocess.run(
         ["unshare", "--mount", "sh", "-c",
          f'{read_only} && exec "{sys.executable}" -m kit render "$0"', str(spec)],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )
+
+
+def test_a_read_only_site_folder_is_refused_with_the_path(update: tuple[Path, dict]) -> None:
+    spec, old = update
+    site = spec.parent
+    result = render_read_only(spec)
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     assert f"error: cannot write {site}/" in result.stderr
     assert "Read-only file system; nothing was changed" in result.stderr
     assert "fix: make the site folder" in result.stderr
+    assert snapshot(site) == old
+
+
+def test_an_unchanged_site_renders_on_a_read_only_folder(site: Path) -> None:
+    spec = site / "site.yaml"
+    assert render(spec).exit_code == 0
+    old = snapshot(site)
+    result = render_read_only(spec)
+    assert result.returncode == 0, result.stderr
+    assert "no change" in result.stdout
     assert snapshot(site) == old
