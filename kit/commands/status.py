@@ -62,13 +62,16 @@ def gather(spec: Path) -> StackStatus:
 
 def _last_probe(path: Path) -> dict | None:
     try:
-        return json.loads(path.read_text())
+        record = json.loads(path.read_text())
+        checks = record["checks"]
+        if isinstance(checks, list) and all(isinstance(check, dict) for check in checks):
+            return record
+        problem = "its checks are not a list of records"
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as error:
-        raise KitError(
-            f"{path} is unreadable ({error})", fix="run `kit probe` to rewrite it"
-        ) from None
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        problem = str(error)
+    raise KitError(f"{path} is unreadable ({problem})", fix="run `kit probe` to rewrite it")
 
 
 def _uptime(container: ContainerState, now: datetime) -> int | None:

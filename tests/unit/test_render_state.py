@@ -13,8 +13,10 @@ from click.testing import CliRunner, Result
 
 from kit.access import set_password
 from kit.cli import cli
+from kit.commands.status import _last_probe
 from kit.credentials import new_ca, new_server_cert, parse_htpasswd
 from kit.envfile import env_file_text, parse_env_file
+from kit.errors import KitError
 from kit.layout import SiteLayout
 from kit.stack import load_desired
 from tests.unit.test_render_faults import snapshot
@@ -227,3 +229,14 @@ def test_a_corrupt_record_of_spec_users_is_refused_with_the_fix(site: Path) -> N
     refused(spec, f"{layout.spec_users}", "fix: delete it")
     os.unlink(layout.spec_users)
     assert render(spec).exit_code == 0
+
+
+@pytest.mark.parametrize("content", ["{", "[]", '{"checks": 3}', '{"checks": [1]}', "{}"])
+def test_a_corrupt_last_probe_record_is_named_with_the_fix(tmp_path: Path, content: str) -> None:
+    record = tmp_path / "last-probe.json"
+    record.write_text(content)
+    with pytest.raises(KitError) as raised:
+        _last_probe(record)
+    assert str(record) in raised.value.message and "kit probe" in str(raised.value.fix)
+    record.write_text('{"ok": true, "checks": [{"name": "tls", "ok": true}]}')
+    assert _last_probe(record)["ok"] is True
