@@ -163,7 +163,9 @@ def read_existing(path: Path) -> bytes | None:
     except OSError as error:
         raise BadInput(
             f"cannot read {path}: {error.strerror or error}",
-            fix="run kit as the user that owns the site folder, or fix the file's permissions",
+            fix="something else is in the way at that path: move it away"
+            if error.errno in IN_THE_WAY
+            else "run kit as the user that owns the site folder, or fix the file's permissions",
         ) from None
 
 

@@ -80,7 +80,16 @@ def test_an_unreadable_htpasswd_is_named(site: Path) -> None:
     spec = site / "site.yaml"
     layout = SiteLayout(site)
     layout.htpasswd.mkdir(parents=True)
-    refused(spec, f"cannot read {layout.htpasswd}: Is a directory", "fix: run kit as")
+    refused(spec, f"cannot read {layout.htpasswd}: Is a directory", "fix: something else is in")
+
+
+@pytest.mark.parametrize(
+    "blocker", [".kit", "compose", "nginx/nginx.conf/x", "compose/llama8b.env/x"]
+)
+def test_a_file_or_folder_in_the_way_is_named(site: Path, blocker: str) -> None:
+    (site / blocker).parent.mkdir(parents=True, exist_ok=True)
+    (site / blocker).write_text("")
+    refused(site / "site.yaml", "cannot read", "in the way")
 
 
 @pytest.mark.parametrize("value", ["20m", "1e3", "-5", "", "12.5", "9999999"])
