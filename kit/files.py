@@ -382,7 +382,7 @@ def recover(root: Path, state_dir: Path) -> str | None:
             fix="run kit as the user that owns the site folder",
         ) from None
     try:
-        entries = [Entry(**entry) for entry in json.loads(text)["entries"]]
+        entries = [_entry(raw) for raw in json.loads(text)["entries"]]
     except (ValueError, TypeError, KeyError) as error:
         raise BadInput(
             f"{journal} (an interrupted render's journal) is unusable: {error}",
@@ -397,9 +397,22 @@ def recover(root: Path, state_dir: Path) -> str | None:
             _redo(root, entries)
             done = "finished"
     except OSError as error:
-        raise write_failure(error) from None
+        raise _unfinished(write_failure(error), state_dir) from None
     _finish(root, journal, entries)
     return f"an interrupted render was {done} ({len(entries)} file(s))"
+
+
+def _entry(raw: dict) -> Entry:
+    """A journal entry, refused unless it names files inside the site folder."""
+    entry = Entry(**raw)
+    for name in (entry.path, entry.staged, entry.backup):
+        if name is not None and (
+            not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts
+        ):
+            raise ValueError(f"{name!r} is not a path inside the site folder")
+    if not isinstance(entry.new, str) or not isinstance(entry.old, str | None):
+        raise ValueError("a digest is not a string")
+    return entry
 
 
 def _redo(root: Path, entries: list[Entry]) -> None:

@@ -268,3 +268,22 @@ def test_an_unchanged_site_renders_on_a_read_only_folder(site: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "no change" in result.stdout
     assert snapshot(site) == old
+
+
+@pytest.mark.parametrize("journal", [
+    "{", "[]", '{"entries": [{"path": 5}]}',
+    '{"entries": [{"path": "/etc/passwd", "staged": "x.tmp", "backup": null, "old": null,'
+    ' "new": "0"}]}',
+    '{"entries": [{"path": "../x", "staged": "x.tmp", "backup": null, "old": null, "new": "0"}]}',
+])
+def test_a_damaged_journal_is_refused_and_touches_nothing(site: Path, journal: str) -> None:
+    spec = site / "site.yaml"
+    assert render(spec).exit_code == 0
+    layout = SiteLayout(site)
+    (layout.state_dir / "render-journal.json").write_text(journal)
+    before = snapshot(site.parent)
+    result = render(spec)
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+    assert "an interrupted render's journal) is unusable" in result.output
+    assert "fix: delete it" in result.output
+    assert snapshot(site.parent) == before
