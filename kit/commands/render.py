@@ -1,4 +1,4 @@
-"""kit render: spec → compose file, nginx config and credentials, atomically."""
+"""kit render: spec → compose file, env files, nginx config and credentials, as one transaction."""
 
 from pathlib import Path
 
@@ -19,7 +19,8 @@ from kit.render import RenderResult, render_site
 @click.option("--dry-run", is_flag=True, help="Print a diff of what would change; write nothing.")
 @click.option("--force", is_flag=True, help="Overwrite files edited by hand since the last render.")
 def render(spec: Path, out: Path | None, dry_run: bool, force: bool) -> None:
-    """Write compose/docker-compose.yml, nginx/ and credentials from SPEC (default ./site.yaml)."""
+    """Write compose/ (with a 0600 env file per service), nginx/ and credentials from SPEC
+    (default ./site.yaml), all or nothing. Users dropped from auth.users are removed."""
     result = render_site(spec, out, force=force, dry_run=dry_run)
     if result.recovered:
         click.echo(result.recovered)
