@@ -332,19 +332,19 @@ def acme_files(layout: SiteLayout, site: str, domain: str) -> TLSFiles:
     return self_signed_files(layout, site, domain)
 
 
-def _user_file(path: Path, key: str) -> bytes:
+def _read_user_file(path: Path, key: str) -> bytes:
     try:
         return path.read_bytes()
     except OSError as error:
         raise BadInput(
-            f"cannot read {key} {path}: {error.strerror or error}",
-            fix=f"point {key} at a readable file (kit reads it as the user running kit, e.g. "
-            "`chmod 640` and a group this user is in, or run kit as root)",
+            f"{key}: cannot read {path}: {error.strerror}",
+            fix=f"make {path} readable by the user running kit (it is copied into the site "
+            f"with mode 0600), or point {key} at a readable copy",
         ) from None
 
 
 def user_files(cert_path: Path, key_path: Path, domain: str) -> TLSFiles:
-    cert, key = _user_file(cert_path, "tls.cert"), _user_file(key_path, "tls.key")
+    cert, key = _read_user_file(cert_path, "tls.cert"), _read_user_file(key_path, "tls.key")
     problems = cert_problems(cert, key, domain, str(cert_path))
     if problems:
         raise BadInput(

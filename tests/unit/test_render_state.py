@@ -73,7 +73,7 @@ def test_an_unreadable_tls_key_is_named(site: Path, monkeypatch: pytest.MonkeyPa
         return real(path)
 
     monkeypatch.setattr(Path, "read_bytes", read_bytes)
-    refused(spec, f"cannot read tls.key {key_file}: Permission denied", "fix: point")
+    refused(spec, f"tls.key: cannot read {key_file}: Permission denied", "readable")
 
 
 def test_an_unreadable_htpasswd_is_named(site: Path) -> None:
