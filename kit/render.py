@@ -7,7 +7,7 @@ every output, refuse to clobber hand edits, then write every change as one trans
 
 import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -42,6 +42,7 @@ from kit.files import (
     read_manifest,
     recover,
     remove_stale_temps,
+    write_failure,
 )
 from kit.layout import NGINX_MOUNT, SiteLayout
 from kit.plan import (
@@ -153,7 +154,12 @@ def site_outputs(
 def _locked(layout: SiteLayout) -> Iterator[None]:
     """Render and the credential commands take turns (neither overwrites the other's htpasswd);
     before the first render there is no state folder and nothing to race with."""
-    with credential_lock(layout) if layout.state_dir.is_dir() else nullcontext():
+    with ExitStack() as stack:
+        if layout.state_dir.is_dir():
+            try:
+                stack.enter_context(credential_lock(layout))
+            except OSError as error:
+                raise write_failure(error, layout.state_dir) from None
         yield
 
 
