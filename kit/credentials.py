@@ -4,6 +4,7 @@ Functions here compute file contents; writing them is files.py's job, so render,
 `--dry-run` share one path. Secrets are never placed in rendered config, compose or labels.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -16,6 +17,7 @@ import bcrypt
 
 from kit.errors import BadInput
 from kit.files import Output
+from kit.files import read_existing as read_if_present
 from kit.layout import PROBE_USER, SiteLayout
 
 BCRYPT_COST = 12
@@ -191,13 +193,6 @@ def auth_state() -> str:
     )
 
 
-def read_if_present(path: Path) -> bytes | None:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        return None
-
-
 # --------------------------------------------------------------------------- the auth files
 
 
@@ -205,18 +200,52 @@ def read_if_present(path: Path) -> bytes | None:
 class NewPassword:
     user: str
     password: str
+    hashed: str  # what htpasswd holds for it: a saved password is shown only while it matches
 
 
-def auth_outputs(layout: SiteLayout, users: list[str]) -> tuple[list[Output], list[NewPassword]]:
+@dataclass(frozen=True)
+class AuthFiles:
+    outputs: list[Output]
+    new_passwords: list[NewPassword]
+    removed: list[str]  # in auth.users at the last render, not now: taken out of htpasswd
+    unlisted: list[str]  # in htpasswd but never in auth.users (`kit users add`): kept
+
+
+def _spec_users(layout: SiteLayout) -> set[str] | None:
+    """auth.users of the last render; None before the first render that recorded them."""
+    content = read_if_present(layout.spec_users)
+    if content is None:
+        return None
+    try:
+        users = json.loads(content)
+        if isinstance(users, list) and all(isinstance(user, str) for user in users):
+            return set(users)
+    except ValueError:
+        pass
+    raise BadInput(
+        f"{layout.spec_users} (the auth.users of the last render) is unusable",
+        fix="delete it: render then keeps every htpasswd user and lists those not in the spec",
+    )
+
+
+def auth_outputs(layout: SiteLayout, users: list[str]) -> AuthFiles:
     """htpasswd with every spec user and the probe present, keys.map, auth-state.conf.
 
-    Existing htpasswd entries are never touched; a missing user gets a generated password that
-    the caller prints once. The probe's password is kept in .kit/ (0600) for `kit probe`.
+    The spec owns the users it lists: a missing one gets a generated password that the caller
+    prints once; one dropped from auth.users since the last render is removed (with a new auth
+    epoch, so it is refused as soon as nginx reloads). Users added with `kit users add` were
+    never in the spec and are kept. Every other htpasswd line is kept byte for byte. The probe's
+    password is kept in .kit/ (0600) for `kit probe`.
     """
     rel = layout.root
     on_disk = read_if_present(layout.htpasswd) or b""
     htpasswd = on_disk.decode()
     present = parse_htpasswd(htpasswd, layout.htpasswd)
+    owned = _spec_users(layout)
+    removed = sorted(user for user in (owned or set()) - set(users) if user in present)
+    for user in removed:
+        htpasswd = htpasswd_without(htpasswd, user)
+    unlisted = sorted(set(present) - set(users) - set(removed) - {PROBE_USER})
     new_passwords = []
     outputs = []
     installed = (read_if_present(layout.probe_hash) or b"").decode().strip()
@@ -234,8 +263,9 @@ def auth_outputs(layout: SiteLayout, users: list[str]) -> tuple[list[Output], li
     for user in users:
         if user not in present:
             password = generate_password()
-            htpasswd = htpasswd_with(htpasswd, user, hash_password(password))
-            new_passwords.append(NewPassword(user, password))
+            hashed = hash_password(password)
+            htpasswd = htpasswd_with(htpasswd, user, hashed)
+            new_passwords.append(NewPassword(user, password, hashed))
     keys = keys_map(read_keys(layout)).encode()
     unchanged = (
         on_disk == htpasswd.encode() and read_if_present(layout.keys_map) == keys
@@ -249,5 +279,37 @@ def auth_outputs(layout: SiteLayout, users: list[str]) -> tuple[list[Output], li
             layout.auth_state.relative_to(rel), epoch or auth_state().encode(), SECRET,
             generated=False,
         ),
+        Output(layout.spec_users.relative_to(rel), (json.dumps(sorted(users)) + "\n").encode(),
+               SECRET, generated=False),
     ]
-    return outputs, new_passwords
+    return AuthFiles(outputs, new_passwords, removed, unlisted)
+
+
+def unshown_passwords(layout: SiteLayout) -> list[NewPassword]:
+    """Passwords an earlier render generated but did not get to print, while htpasswd still
+    holds them (a later `kit rotate-password` or `kit users remove` makes them void)."""
+    content = read_if_present(layout.new_passwords)
+    if content is None:
+        return []
+    try:
+        saved = [NewPassword(**entry) for entry in json.loads(content)]
+    except (ValueError, TypeError) as error:
+        raise BadInput(
+            f"{layout.new_passwords} (passwords not yet shown) is unusable: {error}",
+            fix="delete it and set new passwords with `kit rotate-password USER`",
+        ) from None
+    current = parse_htpasswd((read_if_present(layout.htpasswd) or b"").decode(), layout.htpasswd)
+    return [entry for entry in saved if current.get(entry.user) == entry.hashed]
+
+
+def unshown_passwords_output(layout: SiteLayout, passwords: list[NewPassword]) -> Output:
+    content = json.dumps([vars(entry) for entry in passwords], indent=1) + "\n"
+    return Output(layout.new_passwords.relative_to(layout.root), content.encode(), SECRET,
+                  generated=False, secret=True)
+
+
+def forget_shown_passwords(layout: SiteLayout) -> None:
+    """The passwords were printed: drop the saved copy (if that fails, the next render shows
+    them again, which loses nothing)."""
+    with contextlib.suppress(OSError):
+        layout.new_passwords.unlink(missing_ok=True)

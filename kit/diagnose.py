@@ -175,7 +175,9 @@ def _gated(_match: re.Match[str], _log: str) -> _Finding:
         "the Hugging Face Hub refused the download: the model is gated or private and no "
         "authorised token was sent",
         "accept the model's licence on its Hub page and set services[].env.HF_TOKEN to a token "
-        "of that account, or put the model under models_root",
+        "of that account (kit writes it only to compose/<service>.env, mode 0600, never to the "
+        "compose file; keep the spec private too: chmod 600 site.yaml), or put the model under "
+        "models_root",
         "services[].env.HF_TOKEN",
     )
 
@@ -184,7 +186,7 @@ def _repo_not_found(_match: re.Match[str], _log: str) -> _Finding:
     return _Finding(
         "the Hugging Face Hub has no such model (or it is private)",
         "check the org/name in services[].model; for a private model set "
-        "services[].env.HF_TOKEN",
+        "services[].env.HF_TOKEN (kept in the 0600 compose/<service>.env; chmod 600 the spec)",
         "services[].model",
     )
 

@@ -2,6 +2,7 @@
 
     <site>/site.yaml                    the spec (any name)
     <site>/compose/docker-compose.yml   rendered
+    <site>/compose/<service>.env        rendered: each service's environment (0600: may hold tokens)
     <site>/nginx/nginx.conf, kit.js     rendered (mounted read-only at /etc/nginx/kit)
     <site>/nginx/auth/                  htpasswd (bcrypt), keys.map (key digests), auth-state.conf
     <site>/nginx/tls/                   server.crt, server.key, ca.crt
@@ -26,6 +27,10 @@ class SiteLayout:
     @property
     def compose_file(self) -> Path:
         return self.compose_dir / "docker-compose.yml"
+
+    def env_file(self, service: str) -> Path:
+        """A service's environment: kept out of the compose file, which anyone may read."""
+        return self.compose_dir / f"{service}.env"
 
     @property
     def nginx_dir(self) -> Path:
@@ -78,6 +83,18 @@ class SiteLayout:
     @property
     def manifest(self) -> Path:
         return self.state_dir / "manifest.json"
+
+    @property
+    def spec_users(self) -> Path:
+        """The auth.users of the last render: who the spec owns (removed from htpasswd when
+        dropped from the spec), as opposed to users added with `kit users add`."""
+        return self.state_dir / "spec-users.json"
+
+    @property
+    def new_passwords(self) -> Path:
+        """Generated passwords not yet shown (0600): written with the htpasswd holding their
+        hashes, deleted once printed, so a render that dies in between loses none."""
+        return self.state_dir / "new-passwords.json"
 
     @property
     def probe_password(self) -> Path:

@@ -1,11 +1,13 @@
 """Plan → files. Templates hold the layout; every decision was made in the plan.
 
-`render_site` is the whole `kit render`: validate, plan, compute every output, refuse to clobber
-hand edits, then write atomically. Nothing is written when any step fails.
+`render_site` is the whole `kit render`: finish an interrupted render, validate, plan, compute
+every output, refuse to clobber hand edits, then write every change as one transaction
+(kit.files.commit). Nothing is written when any step fails.
 """
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -13,16 +15,31 @@ from pathlib import Path
 import jinja2
 
 from kit import __version__
-from kit.credentials import NewPassword, auth_outputs
+from kit.access import credential_lock
+from kit.credentials import (
+    SECRET,
+    AuthFiles,
+    NewPassword,
+    auth_outputs,
+    forget_shown_passwords,
+    unshown_passwords,
+    unshown_passwords_output,
+)
+from kit.envfile import env_file_text
 from kit.errors import BadInput
 from kit.files import (
     Change,
     Output,
-    apply_changes,
+    commit,
+    digest,
     hand_edits,
+    interrupted,
+    manifest_content,
     pending_changes,
     read_manifest,
+    recover,
     remove_stale_temps,
+    write_failure,
 )
 from kit.layout import NGINX_MOUNT, SiteLayout
 from kit.plan import (
@@ -80,11 +97,17 @@ def generated_files(plan: Plan, spec_name: str) -> list[Output]:
         "https_port_suffix": "" if https == 443 else f":{https}",
     }
     layout = SiteLayout(Path("."))
+    env_files = [
+        Output(layout.env_file(service.name), env_file_text(service.env, spec_name).encode(),
+               SECRET, secret=True)
+        for service in plan.services
+    ]
     return [
         Output(
             layout.compose_file,
             env.get_template("docker-compose.yml.j2").render(context).encode(),
         ),
+        *env_files,
         Output(layout.nginx_conf, env.get_template("nginx.conf.j2").render(context).encode()),
         Output(
             layout.nginx_dir / "kit.js",
@@ -97,21 +120,29 @@ def generated_files(plan: Plan, spec_name: str) -> list[Output]:
 class RenderResult:
     spec: Spec
     plan: Plan
+    layout: SiteLayout
     changes: list[Change]
-    new_passwords: list[NewPassword] = field(default_factory=list)
+    new_passwords: list[NewPassword] = field(default_factory=list)  # to print, then forget
+    removed_users: list[str] = field(default_factory=list)  # dropped from auth.users: removed
+    unlisted_users: list[str] = field(default_factory=list)  # htpasswd users the spec lacks
     warnings: list[str] = field(default_factory=list)
+    recovered: str | None = None  # what finishing an interrupted render did
     written: bool = False
 
     def summary(self) -> list[str]:
-        """What a render wrote, per service, and each new password (shown this once)."""
-        lines = [f"{'created' if c.old is None else 'updated'} {c.output.path}"
-                 for c in self.changes]
+        """What a render did: recovery, files, services, users removed, new passwords."""
+        unshown = self.layout.new_passwords.relative_to(self.layout.root)
+        lines = [self.recovered] if self.recovered else []
+        lines += [f"{'created' if c.old is None else 'updated'} {c.output.path}"
+                  for c in self.changes if c.output.path != unshown]  # passwords: printed below
         if not self.changes:
             lines.append(f"no change: {len(self.plan.services)} service(s) already rendered")
         for service in self.plan.services:
             seqs = service.max_num_seqs if service.max_num_seqs is not None else "vLLM default"
             lines.append(f"  {service.name}: GPUs {','.join(service.gpus)}, max_num_seqs {seqs} "
                          f"({service.max_num_seqs_reason})")
+        lines += [f"removed user {user}: no longer in auth.users (refused with 401 once nginx "
+                  "reloads: kit up)" for user in self.removed_users]
         lines += [
             f"password for {new.user}: {new.password}\n"
             "  (shown once; only its bcrypt hash is stored. Change it with kit rotate-password)"
@@ -119,20 +150,26 @@ class RenderResult:
         ]
         return lines
 
+    def passwords_shown(self) -> None:
+        """The summary was printed: the saved copy of its new passwords can go."""
+        forget_shown_passwords(self.layout)
+
     def dry_run_report(self) -> list[str]:
-        """The diff of every generated file; credential material only named, never shown."""
+        """The diff of every generated file; secret material only named, never shown."""
         lines = []
         for change in self.changes:
-            if not change.output.generated:
+            if change.output.secret or not change.output.generated:
                 verb = "create" if change.old is None else "update"
-                lines.append(f"would {verb} {change.output.path} (credential material, not shown)")
+                lines.append(f"would {verb} {change.output.path} (secret material, not shown)")
             else:
                 lines.append((change.diff or f"would create {change.output.path} (empty)\n")
                              .removesuffix("\n"))
         return lines or ["no change"]
 
 
-def site_outputs(spec: Spec, layout: SiteLayout, spec_dir: Path, spec_name: str):
+def site_outputs(
+    spec: Spec, layout: SiteLayout, spec_dir: Path, spec_name: str
+) -> tuple[Plan, list[Output], AuthFiles]:
     """Every file of the site: generated config plus credential material."""
     plan = build_plan(spec)
     outputs = generated_files(plan, spec_name)
@@ -145,31 +182,96 @@ def site_outputs(spec: Spec, layout: SiteLayout, spec_dir: Path, spec_name: str)
     else:
         tls = acme_files(layout, spec.site, spec.domain)
     outputs += tls_outputs(layout, tls)
-    auth, new_passwords = auth_outputs(layout, spec.auth.users)
-    return plan, outputs + auth, new_passwords
+    auth = auth_outputs(layout, spec.auth.users)
+    return plan, outputs + auth.outputs, auth
+
+
+@contextmanager
+def _locked(layout: SiteLayout) -> Iterator[None]:
+    """Render and the credential commands take turns (neither overwrites the other's htpasswd);
+    before the first render there is no state folder and nothing to race with."""
+    with ExitStack() as stack:
+        if layout.state_dir.is_dir():
+            try:
+                stack.enter_context(credential_lock(layout))
+            except OSError as error:
+                raise write_failure(error, layout.state_dir) from None
+        yield
+
+
+def _exposed_secrets(spec: Spec, spec_path: Path) -> list[str]:
+    """A spec holding tokens should not be readable by everyone (its env values are secrets)."""
+    secret_names = [
+        f"services[{service.name}].env.{name}" for service in spec.services for name in service.env
+        if name.endswith(("_TOKEN", "_KEY", "_SECRET")) or "PASSWORD" in name
+    ]
+    if secret_names and spec_path.stat().st_mode & 0o004:
+        return [f"{spec_path} holds {', '.join(secret_names)} and anyone on this host can read it: "
+                f"chmod 600 {spec_path} (kit keeps these values in compose/<service>.env, 0600)"]
+    return []
+
+
+def _unlisted(users: list[str]) -> list[str]:
+    """Users in htpasswd that the spec never listed are kept, and said so on every render."""
+    if not users:
+        return []
+    return [f"htpasswd also lets in {', '.join(users)}, not in auth.users (added with `kit users "
+            "add`; render keeps them). Remove with: kit users remove USER, or list them in "
+            "auth.users so that the spec owns them"]
 
 
 def render_site(site: Site, *, force: bool = False, dry_run: bool = False) -> RenderResult:
     """The whole `kit render` of a loaded site (`dry_run`: compute the changes, write nothing)."""
-    spec, layout = site.spec, site.layout
-    plan, outputs, new_passwords = site_outputs(
-        spec, layout, site.spec_path.parent, site.spec_path.name
-    )
-    changes = pending_changes(layout.root, outputs)
-    result = RenderResult(spec, plan, changes, new_passwords, spec_warnings(spec) + plan.warnings)
-    if dry_run:
-        result.new_passwords = []  # nothing is written, so no password exists yet
-        return result
-    edited = hand_edits(layout.root, changes, read_manifest(layout.manifest))
-    if edited and not force:
-        raise BadInput(
-            "these files were edited by hand since kit last wrote them:\n"
-            + "\n".join(change.diff for change in edited),
-            fix="move the change into the spec, or re-run with --force to overwrite "
-            "(the diff above shows what would be lost: '-' lines are on disk now)",
+    spec, spec_path, layout = site.spec, site.spec_path, site.layout
+    with _locked(layout):
+        recovered = None if dry_run else recover(layout.root, layout.state_dir)
+        plan, outputs, auth = site_outputs(spec, layout, spec_path.parent, spec_path.name)
+        unshown = [] if dry_run else unshown_passwords(layout)
+        if auth.new_passwords:
+            outputs.append(unshown_passwords_output(layout, unshown + auth.new_passwords))
+        changes = pending_changes(layout.root, outputs)
+        result = RenderResult(
+            spec, plan, layout, changes, unshown + auth.new_passwords, auth.removed,
+            auth.unlisted,
+            spec_warnings(spec) + plan.warnings + _exposed_secrets(spec, spec_path)
+            + _unlisted(auth.unlisted),
+            recovered,
         )
-    layout.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    remove_stale_temps(layout.root, outputs)
-    apply_changes(layout.root, changes, layout.manifest)
+        if dry_run:
+            result.new_passwords = []  # nothing is written, so no password exists yet
+            journal = interrupted(layout.state_dir)
+            if journal is not None:
+                result.warnings.append(f"a render did not finish ({journal}): the diff is "
+                                       "against a half-updated site; kit render finishes it first")
+            return result
+        manifest = read_manifest(layout.manifest, force=force)
+        edited = hand_edits(layout.root, changes, manifest)
+        if edited and not force:
+            raise BadInput(
+                "these files were edited by hand since kit last wrote them:\n"
+                + "\n".join(change.diff for change in edited),
+                fix="move the change into the spec, or re-run with --force to overwrite "
+                "(the diff above shows what would be lost: '-' lines are on disk now)",
+            )
+        remove_stale_temps(
+            {(layout.root / output.path).parent for output in outputs} | {layout.state_dir}
+        )
+        commit(layout.root, layout.state_dir, changes, _new_manifest(layout, manifest, changes))
     result.written = bool(changes)
     return result
+
+
+def _new_manifest(
+    layout: SiteLayout, manifest: dict[str, str], changes: list[Change]
+) -> bytes | None:
+    """The manifest after `changes`, None when the one on disk already says it."""
+    files = dict(manifest)
+    for change in changes:
+        if change.output.generated:
+            files[str(change.output.path)] = digest(change.output.content)
+    content = manifest_content(files)
+    try:
+        unchanged = layout.manifest.read_bytes() == content
+    except OSError:
+        unchanged = False
+    return None if unchanged else content

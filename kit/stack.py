@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from kit.envfile import parse_env_file
 from kit.errors import KitError
 from kit.layout import SiteLayout
 
@@ -44,9 +45,9 @@ PROXY_SERVICE = "nginx"  # the template's front door: config changes reload it i
 CONTAINER_NUMBER = 1  # kit runs one container per service
 
 SERVICE_KEYS = {
-    "image", "entrypoint", "command", "environment", "volumes", "ipc", "deploy", "healthcheck",
-    "restart", "stop_grace_period", "stop_signal", "logging", "networks", "ports", "tmpfs",
-    "read_only", "security_opt", "ulimits", "depends_on",
+    "image", "entrypoint", "command", "environment", "env_file", "volumes", "ipc", "deploy",
+    "healthcheck", "restart", "stop_grace_period", "stop_signal", "logging", "networks", "ports",
+    "tmpfs", "read_only", "security_opt", "ulimits", "depends_on",
 }
 DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|ns)")
 DURATION_SECONDS = {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
@@ -239,7 +240,10 @@ def _service(name: str, body: dict, context: _Context) -> ServiceState:
         image=str(body["image"]),
         entrypoint=tuple(str(arg) for arg in body["entrypoint"]) if "entrypoint" in body else None,
         command=tuple(str(arg) for arg in body.get("command") or ()),
-        environment=_pairs(body.get("environment")),
+        environment=_pairs({
+            **_env_files(body.get("env_file"), context, where),
+            **(body.get("environment") or {}),  # as in Compose: environment wins over env_file
+        }),
         mounts=mounts,
         tmpfs=tuple(body.get("tmpfs") or ()),
         read_only=bool(body.get("read_only", False)),
@@ -354,6 +358,27 @@ def _mounts(entries: list, context: _Context, where: str) -> tuple[tuple[Mount, 
             _expect(False, context.config_file, f"{where}.volumes has type {kind!r}")
         mounts.append(Mount(kind, source, str(entry["target"]), bool(entry.get("read_only"))))
     return tuple(mounts), site_sources
+
+
+def _env_files(names: Any, context: _Context, where: str) -> dict[str, str]:
+    """The variables of a service's env files (kit writes the quoted form of kit.envfile)."""
+    if isinstance(names, str):
+        names = [names]
+    env: dict[str, str] = {}
+    for name in names or []:
+        path = context.working_dir / str(name)
+        try:
+            values, bad_line = parse_env_file(path.read_text())
+        except OSError as error:
+            raise KitError(
+                f"cannot read {path} ({where}.env_file): {error.strerror or error}",
+                fix="run kit as the user that rendered the site (the file is 0600: it may hold "
+                "tokens), or re-render it with `kit render`",
+            ) from None
+        _expect(bad_line is None, context.config_file,
+                f"{where}.env_file {path} line {bad_line} is not a KEY=\"value\" line kit wrote")
+        env.update(values)
+    return env
 
 
 def _gpus(deploy: dict) -> tuple[GpuRequest, ...]:

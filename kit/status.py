@@ -57,7 +57,15 @@ def gather(site: Site, engine: Engine) -> StackStatus:
 
 
 def _last_probe(path: Path) -> dict | None:
-    return read_state(path, json_object, fix="run `kit probe` to rewrite it")
+    return read_state(path, _probe_record, fix="run `kit probe` to rewrite it")
+
+
+def _probe_record(text: str) -> dict:
+    record = json_object(text)
+    checks = record["checks"]
+    if not (isinstance(checks, list) and all(isinstance(check, dict) for check in checks)):
+        raise ValueError("its checks are not a list of records")
+    return record
 
 
 def _uptime(container: ContainerState, now: datetime) -> int | None:

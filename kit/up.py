@@ -80,6 +80,7 @@ def up_site(
         warn(warning)
     for line in rendered.summary():
         report(line)
+    rendered.passwords_shown()
     converged = converge(site, timeout=timeout, report=report)
     gate = None
     if probe:

@@ -19,9 +19,13 @@ from kit.site import Site
 @click.option("--dry-run", is_flag=True, help="Print a diff of what would change; write nothing.")
 @click.option("--force", is_flag=True, help="Overwrite files edited by hand since the last render.")
 def render(spec: Path, out: Path | None, dry_run: bool, force: bool) -> None:
-    """Write compose/docker-compose.yml, nginx/ and credentials from SPEC (default ./site.yaml)."""
+    """Write compose/ (with a 0600 env file per service), nginx/ and credentials from SPEC
+    (default ./site.yaml), all or nothing. Users dropped from auth.users are removed."""
     result = render_site(Site.load(spec, out=out), force=force, dry_run=dry_run)
     for warning in result.warnings:
         click.echo(f"warning: {warning}", err=True)
-    for line in result.dry_run_report() if dry_run else result.summary():
-        click.echo(line)
+    if dry_run:
+        click.echo("\n".join(result.dry_run_report()))
+        return
+    click.echo("\n".join(result.summary()))
+    result.passwords_shown()

@@ -335,15 +335,23 @@ COMPOSE_BINARIES = [
 @pytest.mark.parametrize("compose", COMPOSE_BINARIES)
 def test_compose_runs_the_rendered_file_and_kit_adopts_its_stack(make_site, compose) -> None:
     site = make_site()
+    token = f"hf_{secrets.token_hex(8)}"
+    site.service("alpha")["env"]["HF_TOKEN"] = token  # reaches the container via the env file
+    site.write()
     assert site.kit("render").returncode == 0
     started = site.compose(compose, "up", "-d")
     assert started.returncode == 0, started.stderr
     wait_until(lambda: all_healthy(site, {"alpha", "nginx"}), "compose's stack to be healthy")
     gpus = site.containers()["alpha"].attrs["HostConfig"]["DeviceRequests"][0]["DeviceIDs"]
     assert gpus == ["0"]
+    assert f"HF_TOKEN={token}" in site.containers()["alpha"].attrs["Config"]["Env"]
 
     result = site.up()  # compose hashes differently: kit recreates, then the gate passes
     assert "all checks passed" in result.stdout
+    alpha = site.containers()["alpha"]
+    assert f"HF_TOKEN={token}" in alpha.attrs["Config"]["Env"]
+    assert token not in str(alpha.labels) and token not in result.stdout + result.stderr
+    assert token not in (site.root / "compose" / "docker-compose.yml").read_text()
     listed = site.compose(compose, "ps", "-q")
     assert set(listed.stdout.split()) == set(site.ids().values())
 

@@ -16,7 +16,7 @@ from kit.cli import cli
 from kit.layout import SiteLayout
 from tests.conftest import REPO, tree
 
-GOLDEN = ["compose/docker-compose.yml", "nginx/nginx.conf", "nginx/kit.js"]
+GOLDEN = ["compose/docker-compose.yml", "compose/llama8b.env", "nginx/nginx.conf", "nginx/kit.js"]
 
 
 def render(*args: str) -> "CliRunner.invoke":
@@ -162,6 +162,32 @@ def test_init_writes_the_example_and_never_overwrites(tmp_path: Path) -> None:
     assert target.read_text() == (REPO / "site.yaml").read_text()
     again = CliRunner().invoke(cli, ["init", str(target)])
     assert again.exit_code == 2 and "already exists" in again.output
+
+
+def test_init_shows_every_tls_mode_and_its_acme_lines_work(tmp_path: Path) -> None:
+    target = tmp_path / "site.yaml"
+    assert CliRunner().invoke(cli, ["init", str(target)]).exit_code == 0
+    text = target.read_text()
+    for line in ("self-signed", "# mode: files", "# mode: acme", "# email: ", "# staging: true"):
+        assert line in text, line
+    lines = [line for line in text.splitlines() if not line.startswith("  mode: self-signed")]
+    acme = "\n".join(
+        line.replace("# ", "", 1) if line.startswith(("  # mode: acme", "  # email:")) else line
+        for line in lines
+    ) + "\n"
+    target.write_text(acme)
+    result = render(str(target))
+    assert result.exit_code == 0, result.output
+    compose = yaml.safe_load((tmp_path / "compose" / "docker-compose.yml").read_text())
+    assert "--email ops@example.com" in compose["services"]["certbot"]["command"][0]
+
+
+def test_init_into_a_missing_folder_is_refused_without_a_traceback(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = CliRunner().invoke(cli, ["init", str(blocker / "site.yaml")])
+    assert result.exit_code == 2 and f"cannot write {blocker / 'site.yaml'}" in result.output
+    assert "in the way" in result.output
 
 
 def test_schema_lists_the_spec_keys() -> None:

@@ -10,6 +10,8 @@ import yaml
 from click.testing import CliRunner
 
 from kit.cli import cli
+from kit.layout import SiteLayout
+from kit.stack import load_desired
 from kit.tls import new_ca, new_server_cert
 from tests.conftest import BASE_SPEC, LLAMA_8B, REPO
 from tests.support import nginx_ns
@@ -34,7 +36,8 @@ services:
       gpu_memory_utilization: 0.45, kv_cache_dtype: fp8}}
   - {{name: small-b, model: llama-8b, served_name: org/small:b, gpus: [6, 7],
       max_num_seqs: 16, gpu_memory_utilization: 0.45, dtype: bfloat16,
-      extra_args: ["--enforce-eager"], env: {{HF_HUB_OFFLINE: "1"}}}}
+      extra_args: ["--enforce-eager"],
+      env: {{HF_HUB_OFFLINE: "1", HF_TOKEN: hf_abc, NOTE: 'a "b" \\ #c {{d}} ü ', EMPTY: ""}}}}
 """
 
 
@@ -127,6 +130,29 @@ def test_compose_accepts_the_rendered_file(rendered: dict[str, Path], variant: s
             cwd=folder, capture_output=True, text=True, timeout=60,
         )
         assert result.returncode == 0, f"{binary} {variant}: {result.stderr}"
+
+
+@pytest.mark.parametrize("variant", ["big", "example"])
+def test_compose_reads_the_env_files_as_kit_up_does(
+    rendered: dict[str, Path], variant: str
+) -> None:
+    """docker-compose v1 and v2 see exactly the environment kit up gives each container."""
+    binaries = compose_binaries()
+    if not binaries:
+        pytest.skip("neither docker-compose v1 nor v2 is installed (scripts/test.sh installs them)")
+    folder = rendered[variant]
+    desired = load_desired(SiteLayout(folder), "kit-config-test")
+    for binary in binaries:
+        result = subprocess.run(
+            [*binary, "-p", "kit-config-test", "-f", "compose/docker-compose.yml", "config"],
+            cwd=folder, capture_output=True, text=True, timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        services = yaml.safe_load(result.stdout)["services"]
+        for service in desired.services:
+            seen = {k: str(v) for k, v in (services[service.name].get("environment") or {}).items()}
+            assert seen == dict(service.config.environment), f"{binary} {service.name}"
+    assert "hf_abc" not in (folder / "compose" / "docker-compose.yml").read_text()
 
 
 def test_compose_structure(rendered: dict[str, Path]) -> None:

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kit.errors import KitError
 from kit.layout import SiteLayout
@@ -238,3 +239,42 @@ def test_health_deadline_covers_start_period_and_retries() -> None:
     check = Healthcheck(("CMD", "true"), interval=1, timeout=5, retries=3, start_period=900)
     assert check.deadline == 900 + 3 * (1 + 5)
 
+
+
+def test_env_from_the_env_file_hashes_as_inline_environment_did(site: Path) -> None:
+    """Moving env into compose/<service>.env recreates nothing on upgrade: same engine config,
+    same config hash; `environment` still wins over `env_file`, as in Compose."""
+    desired = rendered(site)
+    layout = SiteLayout(site.parent)
+    document = yaml.safe_load(layout.compose_file.read_text())
+    alpha = document["services"]["alpha"]
+    assert alpha["env_file"] == ["alpha.env"]
+    env = dict(desired.service("alpha").config.environment)
+    assert env == {"HF_HOME": "/root/.cache/huggingface", "STANDIN_LOAD_SECONDS": "2"}
+    inline = {**alpha, "environment": env}
+    del inline["env_file"]
+    document["services"]["alpha"] = inline
+    config_file, root = layout.compose_file.resolve(), layout.root.resolve()
+    again = parse_compose(document, "unit01", config_file, root).service("alpha")
+    assert again.config_hash == desired.service("alpha").config_hash
+    document["services"]["alpha"] = {**alpha, "environment": {"STANDIN_LOAD_SECONDS": "9"}}
+    both = parse_compose(document, "unit01", config_file, root).service("alpha")
+    assert dict(both.config.environment)["STANDIN_LOAD_SECONDS"] == "9"
+
+
+@pytest.mark.parametrize("content,problem", [
+    ('A=unquoted\n', "line 1 is not a KEY=\"value\" line kit wrote"),
+    (None, "cannot read"),
+])
+def test_a_broken_env_file_says_to_re_render(site: Path, content: str | None, problem: str) -> None:
+    rendered(site)
+    layout = SiteLayout(site.parent)
+    env_file = layout.env_file("alpha")
+    if content is None:
+        env_file.unlink()
+        env_file.mkdir()
+    else:
+        env_file.write_text(content)
+    with pytest.raises(KitError, match="kit render") as raised:
+        load_desired(layout, "unit01")
+    assert problem in str(raised.value) and "env_file" in str(raised.value)
