@@ -8,20 +8,19 @@ from pathlib import Path
 
 import bcrypt
 import pytest
-from click.testing import CliRunner
 
 from kit.access import credential_lock, with_password, write
-from kit.cli import cli
 from kit.credentials import key_digest, parse_htpasswd
 from kit.layout import SiteLayout
 from tests.conftest import tree
 from tests.support import nginx_ns
+from tests.support.cli import run_kit
 
 NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}  # nothing running to reload
 
 
 def kit(*args: str, stdin: str | None = None):
-    return CliRunner(env=NO_ENGINE).invoke(cli, list(args), input=stdin, catch_exceptions=False)
+    return run_kit(*args, stdin=stdin, env=NO_ENGINE)
 
 
 @pytest.fixture

@@ -11,11 +11,9 @@ from pathlib import Path
 
 import bcrypt
 import pytest
-from click.testing import CliRunner
 
 from kit import access
 from kit.access import snapshot, users
-from kit.cli import cli
 from kit.credential_change import add_key, add_user, revoke_key, rotate_password
 from kit.errors import BadInput, ExitCode, KitError
 from kit.layout import SiteLayout
@@ -25,6 +23,7 @@ from kit.proxy import Connection
 from kit.spec import Spec, load_spec
 from kit.stack import PROXY_SERVICE, load_desired
 from tests.conftest import tree
+from tests.support.cli import run_kit
 from tests.support.fake_engine import FakeEngine
 from tests.unit.test_apply import converge
 
@@ -34,9 +33,7 @@ RELOADS = [("exec", " ".join(NGINX_TEST)), ("signal", "SIGHUP")]
 
 
 def kit(*args: str, stdin: str | None = None, env: dict[str, str] | None = None):
-    """The CLI in-process; a bug's traceback is raised, not hidden in the result."""
-    return CliRunner(env=env or NO_ENGINE).invoke(cli, list(args), input=stdin,
-                                                  catch_exceptions=False)
+    return run_kit(*args, stdin=stdin, env=env or NO_ENGINE)
 
 
 def nginx_login(spec: Spec, layout: SiteLayout, authorization: str) -> int:

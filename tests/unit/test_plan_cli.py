@@ -6,17 +6,16 @@ import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from kit.commands.plan import plan
-from kit.errors import BadInput, ExitCode
+from kit.errors import ExitCode
+from tests.support.cli import run_kit
 
 MODELS = Path(__file__).resolve().parent.parent / "data" / "models"
 LLAMA = MODELS / "llama-3.1-8b-instruct"
 
 
 def run(*args: str):
-    return CliRunner().invoke(plan, list(args), catch_exceptions=False)
+    return run_kit("plan", *args)
 
 
 @pytest.fixture
@@ -91,27 +90,28 @@ def test_text_table():
     ],
 )
 def test_bad_numbers_are_usage_errors(args, needle):
-    result = CliRunner().invoke(plan, ["--model-dir", str(LLAMA), "--gpu-memory-gib", "80", *args])
+    result = run_kit("plan", "--model-dir", str(LLAMA), "--gpu-memory-gib", "80", *args)
     assert result.exit_code == 2
     assert needle in result.output
 
 
 def test_missing_model_dir_is_a_usage_error(tmp_path):
-    result = CliRunner().invoke(plan, ["--model-dir", str(tmp_path / "nope")])
+    result = run_kit("plan", "--model-dir", str(tmp_path / "nope"))
     assert result.exit_code == 2
     assert "does not exist" in result.output
 
 
 def test_dir_without_config_is_bad_input(tmp_path):
-    with pytest.raises(BadInput, match="no config.json") as error:
-        run("--model-dir", str(tmp_path), "--gpu-memory-gib", "80")
-    assert error.value.exit_code == ExitCode.BAD_INPUT
+    result = run("--model-dir", str(tmp_path), "--gpu-memory-gib", "80")
+    assert result.exit_code == ExitCode.BAD_INPUT
+    assert "no config.json" in result.output
 
 
 def test_gpu_size_is_required_without_nvidia_smi(no_nvidia_smi):
-    with pytest.raises(BadInput, match="nvidia-smi is not on PATH") as error:
-        run("--model-dir", str(LLAMA), "--max-model-len", "8192")
-    assert "--gpu-memory-gib" in error.value.fix
+    result = run("--model-dir", str(LLAMA), "--max-model-len", "8192")
+    assert result.exit_code == ExitCode.BAD_INPUT
+    assert "nvidia-smi is not on PATH" in result.output
+    assert "fix: pass --gpu-memory-gib" in result.output
 
 
 def test_gpu_size_comes_from_nvidia_smi(fake_nvidia_smi):
@@ -121,7 +121,7 @@ def test_gpu_size_comes_from_nvidia_smi(fake_nvidia_smi):
 
 
 def test_spec_and_model_dir_together_is_a_usage_error(tmp_path):
-    result = CliRunner().invoke(plan, [str(tmp_path / "site.yaml"), "--model-dir", str(LLAMA)])
+    result = run_kit("plan", str(tmp_path / "site.yaml"), "--model-dir", str(LLAMA))
     assert result.exit_code == 2
     assert "either SPEC or --model-dir" in result.output
 
@@ -186,7 +186,7 @@ def test_spec_form_json_and_failure_exit(tmp_path, no_nvidia_smi):
 
 
 def test_standalone_flags_are_refused_in_the_spec_form(tmp_path):
-    result = CliRunner().invoke(plan, [str(write_spec(tmp_path)), "--gpu-memory-gib", "40"])
+    result = run_kit("plan", str(write_spec(tmp_path)), "--gpu-memory-gib", "40")
     assert result.exit_code == 2
     assert "--gpu-memory-gib apply to --model-dir only" in result.output
 

@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
+from click.testing import Result
 
-from kit.cli import cli
 from kit.layout import SiteLayout
 from tests.conftest import REPO, tree
+from tests.support.cli import run_kit
 
 GOLDEN = ["compose/docker-compose.yml", "compose/llama8b.env", "nginx/nginx.conf", "nginx/kit.js"]
 
 
-def render(*args: str) -> "CliRunner.invoke":
-    return CliRunner().invoke(cli, ["render", *args])
+def render(*args: str) -> Result:
+    return run_kit("render", *args)
 
 
 def test_golden_files_match_the_bundled_example(example_site: Path) -> None:
@@ -158,15 +158,15 @@ def test_a_killed_render_leaves_every_file_old_or_new(site: Path) -> None:
 
 def test_init_writes_the_example_and_never_overwrites(tmp_path: Path) -> None:
     target = tmp_path / "site.yaml"
-    assert CliRunner().invoke(cli, ["init", str(target)]).exit_code == 0
+    assert run_kit("init", str(target)).exit_code == 0
     assert target.read_text() == (REPO / "site.yaml").read_text()
-    again = CliRunner().invoke(cli, ["init", str(target)])
+    again = run_kit("init", str(target))
     assert again.exit_code == 2 and "already exists" in again.output
 
 
 def test_init_shows_every_tls_mode_and_its_acme_lines_work(tmp_path: Path) -> None:
     target = tmp_path / "site.yaml"
-    assert CliRunner().invoke(cli, ["init", str(target)]).exit_code == 0
+    assert run_kit("init", str(target)).exit_code == 0
     text = target.read_text()
     for line in ("self-signed", "# mode: files", "# mode: acme", "# email: ", "# staging: true"):
         assert line in text, line
@@ -185,7 +185,7 @@ def test_init_shows_every_tls_mode_and_its_acme_lines_work(tmp_path: Path) -> No
 def test_init_into_a_missing_folder_is_refused_without_a_traceback(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    result = CliRunner().invoke(cli, ["init", str(blocker / "site.yaml")])
+    result = run_kit("init", str(blocker / "site.yaml"))
     assert result.exit_code == 2 and f"cannot write {blocker / 'site.yaml'}" in result.output
     assert "in the way" in result.output
 
@@ -193,7 +193,7 @@ def test_init_into_a_missing_folder_is_refused_without_a_traceback(tmp_path: Pat
 def test_schema_lists_the_spec_keys() -> None:
     import json
 
-    result = CliRunner().invoke(cli, ["schema"])
+    result = run_kit("schema")
     schema = json.loads(result.output)
     assert {"site", "domain", "models_root", "services"} <= set(schema["required"])
     service = schema["$defs"]["Service"]["properties"]
@@ -201,7 +201,7 @@ def test_schema_lists_the_spec_keys() -> None:
 
 
 def test_validate_accepts_the_example(example_site: Path) -> None:
-    result = CliRunner().invoke(cli, ["validate", str(example_site / "site.yaml")])
+    result = run_kit("validate", str(example_site / "site.yaml"))
     assert result.exit_code == 0 and "valid" in result.output
     assert not (example_site / "compose").exists()
 

@@ -18,14 +18,14 @@ from pathlib import Path
 
 import bcrypt
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 
 from kit.access import with_password, write
-from kit.cli import cli
 from kit.credentials import parse_htpasswd
 from kit.files import digest
 from kit.layout import PROBE_USER, SiteLayout
 from tests.conftest import REPO
+from tests.support.cli import run_kit
 
 CALLS = ("open", "mkdir", "write", "fsync", "link", "replace")
 
@@ -35,7 +35,7 @@ class Killed(BaseException):
 
 
 def render(spec: Path, *args: str) -> Result:
-    return CliRunner().invoke(cli, ["render", str(spec), *args])
+    return run_kit("render", str(spec), *args)
 
 
 def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner, Result
+from click.testing import Result
 
 from kit.access import with_password, write
-from kit.cli import cli
 from kit.credentials import parse_htpasswd
 from kit.envfile import env_file_text, parse_env_file
 from kit.errors import KitError
@@ -20,13 +19,14 @@ from kit.layout import SiteLayout
 from kit.stack import load_desired
 from kit.status import _last_probe
 from kit.tls import new_ca, new_server_cert
+from tests.support.cli import run_kit
 from tests.unit.test_render_faults import snapshot
 
 TOKEN = "hf_SeCrEtToKeN1234567890"
 
 
 def render(spec: Path, *args: str) -> Result:
-    return CliRunner().invoke(cli, ["render", str(spec), *args])
+    return run_kit("render", str(spec), *args)
 
 
 def refused(spec: Path, *needles: str, args: tuple[str, ...] = ()) -> str:

@@ -7,14 +7,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
-from kit.cli import cli
 from kit.layout import SiteLayout
 from kit.stack import load_desired
 from kit.tls import new_ca, new_server_cert
 from tests.conftest import BASE_SPEC, LLAMA_8B, REPO
 from tests.support import nginx_ns
+from tests.support.cli import run_kit
 
 COMPOSE_V2 = Path("/usr/local/lib/kit-test/docker-compose-v2")
 
@@ -80,7 +79,7 @@ def variants(root: Path) -> dict[str, Path]:
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     found = variants(tmp_path_factory.mktemp("variants"))
     for name, folder in found.items():
-        result = CliRunner().invoke(cli, ["render", str(folder / "site.yaml")])
+        result = run_kit("render", str(folder / "site.yaml"))
         assert result.exit_code == 0, f"{name}: {result.output}"
     return found
 
@@ -229,5 +228,5 @@ def test_acme_mode_renders_certbot_and_the_challenge(rendered: dict[str, Path]) 
     cert, key = new_server_cert("llm.test.internal", other_ca, other_key)
     server_cert.write_bytes(cert)
     (folder / "nginx" / "tls" / "server.key").write_bytes(key)
-    assert CliRunner().invoke(cli, ["render", str(folder / "site.yaml")]).exit_code == 0
+    assert run_kit("render", str(folder / "site.yaml")).exit_code == 0
     assert server_cert.read_bytes() == cert

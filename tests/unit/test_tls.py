@@ -5,15 +5,14 @@ import re
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from kit.cli import cli
 from kit.errors import BadInput
 from kit.tls import new_ca, new_server_cert, user_files
+from tests.support.cli import run_kit
 
 
 def render(site: Path):
-    return CliRunner().invoke(cli, ["render", str(site / "site.yaml")], catch_exceptions=False)
+    return run_kit("render", site / "site.yaml")
 
 
 def files_mode(site: Path, cert: Path, key: Path) -> None:
