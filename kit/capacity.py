@@ -25,6 +25,7 @@ from typing import Any
 
 from kit.errors import BadInput
 from kit.modelinfo import DTYPE_BYTES, ModelInfo
+from kit.vllm_flags import choices
 
 GIB = 1 << 30
 BLOCK_SIZE = 16  # vLLM's default KV block size on CUDA
@@ -61,7 +62,13 @@ MXFP4_PAD = 256
 LARGE_GPU_GIB = 160
 HOPPER_CLASS_GIB = 70
 
-KV_CACHE_DTYPE_BYTES = {
+# One entry per choice of vLLM's flag table (kit.vllm_flags.choices, the one list of valid values;
+# a test keeps these in step). A valid value missing here is planned with a fallback and a warning.
+# Bytes per element vLLM computes in for each --dtype (None: the checkpoint's, at most 16 bits).
+DTYPE_RUN_BYTES: dict[str, int | None] = {
+    "auto": None, "bfloat16": 2, "float16": 2, "half": 2, "float": 4, "float32": 4,
+}
+KV_CACHE_DTYPE_BYTES: dict[str, int | None] = {
     "auto": None,  # the model's dtype
     "bfloat16": 2,
     "float16": 2,
@@ -69,10 +76,11 @@ KV_CACHE_DTYPE_BYTES = {
     "fp8_e4m3": 1,
     "fp8_e5m2": 1,
     "fp8_inc": 1,
+    "fp8_ds_mla": 1,  # DeepSeek MLA: fp8 latent plus a few scale/rope bytes per token
 }
-# Methods vLLM 0.33 accepts for --quantization (its own error message lists them) with the
-# weight bits each stores when the checkpoint does not say.
-QUANTIZATION_BITS = {
+# Weight bits each --quantization method stores when the checkpoint does not say (None: the
+# method's bits vary; the checkpoint's quantization_config must tell).
+QUANTIZATION_BITS: dict[str, int | None] = {
     "awq": 4,
     "awq_marlin": 4,
     "gptq": 4,
@@ -95,15 +103,13 @@ QUANTIZATION_BITS = {
     "modelopt": 8,
     "modelopt_mxfp8": 8,
     "compressed-tensors": 8,
-}
-VLLM_QUANTIZATION_METHODS = frozenset(QUANTIZATION_BITS) | {
-    "fp_quant",
-    "modelopt_mixed",
-    "humming",
-    "quark",
-    "torchao",
-    "inc",
-    "online",
+    "fp_quant": None,
+    "modelopt_mixed": None,
+    "humming": None,
+    "quark": None,
+    "torchao": None,
+    "inc": None,
+    "online": None,
 }
 
 
@@ -276,11 +282,7 @@ def model_dtype_bytes(model: ModelInfo, dtype: str) -> int:
 
     "auto" keeps 16-bit checkpoints as they are and runs float32 checkpoints in 16 bits.
     """
-    if dtype in ("float32", "float"):
-        return 4
-    if dtype != "auto":
-        return 2
-    return min(DTYPE_BYTES.get(model.torch_dtype, 2), 2)
+    return DTYPE_RUN_BYTES.get(dtype) or min(DTYPE_BYTES.get(model.torch_dtype, 2), 2)
 
 
 def kv_layout(model: ModelInfo, tensor_parallel: int, kv_dtype_bytes: int) -> KVLayout:
@@ -327,13 +329,13 @@ def plan_capacity(
     """
     _check_inputs(gpu_memory_gib, tensor_parallel, gpu_memory_utilization, max_model_len,
                   kv_cache_dtype)
-    warnings = list(model.warnings)
+    warnings = list(model.warnings) + _unknown_vocabulary(dtype, kv_cache_dtype, quantization)
     errors = list(model.errors)
     errors.extend(_parallelism_errors(model, tensor_parallel, warnings))
-    if quantization and quantization not in VLLM_QUANTIZATION_METHODS:
+    if quantization and quantization not in choices("--quantization"):
         errors.append(
             f"quantization {quantization!r} is not a vLLM method; set services[].quantization "
-            f"to one of {', '.join(sorted(VLLM_QUANTIZATION_METHODS))} or leave it out"
+            f"to one of {', '.join(sorted(choices('--quantization')))} or leave it out"
         )
     if model.derived_max_model_len is not None and max_model_len > model.derived_max_model_len:
         errors.append(
@@ -346,7 +348,7 @@ def plan_capacity(
     seqs = max_num_seqs or default_seqs
     batched = max_num_batched_tokens or default_batched
     element_bytes = model_dtype_bytes(model, dtype)
-    kv_dtype_bytes = KV_CACHE_DTYPE_BYTES[kv_cache_dtype] or element_bytes
+    kv_dtype_bytes = KV_CACHE_DTYPE_BYTES.get(kv_cache_dtype) or element_bytes
     layout = kv_layout(model, tensor_parallel, kv_dtype_bytes)
     if layout.padding_layers:
         warnings.append(
@@ -460,6 +462,21 @@ def plan_capacity(
     )
 
 
+def _unknown_vocabulary(dtype: str, kv_cache_dtype: str, quantization: str | None) -> list[str]:
+    """Values the pinned vLLM accepts that these tables lack: planned with a fallback, said so."""
+    lookups = (
+        ("--dtype", dtype, DTYPE_RUN_BYTES, "the checkpoint's dtype"),
+        ("--kv-cache-dtype", kv_cache_dtype, KV_CACHE_DTYPE_BYTES, "the model's dtype"),
+        ("--quantization", quantization, QUANTIZATION_BITS,
+         "the checkpoint's quantization_config or 16 bits"),
+    )
+    return [
+        f"kit has no size for {flag} {value}; planned with {fallback}"
+        for flag, value, table, fallback in lookups
+        if value in choices(flag) and value not in table
+    ]
+
+
 def _check_inputs(gpu_memory_gib: float, tensor_parallel: int, utilization: float,
                   max_model_len: int, kv_cache_dtype: str) -> None:
     if gpu_memory_gib <= 0:
@@ -474,9 +491,9 @@ def _check_inputs(gpu_memory_gib: float, tensor_parallel: int, utilization: floa
     if max_model_len < 1:
         raise BadInput(f"max_model_len must be positive, not {max_model_len}",
                        fix="set max_model_len to the longest prompt + completion to serve")
-    if kv_cache_dtype not in KV_CACHE_DTYPE_BYTES:
+    if kv_cache_dtype not in choices("--kv-cache-dtype"):
         raise BadInput(f"kv_cache_dtype {kv_cache_dtype!r} is not one vLLM accepts",
-                       fix=f"use one of {', '.join(KV_CACHE_DTYPE_BYTES)}")
+                       fix=f"use one of {', '.join(choices('--kv-cache-dtype'))}")
 
 
 def _parallelism_errors(model: ModelInfo, tensor_parallel: int, warnings: list[str]) -> list[str]:

@@ -27,13 +27,15 @@ class Site:
     layout: SiteLayout
 
     @classmethod
-    def load(cls, spec_path: Path, *, out: Path | None = None, check_host: bool = True) -> Site:
+    def load(cls, spec_path: Path, *, out: Path | None = None, check_host: bool = True,
+             check_capacity: bool = True) -> Site:
         """Validate the spec at `spec_path`; the site folder is `out` or the spec's folder.
 
         `check_host=False` skips the model-directory checks, for verbs that only talk to the
-        engine or the front door (the model folders are vLLM's concern by then).
+        engine or the front door (the model folders are vLLM's concern by then);
+        `check_capacity=False` leaves services that do not fit their GPUs to `kit plan`.
         """
-        spec = load_spec(spec_path, check_host=check_host)
+        spec = load_spec(spec_path, check_host=check_host, check_capacity=check_capacity)
         return cls(spec, spec_path, SiteLayout(out or spec_path.parent))
 
     @property

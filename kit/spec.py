@@ -1,55 +1,120 @@
 """The site spec: what the operator wrote in site.yaml, validated, with file:line:col errors.
 
-Validation happens in three passes, all before anything is written:
-1. YAML → Python with the position of every key recorded (duplicate keys refused here);
-2. pydantic field rules (types, ranges, patterns, unknown keys with "did you mean");
-3. checks across fields and against the host (GPU sharing, ports, vLLM flags, TLS files,
-   model directories).
-Every problem is reported, not only the first.
+Validation, all before anything is written:
+1. YAML → Python with the position of every key recorded; duplicate keys, anchors/aliases, deep
+   nesting, over-long numbers and oversized files refused here (a hostile spec fails fast);
+2. pydantic field rules, strict (no bool or string coercion into numbers), every text value
+   allow-listed by what it is (kit.names);
+3. checks across fields and against the host (GPU sharing, names, vLLM flags and parallel sizes,
+   TLS files and certificate, model directories and capacity) on every part that passed 2, so
+   a typo in one key does not hide a problem elsewhere.
+Every problem is reported with file:line:col, not only the first.
 """
 
 import difflib
-import ipaddress
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
+    Strict,
+    TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
 )
 
+from kit import names
 from kit.errors import BadInput
-from kit.vllm_flags import SHIPPED_VERSION, check_extra_args, flag_table, image_version
+from kit.names import (
+    ACME_SERVER,
+    EMAIL,
+    ENV_NAME,
+    ENV_VALUE,
+    IMAGE_REF,
+    MODEL_REF,
+    PATH_TEXT,
+    SERVED_NAME,
+    SERVICE_NAME,
+    SITE_NAME,
+    SIZE,
+    USER_NAME,
+)
+from kit.vllm_flags import (
+    SHIPPED_VERSION,
+    check_extra_args,
+    choices,
+    flag_table,
+    image_version,
+    parallel_sizes,
+)
 
 DEFAULT_SPEC = Path("site.yaml")
 GPU_SHARE_LIMIT = 0.95
-
-# Values land in YAML, nginx and shell-free argv lists; these patterns keep every one of them
-# inside its place (no quotes, braces, semicolons, `$`, whitespace or newlines).
-SITE_NAME = r"^[a-z][a-z0-9-]{0,30}$"
-SERVICE_NAME = r"^[a-z][a-z0-9-]{0,40}$"
-SERVED_NAME = r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}$"
-MODEL_REF = r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$"
-USER_NAME = r"^[a-z][a-z0-9._-]{0,31}$"
-IMAGE_REF = r"^[a-z0-9][a-z0-9._/:-]*(@sha256:[a-f0-9]{64})?$"
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
-SIZE = r"^[1-9][0-9]{0,5}[kmg]?$"
-HOSTNAME_LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
-SAFE_TEXT = re.compile(r"^[^\s\"'`$;{}\\]+$")
 RESERVED_USERS = {"kit-probe"}
 # Compose services kit renders itself, beside the spec's ones.
 RESERVED_SERVICES = {"nginx": "the front door", "certbot": "the ACME client (tls.mode acme)"}
+# Words nginx's `map` reads as parameters, not as a value to match (served names are map keys).
+NGINX_MAP_WORDS = {"default", "hostnames", "include", "volatile"}
+# The whole request body sits in one nginx buffer (kit.route reads it): bounded like memory.
+MAX_BODY_BYTES = (1 << 10, 1 << 30)
+MAX_TIMEOUT = 86400  # seconds: a day, for the slowest start or the longest generation
+# Env variables whose value kit itself reads (and how it must look).
+ENGINE_READY_TIMEOUT = "VLLM_ENGINE_READY_TIMEOUT_S"
+# Hostile YAML: a site spec is small and flat; these bounds are far above any real one.
+MAX_SPEC_BYTES = 1 << 20
+MAX_DEPTH = 16
+MAX_NUMBER_CHARS = 32
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+    """No unknown keys, no coercion: YAML's `yes` is not 1, "1" is not 1, 16384.0 is not 16384
+    (an int is still a valid float)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+def _yaml_safe_key(name: str) -> str:
+    """Refuse names a YAML 1.1 reader (docker-compose v1) would take for a bool, null or number
+    when kit writes them unquoted as keys (service names, env names)."""
+    if yaml.safe_load(name) != name:
+        raise ValueError(f"{name!r} reads as {yaml.safe_load(name)!r} in YAML; choose another name")
+    return name
+
+
+def _body_size(value: str) -> str:
+    """A size nginx accepts in both client_max_body_size and client_body_buffer_size (which
+    takes no `g`): normalised to k/m units."""
+    size = names.size_bytes(value)
+    low, high = MAX_BODY_BYTES
+    if not low <= size <= high:
+        raise ValueError(f"{value!r} is outside 1k..1g (one request body is held in memory)")
+    return names.nginx_size(size)
+
+
+def _absolute_safe_path(path: Path) -> Path:
+    if not path.is_absolute():
+        raise ValueError(f"{str(path)!r} must be an absolute host path (e.g. /data/models)")
+    if not names.is_name(PATH_TEXT, str(path)):
+        raise ValueError(f"{str(path)!r} has spaces, quotes, ':' ',' '$' ';' or braces")
+    return path
+
+
+Host = Annotated[str, AfterValidator(names.host)]
+HostPath = Annotated[Path, Strict(False), AfterValidator(_absolute_safe_path)]
+GpuIndex = Annotated[int, Field(ge=0, le=63)]
+GiB = Annotated[float, Field(gt=0, le=4096)]
+GpuMemory = GiB | dict[GpuIndex, GiB] | None
+
+
+def _vocabulary(flag: str) -> Any:
+    """A spec key whose values are exactly what vLLM's `flag` accepts (one list: the flag table)."""
+    return Field(json_schema_extra={"enum": list(choices(flag))})
 
 
 class Images(StrictModel):
@@ -60,10 +125,11 @@ class Images(StrictModel):
 
 class TLS(StrictModel):
     mode: Literal["self-signed", "files", "acme"] = "self-signed"
-    cert: Path | None = None  # files mode: PEM certificate (chain) path, relative to the spec
-    key: Path | None = None  # files mode: PEM private key path
-    email: str | None = None  # acme mode: the account e-mail
-    acme_server: Annotated[str, Field(pattern=r"^https://[A-Za-z0-9.:/_-]+$")] | None = None
+    # files mode: PEM certificate (chain) and private key paths, relative to the spec
+    cert: Annotated[Path, Strict(False)] | None = None
+    key: Annotated[Path, Strict(False)] | None = None
+    email: Annotated[str, Field(pattern=EMAIL, max_length=254)] | None = None  # the ACME account
+    acme_server: Annotated[str, Field(pattern=ACME_SERVER, max_length=1024)] | None = None
     staging: bool = False  # acme mode: Let's Encrypt's staging CA (untrusted certs, high limits)
 
     @model_validator(mode="after")
@@ -78,9 +144,6 @@ class TLS(StrictModel):
             raise ValueError(
                 f"tls.acme_server/tls.staging are only read in mode acme, not {self.mode}"
             )
-        address = r"[^@\s\"';{}$]+@[^@\s\"';{}$]+"
-        if self.email is not None and not re.fullmatch(address, self.email):
-            raise ValueError(f"tls.email {self.email!r} is not an e-mail address")
         return self
 
 
@@ -101,24 +164,18 @@ class Auth(StrictModel):
 
 
 class Proxy(StrictModel):
-    bind: str = "0.0.0.0"
+    """Every bound is one nginx and Docker accept (tests render both ends and run nginx -t)."""
+
+    bind: Annotated[str, AfterValidator(names.ip)] = "0.0.0.0"
     https_port: Annotated[int, Field(ge=1, le=65535)] = 443
     http_port: Annotated[int, Field(ge=1, le=65535)] = 80
-    max_body: Annotated[str, Field(pattern=SIZE)] = "1m"
-    read_timeout: Annotated[int, Field(ge=1, le=86400)] = 900  # seconds; long generations
+    max_body: Annotated[str, Field(pattern=SIZE), AfterValidator(_body_size)] = "1m"
+    read_timeout: Annotated[int, Field(ge=1, le=MAX_TIMEOUT)] = 900  # seconds; long generations
     connect_timeout: Annotated[int, Field(ge=1, le=300)] = 10
     rate_limit_per_ip: Annotated[int, Field(ge=1, le=100000)] = 600  # requests/minute
     rate_limit_per_credential: Annotated[int, Field(ge=1, le=100000)] = 1200  # requests/minute
     failed_logins_per_ip: Annotated[int, Field(ge=1, le=10000)] = 20  # per minute
-    max_connections_per_ip: Annotated[int, Field(ge=1, le=100000)] = 512
-
-    @field_validator("bind")
-    @classmethod
-    def _bind_is_ip(cls, bind: str) -> str:
-        try:
-            return str(ipaddress.ip_address(bind))
-        except ValueError:
-            raise ValueError(f"proxy.bind {bind!r} is not an IP address (e.g. 0.0.0.0)") from None
+    max_connections_per_ip: Annotated[int, Field(ge=1, le=65535)] = 512  # limit_conn's maximum
 
     @model_validator(mode="after")
     def _ports_differ(self) -> "Proxy":
@@ -128,24 +185,24 @@ class Proxy(StrictModel):
 
 
 class Service(StrictModel):
-    name: Annotated[str, Field(pattern=SERVICE_NAME)]
+    name: Annotated[str, Field(pattern=SERVICE_NAME), AfterValidator(_yaml_safe_key)]
     model: Annotated[str, Field(pattern=MODEL_REF, max_length=200)]
     served_name: Annotated[str, Field(pattern=SERVED_NAME)] | None = None
-    gpus: Annotated[list[Annotated[int, Field(ge=0, le=63)]], Field(min_length=1)]
+    gpus: Annotated[list[GpuIndex], Field(min_length=1)]
     tensor_parallel: Annotated[int, Field(ge=1, le=64)] | None = None
     max_model_len: Annotated[int, Field(gt=0, le=16_777_216)] = 8192
     max_num_seqs: Annotated[int, Field(ge=1, le=65536)] | Literal["auto"] = "auto"
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.90
-    dtype: Literal["auto", "bfloat16", "float16", "half", "float", "float32"] = "auto"
-    quantization: str | None = None
-    kv_cache_dtype: str = "auto"
+    dtype: Annotated[str, _vocabulary("--dtype")] = "auto"
+    quantization: Annotated[str, _vocabulary("--quantization")] | None = None
+    kv_cache_dtype: Annotated[str, _vocabulary("--kv-cache-dtype")] = "auto"
     trust_remote_code: bool = False
-    extra_args: list[Annotated[str, Field(pattern=r"^[^\n\r$]*$", max_length=4096)]] = []
+    extra_args: list[Annotated[str, Field(pattern=ENV_VALUE, max_length=4096)]] = []
     env: dict[
-        Annotated[str, Field(pattern=ENV_NAME)],
-        Annotated[str, Field(pattern=r"^[^\n\r$]*$", max_length=4096)],
+        Annotated[str, Field(pattern=ENV_NAME, max_length=256), AfterValidator(_yaml_safe_key)],
+        Annotated[str, Field(pattern=ENV_VALUE, max_length=4096)],
     ] = {}
-    startup_timeout: Annotated[int, Field(ge=30, le=86400)] | None = None  # seconds
+    startup_timeout: Annotated[int, Field(ge=30, le=MAX_TIMEOUT)] | None = None  # seconds
 
     @field_validator("gpus")
     @classmethod
@@ -153,6 +210,18 @@ class Service(StrictModel):
         if len(set(gpus)) != len(gpus):
             raise ValueError(f"GPU index listed twice in {gpus}")
         return gpus
+
+    @field_validator("served_name")
+    @classmethod
+    def _not_a_map_word(cls, value: str | None) -> str | None:
+        if value is not None and value.lower() in NGINX_MAP_WORDS:
+            raise ValueError(f"{value!r} is a keyword of nginx's map, which routes by served name")
+        return value
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, value: str) -> str:
+        return _one_of(value, "--dtype")
 
     @field_validator("quantization")
     @classmethod
@@ -183,57 +252,29 @@ class Service(StrictModel):
 
 
 def _one_of(value: str | None, flag: str) -> str | None:
-    option = flag_table().lookup(flag)
-    if value is not None and option and option.choices and value not in option.choices:
-        hint = difflib.get_close_matches(value, option.choices, n=1)
+    valid = choices(flag)
+    if value is not None and valid and value not in valid:
+        hint = difflib.get_close_matches(value, valid, n=1)
         did_you_mean = f" (did you mean {hint[0]!r}?)" if hint else ""
         raise ValueError(
             f"{value!r} is not a {flag} value of vLLM {SHIPPED_VERSION}{did_you_mean}; "
-            f"valid: {', '.join(option.choices)}"
+            f"valid: {', '.join(valid)}"
         )
     return value
 
 
 class Spec(StrictModel):
     site: Annotated[str, Field(pattern=SITE_NAME)]
-    domain: str
+    domain: Host
     images: Images = Images()
-    models_root: Path
-    hf_cache: Path | None = None
-    gpu_memory_gib: (
-        Annotated[float, Field(gt=0, le=4096)]
-        | dict[Annotated[int, Field(ge=0, le=63)], Annotated[float, Field(gt=0, le=4096)]]
-        | None
-    ) = None
+    models_root: HostPath
+    hf_cache: HostPath | None = None
+    gpu_memory_gib: GpuMemory = None
     tls: TLS = TLS()
     auth: Auth = Auth()
     proxy: Proxy = Proxy()
     healthcheck_interval: Annotated[int, Field(ge=1, le=300)] = 10  # seconds
     services: Annotated[list[Service], Field(min_length=1)]
-
-    @field_validator("domain")
-    @classmethod
-    def _domain_is_host(cls, domain: str) -> str:
-        try:
-            return str(ipaddress.ip_address(domain))
-        except ValueError:
-            pass
-        name = domain.lower().rstrip(".")
-        labels = name.split(".")
-        if len(name) > 253 or not all(HOSTNAME_LABEL.match(label) for label in labels):
-            raise ValueError(f"{domain!r} is not a DNS name or IP address (e.g. llm.example.com)")
-        return name
-
-    @field_validator("models_root", "hf_cache")
-    @classmethod
-    def _absolute_safe_path(cls, path: Path | None) -> Path | None:
-        if path is None:
-            return None
-        if not path.is_absolute():
-            raise ValueError(f"{str(path)!r} must be an absolute host path (e.g. /data/models)")
-        if not SAFE_TEXT.match(str(path)) or ":" in str(path) or "," in str(path):
-            raise ValueError(f"{str(path)!r} has spaces, quotes, ':' ',' '$' ';' or braces")
-        return path
 
     def service(self, name: str) -> Service:
         for service in self.services:
@@ -242,9 +283,13 @@ class Spec(StrictModel):
         raise KeyError(name)
 
     def gpu_memory_for(self, gpu: int) -> float | None:
-        if isinstance(self.gpu_memory_gib, dict):
-            return self.gpu_memory_gib.get(gpu)
-        return self.gpu_memory_gib
+        return gpu_memory_for(self.gpu_memory_gib, gpu)
+
+
+def gpu_memory_for(gpu_memory_gib: float | dict[int, float] | None, gpu: int) -> float | None:
+    if isinstance(gpu_memory_gib, dict):
+        return gpu_memory_gib.get(gpu)
+    return gpu_memory_gib
 
 
 # --------------------------------------------------------------------------- YAML with positions
@@ -264,30 +309,58 @@ class Located:
         return self.marks.get(path, (1, 1))
 
 
+class _SpecLoader(yaml.SafeLoader):
+    """SafeLoader that refuses, while composing and before anything is expanded, what a site
+    spec never needs and a hostile one uses: anchors and aliases (billion laughs, self-reference)
+    and deep nesting (Python's recursion limit)."""
+
+    depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise yaml.composer.ComposerError(
+                None, None, "anchors and aliases (&name, *name) are not allowed in a site spec",
+                event.start_mark,
+            )
+        if self.depth >= MAX_DEPTH:
+            raise yaml.composer.ComposerError(
+                None, None, f"nested deeper than {MAX_DEPTH} levels", event.start_mark
+            )
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+
+
 def parse_yaml(text: str) -> Located:
     """YAML → plain data, remembering where each key is and refusing duplicate keys."""
-    loader = yaml.SafeLoader(text)
+    loader = _SpecLoader(text)
     try:
         root = loader.get_single_node()
+        located = Located(data=None)
+        if root is not None:
+            located.data = _walk(root, (), located, loader)
+        return located
     finally:
         loader.dispose()
-    located = Located(data=None)
-    if root is not None:
-        located.data = _walk(root, (), located, loader)
-    return located
 
 
 def _walk(node: yaml.Node, path: tuple, located: Located, loader: yaml.SafeLoader) -> Any:
-    located.marks.setdefault(path, (node.start_mark.line + 1, node.start_mark.column + 1))
+    located.marks.setdefault(path, _mark(node))
     if isinstance(node, yaml.MappingNode):
         result: dict = {}
         for key_node, value_node in node.value:
-            key = loader.construct_object(key_node, deep=True)
+            key = _scalar(key_node, path, located, loader)
             if not isinstance(key, str | int | float | bool) or key is None:
                 located.problems.append((path, "keys must be plain scalars"))
                 continue
             child = (*path, key)
-            located.marks[child] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+            located.marks[child] = _mark(key_node)
             if key in result:
                 located.problems.append((child, f"duplicate key {key!r}"))
                 continue
@@ -295,7 +368,26 @@ def _walk(node: yaml.Node, path: tuple, located: Located, loader: yaml.SafeLoade
         return result
     if isinstance(node, yaml.SequenceNode):
         return [_walk(item, (*path, i), located, loader) for i, item in enumerate(node.value)]
-    return loader.construct_object(node, deep=True)
+    return _scalar(node, path, located, loader)
+
+
+def _scalar(node: yaml.Node, path: tuple, located: Located, loader: yaml.SafeLoader) -> Any:
+    """One scalar (or a key) built by YAML's rules; a value Python cannot build is a problem at
+    its position (a 5,000-digit number, a 30 February timestamp), never a traceback."""
+    if node.tag in NUMBER_TAGS and len(str(node.value)) > MAX_NUMBER_CHARS:
+        located.marks.setdefault(path, _mark(node))
+        located.problems.append((path, f"a number of {len(node.value)} characters"))
+        return None
+    try:
+        return loader.construct_object(node, deep=True)
+    except (ValueError, OverflowError) as error:
+        located.marks.setdefault(path, _mark(node))
+        located.problems.append((path, f"{node.value!r} cannot be read: {error}"))
+        return None
+
+
+def _mark(node: yaml.Node) -> tuple[int, int]:
+    return node.start_mark.line + 1, node.start_mark.column + 1
 
 
 # --------------------------------------------------------------------------- loading
@@ -333,21 +425,48 @@ def dotted(path: tuple) -> str:
     return text
 
 
-def load_spec(path: Path, *, check_host: bool = True) -> Spec:
-    """Read and validate a spec file; raise SpecError listing every problem found."""
+def load_spec(path: Path, *, check_host: bool = True, check_capacity: bool = True) -> Spec:
+    """Read and validate a spec file; raise SpecError listing every problem found.
+
+    `check_capacity` False leaves a service that cannot fit its GPUs to the caller (`kit plan`
+    shows the whole capacity table first)."""
     try:
-        text = path.read_text()
+        with path.open("rb") as file:
+            raw = file.read(MAX_SPEC_BYTES + 1)
     except FileNotFoundError:
         raise BadInput(
             f"spec file {path} does not exist",
             fix="pass the spec path (kit render path/to/site.yaml) or create one with `kit init`",
         ) from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise BadInput(f"cannot read spec file {path}: {error}") from None
-    return parse_spec(text, path, check_host=check_host)
+    except OSError as error:
+        raise BadInput(f"cannot read spec file {path}: {error.strerror or error}") from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise BadInput(
+            f"spec file {path} is larger than {MAX_SPEC_BYTES >> 20} MiB; a site spec is a few KiB",
+            fix="pass the site.yaml, not another file",
+        )
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError as error:
+        line, column = _line_column(raw, error.start)
+        raise BadInput(
+            f"{path}:{line}:{column}: not UTF-8 text ({error.reason})",
+            fix="save the spec as UTF-8",
+        ) from None
+    return parse_spec(text, path, check_host=check_host, check_capacity=check_capacity)
 
 
-def parse_spec(text: str, source: Path, *, check_host: bool = True) -> Spec:
+def _line_column(text: str | bytes, offset: int) -> tuple[int, int]:
+    before = text[:offset]
+    newline = "\n" if isinstance(before, str) else b"\n"
+    return before.count(newline) + 1, offset - (before.rfind(newline) + 1) + 1
+
+
+def parse_spec(
+    text: str, source: Path, *, check_host: bool = True, check_capacity: bool = True
+) -> Spec:
+    if len(text) > MAX_SPEC_BYTES:
+        raise BadInput(f"spec {source} is larger than {MAX_SPEC_BYTES >> 20} MiB")
     try:
         located = parse_yaml(text)
     except yaml.MarkedYAMLError as error:
@@ -355,27 +474,49 @@ def parse_spec(text: str, source: Path, *, check_host: bool = True) -> Spec:
         line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         raise BadInput(
             f"{source}:{line}:{column}: invalid YAML: {error.problem or error}",
-            fix="fix the YAML syntax at that position (indentation, a missing ':' or quote)",
+            fix="fix the YAML at that position (indentation, a missing ':' or quote; "
+            "write each value out instead of an anchor)",
+        ) from None
+    except yaml.reader.ReaderError as error:
+        line, column = _line_column(text, error.position)
+        raise BadInput(
+            f"{source}:{line}:{column}: invalid YAML: character {error.character!r} is not "
+            "allowed in YAML text",
+            fix="remove that character (control characters and NUL cannot appear in a spec)",
         ) from None
     except yaml.YAMLError as error:
-        raise BadInput(f"{source}: invalid YAML: {error}") from None
+        raise BadInput(f"{source}:1:1: invalid YAML: {error}") from None
     problems = [SpecProblem(path, message) for path, message in located.problems]
     if not isinstance(located.data, dict):
         problems.append(SpecProblem((), "the spec must be a mapping (site:, domain:, services:)"))
         raise SpecError(source, located, problems)
     if problems:
         raise SpecError(source, located, problems)
+    spec = None
     try:
         spec = Spec.model_validate(located.data)
+        parts = Parts.of(spec)
     except ValidationError as error:
-        raise SpecError(source, located, [_from_pydantic(e) for e in error.errors()]) from None
-    problems = cross_checks(spec, spec_dir=source.parent, check_host=check_host)
-    if problems:
+        problems = _from_pydantic(error.errors())
+        parts = Parts.salvage(located.data)
+    problems += cross_checks(
+        parts, spec_dir=source.parent, check_host=check_host, check_capacity=check_capacity
+    )
+    if problems or spec is None:
         raise SpecError(source, located, problems)
     return spec
 
 
-def _from_pydantic(error: dict) -> SpecProblem:
+def _from_pydantic(errors: list[dict]) -> list[SpecProblem]:
+    """One problem per key (a union reports each alternative: the first says enough)."""
+    problems: dict[tuple, SpecProblem] = {}
+    for error in errors:
+        problem = _problem(error)
+        problems.setdefault(problem.path, problem)
+    return list(problems.values())
+
+
+def _problem(error: dict) -> SpecProblem:
     path = tuple(part for part in error["loc"] if not _is_union_tag(part))
     kind = error["type"]
     if kind == "extra_forbidden":
@@ -386,17 +527,29 @@ def _from_pydantic(error: dict) -> SpecProblem:
     if kind == "missing":
         return SpecProblem(path, "required key is missing", f"add {dotted(path)}: to the spec")
     message = error["msg"].removeprefix("Value error, ")
+    value = error.get("input")
+    fix = None
     if kind == "string_pattern_mismatch":
-        value = error.get("input")
         message = f"{value!r} has characters that are not allowed here ({_pattern_hint(path)})"
-    elif "input" in error and kind not in ("value_error",) and not isinstance(error["input"], dict):
-        message = f"{message} (got {error['input']!r})"
-    return SpecProblem(path, message)
+    elif kind != "value_error" and not isinstance(value, dict | list):
+        message = f"{message} (got {value!r})"
+    if isinstance(value, bool) and kind in ("int_type", "float_type", "string_type"):
+        fix = "YAML reads yes/no/on/off/true/false as booleans: write the number or quote the text"
+    elif isinstance(value, str) and kind in ("int_type", "float_type"):
+        fix = "write the number without quotes"
+    elif isinstance(value, float) and kind == "int_type":
+        fix = "write a whole number without a decimal point"
+    return SpecProblem(path, message, fix)
 
 
 def _is_union_tag(part: Any) -> bool:
-    """pydantic puts union member names (e.g. 'int', 'literal['auto']') into error locations."""
-    return isinstance(part, str) and ("[" in part or part in ("int", "float", "str", "dict"))
+    """pydantic puts union member names (e.g. 'int', 'literal['auto']', 'constrained-float')
+    into error locations."""
+    return isinstance(part, str) and (
+        "[" in part or part.startswith(("constrained-", "function-")) or part in (
+            "int", "float", "str", "dict", "list", "bool", "path", "is-instance[Path]"
+        )
+    )
 
 
 def _pattern_hint(path: tuple) -> str:
@@ -408,9 +561,12 @@ def _pattern_hint(path: tuple) -> str:
         "model": "a directory name under models_root or an org/name Hugging Face id",
         "vllm": "an image reference like vllm/vllm-openai:v0.33.0",
         "nginx": "an image reference like nginx:1.27-alpine",
-        "max_body": "a size like 1m, 512k or 2g",
-        "extra_args": "no newlines and no '$'",
-        "env": "names: letters, digits, '_'; values: no newlines and no '$'",
+        "certbot": "an image reference like certbot/certbot:v3.1.0",
+        "max_body": "a size like 1m, 512k or 1g",
+        "email": "an e-mail address like ops@example.com",
+        "acme_server": "an https:// directory URL",
+        "extra_args": "no newlines, NUL or '$'",
+        "env": "names: letters, digits, '_'; values: no newlines, NUL or '$'",
     }
     for part in reversed(path):
         if part in hints:
@@ -443,22 +599,73 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
 # --------------------------------------------------------------------------- checks across fields
 
 
-def cross_checks(spec: Spec, *, spec_dir: Path, check_host: bool) -> list[SpecProblem]:
+STRICT = ConfigDict(strict=True, allow_inf_nan=False)
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The parts of a spec the cross-field checks read, each one that validated on its own:
+    the checks run even when other keys failed, so one typo does not hide a GPU clash."""
+
+    services: list[tuple[int, Service]]
+    domain: str | None
+    tls: TLS | None
+    models_root: Path | None
+    gpu_memory_gib: float | dict[int, float] | None
+
+    @classmethod
+    def of(cls, spec: Spec) -> "Parts":
+        return cls(list(enumerate(spec.services)), spec.domain, spec.tls, spec.models_root,
+                   spec.gpu_memory_gib)
+
+    @classmethod
+    def salvage(cls, data: dict) -> "Parts":
+        raw_services = data.get("services")
+        services = [
+            (i, service) for i, raw in enumerate(raw_services if isinstance(raw_services, list)
+                                                 else [])
+            if (service := _valid(Service, raw)) is not None
+        ]
+        return cls(
+            services,
+            _valid(Host, data.get("domain")),
+            _valid(TLS, data.get("tls", {})),
+            _valid(HostPath, data.get("models_root")),
+            _valid(GpuMemory, data.get("gpu_memory_gib")),
+        )
+
+
+def _valid(kind: Any, value: Any) -> Any:
+    """`value` validated as `kind` under the spec's strict rules, or None when it is not."""
+    config = None if isinstance(kind, type) and issubclass(kind, BaseModel) else STRICT
+    try:
+        return TypeAdapter(kind, config=config).validate_python(value)
+    except ValidationError:
+        return None
+
+
+def cross_checks(
+    parts: Parts, *, spec_dir: Path, check_host: bool, check_capacity: bool = True
+) -> list[SpecProblem]:
     problems: list[SpecProblem] = []
-    problems += _unique_names(spec)
-    problems += _gpu_sharing(spec)
-    problems += _extra_args(spec)
-    problems += _tls_files(spec, spec_dir)
-    if check_host:
-        problems += _model_dirs(spec)
+    problems += _unique_names(parts.services)
+    problems += _gpu_sharing(parts.services)
+    problems += _extra_args(parts.services)
+    problems += _kit_read_env(parts.services)
+    problems += _tls_files(parts, spec_dir)
+    problems += _acme_domain(parts)
+    if check_host and parts.models_root is not None:
+        problems += _model_dirs(parts, check_capacity)
     return problems
 
 
-def _unique_names(spec: Spec) -> list[SpecProblem]:
+def _unique_names(services: list[tuple[int, Service]]) -> list[SpecProblem]:
+    """Service names are compose keys; served names are nginx `map` keys, which nginx compares
+    in lower case: two that differ only in case would collide there (vLLM tells them apart)."""
     problems = []
     seen_names: dict[str, int] = {}
     seen_served: dict[str, int] = {}
-    for i, service in enumerate(spec.services):
+    for i, service in services:
         if service.name in RESERVED_SERVICES:
             problems.append(SpecProblem(
                 ("services", i, "name"),
@@ -471,42 +678,79 @@ def _unique_names(spec: Spec) -> list[SpecProblem]:
                 f"(also services[{seen_names[service.name]}])",
             ))
         seen_names.setdefault(service.name, i)
-        if service.api_name in seen_served:
+        served = service.api_name.lower()
+        if served in seen_served:
             problems.append(SpecProblem(
                 ("services", i, "served_name"),
                 f"duplicate served name {service.api_name!r} "
-                f"(also services[{seen_served[service.api_name]}]); clients pick a model by it",
+                f"(also services[{seen_served[served]}], ignoring case); clients pick a model "
+                "by it and the front door routes on it case-insensitively",
+                "give each service a served_name that differs in more than case",
             ))
-        seen_served.setdefault(service.api_name, i)
+        seen_served.setdefault(served, i)
     return problems
 
 
-def _gpu_sharing(spec: Spec) -> list[SpecProblem]:
+def _gpu_sharing(services: list[tuple[int, Service]]) -> list[SpecProblem]:
+    by_index = dict(services)
     share: dict[int, list[int]] = {}
-    for i, service in enumerate(spec.services):
+    for i, service in services:
         for gpu in service.gpus:
             share.setdefault(gpu, []).append(i)
     problems = []
     for gpu, users in sorted(share.items()):
-        total = sum(spec.services[i].gpu_memory_utilization for i in users)
+        total = sum(by_index[i].gpu_memory_utilization for i in users)
         if len(users) > 1 and total > GPU_SHARE_LIMIT + 1e-9:
-            names = ", ".join(spec.services[i].name for i in users)
+            names_ = ", ".join(by_index[i].name for i in users)
             problems.append(SpecProblem(
                 ("services", users[-1], "gpus"),
-                f"GPU {gpu} is shared by {names} whose gpu_memory_utilization adds up to "
+                f"GPU {gpu} is shared by {names_} whose gpu_memory_utilization adds up to "
                 f"{total:.2f} (> {GPU_SHARE_LIMIT}); vLLM would fail to allocate at start",
                 "lower gpu_memory_utilization of the services sharing it, or move one elsewhere",
             ))
     return problems
 
 
-def _extra_args(spec: Spec) -> list[SpecProblem]:
+def _extra_args(services: list[tuple[int, Service]]) -> list[SpecProblem]:
+    """Flags vLLM would refuse, and parallel sizes that need more GPUs than the service pins."""
     table = flag_table()
-    return [
+    problems = [
         SpecProblem(("services", i, "extra_args", index), message)
-        for i, service in enumerate(spec.services)
+        for i, service in services
         for index, message in check_extra_args(service.extra_args, table)
     ]
+    for i, service in services:
+        sizes = parallel_sizes(service.extra_args, table)
+        world = service.tp
+        for _, size in sizes.values():
+            world *= size
+        if world != len(service.gpus):
+            index, _ = max(sizes.values())
+            written = " x ".join(f"{flag} {size}" for flag, (_, size) in sizes.items())
+            problems.append(SpecProblem(
+                ("services", i, "extra_args", index),
+                f"tensor parallel {service.tp} x {written} needs {world} GPUs but gpus lists "
+                f"{len(service.gpus)}; vLLM would wait for GPUs the container does not have",
+                "list that many GPUs in gpus, or remove the size from extra_args "
+                "(kit runs one tensor-parallel group over the service's GPUs)",
+            ))
+    return problems
+
+
+def _kit_read_env(services: list[tuple[int, Service]]) -> list[SpecProblem]:
+    """Env values kit reads itself (the healthcheck's start period follows vLLM's timeout)."""
+    problems = []
+    for i, service in services:
+        value = service.env.get(ENGINE_READY_TIMEOUT)
+        if value is not None and not (value.isascii() and value.isdigit()
+                                      and 1 <= int(value) <= MAX_TIMEOUT):
+            problems.append(SpecProblem(
+                ("services", i, "env", ENGINE_READY_TIMEOUT),
+                f"{value!r} is not a whole number of seconds from 1 to {MAX_TIMEOUT} "
+                "(vLLM reads it with int())",
+                f'write seconds, e.g. {ENGINE_READY_TIMEOUT}: "1200" for 20 minutes',
+            ))
+    return problems
 
 
 def spec_warnings(spec: Spec) -> list[str]:
@@ -520,66 +764,146 @@ def spec_warnings(spec: Spec) -> list[str]:
         )
     if not spec.auth.users and not spec.auth.api_keys:
         warnings.append("auth has no users and api_keys is off: only kit's probe can get in")
+    for i, service in enumerate(spec.services):
+        if is_hub_id(spec.models_root, service.model):
+            warnings.append(
+                f"DOWNLOAD: services[{i}] ({service.name}) model {service.model!r} is no "
+                f"directory under {spec.models_root}, so vLLM downloads it from the Hugging Face "
+                "Hub and the backend network gets internet access for every service; if it is "
+                "a typo of a local model, fix services[].model"
+            )
     return warnings
 
 
-def _tls_files(spec: Spec, spec_dir: Path) -> list[SpecProblem]:
-    if spec.tls.mode != "files":
+def is_hub_id(models_root: Path, model: str) -> bool:
+    """`org/name` is a Hub id unless that directory exists under models_root on this host."""
+    return "/" in model and not (models_root / model).is_dir()
+
+
+def _tls_files(parts: Parts, spec_dir: Path) -> list[SpecProblem]:
+    """Files mode: both files readable, and a pair that serves the domain (render's check)."""
+    tls = parts.tls
+    if tls is None or tls.mode != "files":
         return []
     problems = []
+    content = {}
     for key in ("cert", "key"):
-        value = getattr(spec.tls, key)
+        value = getattr(tls, key)
         path = value if value.is_absolute() else spec_dir / value
-        if not path.is_file():
+        try:
+            content[key] = path.read_bytes()
+        except FileNotFoundError:
             problems.append(SpecProblem(
                 ("tls", key), f"file {path} does not exist",
                 f"point tls.{key} at your PEM {key} file (paths are relative to the spec)",
             ))
-    return problems
+        except OSError as error:
+            problems.append(SpecProblem(
+                ("tls", key), f"cannot read {path}: {error.strerror or error}",
+                "make it readable by the user running kit (or run kit as that user)",
+            ))
+    if problems or parts.domain is None:
+        return problems
+    from kit.credentials import cert_problems  # TLS parsing only where there are files
+
+    return [
+        SpecProblem(("tls", "cert"), problem,
+                    f"point tls.cert and tls.key at a current certificate for {parts.domain} "
+                    "and its key")
+        for problem in cert_problems(content["cert"], content["key"], parts.domain,
+                                     str(tls.cert))
+    ]
 
 
-def _model_dirs(spec: Spec) -> list[SpecProblem]:
+def _acme_domain(parts: Parts) -> list[SpecProblem]:
+    """An ACME CA issues for public DNS names only: certbot would fail at every renewal."""
+    if parts.tls is None or parts.tls.mode != "acme" or parts.domain is None:
+        return []
+    if _is_ip(parts.domain) or "." not in parts.domain:
+        return [SpecProblem(
+            ("domain",),
+            f"tls.mode acme needs a public DNS name with a dot, not {parts.domain!r} "
+            "(ACME CAs do not issue certificates for IP addresses or single-label names)",
+            "set domain to the server's DNS name, or use tls.mode self-signed or files",
+        )]
+    return []
+
+
+def _is_ip(value: str) -> bool:
+    try:
+        names.ip(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _model_dirs(parts: Parts, check_capacity: bool) -> list[SpecProblem]:
     """Checks that need the model directory on this host (skipped when it is elsewhere)."""
+    models_root = parts.models_root
+    if models_root is None or not models_root.is_dir():
+        return []  # rendering away from the GPU server: nothing to check here
     problems = []
-    for i, service in enumerate(spec.services):
-        model_dir = spec.models_root / service.model
-        if "/" in service.model and not model_dir.exists():
-            continue  # a Hugging Face id: vLLM downloads it
-        if not spec.models_root.is_dir():
-            continue  # rendering away from the GPU server: nothing to check here
+    for i, service in parts.services:
+        model_dir = models_root / service.model
+        if is_hub_id(models_root, service.model):
+            continue  # vLLM downloads it (spec_warnings says so)
         if not model_dir.is_dir():
             problems.append(SpecProblem(
                 ("services", i, "model"),
                 f"model directory {model_dir} does not exist",
-                f"put the model under {spec.models_root} or set model to an org/name Hub id",
+                f"put the model under {models_root} or set model to an org/name Hub id",
             ))
             continue
-        if not (model_dir / "config.json").is_file():
-            continue
-        from kit.modelinfo import inspect_model_dir  # only where there is a config to read
+        if (model_dir / "config.json").is_file():
+            problems += _model_problems(parts, i, service, model_dir, check_capacity)
+    return problems
 
+
+def _model_problems(
+    parts: Parts, i: int, service: Service, model_dir: Path, check_capacity: bool
+) -> list[SpecProblem]:
+    """What vLLM would refuse about this model directory, at the key that can fix it."""
+    from kit.modelinfo import inspect_model_dir  # only where there is a config to read
+    from kit.plan import service_capacity
+
+    try:
         info = inspect_model_dir(model_dir)
-        heads = info.num_attention_heads
-        if heads and heads % service.tp:
-            problems.append(SpecProblem(
-                ("services", i, "gpus"),
-                f"tensor parallel size {service.tp} does not divide the model's "
-                f"{heads} attention heads",
-                "use a GPU count that divides the head count (e.g. 1, 2, 4, 8)",
-            ))
-        limit = info.derived_max_model_len
-        if limit and service.max_model_len > limit:
-            problems.append(SpecProblem(
-                ("services", i, "max_model_len"),
-                f"max_model_len {service.max_model_len} is above the model's limit {limit} "
-                f"(vLLM refuses to start)",
-                f"set max_model_len to at most {limit}",
-            ))
-        if info.requires_trust_remote_code and not service.trust_remote_code:
-            problems.append(SpecProblem(
-                ("services", i, "trust_remote_code"),
-                "the model's config.json has auto_map (custom code); vLLM refuses it without "
-                "trust_remote_code",
-                "set trust_remote_code: true if you trust this model's code",
-            ))
+    except BadInput as error:
+        return [SpecProblem(("services", i, "model"), error.message, error.fix)]
+    problems = [
+        SpecProblem(("services", i, "model"), error,
+                    "complete the model directory (re-download the missing or pointer files)")
+        for error in info.errors
+    ]
+    if info.requires_trust_remote_code and not service.trust_remote_code:
+        problems.append(SpecProblem(
+            ("services", i, "trust_remote_code"),
+            "the model's config.json has auto_map (custom code); vLLM refuses it without "
+            "trust_remote_code",
+            "set trust_remote_code: true if you trust this model's code",
+        ))
+    memory = [gpu_memory_for(parts.gpu_memory_gib, gpu) for gpu in service.gpus]
+    if check_capacity and None not in memory:  # the plan covers heads and max_model_len too
+        report = service_capacity(info, service, min(memory))
+        return problems + [
+            SpecProblem(("services", i), f"cannot start on this hardware: {error}",
+                        "see `kit plan` for the capacity table")
+            for error in report.errors if error not in info.errors
+        ]
+    heads = info.num_attention_heads
+    if heads and heads % service.tp:
+        problems.append(SpecProblem(
+            ("services", i, "gpus"),
+            f"tensor parallel size {service.tp} does not divide the model's "
+            f"{heads} attention heads",
+            "use a GPU count that divides the head count (e.g. 1, 2, 4, 8)",
+        ))
+    limit = info.derived_max_model_len
+    if limit and service.max_model_len > limit:
+        problems.append(SpecProblem(
+            ("services", i, "max_model_len"),
+            f"max_model_len {service.max_model_len} is above the model's limit {limit} "
+            f"(vLLM refuses to start)",
+            f"set max_model_len to at most {limit}",
+        ))
     return problems

@@ -31,6 +31,8 @@ SPEC_KEY_FLAGS = {
     "--api-key": "auth (nginx authenticates; an --api-key would land in the compose file)",
     "--uds": "(kit serves vLLM over TCP on the private network)",
 }
+# Sizes that multiply with --tensor-parallel-size into the number of GPUs a service uses.
+PARALLEL_SIZE_FLAGS = ("--pipeline-parallel-size", "--data-parallel-size")
 
 
 @dataclass(frozen=True)
@@ -91,48 +93,86 @@ def image_version(image: str) -> str | None:
     return match.group(1) if match else None
 
 
+def choices(flag: str) -> tuple[str, ...]:
+    """The values the pinned vLLM accepts for `flag`: the one list the spec, `kit plan` and the
+    capacity tables read (--dtype, --kv-cache-dtype, --quantization)."""
+    option = flag_table().lookup(flag)
+    return option.choices if option and option.choices else ()
+
+
+@dataclass(frozen=True)
+class Use:
+    """One flag as written in extra_args: where it starts, the option it names and its values."""
+
+    index: int
+    flag: str
+    option: Option | None
+    values: list[str]
+    inline: bool  # the value came as --flag=value
+
+
+def flag_uses(args: list[str], table: FlagTable) -> list[Use]:
+    """Split extra_args the way vLLM's parser does; tokens that are no flag get option None."""
+    uses: list[Use] = []
+    index = 0
+    while index < len(args):
+        start = index
+        flag, has_inline_value, inline_value = args[index].partition("=")
+        option = table.lookup(flag) if flag.startswith("-") else None
+        values = [inline_value] if has_inline_value else []
+        index += 1
+        takes_value = option is None or option.takes_value
+        if flag.startswith("-") and takes_value and not has_inline_value:
+            while index < len(args) and not args[index].startswith("-"):
+                values.append(args[index])
+                index += 1
+                if option is not None and option.nargs is None:
+                    break
+        uses.append(Use(start, flag, option, values, bool(has_inline_value)))
+    return uses
+
+
+def parallel_sizes(args: list[str], table: FlagTable) -> dict[str, tuple[int, int]]:
+    """{canonical flag: (index, size)} for the pipeline/data-parallel sizes extra_args sets
+    (an unparsable size is left to check_extra_args' neighbours: vLLM's parser refuses it)."""
+    sizes = {}
+    for use in flag_uses(args, table):
+        name = use.option.canonical if use.option else None
+        if name in PARALLEL_SIZE_FLAGS and use.values and use.values[-1].isdigit():
+            sizes[name] = (use.index, int(use.values[-1]))
+    return sizes
+
+
 def check_extra_args(args: list[str], table: FlagTable) -> list[tuple[int, str]]:
     """Return (index in args, problem) for every flag vLLM would refuse or kit already sets."""
     problems: list[tuple[int, str]] = []
-    index = 0
-    while index < len(args):
-        token = args[index]
-        flag, has_inline_value, inline_value = token.partition("=")
+    for use in flag_uses(args, table):
+        flag, option = use.flag, use.option
+        last = use.index + (0 if use.inline else len(use.values))  # where its last value is
         if not flag.startswith("-") or flag in ("-", "--"):
-            problems.append((index, f"'{token}' is not a flag; vLLM would take it as the model"))
-            index += 1
+            token = args[use.index]
+            problems.append(
+                (use.index, f"'{token}' is not a flag; vLLM would take it as the model")
+            )
             continue
-        option = table.lookup(flag)
         if option is None:
             hint = table.suggest(flag)
             did_you_mean = f" (did you mean {hint}?)" if hint else ""
             problems.append(
-                (index, f"{flag} is not a `vllm serve` flag in vLLM {table.version}{did_you_mean}")
+                (use.index,
+                 f"{flag} is not a `vllm serve` flag in vLLM {table.version}{did_you_mean}")
             )
-            index += 1
-            while index < len(args) and not args[index].startswith("-"):
-                index += 1  # its values: one problem per unknown flag is enough
-            continue
+            continue  # its values: one problem per unknown flag is enough
         owner = SPEC_KEY_FLAGS.get(option.canonical)
         if owner is not None:
-            problems.append((index, f"{flag} is set by kit from the spec: use {owner} instead"))
-        values = [inline_value] if has_inline_value else []
-        index += 1
-        if option.takes_value and not has_inline_value:
-            while index < len(args) and not args[index].startswith("-"):
-                values.append(args[index])
-                index += 1
-                if option.nargs is None:
-                    break
-            if not values and option.nargs not in ("?", "*"):
-                problems.append((index - 1, f"{flag} needs a value"))
-        elif not option.takes_value and has_inline_value:
-            problems.append((index - 1, f"{flag} takes no value"))
+            problems.append((use.index, f"{flag} is set by kit from the spec: use {owner} instead"))
+        if option.takes_value and not use.values and option.nargs not in ("?", "*"):
+            problems.append((last, f"{flag} needs a value"))
+        elif not option.takes_value and use.inline:
+            problems.append((last, f"{flag} takes no value"))
         if option.choices:
-            for value in values:
+            for value in use.values:
                 if value not in option.choices:
                     allowed = ", ".join(option.choices)
-                    problems.append(
-                        (index - 1, f"{flag} {value!r} is not one of: {allowed}")
-                    )
+                    problems.append((last, f"{flag} {value!r} is not one of: {allowed}"))
     return problems

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import click
 
-from kit.capacity import DEFAULT_GPU_MEMORY_UTILIZATION, KV_CACHE_DTYPE_BYTES
+from kit.capacity import DEFAULT_GPU_MEMORY_UTILIZATION
 from kit.errors import ExitCode
 from kit.service_capacity import capacity_table, fit_model_dir, fit_spec, fits_json, fits_text
 from kit.spec import DEFAULT_SPEC
-from kit.vllm_flags import flag_table
+from kit.vllm_flags import choices
 
 
 @click.command()
@@ -30,11 +30,11 @@ from kit.vllm_flags import flag_table
               default=DEFAULT_GPU_MEMORY_UTILIZATION, show_default=True)
 @click.option("--max-model-len", type=click.IntRange(min=1),
               help="Longest request in tokens (default: the model's limit, as vLLM does).")
-@click.option("--kv-cache-dtype", type=click.Choice(list(KV_CACHE_DTYPE_BYTES)), default="auto",
+@click.option("--kv-cache-dtype", type=click.Choice(choices("--kv-cache-dtype")), default="auto",
               show_default=True)
-@click.option("--quantization", help="vLLM --quantization method (default: the checkpoint's).")
-@click.option("--dtype", type=click.Choice(flag_table().lookup("--dtype").choices),
-              default="auto", show_default=True)
+@click.option("--quantization", type=click.Choice(choices("--quantization")),
+              help="vLLM --quantization method (default: the checkpoint's).")
+@click.option("--dtype", type=click.Choice(choices("--dtype")), default="auto", show_default=True)
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1),
               help="Default: vLLM's for the GPU size.")
 @click.option("--max-num-seqs", type=click.IntRange(min=1),
@@ -68,7 +68,7 @@ def plan(ctx: click.Context, spec: Path | None, model_dir: Path | None, as_json:
                                    "plans each service with its own settings")
         from kit.site import Site
 
-        site = Site.load(spec or DEFAULT_SPEC)
+        site = Site.load(spec or DEFAULT_SPEC, check_capacity=False)  # the table shows misfits
         fits = fit_spec(site.spec, typical_request_tokens=numbers["typical_request_tokens"])
         click.echo(json.dumps(fits_json(fits), indent=2) if as_json else "\n".join(fits_text(fits)))
         failed = any(fit.failed for fit in fits)
