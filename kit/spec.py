@@ -215,7 +215,10 @@ class Service(StrictModel):
     @classmethod
     def _not_a_map_word(cls, value: str | None) -> str | None:
         if value is not None and value.lower() in NGINX_MAP_WORDS:
-            raise ValueError(f"{value!r} is a keyword of nginx's map, which routes by served name")
+            raise ValueError(
+                f"{value!r} is a keyword of nginx's map, which routes by served name; "
+                "choose another served_name"
+            )
         return value
 
     @field_validator("dtype")
@@ -309,23 +312,31 @@ class Located:
         return self.marks.get(path, (1, 1))
 
 
+class Refused(yaml.MarkedYAMLError):
+    """YAML that parses but that a site spec never needs (and a hostile one uses)."""
+
+    def __init__(self, problem: str, fix: str, mark: yaml.Mark):
+        super().__init__(problem=problem, problem_mark=mark)
+        self.fix = fix
+
+
 class _SpecLoader(yaml.SafeLoader):
-    """SafeLoader that refuses, while composing and before anything is expanded, what a site
-    spec never needs and a hostile one uses: anchors and aliases (billion laughs, self-reference)
-    and deep nesting (Python's recursion limit)."""
+    """SafeLoader that refuses, while composing and before anything is expanded, anchors and
+    aliases (billion laughs, self-reference) and deep nesting (Python's recursion limit)."""
 
     depth = 0
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
-            raise yaml.composer.ComposerError(
-                None, None, "anchors and aliases (&name, *name) are not allowed in a site spec",
-                event.start_mark,
+            raise Refused(
+                "anchors and aliases (&name, *name) are not allowed in a site spec",
+                "write the value out where it is used", event.start_mark,
             )
         if self.depth >= MAX_DEPTH:
-            raise yaml.composer.ComposerError(
-                None, None, f"nested deeper than {MAX_DEPTH} levels", event.start_mark
+            raise Refused(
+                f"nested deeper than {MAX_DEPTH} levels",
+                "a site spec nests four levels at most (services[].env.NAME)", event.start_mark,
             )
         self.depth += 1
         try:
@@ -350,8 +361,16 @@ def parse_yaml(text: str) -> Located:
         loader.dispose()
 
 
+COLLECTION_TAGS = {
+    yaml.MappingNode: "tag:yaml.org,2002:map", yaml.SequenceNode: "tag:yaml.org,2002:seq"
+}
+
+
 def _walk(node: yaml.Node, path: tuple, located: Located, loader: yaml.SafeLoader) -> Any:
     located.marks.setdefault(path, _mark(node))
+    if COLLECTION_TAGS.get(type(node), node.tag) != node.tag:
+        raise Refused(f"the tag {node.tag} is not allowed in a site spec", "remove the tag",
+                      node.start_mark)
     if isinstance(node, yaml.MappingNode):
         result: dict = {}
         for key_node, value_node in node.value:
@@ -406,8 +425,9 @@ class SpecError(BadInput):
     def __init__(self, source: Path, located: Located | None, problems: list[SpecProblem]):
         self.problems = problems
         lines = []
-        for problem in problems:
-            line, column = located.position(problem.path) if located else (1, 1)
+        where_in = located.position if located else lambda path: (1, 1)
+        for problem in sorted(problems, key=lambda problem: where_in(problem.path)):
+            line, column = where_in(problem.path)
             where = f"{source}:{line}:{column}"
             key = dotted(problem.path)
             text = f"{where}: {key}: {problem.message}" if key else f"{where}: {problem.message}"
@@ -442,7 +462,7 @@ def load_spec(path: Path, *, check_host: bool = True, check_capacity: bool = Tru
         raise BadInput(f"cannot read spec file {path}: {error.strerror or error}") from None
     if len(raw) > MAX_SPEC_BYTES:
         raise BadInput(
-            f"spec file {path} is larger than {MAX_SPEC_BYTES >> 20} MiB; a site spec is a few KiB",
+            f"{path}: larger than {MAX_SPEC_BYTES >> 20} MiB; a site spec is a few KiB",
             fix="pass the site.yaml, not another file",
         )
     try:
@@ -466,7 +486,7 @@ def parse_spec(
     text: str, source: Path, *, check_host: bool = True, check_capacity: bool = True
 ) -> Spec:
     if len(text) > MAX_SPEC_BYTES:
-        raise BadInput(f"spec {source} is larger than {MAX_SPEC_BYTES >> 20} MiB")
+        raise BadInput(f"{source}: larger than {MAX_SPEC_BYTES >> 20} MiB")
     try:
         located = parse_yaml(text)
     except yaml.MarkedYAMLError as error:
@@ -474,8 +494,8 @@ def parse_spec(
         line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         raise BadInput(
             f"{source}:{line}:{column}: invalid YAML: {error.problem or error}",
-            fix="fix the YAML at that position (indentation, a missing ':' or quote; "
-            "write each value out instead of an anchor)",
+            fix=getattr(error, "fix", None)
+            or "fix the YAML at that position (indentation, a missing ':' or quote, a tag)",
         ) from None
     except yaml.reader.ReaderError as error:
         line, column = _line_column(text, error.position)

@@ -1,13 +1,21 @@
-"""Every bad spec: exit 2, a message naming file:line:col, the key and the fix; nothing written."""
+"""Every bad spec: exit 2, a message naming file:line:col, the key and the fix; nothing written.
 
+Each case runs through `kit validate` and `kit render`: everything render refuses, validate
+refuses too, with the same position. Cases marked with an issue item number are its regression.
+"""
+
+import datetime as dt
 import json
 import shutil
+import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from click.testing import CliRunner
 
 from kit.cli import cli
+from kit.credentials import new_ca, new_server_cert
 from tests.conftest import LLAMA_8B, tree
 
 SVC = "  - name: llama8b\n"
@@ -36,6 +44,50 @@ def with_model_config(config: dict):
 
 def without_model_dir(site: Path) -> None:
     shutil.rmtree(site.parent / "models" / "llama-8b")
+
+
+def model_file(name: str, content: bytes):
+    """Put a file into the model directory (a weights index, an LFS pointer)."""
+
+    def prepare(site: Path) -> None:
+        (site.parent / "models" / "llama-8b" / name).write_bytes(content)
+
+    return prepare
+
+
+LFS_POINTER = b"version https://git-lfs.github.com/spec/v1\noid sha256:00\nsize 16000000000\n"
+TWO_SHARDS = json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors",
+                                        "b": "model-00002-of-00002.safetensors"}}).encode()
+FILES_TLS = "tls: {mode: files, cert: server.pem, key: server.key}"
+
+
+def certificate(domain: str, *, issued_days_ago: int = 0, other_key: bool = False):
+    """A files-mode certificate (and key) in the site folder."""
+
+    def prepare(site: Path) -> None:
+        issued = dt.datetime.now(dt.UTC) - dt.timedelta(days=issued_days_ago)
+        with mock.patch("kit.credentials._now", return_value=issued):
+            ca_cert, ca_key = new_ca("test")
+            cert, key = new_server_cert(domain, ca_cert, ca_key)
+            if other_key:
+                key = new_server_cert(domain, ca_cert, ca_key)[1]
+        (site / "server.pem").write_bytes(cert)
+        (site / "server.key").write_bytes(key)
+
+    return prepare
+
+
+def key_is_a_directory(site: Path) -> None:
+    """An unreadable key (root reads any mode bits, so: a directory)."""
+    certificate("llm.test.internal")(site)
+    (site / "server.key").unlink()
+    (site / "server.key").mkdir()
+
+
+def billion_laughs(text: str) -> str:
+    rows = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    rows += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    return "\n".join(rows) + "\n" + text
 
 SECOND = (
     "  - name: qwen\n    model: qwen\n    gpus: [0]\n    max_model_len: 4096\n"
@@ -136,6 +188,104 @@ CASES = [
      ["above the model's limit 8192"], with_model_config(LLAMA_8B)),
     ("needs-trust-remote-code", lambda t: t, ["trust_remote_code"],
      with_model_config({**LLAMA_8B, "auto_map": {"AutoConfig": "configuration_x.XConfig"}})),
+    # issue 8 item 1: no IPv6 zone id (Python's parser takes anything after %)
+    ("8.1-domain-zone-id", replace("domain: llm.test.internal",
+                                   'domain: "::1%x; location ~ chat { js_content kit.route; } #"'),
+     ["site.yaml:2:1: domain:", "not a DNS name or IP address"]),
+    ("8.1-domain-zone-variable", replace("domain: llm.test.internal",
+                                         'domain: "fe80::1%$kit_auth_epoch"'), ["domain:"]),
+    ("8.1-bind-zone-id", replace("bind: 127.0.0.1", 'bind: "fe80::1%eth0"'),
+     ["proxy.bind", "without a %zone"]),
+    # issue 8 item 2: a value is matched whole; `$` before a final newline is not its end
+    ("8.2-domain-newline", replace("domain: llm.test.internal", 'domain: "llm.test.internal\\n"'),
+     ["site.yaml:2:1: domain:", "not a DNS name"]),
+    ("8.2-domain-block-scalar", replace("domain: llm.test.internal",
+                                        "domain: |\n  llm.test.internal"), ["domain:"]),
+    ("8.2-user-newline", replace("users: [ops]", 'users: ["ops\\n"]'),
+     ["auth.users[0]", "not allowed here"]),
+    ("8.2-site-newline", replace("site: test01", 'site: "test01\\n"'), ["site:", "not allowed"]),
+    ("8.2-models-root-newline", replace("models_root: ", 'models_root: "/data\\n"\nx: '),
+     ["models_root"]),
+    # issue 8 item 4: served names are nginx map keys (special words; compared in lower case)
+    ("8.4-served-name-default", replace("served_name: llama-3.1-8b", "served_name: default"),
+     ["services[0].served_name", "keyword of nginx's map", "choose another served_name"]),
+    ("8.4-served-name-include", replace("served_name: llama-3.1-8b", "served_name: include"),
+     ["keyword of nginx's map"]),
+    ("8.4-served-names-differ-in-case", append(SECOND + "    served_name: LLAMA-3.1-8B\n"),
+     ["services[1].served_name", "ignoring case", "fix:"]),
+    # issue 8 item 5: sizes and counts nginx accepts
+    ("8.5-max-body-above-1g", replace("max_body: 1m", "max_body: 2g"),
+     ["proxy.max_body", "outside 1k..1g"]),
+    ("8.5-max-body-below-1k", replace("max_body: 1m", "max_body: 100"), ["proxy.max_body"]),
+    ("8.5-max-connections", replace("read_timeout: 900", "read_timeout: 900, "
+                                    "max_connections_per_ip: 65536"),
+     ["proxy.max_connections_per_ip", "less than or equal to 65535"]),
+    # issue 8 item 6: hostile YAML refused before anything is expanded or built
+    ("8.6-billion-laughs", billion_laughs, ["site.yaml:1:5:", "anchors and aliases",
+                                            "fix: write the value out"]),
+    ("8.6-self-referencing-anchor", lambda t: "a: &a [*a]\n" + t, ["anchors and aliases"]),
+    ("8.6-deep-nesting", append("x: " + "[" * 3000 + "]" * 3000 + "\n"),
+     ["site.yaml:15:", "nested deeper than 16 levels"]),
+    ("8.6-5000-digit-number", replace("    gpus: [0]", "    gpus: [" + "9" * 5000 + "]"),
+     ["services[0].gpus[0]", "a number of 5000 characters"]),
+    ("8.6-spec-too-large", append("# " + "x" * (1 << 20) + "\n"), ["larger than 1 MiB"]),
+    ("8.6-nul-character", replace("site: test01", "site: test01\0"),
+     ["site.yaml:1:13:", "is not allowed in YAML text"]),
+    ("8.6-impossible-date", replace("site: test01", "site: 2001-02-30"),
+     ["site.yaml:1:1: site:", "cannot be read"]),
+    ("8.6-python-tag", replace("site: test01", "site: !!python/object/apply:os.system [id]"),
+     ["site.yaml:1:7:", "invalid YAML"]),
+    # issue 8 item 7: what kit reads itself, and unreadable files, refused with a position
+    ("8.7-engine-timeout-not-seconds",
+     replace("    gpus: [0]", '    gpus: [0]\n    env: {VLLM_ENGINE_READY_TIMEOUT_S: "20m"}'),
+     ["services[0].env.VLLM_ENGINE_READY_TIMEOUT_S", "whole number of seconds", "1200"]),
+    ("8.7-tls-key-unreadable", replace("tls: {mode: self-signed}", FILES_TLS),
+     ["tls.key: cannot read", "fix:"], key_is_a_directory),
+    # issue 8 item 9: YAML booleans, strings and floats are not integers
+    ("8.9-gpu-yes", replace("    gpus: [0]", "    gpus: [yes]"),
+     ["services[0].gpus[0]", "got True", "YAML reads yes/no"]),
+    ("8.9-max-num-seqs-true", replace("max_num_seqs: 64", "max_num_seqs: true"),
+     ["services[0].max_num_seqs", "got True"]),
+    ("8.9-https-port-true", replace("https_port: 8443", "https_port: true"),
+     ["proxy.https_port", "got True"]),
+    ("8.9-quoted-number", replace("    gpus: [0]", '    gpus: ["1"]'),
+     ["services[0].gpus[0]", "without quotes"]),
+    ("8.9-float-for-int", replace("max_model_len: 8192", "max_model_len: 16384.0"),
+     ["services[0].max_model_len", "whole number"]),
+    ("8.9-bool-for-text", replace("site: test01", "site: yes"), ["site:", "got True"]),
+    ("8.9-service-name-reads-as-bool", replace("name: llama8b", 'name: "off"'),
+     ["services[0].name", "reads as False in YAML"]),
+    # issue 8 item 10: validate refuses what render would
+    ("8.10-cert-for-another-domain", replace("tls: {mode: self-signed}", FILES_TLS),
+     ["site.yaml:4:", "tls.cert", "does not name llm.test.internal", "fix:"],
+     certificate("other.example.com")),
+    ("8.10-cert-expired", replace("tls: {mode: self-signed}", FILES_TLS),
+     ["tls.cert", "the certificate expired"], certificate("llm.test.internal",
+                                                          issued_days_ago=500)),
+    ("8.10-key-of-another-cert", replace("tls: {mode: self-signed}", FILES_TLS),
+     ["tls.cert", "does not belong to the certificate"],
+     certificate("llm.test.internal", other_key=True)),
+    ("8.10-acme-ip", lambda t: t.replace("domain: llm.test.internal", "domain: 10.1.2.3").replace(
+        "tls: {mode: self-signed}", "tls: {mode: acme, email: ops@test.example}"),
+     ["site.yaml:2:1: domain:", "tls.mode acme needs a public DNS name", "fix:"]),
+    ("8.10-acme-single-label", lambda t: t.replace("domain: llm.test.internal", "domain: llm")
+     .replace("tls: {mode: self-signed}", "tls: {mode: acme, email: ops@test.example}"),
+     ["domain:", "'llm'"]),
+    ("8.10-pipeline-parallel-beyond-gpus",
+     replace('"--enable-prefix-caching"', '"--pipeline-parallel-size", "2"'),
+     ["services[0].extra_args[0]", "needs 2 GPUs but gpus lists 1"]),
+    ("8.10-data-parallel-beyond-gpus",
+     replace('"--enable-prefix-caching"', '"--enable-prefix-caching", "-dp=2"'),
+     ["services[0].extra_args[1]", "--data-parallel-size 2 needs 2 GPUs"]),
+    ("8.10-missing-shards", lambda t: t, ["services[0].model", "shard model-00001-of-00002",
+                                          "is missing"],
+     model_file("model.safetensors.index.json", TWO_SHARDS)),
+    ("8.10-lfs-pointer-weights", lambda t: t, ["services[0].model", "Git LFS pointer"],
+     model_file("model.safetensors", LFS_POINTER)),
+    ("8.10-lfs-pointer-config", lambda t: t, ["services[0].model", "Git LFS pointer"],
+     model_file("config.json", LFS_POINTER)),
+    ("8.10-cannot-start-here", append("gpu_memory_gib: 12\n"),
+     ["site.yaml:8:5: services[0]: cannot start on this hardware"]),
 ]
 
 
@@ -148,14 +298,18 @@ def test_bad_spec_exits_2_and_writes_nothing(site: Path, case) -> None:
         prepare(site)
     before = tree(site.parent)
 
-    result = CliRunner().invoke(cli, ["render", str(spec)])
+    for command in ("validate", "render"):
+        started = time.monotonic()
+        result = CliRunner().invoke(cli, [command, str(spec)])
 
-    assert result.exit_code == 2, result.output
-    message = result.output
-    assert f"{spec}:" in message  # names the file (and line:col)
-    for fragment in fragments:
-        assert fragment in message, f"{fragment!r} not in:\n{message}"
-    assert tree(site.parent) == before
+        assert result.exit_code == 2, f"{command}: {result.output}"
+        assert isinstance(result.exception, SystemExit), result.exc_info  # no traceback
+        assert time.monotonic() - started < 5, f"{command} took too long"
+        message = result.output
+        assert f"{spec}:" in message  # names the file (and line:col)
+        for fragment in fragments:
+            assert fragment in message, f"{command}: {fragment!r} not in:\n{message}"
+        assert tree(site.parent) == before
 
 
 def test_every_problem_is_reported_at_once(site: Path) -> None:
@@ -168,6 +322,36 @@ def test_every_problem_is_reported_at_once(site: Path) -> None:
     assert result.exit_code == 2
     assert "2 problems" in result.output
     assert f"{spec}:1:1: site:" in result.output
+
+
+def test_a_typo_does_not_hide_a_gpu_clash(site: Path) -> None:
+    """Cross-field checks run on every part that validated, beside field errors elsewhere."""
+    spec = site / "site.yaml"
+    spec.write_text(spec.read_text().replace("site: test01", "site: BAD") + SECOND)
+    result = CliRunner().invoke(cli, ["validate", str(spec)])
+    assert result.exit_code == 2
+    assert "site: 'BAD'" in result.output and "GPU 0 is shared" in result.output
+
+
+def test_a_hub_id_is_allowed_with_a_loud_warning(site: Path) -> None:
+    """A `model` with a slash and no such directory downloads and opens the backend network."""
+    spec = site / "site.yaml"
+    spec.write_text(spec.read_text().replace("model: llama-8b", "model: org/llama-8b"))
+    result = CliRunner().invoke(cli, ["validate", str(spec)])
+    assert result.exit_code == 0, result.output
+    assert "DOWNLOAD: services[0] (llama8b) model 'org/llama-8b'" in result.output
+    assert "internet access for every service" in result.output
+
+
+def test_fp8_ds_mla_validates_with_a_capacity_plan(site: Path) -> None:
+    """issue 9: a KV-cache dtype the flag table has is planned, never a crash without position."""
+    spec = site / "site.yaml"
+    spec.write_text(spec.read_text().replace("    gpus: [0]", "    gpus: [0]\n"
+                                             "    kv_cache_dtype: fp8_ds_mla")
+                    + "gpu_memory_gib: 80\n")
+    result = CliRunner().invoke(cli, ["validate", str(spec)])
+    assert result.exit_code == 0, result.output
+    assert isinstance(result.exception, SystemExit) or result.exception is None
 
 
 def test_missing_spec_file(tmp_path: Path) -> None:
