@@ -19,7 +19,7 @@ ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 ENV_VALUE = r"^[^\n\r\x00$]*$"  # compose expands `$`; argv and env cannot hold NUL
 SIZE = r"^[1-9][0-9]{0,6}[kmg]?$"
 ACME_SERVER = r"^https://[A-Za-z0-9.:/_-]+$"
-EMAIL = r"^[^@\s\"';{}$\\]+@[^@\s\"';{}$\\]+$"
+EMAIL = r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$"
 PATH_TEXT = r"^/[^\s\"'`$;{}\\:,\x00]*$"  # host paths in compose bind mounts
 HOSTNAME_LABEL = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 

@@ -8,9 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from kit.capacity import plan_capacity, vllm_scheduler_defaults
+from kit.capacity import (
+    DTYPE_RUN_BYTES,
+    KV_CACHE_DTYPE_BYTES,
+    QUANTIZATION_BITS,
+    plan_capacity,
+    vllm_scheduler_defaults,
+)
 from kit.errors import BadInput
 from kit.modelinfo import inspect_model_dir
+from kit.vllm_flags import choices
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 ACCURACY_SCRIPT = DATA.parent.parent / "scripts" / "plan_accuracy.py"
@@ -282,3 +289,25 @@ def test_a_start_vllm_refused_is_refused_by_the_plan_too():
     assert failed
     for point in failed:
         assert ACCURACY.evaluate(point).report.errors
+
+
+# --- one vocabulary: the vLLM flag table --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flag", "table"),
+    [("--dtype", DTYPE_RUN_BYTES), ("--kv-cache-dtype", KV_CACHE_DTYPE_BYTES),
+     ("--quantization", QUANTIZATION_BITS)],
+)
+def test_every_choice_of_the_flag_table_has_a_capacity_entry(flag, table):
+    assert choices(flag), flag
+    assert set(choices(flag)) == set(table), flag  # nothing missing, nothing vLLM would refuse
+
+
+def test_a_valid_value_the_tables_lack_is_planned_with_a_warning(monkeypatch):
+    """issue 9: fp8_ds_mla was in the flag table, not here, and validate crashed."""
+    monkeypatch.delitem(KV_CACHE_DTYPE_BYTES, "fp8_ds_mla")
+    report = plan("deepseek-v2-lite-chat", kv_cache_dtype="fp8_ds_mla")
+    assert report.kv_bytes_per_token == plan("deepseek-v2-lite-chat").kv_bytes_per_token
+    assert any("--kv-cache-dtype fp8_ds_mla" in w for w in report.warnings)
+    assert report.errors == []
