@@ -105,7 +105,15 @@ def _absolute_safe_path(path: Path) -> Path:
     return path
 
 
+def _file_path(path: Path) -> Path:
+    """A path kit opens itself: the OS refuses NUL (ValueError, not OSError) and long names."""
+    if "\x00" in str(path) or len(str(path)) > 4096:
+        raise ValueError("a file path holds no NUL character and at most 4096 characters")
+    return path
+
+
 Host = Annotated[str, AfterValidator(names.host)]
+FilePath = Annotated[Path, Strict(False), AfterValidator(_file_path)]
 HostPath = Annotated[Path, Strict(False), AfterValidator(_absolute_safe_path)]
 GpuIndex = Annotated[int, Field(ge=0, le=63)]
 GiB = Annotated[float, Field(gt=0, le=4096)]
@@ -126,8 +134,8 @@ class Images(StrictModel):
 class TLS(StrictModel):
     mode: Literal["self-signed", "files", "acme"] = "self-signed"
     # files mode: PEM certificate (chain) and private key paths, relative to the spec
-    cert: Annotated[Path, Strict(False)] | None = None
-    key: Annotated[Path, Strict(False)] | None = None
+    cert: FilePath | None = None
+    key: FilePath | None = None
     email: Annotated[str, Field(pattern=EMAIL, max_length=254)] | None = None  # the ACME account
     acme_server: Annotated[str, Field(pattern=ACME_SERVER, max_length=1024)] | None = None
     staging: bool = False  # acme mode: Let's Encrypt's staging CA (untrusted certs, high limits)
