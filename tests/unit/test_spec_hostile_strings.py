@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from kit.cli import cli
-from kit.credentials import new_ca, new_server_cert
 from kit.errors import BadInput
 from kit.plan import build_plan
 from kit.render import generated_files
@@ -28,6 +27,7 @@ from kit.spec import Spec, load_spec
 from tests.conftest import LLAMA_8B
 from tests.support import nginx_ns
 from tests.support.nginx_structure import structure
+from tests.unit.test_bad_specs import certificate
 from tests.unit.test_rendered_configs import services_of
 
 EXAMPLES_PER_FIELD = 40
@@ -136,12 +136,8 @@ def site_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("hostile")
     (root / "models" / "llama-8b").mkdir(parents=True)
     (root / "models" / "llama-8b" / "config.json").write_text(json.dumps(LLAMA_8B))
-    site = root / "site"
-    site.mkdir()
-    ca_cert, ca_key = new_ca("hostile")
-    cert, key = new_server_cert("llm.test.internal", ca_cert, ca_key)
-    (site / "server.pem").write_bytes(cert)
-    (site / "server.key").write_bytes(key)
+    (root / "site").mkdir()
+    certificate("llm.test.internal")(root / "site")  # for tls.mode files
     return root
 
 
