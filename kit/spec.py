@@ -72,11 +72,12 @@ MAX_DEPTH = 16
 MAX_NUMBER_CHARS = 32
 
 
-class StrictModel(BaseModel):
-    """No unknown keys, no coercion: YAML's `yes` is not 1, "1" is not 1, 16384.0 is not 16384
-    (an int is still a valid float)."""
+# No coercion: YAML's `yes` is not 1, "1" is not 1, 16384.0 is not 16384 (an int is a float).
+STRICT = ConfigDict(strict=True, allow_inf_nan=False)
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, **STRICT)
 
 
 def _yaml_safe_key(name: str) -> str:
@@ -627,9 +628,6 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
 # --------------------------------------------------------------------------- checks across fields
 
 
-STRICT = ConfigDict(strict=True, allow_inf_nan=False)
-
-
 @dataclass(frozen=True)
 class Parts:
     """The parts of a spec the cross-field checks read, each one that validated on its own:
@@ -649,11 +647,9 @@ class Parts:
     @classmethod
     def salvage(cls, data: dict) -> "Parts":
         raw_services = data.get("services")
-        services = [
-            (i, service) for i, raw in enumerate(raw_services if isinstance(raw_services, list)
-                                                 else [])
-            if (service := _valid(Service, raw)) is not None
-        ]
+        listed = raw_services if isinstance(raw_services, list) else []
+        services = [(i, service) for i, raw in enumerate(listed)
+                    if (service := _valid(Service, raw)) is not None]
         return cls(
             services,
             _valid(Host, data.get("domain")),

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from kit.cli import cli
 from kit.credentials import new_ca, new_server_cert
-from tests.conftest import LLAMA_8B, tree
+from tests.conftest import LLAMA_8B, REPO, tree
 
 SVC = "  - name: llama8b\n"
 
@@ -345,13 +345,15 @@ def test_a_hub_id_is_allowed_with_a_loud_warning(site: Path) -> None:
 
 def test_fp8_ds_mla_validates_with_a_capacity_plan(site: Path) -> None:
     """issue 9: a KV-cache dtype the flag table has is planned, never a crash without position."""
+    deepseek = REPO / "tests" / "data" / "models" / "deepseek-v2-lite-chat" / "config.json"
+    shutil.copy(deepseek, site.parent / "models" / "llama-8b" / "config.json")  # an MLA model
     spec = site / "site.yaml"
     spec.write_text(spec.read_text().replace("    gpus: [0]", "    gpus: [0]\n"
-                                             "    kv_cache_dtype: fp8_ds_mla")
+                                             "    kv_cache_dtype: fp8_ds_mla\n"
+                                             "    trust_remote_code: true")
                     + "gpu_memory_gib: 80\n")
     result = CliRunner().invoke(cli, ["validate", str(spec)])
     assert result.exit_code == 0, result.output
-    assert isinstance(result.exception, SystemExit) or result.exception is None
 
 
 def test_missing_spec_file(tmp_path: Path) -> None:
