@@ -828,7 +828,7 @@ def _tls_files(parts: Parts, spec_dir: Path) -> list[SpecProblem]:
             ))
     if problems or parts.domain is None:
         return problems
-    from kit.credentials import cert_problems  # TLS parsing only where there are files
+    from kit.tls import cert_problems  # TLS parsing only where there are files
 
     return [
         SpecProblem(("tls", "cert"), problem,
@@ -888,7 +888,7 @@ def _model_problems(
 ) -> list[SpecProblem]:
     """What vLLM would refuse about this model directory, at the key that can fix it."""
     from kit.modelinfo import inspect_model_dir  # only where there is a config to read
-    from kit.plan import service_capacity
+    from kit.service_capacity import service_capacity
 
     try:
         info = inspect_model_dir(model_dir)
@@ -908,11 +908,14 @@ def _model_problems(
         ))
     memory = [gpu_memory_for(parts.gpu_memory_gib, gpu) for gpu in service.gpus]
     if check_capacity and None not in memory:  # the plan covers heads and max_model_len too
-        report = service_capacity(info, service, min(memory))
+        try:
+            errors = service_capacity(info, service, min(memory)).errors
+        except BadInput as error:
+            errors = [error.message]
         return problems + [
             SpecProblem(("services", i), f"cannot start on this hardware: {error}",
                         "see `kit plan` for the capacity table")
-            for error in report.errors if error not in info.errors
+            for error in errors if error not in info.errors
         ]
     heads = info.num_attention_heads
     if heads and heads % service.tp:
