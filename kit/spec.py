@@ -831,7 +831,7 @@ def _tls_files(parts: Parts, spec_dir: Path) -> list[SpecProblem]:
     from kit.tls import cert_problems  # TLS parsing only where there are files
 
     return [
-        SpecProblem(("tls", "cert"), problem,
+        SpecProblem(("tls", "cert"), f"tls.cert/tls.key cannot be used: {problem}",
                     f"point tls.cert and tls.key at a current certificate for {parts.domain} "
                     "and its key")
         for problem in cert_problems(content["cert"], content["key"], parts.domain,
