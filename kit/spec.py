@@ -103,6 +103,8 @@ def _absolute_safe_path(path: Path) -> Path:
         raise ValueError(f"{str(path)!r} must be an absolute host path (e.g. /data/models)")
     if not names.is_name(PATH_TEXT, str(path)):
         raise ValueError(f"{str(path)!r} has spaces, quotes, ':' ',' '$' ';' or braces")
+    if len(str(path)) > 4096 or any(len(part.encode()) > 255 for part in path.parts):
+        raise ValueError("a path of at most 4096 characters, 255 bytes per folder name")
     return path
 
 

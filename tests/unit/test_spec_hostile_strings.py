@@ -14,18 +14,17 @@ from typing import Any
 
 import pytest
 import yaml
-from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from kit.cli import cli
 from kit.errors import BadInput
 from kit.plan import build_plan
 from kit.render import generated_files
 from kit.spec import Spec, load_spec
 from tests.conftest import LLAMA_8B
 from tests.support import nginx_ns
+from tests.support.cli import run_kit
 from tests.support.nginx_structure import structure
 from tests.unit.test_bad_specs import certificate
 from tests.unit.test_rendered_configs import services_of
@@ -190,10 +189,8 @@ def test_a_hostile_string_is_refused_or_changes_no_structure(site_root: Path, fi
     @given(value=hostile(plain))
     def check(value: str) -> None:
         write(value)
-        result = CliRunner().invoke(cli, ["validate", str(spec_path)])
-        assert result.exit_code in (0, 2), result.output
-        assert result.exception is None or isinstance(result.exception, SystemExit), (
-            result.exc_info)
+        result = run_kit("validate", str(spec_path))
+        assert result.exit_code in (0, 2), result.output  # a bug raises (run_kit)
         if result.exit_code == 2:
             assert str(spec_path) in result.output
             return
@@ -209,7 +206,7 @@ def test_a_hostile_string_is_refused_or_changes_no_structure(site_root: Path, fi
     if changed and nginx_ns.available() is None:
         for value in changed:
             write(value)
-            result = CliRunner().invoke(cli, ["render", "--force", str(spec_path)])
+            result = run_kit("render", "--force", str(spec_path))
             assert result.exit_code == 0, result.output
             site = spec_path.parent
             checked = nginx_ns.nginx_t(site / "nginx", services_of(site))

@@ -12,12 +12,11 @@ from typing import Any
 import annotated_types
 import pytest
 import yaml
-from click.testing import CliRunner
 from pydantic import BaseModel
 
-from kit.cli import cli
 from kit.spec import MAX_TIMEOUT, Spec
 from tests.support import nginx_ns
+from tests.support.cli import run_kit
 from tests.unit.test_rendered_configs import compose_binaries, services_of
 
 # Keys whose extreme cannot be taken alone: (path, at minimum, at maximum).
@@ -108,7 +107,7 @@ def extremes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         folder = root / label
         folder.mkdir()
         (folder / "site.yaml").write_text(yaml.safe_dump(extreme_spec(root / "models", end)))
-        result = CliRunner().invoke(cli, ["render", str(folder / "site.yaml")])
+        result = run_kit("render", str(folder / "site.yaml"))
         assert result.exit_code == 0, f"{label}: {result.output}"
         folders[label] = folder
     return folders
