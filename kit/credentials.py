@@ -19,11 +19,11 @@ from kit.errors import BadInput
 from kit.files import Output
 from kit.files import read_existing as read_if_present
 from kit.layout import PROBE_USER, SiteLayout
+from kit.names import USER_NAME, is_name
 
 BCRYPT_COST = 12
 MIN_PASSWORD_LENGTH = 12
 MAX_PASSWORD_BYTES = 72  # bcrypt ignores everything past 72 bytes: refuse instead of truncating
-USER_NAME = re.compile(r"[a-z][a-z0-9._-]{0,31}")  # matched whole: fullmatch, never match
 SECRET = 0o600
 NGINX_GID = 101  # the nginx group in the official image: its workers read htpasswd per request
 
@@ -61,7 +61,7 @@ NAME_RULE = "use lower-case letters, digits, '.', '_' and '-', starting with a l
 
 
 def check_user_name(user: str) -> None:
-    if not USER_NAME.fullmatch(user):
+    if not is_name(USER_NAME, user):
         raise BadInput(
             f"user name {user!r} is not allowed",
             fix=f"{NAME_RULE} (no ':' or whitespace: they would corrupt the htpasswd file)",
@@ -70,7 +70,7 @@ def check_user_name(user: str) -> None:
 
 def check_key_name(name: str) -> None:
     """Key names land in nginx's keys.map between quotes: the same whole-name rule."""
-    if not USER_NAME.fullmatch(name):
+    if not is_name(USER_NAME, name):
         raise BadInput(f"key name {name!r} is not allowed", fix=NAME_RULE)
 
 
@@ -156,7 +156,7 @@ def read_keys(layout: SiteLayout) -> dict[str, dict]:
     if not isinstance(keys, dict):
         raise _corrupt_keys(path, "it is not a JSON object of keys")
     for name, entry in keys.items():
-        if not USER_NAME.fullmatch(name):
+        if not is_name(USER_NAME, name):
             raise _corrupt_keys(path, f"key name {name!r} is not allowed")
         if not (
             isinstance(entry, dict)

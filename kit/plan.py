@@ -4,7 +4,6 @@ The plan holds every decision the templates need (vLLM argv, GPU pinning, IPC mo
 nginx sizing); templates only lay it out. Pure apart from reading model configs on this host.
 """
 
-import re
 import shlex
 from dataclasses import dataclass, field
 
@@ -209,7 +208,7 @@ def _service_plan(spec: Spec, service) -> ServicePlan:
         command += ["--trust-remote-code"]
     command += ["--port", str(VLLM_PORT), *service.extra_args]
     env = {"HF_HOME": HF_CACHE_MOUNT, **service.env}
-    engine_timeout = engine_ready_timeout(service.name, env)
+    engine_timeout = service.engine_ready_timeout or DEFAULT_ENGINE_READY_TIMEOUT
     return ServicePlan(
         name=service.name,
         api_name=service.api_name,
@@ -224,20 +223,6 @@ def _service_plan(spec: Spec, service) -> ServicePlan:
         max_num_seqs_reason=reason,
         capacity=capacity,
     )
-
-
-def engine_ready_timeout(service: str, env: dict[str, str]) -> int:
-    """VLLM_ENGINE_READY_TIMEOUT_S in seconds: vLLM reads it with int(), so only digits work."""
-    value = env.get("VLLM_ENGINE_READY_TIMEOUT_S")
-    if value is None:
-        return DEFAULT_ENGINE_READY_TIMEOUT
-    if not re.fullmatch(r"[0-9]{1,6}", value.strip()):
-        raise BadInput(
-            f"services[{service}].env.VLLM_ENGINE_READY_TIMEOUT_S is {value!r}, not a whole "
-            "number of seconds (vLLM would fail to start)",
-            fix='give seconds as digits, e.g. "1200" for 20 minutes',
-        )
-    return int(value)
 
 
 def _capacity(spec: Spec, service) -> dict | None:

@@ -199,18 +199,6 @@ def _locked(layout: SiteLayout) -> Iterator[None]:
         yield
 
 
-def _exposed_secrets(spec: Spec, spec_path: Path) -> list[str]:
-    """A spec holding tokens should not be readable by everyone (its env values are secrets)."""
-    secret_names = [
-        f"services[{service.name}].env.{name}" for service in spec.services for name in service.env
-        if name.endswith(("_TOKEN", "_KEY", "_SECRET")) or "PASSWORD" in name
-    ]
-    if secret_names and spec_path.stat().st_mode & 0o004:
-        return [f"{spec_path} holds {', '.join(secret_names)} and anyone on this host can read it: "
-                f"chmod 600 {spec_path} (kit keeps these values in compose/<service>.env, 0600)"]
-    return []
-
-
 def _unlisted(users: list[str]) -> list[str]:
     """Users in htpasswd that the spec never listed are kept, and said so on every render."""
     if not users:
@@ -233,7 +221,7 @@ def render_site(site: Site, *, force: bool = False, dry_run: bool = False) -> Re
         result = RenderResult(
             spec, plan, layout, changes, unshown + auth.new_passwords, auth.removed,
             auth.unlisted,
-            spec_warnings(spec) + plan.warnings + _exposed_secrets(spec, spec_path)
+            spec_warnings(spec, spec_path) + plan.warnings
             + _unlisted(auth.unlisted),
             recovered,
         )

@@ -257,6 +257,12 @@ class Service(StrictModel):
         return self
 
     @property
+    def engine_ready_timeout(self) -> int | None:
+        """VLLM_ENGINE_READY_TIMEOUT_S in seconds (validated whole seconds), None when unset."""
+        value = self.env.get(ENGINE_READY_TIMEOUT)
+        return int(value) if value is not None else None
+
+    @property
     def tp(self) -> int:
         return self.tensor_parallel or len(self.gpus)
 
@@ -779,9 +785,9 @@ def _kit_read_env(services: list[tuple[int, Service]]) -> list[SpecProblem]:
     return problems
 
 
-def spec_warnings(spec: Spec) -> list[str]:
+def spec_warnings(spec: Spec, spec_path: Path) -> list[str]:
     """Things that are allowed but worth saying before start-up."""
-    warnings = []
+    warnings = _exposed_secrets(spec, spec_path)
     version = image_version(spec.images.vllm)
     if version != SHIPPED_VERSION:
         warnings.append(
@@ -936,3 +942,15 @@ def _model_problems(
             f"set max_model_len to at most {limit}",
         ))
     return problems
+
+
+def _exposed_secrets(spec: Spec, spec_path: Path) -> list[str]:
+    """A spec holding tokens should not be readable by everyone (its env values are secrets)."""
+    secret_names = [
+        f"services[{service.name}].env.{name}" for service in spec.services for name in service.env
+        if name.endswith(("_TOKEN", "_KEY", "_SECRET")) or "PASSWORD" in name
+    ]
+    if secret_names and spec_path.stat().st_mode & 0o004:
+        return [f"{spec_path} holds {', '.join(secret_names)} and anyone on this host can read it: "
+                f"chmod 600 {spec_path} (kit keeps these values in compose/<service>.env, 0600)"]
+    return []

@@ -6,15 +6,15 @@ import click
 
 from kit.commands.options import spec_argument
 from kit.plan import build_plan
-from kit.spec import load_spec, spec_warnings
+from kit.site import Site
+from kit.spec import spec_warnings
 
 
 @click.command()
 @spec_argument
 def validate(spec: Path) -> None:
     """Check SPEC (default ./site.yaml): exit 0 when valid, 2 with every problem listed."""
-    loaded = load_spec(spec)
-    plan = build_plan(loaded)
-    for warning in spec_warnings(loaded) + plan.warnings:
+    site = Site.load(spec)
+    for warning in spec_warnings(site.spec, spec) + build_plan(site.spec).warnings:
         click.echo(f"warning: {warning}", err=True)
-    click.echo(f"{spec}: valid ({len(loaded.services)} service(s), site {loaded.site})")
+    click.echo(f"{spec}: valid ({len(site.spec.services)} service(s), site {site.project})")
