@@ -76,3 +76,54 @@ def structure(conf: str) -> tuple[tuple, frozenset[str]]:
             statement.append(token.text)
             variables.update(VARIABLE.findall(token.text))
     return tuple(shape), frozenset(variables)
+
+
+@dataclass(frozen=True)
+class Directive:
+    """One nginx directive: its name, its arguments, and its block when it opens one."""
+
+    name: str
+    args: tuple[str, ...]
+    block: tuple["Directive", ...] | None = None
+
+    def find(self, name: str, *args: str) -> list["Directive"]:
+        """Directives named `name` anywhere below this one whose arguments start with `args`."""
+        found = []
+        for child in self.block or ():
+            if child.name == name and child.args[: len(args)] == args:
+                found.append(child)
+            found += child.find(name, *args)
+        return found
+
+    def one(self, name: str, *args: str) -> "Directive":
+        """The single directive `name args...` below this one (fails the test otherwise)."""
+        found = self.find(name, *args)
+        assert len(found) == 1, f"expected one `{name} {' '.join(args)}`, found {len(found)}"
+        return found[0]
+
+    def values(self, name: str) -> list[tuple[str, ...]]:
+        """The arguments of every `name` directly in this block (not in nested blocks)."""
+        return [child.args for child in self.block or () if child.name == name]
+
+
+def parse(conf: str) -> Directive:
+    """The whole config as a tree whose root block holds the top-level directives."""
+    stack: list[list[Directive]] = [[]]
+    openers: list[tuple[str, tuple[str, ...]]] = []
+    statement: list[str] = []
+    for token in tokens(conf):
+        if token.quoted or token.text not in ";{}":
+            statement.append(token.text)
+        elif token.text == ";":
+            stack[-1].append(Directive(statement[0], tuple(statement[1:])))
+            statement = []
+        elif token.text == "{":
+            openers.append((statement[0], tuple(statement[1:])))
+            stack.append([])
+            statement = []
+        else:
+            name, args = openers.pop()
+            children = stack.pop()
+            stack[-1].append(Directive(name, args, tuple(children)))
+    assert len(stack) == 1 and not statement, "unbalanced braces or a directive without ';'"
+    return Directive("", (), tuple(stack[0]))
