@@ -45,7 +45,11 @@ HOSTNAME_LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
 SAFE_TEXT = re.compile(r"^[^\s\"'`$;{}\\]+$")
 RESERVED_USERS = {"kit-probe"}
 # Compose services kit renders itself, beside the spec's ones.
-RESERVED_SERVICES = {"nginx": "the front door", "certbot": "the ACME client (tls.mode acme)"}
+RESERVED_SERVICES = {
+    "nginx": "the front door",
+    "certbot": "the ACME client (tls.mode acme)",
+    "kit-auth": "the front door's password verifier",
+}
 
 
 class StrictModel(BaseModel):
@@ -107,10 +111,11 @@ class Proxy(StrictModel):
     max_body: Annotated[str, Field(pattern=SIZE)] = "1m"
     read_timeout: Annotated[int, Field(ge=1, le=86400)] = 900  # seconds; long generations
     connect_timeout: Annotated[int, Field(ge=1, le=300)] = 10
-    rate_limit_per_ip: Annotated[int, Field(ge=1, le=100000)] = 600  # requests/minute
-    rate_limit_per_credential: Annotated[int, Field(ge=1, le=100000)] = 1200  # requests/minute
+    # auto: derived from the services' concurrency (kit/plan.py, docs/auth.md "Limits")
+    rate_limit_per_ip: Annotated[int, Field(ge=1, le=1000000)] | Literal["auto"] = "auto"
+    rate_limit_per_credential: Annotated[int, Field(ge=1, le=1000000)] | Literal["auto"] = "auto"
     failed_logins_per_ip: Annotated[int, Field(ge=1, le=10000)] = 20  # per minute
-    max_connections_per_ip: Annotated[int, Field(ge=1, le=100000)] = 512
+    max_connections_per_ip: Annotated[int, Field(ge=1, le=65535)] | Literal["auto"] = "auto"
 
     @field_validator("bind")
     @classmethod

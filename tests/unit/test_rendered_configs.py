@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from kit.cli import cli
 from kit.credentials import new_ca, new_server_cert
+from kit.stack import VERIFIER_SERVICE
 from tests.conftest import BASE_SPEC, LLAMA_8B, REPO
 from tests.support import nginx_ns
 
@@ -84,7 +85,7 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def services_of(folder: Path) -> list[str]:
     compose = yaml.safe_load((folder / "compose" / "docker-compose.yml").read_text())
-    return [name for name in compose["services"] if name != "nginx"]
+    return [name for name in compose["services"] if name not in {"nginx", VERIFIER_SERVICE}]
 
 
 def test_nginx_accepts_every_rendered_config(rendered: dict[str, Path]) -> None:
@@ -92,9 +93,10 @@ def test_nginx_accepts_every_rendered_config(rendered: dict[str, Path]) -> None:
     if reason:
         pytest.skip(reason)
     for name, folder in rendered.items():
-        result = nginx_ns.nginx_t(folder / "nginx", services_of(folder))
-        assert result.returncode == 0, f"{name}: {result.stderr}"
-        assert "test is successful" in result.stderr
+        for result in (nginx_ns.nginx_t(folder / "nginx", services_of(folder)),
+                       nginx_ns.verifier_t(folder / "nginx")):
+            assert result.returncode == 0, f"{name}: {result.stderr}"
+            assert "test is successful" in result.stderr
 
 
 def test_nginx_rejects_a_broken_config(rendered: dict[str, Path]) -> None:
@@ -155,9 +157,15 @@ def test_compose_structure(rendered: dict[str, Path]) -> None:
     assert services["big70b"]["command"][1].startswith("/models/")
     nginx = services["nginx"]
     assert nginx["ports"] == ["[::]:9443:443", "[::]:9080:80"]
-    assert set(nginx["depends_on"]) == set(expected_gpus)
+    assert set(nginx["depends_on"]) == set(expected_gpus) | {VERIFIER_SERVICE}
     assert all(v == {"condition": "service_healthy"} for v in nginx["depends_on"].values())
     assert nginx["volumes"][0]["read_only"] is True and nginx["read_only"] is True
+    # the verifier: no port, only the internal auth network, which the front door shares
+    verifier = services[VERIFIER_SERVICE]
+    assert "ports" not in verifier and verifier["networks"] == ["auth"]
+    assert compose["networks"]["auth"] == {"internal": True} and "auth" in nginx["networks"]
+    assert verifier["image"] == nginx["image"] and verifier["read_only"] is True
+    assert all(m["read_only"] for m in verifier["volumes"])
     assert compose["networks"]["backend"]["internal"] is False  # qwen downloads from the Hub
 
 
@@ -169,9 +177,12 @@ def test_nginx_conf_has_the_streaming_and_security_essentials(rendered: dict[str
         "proxy_read_timeout 1800s;", "send_timeout 1800s;", "client_max_body_size 4m;",
         "ssl_protocols TLSv1.2 TLSv1.3;", "Strict-Transport-Security", "auth_request /_kit/auth;",
         'proxy_set_header Authorization "";', "return 301 https://10.1.2.3:9443$request_uri;",
-        '"org/small:b" "@kit_small_b";',
+        "location @kit_small_b {", "proxy_next_upstream error non_idempotent;",
     ):
         assert line in conf, line
+    routes = (rendered["big"] / "nginx" / "kit-routes.js").read_text()
+    assert '"org/small:b": "small-b"' in routes  # routing is an exact lookup, not an nginx map
+    assert "map $kit_model" not in conf
     assert "include /etc/nginx/kit/auth/keys.map;" not in conf  # api_keys: false
     for path in ("/invocations", "/tokenize", "/docs", "location = /metrics {"):
         assert path not in conf
