@@ -28,7 +28,7 @@ from kit.credentials import KEY_PREFIX
 from kit.layout import SiteLayout
 from kit.probe import Gate, basic_header, probe_password, target_for
 from kit.spec import load_spec
-from kit.stack import NETWORK_LABEL, PROJECT_LABEL, SERVICE_LABEL
+from kit.stack import NETWORK_LABEL, PROJECT_LABEL, SERVICE_LABEL, VERIFIER_SERVICE
 from tests.conftest import LLAMA_8B
 from tests.e2e.conftest import IMAGES, REPO
 
@@ -120,6 +120,15 @@ class Site:
     def nginx(self):
         return self.container("nginx")
 
+    @property
+    def verifier(self):
+        return self.container(VERIFIER_SERVICE)
+
+    def password_checks(self, since: float) -> int:
+        """bcrypt checks the verifier ran since then (its access log: one line per check)."""
+        logs = self.verifier.logs(since=int(since), stdout=True, stderr=False)
+        return logs.decode(errors="replace").count('"GET /verify ')
+
     def network(self, key: str) -> str:
         """The engine name of the compose network `key` (e.g. backend)."""
         labels = [f"{PROJECT_LABEL}={self.name}", f"{NETWORK_LABEL}={key}"]
@@ -173,14 +182,20 @@ class Site:
 
     # ---- many streams, the OpenAI SDK
 
-    def loadgen(self, auth: str | None, *, streams: int, tokens: int,
-                announce: bool = False) -> subprocess.Popen:
-        """scripts/loadgen.py on the host against the published port (stdout: one JSON line)."""
+    def loadgen(self, auth: str | list[str] | None, *, streams: int, tokens: int,
+                announce: bool = False, requests: int = 1, pause: float = 0,
+                duration: float = 0, timeout: float = 120) -> subprocess.Popen:
+        """scripts/loadgen.py on the host against the published port (stdout: one JSON line).
+
+        Several `auth` values: connection i sends the (i mod n)-th (many distinct users).
+        """
         command = [sys.executable, str(LOADGEN), "--url", f"https://127.0.0.1:{self.https_port}",
                    "--host", DOMAIN, "--ca", str(self.layout.ca_cert), "--model", SERVED_NAME,
-                   "--streams", str(streams), "--tokens", str(tokens)]
-        if auth:
-            command += ["--auth", auth]
+                   "--streams", str(streams), "--tokens", str(tokens),
+                   "--requests", str(requests), "--pause", str(pause),
+                   "--duration", str(duration), "--timeout", str(timeout)]
+        for value in [auth] if isinstance(auth, str) else auth or []:
+            command += ["--auth", value]
         if announce:
             command.append("--announce")
         return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
