@@ -124,10 +124,12 @@ class Site:
     def verifier(self):
         return self.container(VERIFIER_SERVICE)
 
-    def password_checks(self, since: float) -> int:
-        """bcrypt checks the verifier ran since then (its access log: one line per check)."""
+    def password_checks(self, since: float, user: str | None = None) -> int:
+        """bcrypt checks the verifier ran since then (its access log: one line per check), of
+        every user or of this one."""
         logs = self.verifier.logs(since=int(since), stdout=True, stderr=False)
-        return logs.decode(errors="replace").count('"GET /verify ')
+        return sum('"GET /verify ' in line and (user is None or f" {user} [" in line)
+                   for line in logs.decode(errors="replace").splitlines())
 
     def network(self, key: str) -> str:
         """The engine name of the compose network `key` (e.g. backend)."""
