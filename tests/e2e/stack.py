@@ -113,7 +113,7 @@ class Site:
 
     def container(self, service: str):
         labels = [f"{PROJECT_LABEL}={self.name}", f"{SERVICE_LABEL}={service}"]
-        (found,) = self.client.containers.list(filters={"label": labels})
+        (found,) = self.client.containers.list(all=True, filters={"label": labels})
         return found
 
     @property
