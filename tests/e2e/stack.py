@@ -196,8 +196,7 @@ class Site:
                    "--streams", str(streams), "--tokens", str(tokens),
                    "--requests", str(requests), "--pause", str(pause),
                    "--duration", str(duration), "--timeout", str(timeout)]
-        for value in [auth] if isinstance(auth, str) else auth or []:
-            command += ["--auth", value]
+        command += auth_options(auth)
         if announce:
             command.append("--announce")
         return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -220,6 +219,12 @@ class Site:
             base_url=f"https://{DOMAIN}:{self.https_port}/v1", api_key=api_key, max_retries=0,
             http_client=httpx2.Client(transport=ToLoopback(verify=trust)),
         )
+
+
+def auth_options(auth: str | list[str] | None) -> list[str]:
+    """loadgen's --auth options: one value, or several (connection i sends the i mod n-th)."""
+    values = [auth] if isinstance(auth, str) else auth or []
+    return [option for value in values for option in ("--auth", value)]
 
 
 def reload_nginx(nginx) -> None:
@@ -263,17 +268,17 @@ class LoadClient:
         )
 
     def run(self, url: str, *, streams: int, tokens: int, host: str | None = None,
-            auth: str | None = None, ramp: float = 0, requests: int = 1,
-            timeout: float = 120) -> dict:
+            auth: str | list[str] | None = None, ramp: float = 0, requests: int = 1,
+            duration: float = 0, timeout: float = 120) -> dict:
         command = ["python3", "/kit/scripts/loadgen.py", "--url", url, "--model", SERVED_NAME,
                    "--streams", str(streams), "--tokens", str(tokens), "--ramp", str(ramp),
-                   "--requests", str(requests), "--timeout", str(timeout)]
+                   "--requests", str(requests), "--duration", str(duration),
+                   "--timeout", str(timeout)]
         if url.startswith("https:"):
             command += ["--ca", "/kit/tls/ca.crt"]
         if host:
             command += ["--host", host]
-        if auth:
-            command += ["--auth", auth]
+        command += auth_options(auth)
         code, output = self.container.exec_run(command, demux=True)
         stdout, stderr = output
         if code != 0:

@@ -16,7 +16,8 @@ from kit.cli import cli
 from kit.layout import SiteLayout
 from tests.conftest import REPO, tree
 
-GOLDEN = ["compose/docker-compose.yml", "nginx/nginx.conf", "nginx/kit.js"]
+GOLDEN = ["compose/docker-compose.yml", "nginx/nginx.conf", "nginx/kit.js",
+          "nginx/verifier/nginx.conf", "nginx/kit-routes.js"]
 
 
 def render(*args: str) -> "CliRunner.invoke":
