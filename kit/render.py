@@ -86,6 +86,11 @@ def nginx_string(value: object) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def comment(value: object) -> str:
+    """A value inside a `#` comment line: a line break would end the comment, so none is kept."""
+    return "".join("?" if ord(c) < 32 or ord(c) == 127 else c for c in str(value))
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FunctionLoader(_template_source),
@@ -96,6 +101,7 @@ def _environment() -> jinja2.Environment:
     )
     env.filters["nginx_token"] = nginx_token
     env.filters["nginx_string"] = nginx_string
+    env.filters["comment"] = comment
     env.filters["upstream"] = lambda name: "kit_" + nginx_token(name).replace("-", "_")
     return env
 

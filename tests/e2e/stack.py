@@ -66,8 +66,10 @@ class Site:
     @classmethod
     def create(cls, root: Path, client: docker.DockerClient, https_port: int, http_port: int, *,
                prefix: str = "kit", users: tuple[str, ...] = ("ops",), proxy: dict | None = None,
-               env: dict[str, str] | None = None, max_num_seqs: int = 256) -> Site:
-        """Write the spec and render it (not up yet): one stand-in service `tiny`."""
+               env: dict[str, str] | None = None, max_num_seqs: int = 256,
+               more_services: dict[str, str] | None = None) -> Site:
+        """Write the spec and render it (not up yet): one stand-in service `tiny`, and one per
+        `more_services` entry (service name → served name), all sharing GPU 0."""
         site = cls(root, f"{prefix}{secrets.token_hex(3)}", client, https_port)
         models = root / "models"
         (models / SERVICE).mkdir(parents=True)
@@ -81,10 +83,11 @@ class Site:
             "proxy": {"bind": "127.0.0.1", "https_port": https_port, "http_port": http_port,
                       **(proxy or {})},
             "services": [{
-                "name": SERVICE, "model": SERVICE, "served_name": SERVED_NAME, "gpus": [0],
+                "name": name, "model": SERVICE, "served_name": served, "gpus": [0],
                 "max_model_len": 4096, "max_num_seqs": max_num_seqs,
+                "gpu_memory_utilization": round(0.9 / (1 + len(more_services or {})), 2),
                 "env": {"STANDIN_LOAD_SECONDS": "1", **(env or {})},
-            }],
+            } for name, served in {SERVICE: SERVED_NAME, **(more_services or {})}.items()],
         }
         site.spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
         rendered = checked(site.kit("render")).stdout

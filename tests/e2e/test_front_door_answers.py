@@ -73,3 +73,31 @@ def test_models_are_found_by_their_exact_name(site: Site) -> None:
         assert error_of(gate.fetch("POST", "/v1/chat/completions", body=chat, credentials=ops),
                         404)["param"] == "model"
     assert gate.fetch("GET", f"/v1/models/{SERVED_NAME}").status == 401
+
+
+@pytest.fixture
+def two_services(tmp_path, docker_client, test_images, free_port, cleanup_project) -> Site:
+    site = Site.create(tmp_path / "site", docker_client, free_port(), free_port(), prefix="two",
+                       more_services={"second": "Second-Chat"})
+    cleanup_project(site.name)
+    site.up()
+    return site
+
+
+def test_each_model_is_answered_by_the_service_that_serves_it(two_services: Site) -> None:
+    gate, ops = two_services.gate(), two_services.basic("ops")
+    listed = {m["id"]: m for m in gate.fetch("GET", "/v1/models", credentials=ops).json()["data"]}
+    assert set(listed) == {SERVED_NAME, "Second-Chat"}
+    for name, model in listed.items():
+        one = gate.fetch("GET", f"/v1/models/{name}", credentials=ops)
+        assert one.status == 200 and without_ids(one.json()) == without_ids(model)
+        chat = {"model": name, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+        reply = gate.fetch("POST", "/v1/chat/completions", body=chat, credentials=ops)
+        assert reply.status == 200 and reply.json()["model"] == name
+    for name in ("second-chat", "SECOND-CHAT", "Second-Chat "):  # vLLM compares exactly
+        path = f"/v1/models/{name}".replace(" ", "%20")
+        assert error_of(gate.fetch("GET", path, credentials=ops), 404)["message"] == (
+            f"The model `{name}` does not exist.")
+        chat = {"model": name, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
+        assert error_of(gate.fetch("POST", "/v1/chat/completions", body=chat, credentials=ops),
+                        404)["param"] == "model"

@@ -8,7 +8,7 @@ import pytest
 
 from kit.errors import BadInput
 from kit.plan import build_plan
-from kit.render import nginx_string, nginx_token, render_site, routes_module
+from kit.render import comment, nginx_string, nginx_token, render_site, routes_module
 from kit.spec import load_spec
 
 
@@ -82,3 +82,8 @@ def test_nginx_strings_are_quoted_and_escaped() -> None:
     for value in ("$host", "line\nbreak", "tab\there"):
         with pytest.raises(BadInput):
             nginx_string(value)
+
+
+def test_a_spec_file_name_cannot_leave_the_comment_it_is_quoted_in() -> None:
+    assert comment("site.yaml") == "site.yaml"
+    assert comment("a\nserver { listen 1; }\r.yaml") == "a?server { listen 1; }?.yaml"

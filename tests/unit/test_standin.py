@@ -593,6 +593,8 @@ def test_an_idle_keep_alive_connection_is_closed_like_uvicorn(tmp_path):
     with serving(str(model_dir(tmp_path, "m", LLAMA_8B)),
                  VLLM_HTTP_TIMEOUT_KEEP_ALIVE="0.5") as (port, _):
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn.connect()
+        time.sleep(1.0)  # uvicorn arms the timeout after a response, not when a client connects
         for _ in range(2):  # the second request reuses the connection within the timeout
             conn.request("GET", "/health")
             assert conn.getresponse().read() == b""

@@ -135,10 +135,10 @@ class Connection(asyncio.Protocol):
         self.transport = transport
         self.peer = transport.get_extra_info("peername") or ("", 0)
         self.app.connections.add(self)
-        self._await_next_request()
 
     def _await_next_request(self) -> None:
-        """Like uvicorn's timeout_keep_alive: an idle connection is closed after the timeout."""
+        """Like uvicorn's timeout_keep_alive: armed when a response completed (not when the
+        connection opened), a connection idle that long after its last response is closed."""
         self.idle = asyncio.get_running_loop().call_later(
             self.app.keep_alive_timeout, self.transport.close
         )
