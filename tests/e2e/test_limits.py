@@ -100,7 +100,9 @@ def test_valid_logins_do_not_use_the_failed_login_budget(make_site) -> None:
     time.sleep(1.1)
     assert statuses == [200] * len(users)
     checks = [site.password_checks(since, user) for user in users]
-    assert checks == [1] * len(users)  # one bcrypt check per credential
+    # one bcrypt check per credential; the last user added may still have the verdict of the
+    # login `users add` proved (every add changes the epoch, so the earlier ones' are gone)
+    assert checks[:-1] == [1] * (len(users) - 1) and checks[-1] <= 1, checks
 
 
 def test_metrics_only_per_service_and_only_with_credentials(make_site) -> None:
