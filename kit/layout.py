@@ -4,6 +4,8 @@
     <site>/compose/docker-compose.yml   rendered
     <site>/compose/<service>.env        rendered: each service's environment (0600: may hold tokens)
     <site>/nginx/nginx.conf, kit.js     rendered (mounted read-only at /etc/nginx/kit)
+    <site>/nginx/kit-routes.js          rendered: served model name → the service that serves it
+    <site>/nginx/verifier/nginx.conf    rendered: the password verifier (its own container)
     <site>/nginx/auth/                  htpasswd (bcrypt), keys.map (key digests), auth-state.conf
     <site>/nginx/tls/                   server.crt, server.key, ca.crt
     <site>/.kit/                        kit's state: manifest, CA key, probe identity, last probe
@@ -13,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 NGINX_MOUNT = "/etc/nginx/kit"  # where the nginx/ folder appears inside the nginx container
+VERIFIER_MOUNT = "/etc/nginx/kit-verifier"  # nginx/verifier/ inside the verifier container
+VERIFIER_AUTH_MOUNT = "/etc/nginx/kit-auth"  # nginx/auth/ there: auth_basic reads it per request
 PROBE_USER = "kit-probe"  # the dedicated identity the gate authenticates as
 
 
@@ -39,6 +43,14 @@ class SiteLayout:
     @property
     def nginx_conf(self) -> Path:
         return self.nginx_dir / "nginx.conf"
+
+    @property
+    def verifier_conf(self) -> Path:
+        return self.nginx_dir / "verifier" / "nginx.conf"
+
+    @property
+    def routes_js(self) -> Path:
+        return self.nginx_dir / "kit-routes.js"
 
     @property
     def auth_dir(self) -> Path:

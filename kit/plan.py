@@ -17,7 +17,13 @@ HF_CACHE_MOUNT = "/root/.cache/huggingface"
 DEFAULT_ENGINE_READY_TIMEOUT = 600  # vLLM's VLLM_ENGINE_READY_TIMEOUT_S default
 WEIGHT_LOAD_ALLOWANCE = 300  # seconds beyond the engine-ready timeout for download + load
 STREAMS_WHEN_UNKNOWN = 256  # vLLM's max_num_seqs default on A100-class GPUs
-AUTH_VERIFIER_PORT = 8081  # nginx's loopback-only server: bcrypt check + its healthcheck
+HEALTHZ_PORT = 8081  # nginx's and the verifier's loopback healthcheck (/kit-healthz)
+VERIFIER_PORT = 8081  # the verifier container's /verify, on the private auth network only
+BCRYPT_PORT = 8082  # inside the verifier: the auth_basic check, behind the failed-login guard
+# Limits set to `auto`: one address may use every stream slot, each starting a request a second.
+REQUESTS_PER_SLOT_PER_MINUTE = 60
+CONNECTIONS_PER_SLOT = 2  # a stream plus a keep-alive connection waiting for its next request
+MAX_CONNECTIONS_PER_IP = 65535  # limit_conn's largest value
 NGINX_CONF = f"{NGINX_MOUNT}/nginx.conf"
 NGINX_TEST = ["nginx", "-c", NGINX_CONF, "-t"]  # how a reload is checked first, in any mode
 
@@ -54,7 +60,14 @@ class NginxPlan:
     failed_logins_per_ip: int
     max_connections_per_ip: int
     api_keys: bool
-    verifier_port: int = AUTH_VERIFIER_PORT
+    verifier_port: int = VERIFIER_PORT
+    bcrypt_port: int = BCRYPT_PORT
+    healthz_port: int = HEALTHZ_PORT
+
+    @property
+    def retry_after(self) -> int:
+        """Seconds until a rate-limited client has a request's worth of budget again."""
+        return max(1, -(-60 // min(self.rate_per_ip, self.rate_per_credential)))
 
     @property
     def published(self) -> list[str]:
@@ -122,6 +135,11 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
 
     @property
+    def url_host(self) -> str:
+        """The domain as it stands in a URL or a Host header: an IPv6 address in brackets."""
+        return f"[{self.domain}]" if ":" in self.domain else self.domain
+
+    @property
     def nginx_command(self) -> list[str]:
         """nginx in the foreground; with ACME, it also reloads now and then to pick up renewals."""
         run = ["nginx", "-c", NGINX_CONF, "-g", "daemon off;"]
@@ -138,6 +156,7 @@ def build_plan(spec: Spec) -> Plan:
     streams = sum(s.max_num_seqs or STREAMS_WHEN_UNKNOWN for s in services)
     # Each stream holds a client and an upstream connection; leave room for queued clients.
     worker_connections = min(65536, max(4096, _next_power_of_two(streams * 4)))
+    per_minute = streams * REQUESTS_PER_SLOT_PER_MINUTE
     warnings = [w for s in services for w in (s.capacity or {}).get("warnings", [])]
     return Plan(
         site=spec.site,
@@ -158,10 +177,13 @@ def build_plan(spec: Spec) -> Plan:
             worker_connections=worker_connections,
             worker_rlimit_nofile=worker_connections * 2,
             upstream_keepalive=256,  # a burst of streams reuses the last burst's connections
-            rate_per_ip=spec.proxy.rate_limit_per_ip,
-            rate_per_credential=spec.proxy.rate_limit_per_credential,
+            rate_per_ip=_or_auto(spec.proxy.rate_limit_per_ip, per_minute),
+            rate_per_credential=_or_auto(spec.proxy.rate_limit_per_credential, per_minute),
             failed_logins_per_ip=spec.proxy.failed_logins_per_ip,
-            max_connections_per_ip=spec.proxy.max_connections_per_ip,
+            max_connections_per_ip=_or_auto(
+                spec.proxy.max_connections_per_ip,
+                min(MAX_CONNECTIONS_PER_IP, streams * CONNECTIONS_PER_SLOT),
+            ),
             api_keys=spec.auth.api_keys,
         ),
         tls_mode=spec.tls.mode,
@@ -174,6 +196,11 @@ def build_plan(spec: Spec) -> Plan:
         ) if spec.tls.mode == "acme" else None,
         warnings=warnings,
     )
+
+
+def _or_auto(value: int | str, derived: int) -> int:
+    """A limit as set in the spec, or derived from the site's stream capacity when `auto`."""
+    return derived if value == "auto" else int(value)
 
 
 def _next_power_of_two(n: int) -> int:

@@ -58,9 +58,11 @@ DEFAULT_SPEC = Path("site.yaml")
 GPU_SHARE_LIMIT = 0.95
 RESERVED_USERS = {"kit-probe"}
 # Compose services kit renders itself, beside the spec's ones.
-RESERVED_SERVICES = {"nginx": "the front door", "certbot": "the ACME client (tls.mode acme)"}
-# Words nginx's `map` reads as parameters, not as a value to match (served names are map keys).
-NGINX_MAP_WORDS = {"default", "hostnames", "include", "volatile"}
+RESERVED_SERVICES = {
+    "nginx": "the front door",
+    "kit-auth": "the front door's password verifier",
+    "certbot": "the ACME client (tls.mode acme)",
+}
 # The whole request body sits in one nginx buffer (kit.route reads it): bounded like memory.
 MAX_BODY_BYTES = (1 << 10, 1 << 30)
 MAX_TIMEOUT = 86400  # seconds: a day, for the slowest start or the longest generation
@@ -183,10 +185,12 @@ class Proxy(StrictModel):
     max_body: Annotated[str, Field(pattern=SIZE), AfterValidator(_body_size)] = "1m"
     read_timeout: Annotated[int, Field(ge=1, le=MAX_TIMEOUT)] = 900  # seconds; long generations
     connect_timeout: Annotated[int, Field(ge=1, le=300)] = 10
-    rate_limit_per_ip: Annotated[int, Field(ge=1, le=100000)] = 600  # requests/minute
-    rate_limit_per_credential: Annotated[int, Field(ge=1, le=100000)] = 1200  # requests/minute
+    # auto: derived from the services' concurrency (kit/plan.py, docs/auth.md "Limits")
+    rate_limit_per_ip: Annotated[int, Field(ge=1, le=1000000)] | Literal["auto"] = "auto"
+    rate_limit_per_credential: Annotated[int, Field(ge=1, le=1000000)] | Literal["auto"] = "auto"
     failed_logins_per_ip: Annotated[int, Field(ge=1, le=10000)] = 20  # per minute
-    max_connections_per_ip: Annotated[int, Field(ge=1, le=65535)] = 512  # limit_conn's maximum
+    # limit_conn's maximum is 65535; auto: derived from the services' concurrency like the rates
+    max_connections_per_ip: Annotated[int, Field(ge=1, le=65535)] | Literal["auto"] = "auto"
 
     @model_validator(mode="after")
     def _ports_differ(self) -> "Proxy":
@@ -221,16 +225,6 @@ class Service(StrictModel):
         if len(set(gpus)) != len(gpus):
             raise ValueError(f"GPU index listed twice in {gpus}")
         return gpus
-
-    @field_validator("served_name")
-    @classmethod
-    def _not_a_map_word(cls, value: str | None) -> str | None:
-        if value is not None and value.lower() in NGINX_MAP_WORDS:
-            raise ValueError(
-                f"{value!r} is a keyword of nginx's map, which routes by served name; "
-                "choose another served_name"
-            )
-        return value
 
     @field_validator("dtype")
     @classmethod
@@ -710,14 +704,13 @@ def _unique_names(services: list[tuple[int, Service]]) -> list[SpecProblem]:
                 f"(also services[{seen_names[service.name]}])",
             ))
         seen_names.setdefault(service.name, i)
-        served = service.api_name.lower()
+        served = service.api_name  # case-sensitive, as vLLM and the front door's routing are
         if served in seen_served:
             problems.append(SpecProblem(
                 ("services", i, "served_name"),
-                f"duplicate served name {service.api_name!r} "
-                f"(also services[{seen_served[served]}], ignoring case); clients pick a model "
-                "by it and the front door routes on it case-insensitively",
-                "give each service a served_name that differs in more than case",
+                f"duplicate served name {served!r} (also services[{seen_served[served]}]); "
+                "clients pick a model by it",
+                "give each service its own served_name",
             ))
         seen_served.setdefault(served, i)
     return problems

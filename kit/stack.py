@@ -22,7 +22,7 @@ import yaml
 
 from kit.envfile import parse_env_file
 from kit.errors import KitError
-from kit.layout import SiteLayout
+from kit.layout import VERIFIER_AUTH_MOUNT, SiteLayout
 
 # Compose's label names (docker/compose pkg/api/labels.go), all in one place.
 PROJECT_LABEL = "com.docker.compose.project"
@@ -42,6 +42,11 @@ VERSION_LABEL = "com.docker.compose.version"
 COMPOSE_VERSION = "2.0.0"
 
 PROXY_SERVICE = "nginx"  # the template's front door: config changes reload it in place
+VERIFIER_SERVICE = "kit-auth"  # the front door's password verifier (its own nginx)
+# Site files a service re-reads on every request: a change needs neither reload nor recreate,
+# so they stay out of its digest (the verifier's auth_basic reads htpasswd per request; a
+# credential change must not restart it under the logins it is checking).
+READ_PER_REQUEST = {VERIFIER_SERVICE: {VERIFIER_AUTH_MOUNT}}
 CONTAINER_NUMBER = 1  # kit runs one container per service
 
 SERVICE_KEYS = {
@@ -234,7 +239,9 @@ def _service(name: str, body: dict, context: _Context) -> ServiceState:
     unknown = sorted(set(body) - SERVICE_KEYS)
     _expect(not unknown, context.config_file,
             f"{where} uses {', '.join(unknown)}, which kit up does not apply")
-    mounts, site_sources = _mounts(body.get("volumes") or [], context, where)
+    mounts, site_sources = _mounts(
+        body.get("volumes") or [], context, where, READ_PER_REQUEST.get(name, set())
+    )
     logging, grace = body.get("logging") or {}, body.get("stop_grace_period")
     config = ContainerConfig(
         image=str(body["image"]),
@@ -330,12 +337,15 @@ def parse_duration(value: Any) -> float:
     return sum(float(number) * DURATION_SECONDS[unit] for number, unit in parts)
 
 
-def _mounts(entries: list, context: _Context, where: str) -> tuple[tuple[Mount, ...], list[Path]]:
+def _mounts(
+    entries: list, context: _Context, where: str, read_per_request: set[str]
+) -> tuple[tuple[Mount, ...], list[Path]]:
     """The mounts, plus the site's own config files among the bind sources.
 
     Those are the read-only binds with a relative source: files kit rendered beside the compose
-    file, which the container reads. Absolute sources are host data (models, caches) that must
-    never be read for a digest; writable binds are state the container itself writes.
+    file, which the container reads when it starts. Absolute sources are host data (models,
+    caches) that must never be read for a digest; writable binds are state the container itself
+    writes; targets in `read_per_request` are re-read by the service as they change.
     """
     mounts, site_sources = [], []
     volume_names = {v.key: v.name for v in context.volumes}
@@ -347,7 +357,7 @@ def _mounts(entries: list, context: _Context, where: str) -> tuple[tuple[Mount, 
             path = Path(source)
             if not path.is_absolute():
                 path = (context.working_dir / path).resolve()
-                if entry.get("read_only"):
+                if entry.get("read_only") and entry["target"] not in read_per_request:
                     site_sources.append(path)
             source = str(path)
         elif kind == "volume":

@@ -149,15 +149,18 @@ def machine() -> str:
 
 
 @contextmanager
-def bench_stack(args: argparse.Namespace, prefix: str) -> Iterator[tuple[Site, LoadClient]]:
-    """A site with limits out of the way of the load, and the load client in its network."""
+def bench_stack(args: argparse.Namespace, prefix: str, *, proxy: dict | None = None,
+                users: tuple[str, ...] = ("ops",)) -> Iterator[tuple[Site, LoadClient]]:
+    """A site with limits out of the way of the load (or these `proxy` settings), and the load
+    client in its network."""
     built = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True)
     if built.returncode != 0:
         sys.exit(f"{BUILD} failed (a Docker engine? scripts/dockerd.sh start):\n{built.stderr}")
     client = docker.from_env()
     with tempfile.TemporaryDirectory() as folder, running_site(
-        Path(folder), client, pick_free_port(), pick_free_port(), prefix=prefix,
-        proxy=UNLIMITED, env={"STANDIN_TOKEN_INTERVAL_MS": str(args.interval_ms)},
+        Path(folder), client, pick_free_port(), pick_free_port(), prefix=prefix, users=users,
+        proxy=UNLIMITED if proxy is None else proxy,
+        env={"STANDIN_TOKEN_INTERVAL_MS": str(args.interval_ms)},
         max_num_seqs=max(256, args.streams),
     ) as site:
         load = LoadClient(site)

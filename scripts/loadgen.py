@@ -13,13 +13,18 @@ spends most of its CPU in its Python TLS layer, and on a 2-core machine the clie
 from the server under test. Each of the --streams connections is opened (TCP + TLS handshake)
 before the clock starts; then connection i sends its first request at i × ramp / streams
 (--ramp 0: all at once, a burst) and each next one, on the same keep-alive connection, as soon
-as the previous stream ended (--requests per connection: the concurrency holds).
+as the previous stream ended, or --pause seconds later (--requests per connection: the
+concurrency holds). --duration stops starting new requests after that many seconds (a soak: the
+--requests bound still holds). --auth may be given several times: connection i sends the
+(i mod n)-th, so one run can be many distinct users.
 
 Figures over all requests: connect p50/p99, TTFT (request written → first content chunk)
 p50/p99, tokens/s (content chunks / time from the first request to the last stream's end), the
 worst and p99 gap between two chunks of one stream. A request is ok when it got 200, every
 requested token and `data: [DONE]`. --announce prints `streaming` to stderr once every
-connection has had a first token (the tests change credentials under running streams).
+connection has had a first token (the tests change credentials under running streams), and
+`between` once every connection has finished its first request (with --pause: the tests stop
+nginx's workers in that pause).
 """
 
 import argparse
@@ -46,6 +51,7 @@ class Stream:
     """One connection: handshake, then --requests streamed completions, one after the other."""
 
     def __init__(self, address: tuple[str, int], request: bytes, tokens: int, requests: int):
+        self.next_at = 0.0  # when the next request on this connection is due (--pause)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setblocking(False)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -196,12 +202,15 @@ class Run:
             "Content-Type: application/json", "Accept: text/event-stream",
             f"Content-Length: {len(body)}",
         ]
-        if args.auth:
-            headers.append(f"Authorization: {args.auth}")
-        request = ("\r\n".join(headers) + "\r\n\r\n").encode() + body
-        self.streams = [Stream(address, request, args.tokens, args.requests)
-                        for _ in range(args.streams)]
+        auths = [[f"Authorization: {auth}"] for auth in args.auth or []] or [[]]
+        requests = [("\r\n".join(headers + auth) + "\r\n\r\n").encode() + body for auth in auths]
+        self.streams = [Stream(address, requests[i % len(requests)], args.tokens, args.requests)
+                        for i in range(args.streams)]
         self.ramp = args.ramp
+        self.pause = args.pause
+        self.duration = args.duration
+        self.between = args.announce and args.requests > 1
+        self.waiting: list[Stream] = []  # between two requests (--pause)
         self.selector = selectors.DefaultSelector()
         self.deadline = time.perf_counter() + args.timeout
         self.announce = args.announce
@@ -218,7 +227,9 @@ class Run:
         began = time.perf_counter()
         ready = [s for s in self.streams if s.state == "ready"]
         self.due.extend((began + i * self.ramp / len(ready), s) for i, s in enumerate(ready))
-        self.run_until(lambda: not self.due and all(s.state == "closed" for s in self.streams))
+        self.stop_at = began + self.duration if self.duration else None
+        self.run_until(lambda: not self.due and not self.waiting
+                       and all(s.state == "closed" for s in self.streams))
         wall = time.perf_counter() - began
         for stream in self.streams:
             if stream.state != "closed":
@@ -230,12 +241,20 @@ class Run:
             now = time.perf_counter()
             while self.due and self.due[0][0] <= now:
                 self.send(self.due.popleft()[1])
+            for stream in [s for s in self.waiting if s.next_at <= now]:
+                self.waiting.remove(stream)
+                self.send(stream)
             wait = min(0.2, self.due[0][0] - now) if self.due else 0.2
+            if self.waiting:
+                wait = min(wait, min(s.next_at for s in self.waiting) - now)
             for key, _ in self.selector.select(timeout=max(wait, 0)):
                 self.step(key.data)
             if self.announce and all(s.ttfts or s.state == "closed" for s in self.streams):
                 print("streaming", file=sys.stderr, flush=True)
                 self.announce = False
+            if self.between and all(s.ok + len(s.failures) for s in self.streams):
+                print("between", file=sys.stderr, flush=True)
+                self.between = False
 
     def step(self, stream: Stream) -> None:
         try:
@@ -277,7 +296,7 @@ class Run:
 
     def send(self, stream: Stream) -> None:
         """Start the connection's next request (registered for writing until it is out)."""
-        if stream.state == "ready":
+        if stream.state in ("ready", "waiting"):
             self.selector.register(stream.sock, selectors.EVENT_WRITE, stream)
         else:
             self.selector.modify(stream.sock, selectors.EVENT_WRITE, stream)
@@ -313,9 +332,17 @@ class Run:
             stream.received(data, time.perf_counter())
             if stream.response_complete:
                 stream.response_ended()
+                if self.stop_at is not None and time.perf_counter() >= self.stop_at:
+                    stream.left = 0  # the soak is over: not a failure
                 if stream.left and stream.keep_alive:
                     stream.response_started()
-                    self.send(stream)
+                    if self.pause:
+                        stream.next_at = time.perf_counter() + self.pause
+                        stream.state = "waiting"
+                        self.selector.unregister(stream.sock)
+                        self.waiting.append(stream)
+                    else:
+                        self.send(stream)
                     return
                 self.selector.unregister(stream.sock)
                 stream.fail("the server asked to close the connection")  # fails what is left
@@ -362,12 +389,17 @@ def main() -> None:
     parser.add_argument("--url", required=True, help="scheme://address:port of the endpoint")
     parser.add_argument("--host", help="Host header and TLS server name (default: URL host)")
     parser.add_argument("--ca", help="CA bundle to verify the server against")
-    parser.add_argument("--auth", help="Authorization header value")
+    parser.add_argument("--auth", action="append",
+                        help="Authorization header value (repeat: one per connection in turn)")
     parser.add_argument("--model", required=True)
     parser.add_argument("--streams", type=int, default=200, help="concurrent connections")
     parser.add_argument("--tokens", type=int, default=64, help="max_tokens of each request")
     parser.add_argument("--requests", type=int, default=1, help="requests per connection")
     parser.add_argument("--ramp", type=float, default=0, help="seconds over which to start them")
+    parser.add_argument("--pause", type=float, default=0,
+                        help="seconds between two requests of one connection")
+    parser.add_argument("--duration", type=float, default=0,
+                        help="start no new request after this many seconds (0: no limit)")
     parser.add_argument("--timeout", type=float, default=120, help="give up after (seconds)")
     parser.add_argument("--announce", action="store_true",
                         help="print 'streaming' to stderr once every stream has its first token")

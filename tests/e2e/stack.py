@@ -29,7 +29,7 @@ from kit.credentials import KEY_PREFIX
 from kit.layout import SiteLayout
 from kit.probe import Gate, basic_header, probe_password, target_for
 from kit.spec import load_spec
-from kit.stack import NETWORK_LABEL, PROJECT_LABEL, SERVICE_LABEL
+from kit.stack import NETWORK_LABEL, PROJECT_LABEL, SERVICE_LABEL, VERIFIER_SERVICE
 from tests.conftest import LLAMA_8B
 from tests.e2e.conftest import IMAGES, REPO
 
@@ -68,8 +68,10 @@ class Site:
     @classmethod
     def create(cls, root: Path, client: docker.DockerClient, https_port: int, http_port: int, *,
                prefix: str = "kit", users: tuple[str, ...] = ("ops",), proxy: dict | None = None,
-               env: dict[str, str] | None = None, max_num_seqs: int = 256) -> Site:
-        """Write the spec and render it (not up yet): one stand-in service `tiny`."""
+               env: dict[str, str] | None = None, max_num_seqs: int = 256,
+               more_services: dict[str, str] | None = None) -> Site:
+        """Write the spec and render it (not up yet): one stand-in service `tiny`, and one per
+        `more_services` entry (service name → served name), all sharing GPU 0."""
         site = cls(root, f"{prefix}{secrets.token_hex(3)}", client, https_port)
         models = root / "models"
         (models / SERVICE).mkdir(parents=True)
@@ -83,10 +85,11 @@ class Site:
             "proxy": {"bind": "127.0.0.1", "https_port": https_port, "http_port": http_port,
                       **(proxy or {})},
             "services": [{
-                "name": SERVICE, "model": SERVICE, "served_name": SERVED_NAME, "gpus": [0],
+                "name": name, "model": SERVICE, "served_name": served, "gpus": [0],
                 "max_model_len": 4096, "max_num_seqs": max_num_seqs,
+                "gpu_memory_utilization": round(0.9 / (1 + len(more_services or {})), 2),
                 "env": {"STANDIN_LOAD_SECONDS": "1", **(env or {})},
-            }],
+            } for name, served in {SERVICE: SERVED_NAME, **(more_services or {})}.items()],
         }
         site.spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
         rendered = checked(site.kit("render")).stdout
@@ -115,12 +118,23 @@ class Site:
 
     def container(self, service: str):
         labels = [f"{PROJECT_LABEL}={self.name}", f"{SERVICE_LABEL}={service}"]
-        (found,) = self.client.containers.list(filters={"label": labels})
+        (found,) = self.client.containers.list(all=True, filters={"label": labels})
         return found
 
     @property
     def nginx(self):
         return self.container("nginx")
+
+    @property
+    def verifier(self):
+        return self.container(VERIFIER_SERVICE)
+
+    def password_checks(self, since: float, user: str | None = None) -> int:
+        """bcrypt checks the verifier ran since then (its access log: one line per check), of
+        every user or of this one."""
+        logs = self.verifier.logs(since=int(since), stdout=True, stderr=False)
+        return sum('"GET /verify ' in line and (user is None or f" {user} [" in line)
+                   for line in logs.decode(errors="replace").splitlines())
 
     def network(self, key: str) -> str:
         """The engine name of the compose network `key` (e.g. backend)."""
@@ -175,14 +189,19 @@ class Site:
 
     # ---- many streams, the OpenAI SDK
 
-    def loadgen(self, auth: str | None, *, streams: int, tokens: int,
-                announce: bool = False) -> subprocess.Popen:
-        """scripts/loadgen.py on the host against the published port (stdout: one JSON line)."""
+    def loadgen(self, auth: str | list[str] | None, *, streams: int, tokens: int,
+                announce: bool = False, requests: int = 1, pause: float = 0,
+                duration: float = 0, timeout: float = 120) -> subprocess.Popen:
+        """scripts/loadgen.py on the host against the published port (stdout: one JSON line).
+
+        Several `auth` values: connection i sends the (i mod n)-th (many distinct users).
+        """
         command = [sys.executable, str(LOADGEN), "--url", f"https://127.0.0.1:{self.https_port}",
                    "--host", DOMAIN, "--ca", str(self.layout.ca_cert), "--model", SERVED_NAME,
-                   "--streams", str(streams), "--tokens", str(tokens)]
-        if auth:
-            command += ["--auth", auth]
+                   "--streams", str(streams), "--tokens", str(tokens),
+                   "--requests", str(requests), "--pause", str(pause),
+                   "--duration", str(duration), "--timeout", str(timeout)]
+        command += auth_options(auth)
         if announce:
             command.append("--announce")
         return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -205,6 +224,12 @@ class Site:
             base_url=f"https://{DOMAIN}:{self.https_port}/v1", api_key=api_key, max_retries=0,
             http_client=httpx2.Client(transport=ToLoopback(verify=trust)),
         )
+
+
+def auth_options(auth: str | list[str] | None) -> list[str]:
+    """loadgen's --auth options: one value, or several (connection i sends the i mod n-th)."""
+    values = [auth] if isinstance(auth, str) else auth or []
+    return [option for value in values for option in ("--auth", value)]
 
 
 def reload_nginx(nginx) -> None:
@@ -248,17 +273,17 @@ class LoadClient:
         )
 
     def run(self, url: str, *, streams: int, tokens: int, host: str | None = None,
-            auth: str | None = None, ramp: float = 0, requests: int = 1,
-            timeout: float = 120) -> dict:
+            auth: str | list[str] | None = None, ramp: float = 0, requests: int = 1,
+            duration: float = 0, timeout: float = 120) -> dict:
         command = ["python3", "/kit/scripts/loadgen.py", "--url", url, "--model", SERVED_NAME,
                    "--streams", str(streams), "--tokens", str(tokens), "--ramp", str(ramp),
-                   "--requests", str(requests), "--timeout", str(timeout)]
+                   "--requests", str(requests), "--duration", str(duration),
+                   "--timeout", str(timeout)]
         if url.startswith("https:"):
             command += ["--ca", "/kit/tls/ca.crt"]
         if host:
             command += ["--host", host]
-        if auth:
-            command += ["--auth", auth]
+        command += auth_options(auth)
         code, output = self.container.exec_run(command, demux=True)
         stdout, stderr = output
         if code != 0:

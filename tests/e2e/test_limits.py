@@ -70,16 +70,39 @@ def test_a_wrong_password_flood_is_cut_off_before_bcrypt(make_site) -> None:
     since = time.time()
     statuses = [site.status(credentials=basic_header("ops", f"guess-number-{n:04d}"))
                 for n in range(WRONG_PASSWORDS)]
-    time.sleep(1.1)  # the error log is written at once; docker's `since` has 1 s granularity
-    limited = site.nginx_log(since - 1).count('zone "kit_failed_logins"')
+    time.sleep(1.1)  # docker's `since` has 1 s granularity
+    checks = site.password_checks(since - 1, "ops")
 
-    assert statuses == [401] * WRONG_PASSWORDS
-    # at most the burst (less what kit up's gate used) reached bcrypt; the rest were refused
-    assert limited >= WRONG_PASSWORDS - FAILED_LOGINS_PER_MINUTE - 1, limited
+    # the budget (a burst as large as the rate, less what kit up's gate used) fails with 401;
+    # the guess that exceeds it marks the address, and every later guess is refused with 429
+    # before bcrypt
+    refused = statuses.count(401)
+    assert statuses == [401] * refused + [429] * (WRONG_PASSWORDS - refused), statuses
+    assert FAILED_LOGINS_PER_MINUTE - 1 <= refused <= FAILED_LOGINS_PER_MINUTE + 1, statuses
+    # + the check of the valid password, the guess that exceeded, a refill during the loop
+    assert checks <= refused + 3, checks
     assert site.status(credentials=ops) == 200  # a verified credential keeps working
     # the same password in a header never verified before (the verdict cache is keyed by the
     # whole header; nginx reads the scheme case-insensitively) must go to bcrypt: refused too
-    assert site.status(credentials=ops.replace("Basic ", "basic ", 1)) == 401
+    assert site.status(credentials=ops.replace("Basic ", "basic ", 1)) == 429
+
+
+def test_valid_logins_do_not_use_the_failed_login_budget(make_site) -> None:
+    """Only failures count: more distinct valid users than the budget all get in at once."""
+    site = make_site(failed_logins_per_ip=FAILED_LOGINS_PER_MINUTE)
+    users = [f"user{n:02d}" for n in range(3 * FAILED_LOGINS_PER_MINUTE)]
+    for user in users:
+        added = site.kit("users add", user, "--password-stdin", stdin=f"pw-of-{user}-long\n")
+        assert added.returncode == 0, added.stdout + added.stderr
+    time.sleep(1.1)  # `users add` proved each login: leave those checks out of the count
+    since = time.time()
+    statuses = [site.completion(basic_header(user, f"pw-of-{user}-long")) for user in users]
+    time.sleep(1.1)
+    assert statuses == [200] * len(users)
+    checks = [site.password_checks(since, user) for user in users]
+    # one bcrypt check per credential; the last user added may still have the verdict of the
+    # login `users add` proved (every add changes the epoch, so the earlier ones' are gone)
+    assert checks[:-1] == [1] * (len(users) - 1) and checks[-1] <= 1, checks
 
 
 def test_metrics_only_per_service_and_only_with_credentials(make_site) -> None:

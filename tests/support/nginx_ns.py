@@ -1,6 +1,7 @@
 """Run the host's real nginx on a rendered nginx/ folder, laid out as in the container.
 
-A private mount namespace (unshare -m, as root) puts the folder at /etc/nginx/kit, the njs module
+A private mount namespace (unshare -m, as root) puts the folder at /etc/nginx/kit (or, for the
+verifier, nginx/verifier and nginx/auth where its container has them), the njs module
 at /etc/nginx/modules, an `nginx` user in /etc/passwd, the upstream service names in /etc/hosts
 and fresh tmpfs at /run and /var/cache/nginx — so the rendered config is checked unmodified and
 nothing on the host changes.
@@ -10,6 +11,9 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+from kit.layout import NGINX_MOUNT, VERIFIER_AUTH_MOUNT, VERIFIER_MOUNT
+from kit.stack import VERIFIER_SERVICE
 
 MODULES = Path("/usr/lib/nginx/modules")
 
@@ -25,7 +29,10 @@ def available() -> str | None:
     return None
 
 
-def namespace_script(nginx_dir: Path, hostnames: list[str], command: str, work: Path) -> str:
+def namespace_script(
+    mounts: dict[str, Path], hostnames: list[str], command: str, work: Path
+) -> str:
+    """A shell script that binds each source at its target (under /etc/nginx), then runs."""
     passwd = Path("/etc/passwd").read_text()
     group = Path("/etc/group").read_text()
     if "\nnginx:" not in "\n" + passwd:
@@ -36,12 +43,15 @@ def namespace_script(nginx_dir: Path, hostnames: list[str], command: str, work: 
     (work / "group").write_text(group)
     hosts = Path("/etc/hosts").read_text() + "".join(f"127.0.0.1 {h}\n" for h in hostnames)
     (work / "hosts").write_text(hosts)
+    binds = "".join(
+        f"mkdir -p {target}\nmount --bind {source} {target}\n" for target, source in mounts.items()
+    )
     return f"""set -e
 mount --make-rprivate /
 mount -t tmpfs tmpfs /etc/nginx
-mkdir /etc/nginx/kit /etc/nginx/modules
-mount --bind {nginx_dir} /etc/nginx/kit
+mkdir /etc/nginx/modules
 mount --bind {MODULES} /etc/nginx/modules
+{binds}
 mount --bind {work}/passwd /etc/passwd
 mount --bind {work}/group /etc/group
 mount --bind {work}/hosts /etc/hosts
@@ -53,11 +63,26 @@ mkdir -p /var/cache/nginx
 
 
 def nginx_t(nginx_dir: Path, hostnames: list[str]) -> subprocess.CompletedProcess:
-    """`nginx -t` of <nginx_dir>/nginx.conf as it would run in the container."""
+    """`nginx -t` of <nginx_dir>/nginx.conf as it would run in the front door's container.
+
+    The verifier's name always resolves (every site has it); `hostnames` are the vLLM services.
+    """
+    return _run_t({NGINX_MOUNT: nginx_dir.resolve()}, [VERIFIER_SERVICE, *hostnames], NGINX_MOUNT)
+
+
+def verifier_t(nginx_dir: Path) -> subprocess.CompletedProcess:
+    """`nginx -t` of <nginx_dir>/verifier/nginx.conf as it would run in the verifier container."""
+    mounts = {VERIFIER_MOUNT: (nginx_dir / "verifier").resolve(),
+              VERIFIER_AUTH_MOUNT: (nginx_dir / "auth").resolve()}
+    return _run_t(mounts, [], VERIFIER_MOUNT)
+
+
+def _run_t(
+    mounts: dict[str, Path], hostnames: list[str], conf_dir: str
+) -> subprocess.CompletedProcess:
+    command = f"nginx -t -c {conf_dir}/nginx.conf"
     with tempfile.TemporaryDirectory() as work:
-        script = namespace_script(
-            nginx_dir.resolve(), hostnames, "nginx -t -c /etc/nginx/kit/nginx.conf", Path(work)
-        )
+        script = namespace_script(mounts, hostnames, command, Path(work))
         return subprocess.run(
             ["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=60
         )

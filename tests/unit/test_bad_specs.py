@@ -209,13 +209,6 @@ CASES = [
      ["models_root", "255 bytes per folder name"]),
     ("8.2-models-root-newline", replace("models_root: ", 'models_root: "/data\\n"\nx: '),
      ["models_root"]),
-    # issue 8 item 4: served names are nginx map keys (special words; compared in lower case)
-    ("8.4-served-name-default", replace("served_name: llama-3.1-8b", "served_name: default"),
-     ["services[0].served_name", "keyword of nginx's map", "choose another served_name"]),
-    ("8.4-served-name-include", replace("served_name: llama-3.1-8b", "served_name: include"),
-     ["keyword of nginx's map"]),
-    ("8.4-served-names-differ-in-case", append(SECOND + "    served_name: LLAMA-3.1-8B\n"),
-     ["services[1].served_name", "ignoring case", "fix:"]),
     # issue 8 item 5: sizes and counts nginx accepts
     ("8.5-max-body-above-1g", replace("max_body: 1m", "max_body: 2g"),
      ["proxy.max_body", "outside 1k..1g"]),

@@ -16,7 +16,8 @@ from kit.layout import SiteLayout
 from tests.conftest import REPO, tree
 from tests.support.cli import run_kit
 
-GOLDEN = ["compose/docker-compose.yml", "compose/llama8b.env", "nginx/nginx.conf", "nginx/kit.js"]
+GOLDEN = ["compose/docker-compose.yml", "compose/llama8b.env", "nginx/nginx.conf", "nginx/kit.js",
+          "nginx/verifier/nginx.conf", "nginx/kit-routes.js"]
 
 
 def render(*args: str) -> Result:

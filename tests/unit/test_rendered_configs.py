@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from kit.layout import SiteLayout
-from kit.stack import load_desired
+from kit.stack import VERIFIER_SERVICE, load_desired
 from kit.tls import new_ca, new_server_cert
 from tests.conftest import BASE_SPEC, LLAMA_8B, REPO
 from tests.support import nginx_ns
@@ -29,15 +29,19 @@ proxy: {{bind: "::", https_port: 9443, http_port: 9080, max_body: 4m, read_timeo
 services:
   - {{name: big70b, model: llama-8b, gpus: [0, 1, 2, 3], max_model_len: 8192,
       max_num_seqs: 128, gpu_memory_utilization: 0.92}}
-  - {{name: qwen, model: Qwen/Qwen2.5-7B-Instruct, served_name: qwen2.5-7b, gpus: [4, 5],
+  - {{name: qwen, model: Qwen/Qwen2.5-7B-Instruct, served_name: Default, gpus: [4, 5],
       max_num_seqs: 64}}
-  - {{name: small-a, model: llama-8b, served_name: small-a, gpus: [6], max_num_seqs: 32,
+  - {{name: small-a, model: llama-8b, served_name: default, gpus: [6], max_num_seqs: 32,
       gpu_memory_utilization: 0.45, kv_cache_dtype: fp8}}
   - {{name: small-b, model: llama-8b, served_name: org/small:b, gpus: [6, 7],
       max_num_seqs: 16, gpu_memory_utilization: 0.45, dtype: bfloat16,
       extra_args: ["--enforce-eager"],
       env: {{HF_HUB_OFFLINE: "1", HF_TOKEN: hf_abc, NOTE: 'a "b" \\ #c {{d}} ü ', EMPTY: ""}}}}
 """
+
+
+# Served names that were nginx `map` keywords, and two that differ only in case: vLLM tells them
+# apart, and so does the front door's exact routing (kit-routes.js), so the spec accepts them.
 
 
 def variants(root: Path) -> dict[str, Path]:
@@ -86,7 +90,7 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def services_of(folder: Path) -> list[str]:
     compose = yaml.safe_load((folder / "compose" / "docker-compose.yml").read_text())
-    return [name for name in compose["services"] if name != "nginx"]
+    return [name for name in compose["services"] if name not in {"nginx", VERIFIER_SERVICE}]
 
 
 def test_nginx_accepts_every_rendered_config(rendered: dict[str, Path]) -> None:
@@ -94,9 +98,10 @@ def test_nginx_accepts_every_rendered_config(rendered: dict[str, Path]) -> None:
     if reason:
         pytest.skip(reason)
     for name, folder in rendered.items():
-        result = nginx_ns.nginx_t(folder / "nginx", services_of(folder))
-        assert result.returncode == 0, f"{name}: {result.stderr}"
-        assert "test is successful" in result.stderr
+        for result in (nginx_ns.nginx_t(folder / "nginx", services_of(folder)),
+                       nginx_ns.verifier_t(folder / "nginx")):
+            assert result.returncode == 0, f"{name}: {result.stderr}"
+            assert "test is successful" in result.stderr
 
 
 def test_nginx_rejects_a_broken_config(rendered: dict[str, Path]) -> None:
@@ -180,9 +185,15 @@ def test_compose_structure(rendered: dict[str, Path]) -> None:
     assert services["big70b"]["command"][1].startswith("/models/")
     nginx = services["nginx"]
     assert nginx["ports"] == ["[::]:9443:443", "[::]:9080:80"]
-    assert set(nginx["depends_on"]) == set(expected_gpus)
+    assert set(nginx["depends_on"]) == set(expected_gpus) | {VERIFIER_SERVICE}
     assert all(v == {"condition": "service_healthy"} for v in nginx["depends_on"].values())
     assert nginx["volumes"][0]["read_only"] is True and nginx["read_only"] is True
+    # the verifier: no port, only the internal auth network, which the front door shares
+    verifier = services[VERIFIER_SERVICE]
+    assert "ports" not in verifier and verifier["networks"] == ["auth"]
+    assert compose["networks"]["auth"] == {"internal": True} and "auth" in nginx["networks"]
+    assert verifier["image"] == nginx["image"] and verifier["read_only"] is True
+    assert all(m["read_only"] for m in verifier["volumes"])
     assert compose["networks"]["backend"]["internal"] is False  # qwen downloads from the Hub
 
 
@@ -194,9 +205,12 @@ def test_nginx_conf_has_the_streaming_and_security_essentials(rendered: dict[str
         "proxy_read_timeout 1800s;", "send_timeout 1800s;", "client_max_body_size 4m;",
         "ssl_protocols TLSv1.2 TLSv1.3;", "Strict-Transport-Security", "auth_request /_kit/auth;",
         'proxy_set_header Authorization "";', "return 301 https://10.1.2.3:9443$request_uri;",
-        '"org/small:b" "@kit_small_b";',
+        "location @kit_small_b {", "proxy_next_upstream error non_idempotent;",
     ):
         assert line in conf, line
+    routes = (rendered["big"] / "nginx" / "kit-routes.js").read_text()
+    assert '"org/small:b": "small-b"' in routes  # routing is an exact lookup, not an nginx map
+    assert "map $kit_model" not in conf
     assert "include /etc/nginx/kit/auth/keys.map;" not in conf  # api_keys: false
     for path in ("/invocations", "/tokenize", "/docs", "location = /metrics {"):
         assert path not in conf
@@ -230,3 +244,10 @@ def test_acme_mode_renders_certbot_and_the_challenge(rendered: dict[str, Path]) 
     (folder / "nginx" / "tls" / "server.key").write_bytes(key)
     assert run_kit("render", str(folder / "site.yaml")).exit_code == 0
     assert server_cert.read_bytes() == cert
+
+
+def test_routing_tells_apart_names_that_differ_in_case(rendered: dict[str, Path]) -> None:
+    routes = (rendered["big"] / "nginx" / "kit-routes.js").read_text()
+    body = json.loads(routes[routes.index("{"):routes.rindex("}") + 1])
+    assert body["default"] == "small-a" and body["Default"] == "qwen"
+    assert body["org/small:b"] == "small-b" and body["big70b"] == "big70b"

@@ -17,6 +17,7 @@ from kit.stack import (
     ONEOFF_LABEL,
     PROJECT_LABEL,
     SERVICE_LABEL,
+    VERIFIER_SERVICE,
     VERSION_LABEL,
     WORKING_DIR_LABEL,
     DesiredState,
@@ -77,16 +78,18 @@ def site(tmp_path: Path) -> Path:
 
 def test_names_order_and_networks_follow_compose_v2(site: Path) -> None:
     desired = rendered(site)
-    assert [s.name for s in desired.services] == ["alpha", "beta", "nginx"]  # backends first
+    # backends and the verifier first
+    assert [s.name for s in desired.services] == ["alpha", "beta", "kit-auth", "nginx"]
     assert [s.container_name for s in desired.services] == [
-        "unit01-alpha-1", "unit01-beta-1", "unit01-nginx-1",
+        "unit01-alpha-1", "unit01-beta-1", "unit01-kit-auth-1", "unit01-nginx-1",
     ]
     assert [(n.name, n.internal) for n in desired.networks] == [
-        ("unit01_backend", True), ("unit01_frontend", False),
+        ("unit01_backend", True), ("unit01_frontend", False), ("unit01_auth", True),
     ]
     assert [v.name for v in desired.volumes] == ["unit01_hf-cache"]
     assert desired.service("nginx").depends_on == (
         ("alpha", "service_healthy"), ("beta", "service_healthy"),
+        ("kit-auth", "service_healthy"),
     )
 
 
@@ -115,7 +118,11 @@ def test_engine_config_is_what_the_file_says(site: Path) -> None:
     assert nginx.security_opt == ("no-new-privileges:true",)
     assert nginx.ulimits[0][0] == "nofile"
     assert nginx.stop_signal == "SIGQUIT"
-    assert nginx.networks == ("unit01_backend", "unit01_frontend")
+    assert nginx.networks == ("unit01_backend", "unit01_frontend", "unit01_auth")
+    verifier = desired.service(VERIFIER_SERVICE).config
+    assert verifier.networks == ("unit01_auth",) and not verifier.ports
+    assert Mount("bind", str(site.parent / "nginx" / "auth"), "/etc/nginx/kit-auth",
+                 True) in verifier.mounts
 
 
 def test_labels_are_the_ones_compose_reads(site: Path) -> None:
@@ -132,7 +139,7 @@ def test_labels_are_the_ones_compose_reads(site: Path) -> None:
     assert labels[VERSION_LABEL] == COMPOSE_VERSION
     nginx_labels = desired.service("nginx").labels
     assert nginx_labels["com.docker.compose.depends_on"] == (
-        "alpha:service_healthy:false,beta:service_healthy:false"
+        "alpha:service_healthy:false,beta:service_healthy:false,kit-auth:service_healthy:false"
     )
 
 
@@ -152,6 +159,21 @@ def test_proxy_config_change_is_a_files_change_not_a_hash_change(tmp_path: Path)
     assert [s.config_hash for s in before.services] == [s.config_hash for s in after.services]
     old, new = before.service("nginx"), after.service("nginx")
     assert old.reloadable and old.site_files_digest != new.site_files_digest
+
+
+def test_a_credential_change_leaves_the_verifier_running(tmp_path: Path) -> None:
+    """Its auth_basic re-reads htpasswd per request: no recreate (which would drop logins)."""
+    spec = write_site(tmp_path)
+    before = rendered(spec).service(VERIFIER_SERVICE)
+    htpasswd = SiteLayout(spec.parent).htpasswd
+    htpasswd.write_text(htpasswd.read_text() + "eve:$2y$12$" + "x" * 53 + "\n")
+    verifier_conf = SiteLayout(spec.parent).verifier_conf
+    assert load_desired(SiteLayout(spec.parent), "unit01").service(
+        VERIFIER_SERVICE).config_hash == before.config_hash
+    verifier_conf.write_text(verifier_conf.read_text() + "# changed\n")  # its own config: recreate
+    assert load_desired(SiteLayout(spec.parent), "unit01").service(
+        VERIFIER_SERVICE).config_hash != before.config_hash
+    assert not before.reloadable
 
 
 def document(extra_service_keys: dict | None = None) -> dict:

@@ -586,3 +586,20 @@ def test_max_num_seqs_queues_the_rest(tmp_path):
         firsts = sorted(asyncio.run(four()))
     # two run at once; the other two wait for them (10 tokens x 20 ms)
     assert firsts[1] < 0.1 and firsts[2] > 0.15
+
+
+def test_an_idle_keep_alive_connection_is_closed_like_uvicorn(tmp_path):
+    """VLLM_HTTP_TIMEOUT_KEEP_ALIVE: reused before the timeout, closed by the server after it."""
+    with serving(str(model_dir(tmp_path, "m", LLAMA_8B)),
+                 VLLM_HTTP_TIMEOUT_KEEP_ALIVE="0.5") as (port, _):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn.connect()
+        time.sleep(1.0)  # uvicorn arms the timeout after a response, not when a client connects
+        for _ in range(2):  # the second request reuses the connection within the timeout
+            conn.request("GET", "/health")
+            assert conn.getresponse().read() == b""
+        sock = conn.sock
+        time.sleep(1.0)
+        sock.settimeout(2)
+        assert sock.recv(1) == b""  # the server closed it (EOF), as uvicorn does
+        conn.close()

@@ -451,6 +451,7 @@ class Standin:
             force_usage=bool(a.enable_force_include_usage),
             access_log=not a.disable_uvicorn_access_log,
             log_stats=not a.disable_log_stats,
+            keep_alive_timeout=_env_float("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", 5.0),
         )
         host = a.host or "0.0.0.0"
         logs.line(logs.API, "INFO", "api_server.py:598", "Supported tasks: ['generate']")

@@ -127,6 +127,7 @@ class Connection(asyncio.Protocol):
         self.active: Request | None = None
         self.transport: asyncio.Transport | None = None
         self.peer = ("", 0)
+        self.idle: asyncio.TimerHandle | None = None
 
     # --- asyncio protocol ------------------------------------------------------------------
 
@@ -135,12 +136,26 @@ class Connection(asyncio.Protocol):
         self.peer = transport.get_extra_info("peername") or ("", 0)
         self.app.connections.add(self)
 
+    def _await_next_request(self) -> None:
+        """Like uvicorn's timeout_keep_alive: armed when a response completed (not when the
+        connection opened), a connection idle that long after its last response is closed."""
+        self.idle = asyncio.get_running_loop().call_later(
+            self.app.keep_alive_timeout, self.transport.close
+        )
+
+    def _stop_idle_timer(self) -> None:
+        if self.idle is not None:
+            self.idle.cancel()
+            self.idle = None
+
     def data_received(self, data: bytes) -> None:
+        self._stop_idle_timer()
         self.buffer += data
         if not self.busy:
             self._next()
 
     def connection_lost(self, exc) -> None:
+        self._stop_idle_timer()
         self.app.connections.discard(self)
         if self.active is not None:
             self.app.engine.abort(self.active)
@@ -181,6 +196,8 @@ class Connection(asyncio.Protocol):
             self.transport.close()
         elif self.buffer:
             asyncio.get_running_loop().call_soon(self._next)
+        else:
+            self._await_next_request()
 
     # --- responses -------------------------------------------------------------------------
 
@@ -246,6 +263,7 @@ class App:
         force_usage: bool,
         access_log: bool,
         log_stats: bool,
+        keep_alive_timeout: float = 5.0,
     ):
         self.engine = engine
         self.served_names = served_names
@@ -257,6 +275,7 @@ class App:
         self.force_usage = force_usage
         self.access_log = access_log
         self.log_stats = log_stats
+        self.keep_alive_timeout = keep_alive_timeout
         self.created = int(time.time())
         self.connections: set[Connection] = set()
         self.routes = {
