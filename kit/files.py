@@ -186,6 +186,8 @@ def hand_edits(root: Path, changes: list[Change], manifest: dict[str, str]) -> l
     edited = []
     for change in changes:
         key = str(change.output.path)
+        if change.old == change.output.content:
+            continue  # only the mode differs (a git checkout drops 0600): nothing to lose
         if change.output.generated and change.old is not None and key in manifest:
             if digest(change.old) != manifest[key]:
                 edited.append(change)

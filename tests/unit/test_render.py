@@ -3,6 +3,7 @@
 import os
 import random
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -243,3 +244,16 @@ def test_a_spec_that_cannot_start_is_refused_before_anything_is_written(site: Pa
     assert result.exit_code == 2
     assert "cannot start" in result.output and "kit plan" in result.output
     assert tree(site) == before
+
+
+def test_a_fresh_clone_renders_over_its_golden_files(example_site: Path) -> None:
+    """The README's first command: git checks the golden files out 0644 and there is no
+    manifest yet; files whose content is what kit renders are not "edited by hand"."""
+    for name in GOLDEN:
+        target = example_site / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes((REPO / name).read_bytes())
+        target.chmod(0o644)
+    result = render(str(example_site / "site.yaml"))
+    assert result.exit_code == 0, result.output
+    assert stat.S_IMODE((example_site / "compose" / "llama8b.env").stat().st_mode) == 0o600
