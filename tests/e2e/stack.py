@@ -41,6 +41,17 @@ SERVED_NAME = "tiny-chat"
 RELOAD_TIMEOUT_S = 20
 
 
+class _SpecDumper(yaml.SafeDumper):
+    """Writes a value shared by two keys out twice: a site spec refuses YAML anchors."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
+
+
+def write_spec(path: Path, spec: dict) -> None:
+    path.write_text(yaml.dump(spec, Dumper=_SpecDumper, sort_keys=False))
+
+
 def kit(*args: str, stdin: str | None = None, timeout: float = 300,
         env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run the kit CLI as an operator would (a fresh process; `env` adds to the environment)."""
@@ -91,7 +102,7 @@ class Site:
                 "env": {"STANDIN_LOAD_SECONDS": "1", **(env or {})},
             } for name, served in {SERVICE: SERVED_NAME, **(more_services or {})}.items()],
         }
-        site.spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        write_spec(site.spec_path, spec)
         rendered = checked(site.kit("render")).stdout
         site.passwords = dict(re.findall(r"^password for (\S+): (\S+)$", rendered, re.MULTILINE))
         return site

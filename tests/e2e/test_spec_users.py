@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from tests.e2e.stack import Site
+from tests.e2e.stack import Site, write_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -19,7 +19,7 @@ def test_a_user_dropped_from_the_spec_gets_401_after_kit_up(
 
     spec = yaml.safe_load(site.spec_path.read_text())
     spec["auth"]["users"] = ["ops"]
-    site.spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    write_spec(site.spec_path, spec)
     up = site.kit("up")
     assert up.returncode == 0, up.stdout + up.stderr
     assert "removed user bob: no longer in auth.users" in up.stdout

@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from kit.cli import cli
 from kit.layout import SiteLayout
 from kit.stack import CONFIG_HASH_LABEL, PROJECT_LABEL, SERVICE_LABEL, load_desired
-from tests.e2e.stack import kit
+from tests.e2e.stack import kit, write_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -50,7 +50,7 @@ class Site:
         return self.root / "site.yaml"
 
     def write(self) -> None:
-        self.spec_path.write_text(yaml.safe_dump(self.spec, sort_keys=False))
+        write_spec(self.spec_path, self.spec)
 
     def service(self, name: str) -> dict:
         return next(s for s in self.spec["services"] if s["name"] == name)
