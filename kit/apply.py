@@ -4,7 +4,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kit import proxy
+from kit import front_door
+from kit.desired import ServiceState
 from kit.docker_api import Engine
 from kit.observe import ContainerState, read_proxy_loaded, write_proxy_loaded
 from kit.reconcile import (
@@ -20,7 +21,6 @@ from kit.reconcile import (
     StartContainer,
     WaitHealthy,
 )
-from kit.stack import ServiceState
 
 
 @dataclass(frozen=True)
@@ -54,9 +54,9 @@ class Executor:
                 self._create(service)
             case StartContainer(service=service, container=container):
                 self.engine.start(container.id)
-                proxy.record_loaded(self.applied, service, container.id)
+                front_door.record_loaded(self.applied, service, container.id)
             case ReloadProxy(service=service, container=container):
-                proxy.reload(self.engine, service, container, self.applied)
+                front_door.reload(self.engine, service, container, self.applied)
             case WaitHealthy(services=services):
                 self.wait(services)
 
@@ -76,5 +76,5 @@ class Executor:
             aliases=[service.name, service.container_name],
         )
         self.engine.start(container_id)
-        proxy.record_loaded(self.applied, service, container_id)
+        front_door.record_loaded(self.applied, service, container_id)
 

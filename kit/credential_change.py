@@ -3,7 +3,7 @@
 Every credential verb runs through `live_change`. Under the site's credential lock it snapshots
 the files; the caller computes the new ones (every refusal comes before anything is written);
 the engine is reached before the first write, so when it cannot be the files stay as they were;
-then the files are installed, the running nginx reloads in place (kit/proxy.py, the reload
+then the files are installed, the running nginx reloads in place (kit/front_door.py, the reload
 `kit up` uses) and logins through the front door prove the change live. Any failure after the
 first write — a write error, `nginx -t`, the reload, the proof, an interrupt — restores the
 previous files byte for byte (with a fresh auth epoch, so no verdict cached meanwhile survives)
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from kit.access import (
+from kit.credential_files import (
     Credentials,
     Snapshot,
     check_current,
@@ -27,15 +27,15 @@ from kit.access import (
     without_key,
     without_user,
 )
-from kit.access import write as write_files
+from kit.credential_files import write as write_files
+from kit.desired import PROXY_SERVICE, load_desired
 from kit.docker_api import Engine
 from kit.errors import KitError
+from kit.front_door import Connection, reload, running_proxy
 from kit.layout import SiteLayout
 from kit.observe import ContainerState
 from kit.probe import basic_header
-from kit.proxy import Connection, reload, running_proxy
 from kit.spec import Spec
-from kit.stack import PROXY_SERVICE, load_desired
 
 OFFLINE = "--offline"
 

@@ -16,8 +16,8 @@ import docker.errors
 import requests
 from docker.types import DeviceRequest, LogConfig, Mount, Ulimit
 
+from kit.desired import ContainerConfig, GpuRequest, NetworkState, VolumeState
 from kit.errors import KitError
-from kit.stack import ContainerConfig, GpuRequest, NetworkState, VolumeState
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 CONNECT_ERRORS = {  # errno → what it means for the engine's address, in the operator's words

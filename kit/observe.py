@@ -10,9 +10,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from kit.docker_api import Engine
-from kit.files import atomic_write
-from kit.stack import (
+from kit.desired import (
     CONFIG_HASH_LABEL,
     CONTAINER_NUMBER_LABEL,
     DEPENDS_ON_LABEL,
@@ -22,6 +20,8 @@ from kit.stack import (
     VOLUME_LABEL,
     project_filter,
 )
+from kit.docker_api import Engine
+from kit.files import atomic_write
 from kit.state import json_object, read_state
 
 

@@ -12,8 +12,8 @@ to was replaced (nginx resolves upstream names when it loads its config).
 
 from dataclasses import dataclass
 
+from kit.desired import DesiredState, NetworkState, ServiceState, VolumeState
 from kit.observe import ContainerState, ObservedState
-from kit.stack import DesiredState, NetworkState, ServiceState, VolumeState
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ def changes(plan: list[Action]) -> list[Action]:
     return [action for action in plan if action.is_change]
 
 
-def plan_up(desired: DesiredState, observed: ObservedState) -> list[Action]:
+def up_actions(desired: DesiredState, observed: ObservedState) -> list[Action]:
     """The actions that make the running stack what the rendered compose file describes."""
     removals: list[Action] = []
     kept: dict[str, ContainerState] = {}
@@ -262,7 +262,7 @@ def _reload_action(
     return ReloadProxy(service, container, "; ".join(reasons)) if reasons else None
 
 
-def plan_down(observed: ObservedState, volumes: bool) -> list[Action]:
+def down_actions(observed: ObservedState, volumes: bool) -> list[Action]:
     """Remove every container of the project, dependents before what they depend on (the
     proxy before its backends), then its networks, and its volumes only when asked."""
     plan: list[Action] = []

@@ -17,7 +17,7 @@ from pathlib import Path
 import jinja2
 
 from kit import __version__
-from kit.access import credential_lock
+from kit.credential_files import credential_lock
 from kit.credentials import (
     SECRET,
     AuthFiles,
@@ -27,6 +27,7 @@ from kit.credentials import (
     unshown_passwords,
     unshown_passwords_output,
 )
+from kit.desired import VERIFIER_SERVICE
 from kit.envfile import env_file_text
 from kit.errors import BadInput
 from kit.files import (
@@ -54,7 +55,6 @@ from kit.plan import (
 )
 from kit.site import Site
 from kit.spec import Spec, spec_warnings
-from kit.stack import VERIFIER_SERVICE
 from kit.tls import acme_files, self_signed_files, tls_outputs, user_files
 
 # What may stand bare in an nginx directive: no space, quote, `;`, `{`, `}`, `#` or `$`.

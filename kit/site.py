@@ -11,9 +11,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kit.desired import DesiredState, load_desired
 from kit.layout import SiteLayout
 from kit.spec import Spec, load_spec
-from kit.stack import DesiredState, load_desired
 
 if TYPE_CHECKING:  # docker-py loads only for the verbs that talk to the engine
     from kit.docker_api import Engine

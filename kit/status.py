@@ -6,7 +6,7 @@ from pathlib import Path
 
 from kit.docker_api import Engine
 from kit.observe import ContainerState
-from kit.reconcile import changes, plan_up
+from kit.reconcile import changes, up_actions
 from kit.render import render_site
 from kit.site import Site
 from kit.state import json_object, read_state
@@ -50,7 +50,7 @@ def gather(site: Site, engine: Engine) -> StackStatus:
     return StackStatus(
         site=site.desired.project,
         containers=observed.containers,
-        drift=tuple(str(action) for action in changes(plan_up(site.desired, observed))),
+        drift=tuple(str(action) for action in changes(up_actions(site.desired, observed))),
         render_pending=tuple(str(change.output.path) for change in pending),
         last_probe=_last_probe(site.layout.last_probe),
     )

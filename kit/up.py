@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from kit.apply import Executor
+from kit.desired import GpuRequest, ServiceState
 from kit.docker_api import Engine, connect
 from kit.errors import BadInput, KitError
 from kit.observe import ObservedState
@@ -28,12 +29,11 @@ from kit.reconcile import (
     RecreateContainer,
     StartContainer,
     changes,
-    plan_up,
+    up_actions,
 )
 from kit.render import RenderResult, render_site
 from kit.site import Site
 from kit.spec import Spec
-from kit.stack import GpuRequest, ServiceState
 from kit.wait import wait_healthy
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ def converge(
     started = time.monotonic()
     engine = connect()
     observed = site.observe(engine)
-    plan = plan_up(site.desired, observed)
+    plan = up_actions(site.desired, observed)
     if plan:
         preflight(engine, site, observed, plan, report)
         Executor(

@@ -11,11 +11,11 @@ import sys
 import time
 from dataclasses import dataclass
 
+from kit.desired import SERVICE_LABEL, DesiredState, ServiceState, project_filter
 from kit.diagnose import diagnose
 from kit.docker_api import Engine
 from kit.errors import KitError
 from kit.observe import ContainerState, container_state
-from kit.stack import SERVICE_LABEL, DesiredState, ServiceState, project_filter
 
 POLL_SECONDS = 0.5
 LOG_TAIL_LINES = 40

@@ -7,7 +7,7 @@ import click
 from kit.apply import Executor
 from kit.commands.options import spec_argument
 from kit.docker_api import connect
-from kit.reconcile import plan_down
+from kit.reconcile import down_actions
 from kit.site import Site
 
 
@@ -18,7 +18,7 @@ def down(spec: Path, volumes: bool) -> None:
     """Stop and remove the containers and networks of SPEC's stack (default ./site.yaml)."""
     site = Site.load(spec, check_host=False)
     engine = connect()
-    plan = plan_down(site.observe(engine, with_images=False), volumes)
+    plan = down_actions(site.observe(engine, with_images=False), volumes)
     Executor(engine, site.layout.applied, wait=lambda _: None, report=click.echo).run(plan)
     kept = "" if volumes else " (volumes kept; --volumes removes them)"
     click.echo(f"stack {site.project}: nothing left running{kept}" if plan else

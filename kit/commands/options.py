@@ -11,8 +11,8 @@ from kit.spec import DEFAULT_SPEC
 
 if TYPE_CHECKING:  # imported when a credential verb runs, not by every verb
     from kit.credential_change import Outcome
+    from kit.front_door import Connection
     from kit.layout import SiteLayout
-    from kit.proxy import Connection
     from kit.spec import Spec
 
 spec_argument = click.argument(
@@ -60,9 +60,9 @@ def credential_site(
 ) -> "tuple[Spec, SiteLayout, str, Connection | None]":
     """(spec, layout, name, connection) for the verbs that change credentials of a rendered
     site; the connection is the real engine and front door, or None with --offline."""
-    from kit.access import require_rendered
+    from kit.credential_files import require_rendered
+    from kit.front_door import LIVE
     from kit.layout import SiteLayout
-    from kit.proxy import LIVE
     from kit.spec import load_spec
 
     spec_path, name = spec_and_name(values, what)

@@ -2,7 +2,6 @@
 
 import click
 
-from kit.access import listed_users
 from kit.commands.options import (
     credential_site,
     offline_option,
@@ -12,6 +11,7 @@ from kit.commands.options import (
     with_password_options,
 )
 from kit.credential_change import add_user, remove_user
+from kit.credential_files import listed_users
 
 
 @click.group("users")

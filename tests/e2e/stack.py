@@ -26,10 +26,10 @@ import docker
 import yaml
 
 from kit.credentials import KEY_PREFIX
+from kit.desired import NETWORK_LABEL, PROJECT_LABEL, SERVICE_LABEL, VERIFIER_SERVICE
 from kit.layout import SiteLayout
 from kit.probe import Gate, basic_header, probe_password, target_for
 from kit.spec import load_spec
-from kit.stack import NETWORK_LABEL, PROJECT_LABEL, SERVICE_LABEL, VERIFIER_SERVICE
 from tests.conftest import LLAMA_8B
 from tests.e2e.conftest import IMAGES, REPO
 

@@ -23,8 +23,8 @@ import yaml
 from click.testing import CliRunner
 
 from kit.cli import cli
+from kit.desired import CONFIG_HASH_LABEL, PROJECT_LABEL, SERVICE_LABEL, load_desired
 from kit.layout import SiteLayout
-from kit.stack import CONFIG_HASH_LABEL, PROJECT_LABEL, SERVICE_LABEL, load_desired
 from tests.e2e.stack import kit, write_spec
 
 pytestmark = pytest.mark.e2e

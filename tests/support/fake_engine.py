@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from kit.desired import ContainerConfig, GpuRequest, NetworkState, VolumeState
 from kit.errors import KitError
-from kit.stack import ContainerConfig, GpuRequest, NetworkState, VolumeState
 
 NGINX_WORKER = "nginx: worker process"
 

@@ -12,8 +12,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from kit.desired import VERIFIER_SERVICE
 from kit.layout import NGINX_MOUNT, VERIFIER_AUTH_MOUNT, VERIFIER_MOUNT
-from kit.stack import VERIFIER_SERVICE
 
 MODULES = Path("/usr/lib/nginx/modules")
 

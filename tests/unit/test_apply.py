@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from kit.apply import Executor
+from kit.desired import DesiredState
 from kit.docker_api import Engine
 from kit.errors import KitError
 from kit.observe import observe, read_proxy_loaded
 from kit.plan import NGINX_TEST
-from kit.reconcile import plan_up
-from kit.stack import DesiredState
+from kit.reconcile import up_actions
 from tests.support.fake_engine import FakeEngine
 from tests.unit.test_reconcile import desired_state
 
@@ -35,7 +35,7 @@ def converge(engine: FakeEngine, desired: DesiredState, applied: Path) -> list[s
             engine.set_health(service.container_name, "healthy")
 
     observed = observe(engine, desired.project, tuple(IMAGES), applied)
-    Executor(engine, applied, wait=wait, report=reported.append).run(plan_up(desired, observed))
+    Executor(engine, applied, wait=wait, report=reported.append).run(up_actions(desired, observed))
     return reported
 
 
@@ -63,7 +63,7 @@ def test_from_nothing_the_engine_is_asked_in_the_plans_order(tmp_path: Path) -> 
     assert read_proxy_loaded(applied).container_id == ids["p-nginx-1"]
     engine.set_health("p-nginx-1", "healthy")
     observed = observe(engine, desired.project, tuple(IMAGES), applied)
-    assert plan_up(desired, observed) == []
+    assert up_actions(desired, observed) == []
 
 
 def test_a_changed_backend_is_recreated_and_the_proxy_reloaded_not_restarted(

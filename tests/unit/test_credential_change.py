@@ -12,16 +12,16 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from kit import access
-from kit.access import snapshot, users
+from kit import credential_files
 from kit.credential_change import add_key, add_user, revoke_key, rotate_password
+from kit.credential_files import snapshot, users
+from kit.desired import PROXY_SERVICE, load_desired
 from kit.errors import BadInput, ExitCode, KitError
+from kit.front_door import Connection
 from kit.layout import SiteLayout
 from kit.observe import read_proxy_loaded
 from kit.plan import NGINX_TEST
-from kit.proxy import Connection
 from kit.spec import Spec, load_spec
-from kit.stack import PROXY_SERVICE, load_desired
 from tests.conftest import tree
 from tests.support.cli import run_kit
 from tests.support.fake_engine import FakeEngine
@@ -134,7 +134,7 @@ def test_a_failed_write_restores_what_was_written(
     live: Live, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The disk fills after keys.json and keys.map were replaced, before htpasswd."""
-    real_write = access.atomic_write
+    real_write = credential_files.atomic_write
     failures = [live.layout.htpasswd]
 
     def atomic_write(path: Path, *args) -> None:
@@ -143,7 +143,7 @@ def test_a_failed_write_restores_what_was_written(
             raise OSError(28, "No space left on device", str(path))
         real_write(path, *args)
 
-    monkeypatch.setattr(access, "atomic_write", atomic_write)
+    monkeypatch.setattr(credential_files, "atomic_write", atomic_write)
     before = live.credential_files()
     with pytest.raises(KitError) as failed:
         revoke_key(live.spec, live.layout, "bot", live.connection())

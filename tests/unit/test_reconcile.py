@@ -9,6 +9,7 @@ import docker.errors
 import pytest
 import requests
 
+from kit.desired import DesiredState, parse_compose
 from kit.docker_api import explain
 from kit.errors import KitError
 from kit.observe import (
@@ -19,11 +20,10 @@ from kit.observe import (
     container_state,
     parse_time,
 )
-from kit.reconcile import Action, changes, plan_down, plan_up
+from kit.reconcile import Action, changes, down_actions, up_actions
 from kit.spec import Spec, parse_spec
-from kit.stack import DesiredState, parse_compose
 from kit.up import check_ports, show_pull
-from tests.unit.test_stack import rendered, write_site
+from tests.unit.test_desired import rendered, write_site
 
 
 def describe(plan: list[Action]) -> str:
@@ -122,7 +122,7 @@ def with_container(observed: ObservedState, service: str, **changed) -> Observed
 
 def test_from_nothing_creates_backends_waits_then_creates_the_proxy(site: Path) -> None:
     empty = ObservedState((), (), (), {}, None)
-    assert describe(plan_up(desired_state(site), empty)) == (
+    assert describe(up_actions(desired_state(site), empty)) == (
         "create network p_backend: not found\n"
         "create network p_frontend: not found\n"
         "create volume p_cache: not found\n"
@@ -136,13 +136,13 @@ def test_from_nothing_creates_backends_waits_then_creates_the_proxy(site: Path) 
 
 def test_a_service_depending_on_the_proxy_waits_for_it(site: Path) -> None:
     empty = ObservedState((), (), (), {}, None)
-    plan = describe(plan_up(desired_state(site, certbot=True), empty)).splitlines()
+    plan = describe(up_actions(desired_state(site, certbot=True), empty)).splitlines()
     assert plan[-3:] == [
         "create container p-nginx-1: not found",
         "wait until healthy nginx: certbot depends on it; just started",
         "create container p-certbot-1: not found",
     ]
-    down = describe(plan_down(running(desired_state(site, certbot=True)), volumes=False))
+    down = describe(down_actions(running(desired_state(site, certbot=True)), volumes=False))
     assert down.splitlines()[:2] == [
         "remove container p-certbot-1: kit down",
         "remove container p-nginx-1: kit down",
@@ -151,17 +151,17 @@ def test_a_service_depending_on_the_proxy_waits_for_it(site: Path) -> None:
 
 def test_an_unchanged_healthy_stack_gives_an_empty_plan(site: Path) -> None:
     desired = desired_state(site)
-    assert plan_up(desired, running(desired)) == []
+    assert up_actions(desired, running(desired)) == []
 
 
 def test_the_rendered_site_unchanged_gives_an_empty_plan(tmp_path: Path) -> None:
     desired = rendered(write_site(tmp_path))
-    assert plan_up(desired, running(desired)) == []
+    assert up_actions(desired, running(desired)) == []
 
 
 def test_one_changed_backend_is_recreated_and_the_proxy_reloaded_after_it(site: Path) -> None:
     observed = running(desired_state(site))
-    plan = plan_up(desired_state(site, seqs=16), observed)
+    plan = up_actions(desired_state(site, seqs=16), observed)
     old, new = observed.of("a")[0].config_hash or "", desired_state(site, seqs=16).service("a")
     assert describe(plan) == (
         f"recreate container p-a-1: config changed (hash {old[:12]} -> {new.config_hash[:12]})\n"
@@ -173,7 +173,7 @@ def test_one_changed_backend_is_recreated_and_the_proxy_reloaded_after_it(site: 
 def test_a_proxy_config_change_is_a_reload_not_a_recreate(site: Path) -> None:
     observed = running(desired_state(site))
     (site / "nginx" / "nginx.conf").write_text("events { worker_connections 512; }\n")
-    assert describe(plan_up(desired_state(site), observed)) == (
+    assert describe(up_actions(desired_state(site), observed)) == (
         "reload p-nginx-1: its mounted config files changed"
     )
 
@@ -181,14 +181,14 @@ def test_a_proxy_config_change_is_a_reload_not_a_recreate(site: Path) -> None:
 def test_a_proxy_whose_loaded_config_is_not_recorded_is_reloaded(site: Path) -> None:
     desired = desired_state(site)
     observed = replace(running(desired), proxy_loaded=ProxyLoaded("id-other", "x"))
-    assert describe(plan_up(desired, observed)) == (
+    assert describe(up_actions(desired, observed)) == (
         "reload p-nginx-1: the config it loaded is not recorded"
     )
 
 
 def test_a_removed_service_is_removed_and_the_rest_kept(site: Path) -> None:
     observed = running(desired_state(site))
-    plan = plan_up(desired_state(site, backends=("a",)), observed)
+    plan = up_actions(desired_state(site, backends=("a",)), observed)
     assert describe(plan).splitlines()[0] == (
         "remove container p-b-1: service no longer in the compose file"
     )
@@ -198,7 +198,7 @@ def test_a_removed_service_is_removed_and_the_rest_kept(site: Path) -> None:
 def test_an_exited_backend_is_started_and_waited_for(site: Path) -> None:
     desired = desired_state(site)
     observed = with_container(running(desired), "b", state="exited", exit_code=1, health=None)
-    assert describe(plan_up(desired, observed)) == (
+    assert describe(up_actions(desired, observed)) == (
         "start container p-b-1: exited (exit code 1)\n"
         "wait until healthy b: nginx depends on it; just started\n"
         "reload p-nginx-1: re-resolve b (restarted)"
@@ -208,7 +208,7 @@ def test_an_exited_backend_is_started_and_waited_for(site: Path) -> None:
 def test_an_unhealthy_but_unchanged_backend_is_waited_for_without_changes(site: Path) -> None:
     desired = desired_state(site)
     observed = with_container(running(desired), "a", health="starting")
-    plan = plan_up(desired, observed)
+    plan = up_actions(desired, observed)
     assert describe(plan) == "wait until healthy a: health starting"
     assert changes(plan) == []
 
@@ -216,7 +216,7 @@ def test_an_unhealthy_but_unchanged_backend_is_waited_for_without_changes(site: 
 def test_an_updated_image_recreates_its_containers(site: Path) -> None:
     desired = desired_state(site)
     observed = replace(running(desired), image_ids={"vllm:1": "img-new", "nginx:1": "img-nginx:1"})
-    lines = describe(plan_up(desired, observed)).splitlines()
+    lines = describe(up_actions(desired, observed)).splitlines()
     assert lines[:2] == [
         "recreate container p-a-1: image vllm:1 was updated",
         "recreate container p-b-1: image vllm:1 was updated",
@@ -228,12 +228,12 @@ def test_extra_containers_of_a_service_are_removed(site: Path) -> None:
     observed = running(desired)
     extra = replace(observed.of("a")[0], id="id-a2", name="p_a_2", number=2)
     observed = replace(observed, containers=(*observed.containers, extra))
-    assert describe(plan_up(desired, observed)) == "remove container p_a_2: extra container of a"
+    assert describe(up_actions(desired, observed)) == "remove container p_a_2: extra container of a"
 
 
 def test_a_network_whose_config_changed_is_recreated_with_its_containers(site: Path) -> None:
     observed = running(desired_state(site))
-    plan = plan_up(desired_state(site, internal=False), observed)
+    plan = up_actions(desired_state(site, internal=False), observed)
     assert describe(plan) == (
         "remove container p-a-1: its network is recreated\n"
         "remove container p-b-1: its network is recreated\n"
@@ -252,14 +252,14 @@ def test_down_removes_dependents_first_then_networks_and_volumes_only_when_asked
     site: Path,
 ) -> None:
     observed = running(desired_state(site))
-    assert describe(plan_down(observed, volumes=False)) == (
+    assert describe(down_actions(observed, volumes=False)) == (
         "remove container p-nginx-1: kit down\n"
         "remove container p-a-1: kit down\n"
         "remove container p-b-1: kit down\n"
         "remove network p_backend: kit down\n"
         "remove network p_frontend: kit down"
     )
-    assert describe(plan_down(observed, volumes=True)).endswith(
+    assert describe(down_actions(observed, volumes=True)).endswith(
         "remove volume p_cache: kit down --volumes"
     )
 

@@ -20,7 +20,7 @@ import bcrypt
 import pytest
 from click.testing import Result
 
-from kit.access import with_password, write
+from kit.credential_files import with_password, write
 from kit.credentials import parse_htpasswd
 from kit.files import digest
 from kit.layout import PROBE_USER, SiteLayout

@@ -11,12 +11,12 @@ import pytest
 import yaml
 from click.testing import Result
 
-from kit.access import with_password, write
+from kit.credential_files import with_password, write
 from kit.credentials import parse_htpasswd
+from kit.desired import load_desired
 from kit.envfile import env_file_text, parse_env_file
 from kit.errors import KitError
 from kit.layout import SiteLayout
-from kit.stack import load_desired
 from kit.status import _last_probe
 from kit.tls import new_ca, new_server_cert
 from tests.support.cli import run_kit

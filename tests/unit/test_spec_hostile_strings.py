@@ -26,8 +26,8 @@ from tests.conftest import LLAMA_8B
 from tests.support import nginx_ns
 from tests.support.cli import run_kit
 from tests.support.nginx_structure import structure
-from tests.unit.test_bad_specs import certificate
-from tests.unit.test_rendered_configs import services_of
+from tests.unit.test_render_configs import services_of
+from tests.unit.test_spec_bad_inputs import certificate
 
 EXAMPLES_PER_FIELD = 40
 NGINX_CHECKS_PER_FIELD = 2  # nginx -t runs (~0.3 s each) on accepted values that changed the conf

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from kit.spec import MAX_TIMEOUT, Spec
 from tests.support import nginx_ns
 from tests.support.cli import run_kit
-from tests.unit.test_rendered_configs import compose_binaries, services_of
+from tests.unit.test_render_configs import compose_binaries, services_of
 
 # Keys whose extreme cannot be taken alone: (path, at minimum, at maximum).
 PAIRED = {

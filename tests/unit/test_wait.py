@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from kit.desired import DesiredState
 from kit.errors import KitError
-from kit.stack import DesiredState
 from kit.wait import wait_healthy
 from tests.conftest import REPO
 from tests.support.fake_engine import FakeEngine

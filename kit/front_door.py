@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from kit.desired import PROXY_SERVICE, SERVICE_LABEL, ServiceState, project_filter
 from kit.docker_api import Engine, connect
 from kit.errors import KitError
 from kit.layout import SiteLayout
@@ -17,7 +18,6 @@ from kit.observe import ContainerState, ProxyLoaded, container_state, write_prox
 from kit.plan import NGINX_TEST
 from kit.probe import Gate, ProbeFailure, probe_password, target_for
 from kit.spec import Spec
-from kit.stack import PROXY_SERVICE, SERVICE_LABEL, ServiceState, project_filter
 
 RELOAD_SIGNAL = "SIGHUP"  # nginx re-reads its config and replaces its workers gracefully
 WORKER_PROCESS = "nginx: worker process"  # how a serving nginx worker shows in the process list

@@ -5,11 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kit.errors import KitError
-from kit.layout import SiteLayout
-from kit.render import render_site
-from kit.site import Site
-from kit.stack import (
+from kit.desired import (
     COMPOSE_VERSION,
     CONFIG_FILES_LABEL,
     CONFIG_HASH_LABEL,
@@ -28,6 +24,10 @@ from kit.stack import (
     parse_compose,
     parse_duration,
 )
+from kit.errors import KitError
+from kit.layout import SiteLayout
+from kit.render import render_site
+from kit.site import Site
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_CONFIG = REPO / "tests" / "data" / "models" / "qwen2.5-1.5b-instruct" / "config.json"

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from kit.errors import KitError
+from kit.front_door import reload, running_proxy
 from kit.observe import read_proxy_loaded
 from kit.plan import NGINX_TEST
-from kit.proxy import reload, running_proxy
 from tests.support.fake_engine import FakeEngine
 from tests.unit.test_apply import IMAGES, converge, stack_folder
 from tests.unit.test_reconcile import desired_state

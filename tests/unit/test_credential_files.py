@@ -9,7 +9,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from kit.access import credential_lock, with_password, write
+from kit.credential_files import credential_lock, with_password, write
 from kit.credentials import key_digest, parse_htpasswd
 from kit.layout import SiteLayout
 from tests.conftest import tree

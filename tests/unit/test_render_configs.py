@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kit.desired import VERIFIER_SERVICE, load_desired
 from kit.layout import SiteLayout
-from kit.stack import VERIFIER_SERVICE, load_desired
 from kit.tls import new_ca, new_server_cert
 from tests.conftest import BASE_SPEC, LLAMA_8B, REPO
 from tests.support import nginx_ns
