@@ -36,7 +36,7 @@ from kit.credentials import (
 from kit.errors import BadInput
 from kit.files import atomic_write
 from kit.layout import PROBE_USER, SiteLayout
-from kit.spec import load_spec
+from kit.spec import Spec
 
 
 @dataclass(frozen=True)
@@ -108,10 +108,8 @@ def users(layout: SiteLayout) -> dict[str, str]:
     return parse_htpasswd(_read(layout.htpasswd).decode(), layout.htpasswd)
 
 
-def listed_users(spec_path: Path) -> list[tuple[str, str]]:
+def listed_users(spec: Spec, layout: SiteLayout) -> list[tuple[str, str]]:
     """(user, where it comes from) for every user in the password file, sorted."""
-    spec = load_spec(spec_path)
-    layout = SiteLayout(spec_path.parent)
     require_rendered(layout)
     origins = {PROBE_USER: "kit probe"} | dict.fromkeys(spec.auth.users, "spec")
     return [(user, origins.get(user, "added")) for user in sorted(users(layout))]

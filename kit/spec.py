@@ -30,6 +30,7 @@ from pydantic import (
 )
 
 from kit import names
+from kit.desired import KIT_SERVICES
 from kit.errors import BadInput
 from kit.names import (
     ACME_SERVER,
@@ -57,12 +58,6 @@ from kit.vllm_flags import (
 DEFAULT_SPEC = Path("site.yaml")
 GPU_SHARE_LIMIT = 0.95
 RESERVED_USERS = {"kit-probe"}
-# Compose services kit renders itself, beside the spec's ones.
-RESERVED_SERVICES = {
-    "nginx": "the front door",
-    "kit-auth": "the front door's password verifier",
-    "certbot": "the ACME client (tls.mode acme)",
-}
 # The whole request body sits in one nginx buffer (kit.route reads it): bounded like memory.
 MAX_BODY_BYTES = (1 << 10, 1 << 30)
 MAX_TIMEOUT = 86400  # seconds: a day, for the slowest start or the longest generation
@@ -692,10 +687,10 @@ def _unique_names(services: list[tuple[int, Service]]) -> list[SpecProblem]:
     seen_names: dict[str, int] = {}
     seen_served: dict[str, int] = {}
     for i, service in services:
-        if service.name in RESERVED_SERVICES:
+        if service.name in KIT_SERVICES:
             problems.append(SpecProblem(
                 ("services", i, "name"),
-                f"{service.name!r} is {RESERVED_SERVICES[service.name]}", "choose another name",
+                f"{service.name!r} is {KIT_SERVICES[service.name]}", "choose another name",
             ))
         if service.name in seen_names:
             problems.append(SpecProblem(

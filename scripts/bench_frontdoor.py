@@ -42,8 +42,8 @@ from tests.e2e.conftest import BUILD, pick_free_port  # noqa: E402
 from tests.e2e.stack import (  # noqa: E402
     DOMAIN,
     SERVICE,
+    LiveSite,
     LoadClient,
-    Site,
     cpu_seconds,
     running_site,
 )
@@ -150,7 +150,7 @@ def machine() -> str:
 
 @contextmanager
 def bench_stack(args: argparse.Namespace, prefix: str, *, proxy: dict | None = None,
-                users: tuple[str, ...] = ("ops",)) -> Iterator[tuple[Site, LoadClient]]:
+                users: tuple[str, ...] = ("ops",)) -> Iterator[tuple[LiveSite, LoadClient]]:
     """A site with limits out of the way of the load (or these `proxy` settings), and the load
     client in its network."""
     built = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True)
@@ -170,7 +170,7 @@ def bench_stack(args: argparse.Namespace, prefix: str, *, proxy: dict | None = N
             load.remove()
 
 
-def measure(site: Site, load: LoadClient, args: argparse.Namespace, shape: Shape,
+def measure(site: LiveSite, load: LoadClient, args: argparse.Namespace, shape: Shape,
             targets: list[Target], rounds: int) -> dict[str, list[dict]]:
     """`rounds` rounds over the targets, the order rotating every round; a target is warmed up
     (one run not counted) the first time and whenever its nginx.conf had to be loaded again:
@@ -190,7 +190,7 @@ def measure(site: Site, load: LoadClient, args: argparse.Namespace, shape: Shape
     return results
 
 
-def run_once(site: Site, load: LoadClient, args: argparse.Namespace, shape: Shape,
+def run_once(site: LiveSite, load: LoadClient, args: argparse.Namespace, shape: Shape,
              target: Target) -> dict:
     nginx = site.nginx
     before = cpu_seconds(nginx)

@@ -62,14 +62,12 @@ def credential_site(
     site; the connection is the real engine and front door, or None with --offline."""
     from kit.credential_files import require_rendered
     from kit.front_door import LIVE
-    from kit.layout import SiteLayout
-    from kit.spec import load_spec
+    from kit.site import Site
 
     spec_path, name = spec_and_name(values, what)
-    spec = load_spec(spec_path)
-    layout = SiteLayout(spec_path.parent)
-    require_rendered(layout)
-    return spec, layout, name, None if offline else LIVE
+    site = Site.load(spec_path)
+    require_rendered(site.layout)
+    return site.spec, site.layout, name, None if offline else LIVE
 
 
 def read_passwords(

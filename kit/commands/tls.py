@@ -4,8 +4,7 @@ import click
 
 from kit.commands.options import spec_argument
 from kit.errors import BadInput
-from kit.layout import SiteLayout
-from kit.spec import load_spec
+from kit.site import Site
 
 
 @click.group("tls")
@@ -17,11 +16,11 @@ def tls_group() -> None:
 @spec_argument
 def ca(spec) -> None:
     """Print the path of the kit CA certificate (self-signed mode): give it to your clients."""
-    loaded = load_spec(spec)
-    if loaded.tls.mode != "self-signed":
-        raise BadInput(f"tls.mode is {loaded.tls.mode}: there is no kit CA",
+    site = Site.load(spec)
+    if site.spec.tls.mode != "self-signed":
+        raise BadInput(f"tls.mode is {site.spec.tls.mode}: there is no kit CA",
                        fix="clients trust your certificate's issuer")
-    path = SiteLayout(spec.parent).ca_cert
+    path = site.layout.ca_cert
     if not path.is_file():
         raise BadInput(f"{path} does not exist yet", fix="run kit render first")
     click.echo(path.resolve())

@@ -12,6 +12,7 @@ from kit.commands.options import (
 )
 from kit.credential_change import add_user, remove_user
 from kit.credential_files import listed_users
+from kit.site import Site
 
 
 @click.group("users")
@@ -53,7 +54,8 @@ def remove(args: tuple[str, ...], offline: bool) -> None:
 @spec_argument
 def list_users(spec) -> None:
     """The users in the password file (marking those the spec lists and kit's probe)."""
-    for user, origin in listed_users(spec):
+    site = Site.load(spec)
+    for user, origin in listed_users(site.spec, site.layout):
         click.echo(f"{user}\t{origin}")
 
 

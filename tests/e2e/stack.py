@@ -67,7 +67,7 @@ def checked(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 
 
 @dataclass
-class Site:
+class LiveSite:
     """A site folder (spec, rendered files, credentials) and its stack on the engine."""
 
     root: Path
@@ -80,7 +80,7 @@ class Site:
     def create(cls, root: Path, client: docker.DockerClient, https_port: int, http_port: int, *,
                prefix: str = "kit", users: tuple[str, ...] = ("ops",), proxy: dict | None = None,
                env: dict[str, str] | None = None, max_num_seqs: int = 256,
-               more_services: dict[str, str] | None = None) -> Site:
+               more_services: dict[str, str] | None = None) -> LiveSite:
         """Write the spec and render it (not up yet): one stand-in service `tiny`, and one per
         `more_services` entry (service name → served name), all sharing GPU 0."""
         site = cls(root, f"{prefix}{secrets.token_hex(3)}", client, https_port)
@@ -274,7 +274,7 @@ class LoadClient:
     """A container on the site's backend network that runs scripts/loadgen.py (read-only mount),
     so the same client reaches nginx and the vLLM services, which publish no port."""
 
-    def __init__(self, site: Site) -> None:
+    def __init__(self, site: LiveSite) -> None:
         self.container = site.client.containers.run(
             CLIENT_IMAGE, ["infinity"], entrypoint=["sleep"], detach=True,
             name=f"{site.name}-loadgen", network=site.network("backend"),
@@ -313,9 +313,9 @@ def cpu_seconds(container) -> float:
 
 @contextmanager
 def running_site(root: Path, client: docker.DockerClient, https_port: int, http_port: int,
-                 **options) -> Iterator[Site]:
+                 **options) -> Iterator[LiveSite]:
     """For scripts without pytest's fixtures: a site that is up, and gone afterwards."""
-    site = Site.create(root, client, https_port, http_port, **options)
+    site = LiveSite.create(root, client, https_port, http_port, **options)
     try:
         site.up()
         yield site

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from kit.probe import basic_header
-from tests.e2e.stack import Site, finished
+from tests.e2e.stack import LiveSite, finished
 
 pytestmark = pytest.mark.e2e
 
@@ -27,15 +27,15 @@ GAP_TOLERANCE_MS = 50
 
 
 @pytest.fixture
-def site(tmp_path, docker_client, test_images, free_port, cleanup_project) -> Site:
-    site = Site.create(tmp_path / "site", docker_client, free_port(), free_port(),
+def site(tmp_path, docker_client, test_images, free_port, cleanup_project) -> LiveSite:
+    site = LiveSite.create(tmp_path / "site", docker_client, free_port(), free_port(),
                        prefix="soak", users=tuple(USERS))
     cleanup_project(site.name)
     site.up()
     return site
 
 
-def test_expiring_verdicts_under_64_streams_fail_nothing_and_check_once(site: Site) -> None:
+def test_expiring_verdicts_under_64_streams_fail_nothing_and_check_once(site: LiveSite) -> None:
     key = site.add_key("soak-bot")
     time.sleep(1.1)  # `keys add` proved a login: leave it out of the count below
     since = time.time()

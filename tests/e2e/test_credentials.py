@@ -11,7 +11,7 @@ import time
 import pytest
 
 from kit.probe import basic_header
-from tests.e2e.stack import SERVED_NAME, Site, finished, kit
+from tests.e2e.stack import SERVED_NAME, LiveSite, finished, kit
 
 pytestmark = pytest.mark.e2e
 
@@ -22,16 +22,18 @@ OLD_REFUSED_WITHIN_S = 1.0
 
 
 @pytest.fixture
-def site(tmp_path, docker_client, test_images, free_port, cleanup_project) -> Site:
+def site(tmp_path, docker_client, test_images, free_port, cleanup_project) -> LiveSite:
     """A one-service site, up, the stand-in pacing a token every TOKEN_INTERVAL_MS."""
-    site = Site.create(tmp_path / "site", docker_client, free_port(), free_port(),
+    site = LiveSite.create(tmp_path / "site", docker_client, free_port(), free_port(),
                        prefix="cred", env={"STANDIN_TOKEN_INTERVAL_MS": str(TOKEN_INTERVAL_MS)})
     cleanup_project(site.name)
     site.up()
     return site
 
 
-def test_a_rotation_under_200_streams_drops_none_and_refuses_the_old_password(site: Site) -> None:
+def test_a_rotation_under_200_streams_drops_none_and_refuses_the_old_password(
+    site: LiveSite,
+) -> None:
     old, new = site.passwords["ops"], "rotated-under-load-7Qx"
     load = site.loadgen(basic_header("ops", old), streams=STREAMS, tokens=TOKENS, announce=True)
     assert load.stderr.readline() == "streaming\n", "the streams did not start"
@@ -55,7 +57,7 @@ def test_a_rotation_under_200_streams_drops_none_and_refuses_the_old_password(si
     assert figures["tokens"] == STREAMS * TOKENS
 
 
-def test_a_new_key_streams_in_the_openai_sdk_and_once_revoked_gets_401(site: Site) -> None:
+def test_a_new_key_streams_in_the_openai_sdk_and_once_revoked_gets_401(site: LiveSite) -> None:
     openai = pytest.importorskip("openai")
     pytest.importorskip("httpx2")  # the HTTP client of openai>=3
     client = site.openai(site.add_key("ci-bot"))
@@ -75,7 +77,7 @@ def test_a_new_key_streams_in_the_openai_sdk_and_once_revoked_gets_401(site: Sit
         client.models.list()
 
 
-def test_a_user_added_gets_in_and_once_removed_gets_401(site: Site) -> None:
+def test_a_user_added_gets_in_and_once_removed_gets_401(site: LiveSite) -> None:
     password = "added-by-the-test-5Kd"
     added = site.kit("users add", "alice", "--password-stdin", stdin=f"{password}\n")
     assert added.returncode == 0, added.stdout + added.stderr
@@ -89,7 +91,7 @@ def test_a_user_added_gets_in_and_once_removed_gets_401(site: Site) -> None:
 
 
 def test_with_the_engine_unreachable_a_rotation_is_refused_and_the_old_password_stays(
-    site: Site, tmp_path
+    site: LiveSite, tmp_path
 ) -> None:
     """A wrong DOCKER_HOST: kit cannot reload or prove, so it changes nothing (exit 1) instead
     of rewriting the files while the running front door keeps the old password."""

@@ -8,7 +8,7 @@ compared exactly and case-sensitively, as vLLM compares them.
 import pytest
 
 from kit.probe import basic_header
-from tests.e2e.stack import SERVED_NAME, Site
+from tests.e2e.stack import SERVED_NAME, LiveSite
 
 pytestmark = pytest.mark.e2e
 
@@ -16,8 +16,8 @@ ERROR_KEYS = ["message", "type", "param", "code"]
 
 
 @pytest.fixture
-def site(tmp_path, docker_client, test_images, free_port, cleanup_project) -> Site:
-    site = Site.create(tmp_path / "site", docker_client, free_port(), free_port(), prefix="ans",
+def site(tmp_path, docker_client, test_images, free_port, cleanup_project) -> LiveSite:
+    site = LiveSite.create(tmp_path / "site", docker_client, free_port(), free_port(), prefix="ans",
                        proxy={"max_body": "2k", "rate_limit_per_ip": 30})
     cleanup_project(site.name)
     site.up()
@@ -33,7 +33,7 @@ def error_of(reply, status: int) -> dict:
     return error
 
 
-def test_refusals_are_openai_errors(site: Site) -> None:
+def test_refusals_are_openai_errors(site: LiveSite) -> None:
     gate = site.gate()
     missing = gate.fetch("GET", "/v1/models", credentials=None)
     assert error_of(missing, 401)["type"] == "AuthenticationError"
@@ -60,7 +60,7 @@ def without_ids(model: dict) -> dict:
                                     for p in model["permission"]]}
 
 
-def test_models_are_found_by_their_exact_name(site: Site) -> None:
+def test_models_are_found_by_their_exact_name(site: LiveSite) -> None:
     gate, ops = site.gate(), site.basic("ops")
     listed = gate.fetch("GET", "/v1/models", credentials=ops).json()["data"]
     one = gate.fetch("GET", f"/v1/models/{SERVED_NAME}", credentials=ops)
@@ -76,15 +76,15 @@ def test_models_are_found_by_their_exact_name(site: Site) -> None:
 
 
 @pytest.fixture
-def two_services(tmp_path, docker_client, test_images, free_port, cleanup_project) -> Site:
-    site = Site.create(tmp_path / "site", docker_client, free_port(), free_port(), prefix="two",
+def two_services(tmp_path, docker_client, test_images, free_port, cleanup_project) -> LiveSite:
+    site = LiveSite.create(tmp_path / "site", docker_client, free_port(), free_port(), prefix="two",
                        more_services={"second": "Second-Chat"})
     cleanup_project(site.name)
     site.up()
     return site
 
 
-def test_each_model_is_answered_by_the_service_that_serves_it(two_services: Site) -> None:
+def test_each_model_is_answered_by_the_service_that_serves_it(two_services: LiveSite) -> None:
     gate, ops = two_services.gate(), two_services.basic("ops")
     listed = {m["id"]: m for m in gate.fetch("GET", "/v1/models", credentials=ops).json()["data"]}
     assert set(listed) == {SERVED_NAME, "Second-Chat"}

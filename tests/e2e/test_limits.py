@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 
 from kit.probe import basic_header
-from tests.e2e.stack import SERVED_NAME, SERVICE, Site, finished
+from tests.e2e.stack import SERVED_NAME, SERVICE, LiveSite, finished
 
 pytestmark = pytest.mark.e2e
 
@@ -24,11 +24,11 @@ WRONG_PASSWORDS = 20
 
 @pytest.fixture
 def make_site(tmp_path, docker_client, test_images, free_port,
-              cleanup_project) -> Callable[..., Site]:
+              cleanup_project) -> Callable[..., LiveSite]:
     """`make_site(**proxy)`: a one-service site with these proxy settings, up."""
 
-    def make(**proxy) -> Site:
-        site = Site.create(tmp_path / "site", docker_client, free_port(), free_port(),
+    def make(**proxy) -> LiveSite:
+        site = LiveSite.create(tmp_path / "site", docker_client, free_port(), free_port(),
                            prefix="lim", proxy=proxy)
         cleanup_project(site.name)
         site.up()

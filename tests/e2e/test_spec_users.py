@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from tests.e2e.stack import Site, write_spec
+from tests.e2e.stack import LiveSite, write_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -11,7 +11,7 @@ pytestmark = pytest.mark.e2e
 def test_a_user_dropped_from_the_spec_gets_401_after_kit_up(
     tmp_path, docker_client, test_images, free_port, cleanup_project
 ) -> None:
-    site = Site.create(tmp_path / "site", docker_client, free_port(), free_port(),
+    site = LiveSite.create(tmp_path / "site", docker_client, free_port(), free_port(),
                        prefix="users", users=("ops", "bob"))
     cleanup_project(site.name)
     site.up()

@@ -17,7 +17,7 @@ from sslyze import (
     ServerScanStatusEnum,
 )
 
-from tests.e2e.stack import DOMAIN, Site
+from tests.e2e.stack import DOMAIN, LiveSite
 
 pytestmark = pytest.mark.e2e
 
@@ -34,14 +34,14 @@ HSTS_MIN_AGE_S = 365 * 24 * 3600
 
 
 @pytest.fixture
-def site(tmp_path, docker_client, test_images, free_port, cleanup_project) -> Site:
-    site = Site.create(tmp_path / "site", docker_client, free_port(), free_port(), prefix="tls")
+def site(tmp_path, docker_client, test_images, free_port, cleanup_project) -> LiveSite:
+    site = LiveSite.create(tmp_path / "site", docker_client, free_port(), free_port(), prefix="tls")
     cleanup_project(site.name)
     site.up()
     return site
 
 
-def scan(site: Site) -> ServerScanResult:
+def scan(site: LiveSite) -> ServerScanResult:
     """sslyze on 127.0.0.1 with the domain in SNI and Host (the certificate is not judged here:
     kit's own gate checks it against the kit CA)."""
     location = ServerNetworkLocation(hostname=DOMAIN, port=site.https_port, ip_address="127.0.0.1")
@@ -81,7 +81,7 @@ def weaknesses(result: ServerScanResult) -> list[str]:
     return found
 
 
-def test_the_rendered_front_door_passes_a_tls_scan(site: Site) -> None:
+def test_the_rendered_front_door_passes_a_tls_scan(site: LiveSite) -> None:
     result = scan(site)
     assert weaknesses(result) == []
     tls12 = {a.cipher_suite.name for a in result.scan_result.tls_1_2_cipher_suites.result
@@ -89,7 +89,7 @@ def test_the_rendered_front_door_passes_a_tls_scan(site: Site) -> None:
     assert "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256" in tls12  # the site key is ECDSA P-256
 
 
-def test_the_scan_names_each_weakness_of_a_weakened_front_door(site: Site) -> None:
+def test_the_scan_names_each_weakness_of_a_weakened_front_door(site: LiveSite) -> None:
     site.load_nginx_conf(site.nginx_conf_with(
         ("ssl_protocols TLSv1.2 TLSv1.3;", "ssl_protocols TLSv1 TLSv1.2 TLSv1.3;"),
         ("ssl_ciphers ", "ssl_ciphers ECDHE-ECDSA-AES128-SHA:@SECLEVEL=0:"),

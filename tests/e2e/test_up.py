@@ -37,7 +37,7 @@ HEALTHY_TIMEOUT_S = 120
 
 
 @dataclass
-class Site:
+class EditedSite:
     """A site folder with a spec this test edits, and the engine it runs on."""
 
     root: Path
@@ -93,7 +93,7 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = HEALTH
         time.sleep(0.5)
 
 
-def all_healthy(site: Site, services: set[str]) -> bool:
+def all_healthy(site: EditedSite, services: set[str]) -> bool:
     containers = site.containers()
     return set(containers) == services and all(
         c.attrs["State"].get("Health", {}).get("Status") == "healthy" for c in containers.values()
@@ -103,10 +103,10 @@ def all_healthy(site: Site, services: set[str]) -> bool:
 @pytest.fixture
 def make_site(
     tmp_path: Path, docker_client, test_images, free_port, cleanup_project
-) -> Iterator[Callable[..., Site]]:
-    """Site factory: `make_site(backends=2)` writes a spec with `alpha` (GPU 0) and `beta`."""
+) -> Iterator[Callable[..., EditedSite]]:
+    """EditedSite factory: `make_site(backends=2)` writes a spec with `alpha` (GPU 0) and `beta`."""
 
-    def make(backends: int = 1) -> Site:
+    def make(backends: int = 1) -> EditedSite:
         name = f"kitup{secrets.token_hex(3)}"
         cleanup_project(name)
         models = tmp_path / "models"
@@ -116,7 +116,7 @@ def make_site(
                    "env": {"STANDIN_LOAD_SECONDS": "2"}}
         services = [{"name": "alpha", **backend, "gpus": [0]},
                     {"name": "beta", **backend, "gpus": [1, 2]}][:backends]
-        site = Site(tmp_path / name, name, docker_client)
+        site = EditedSite(tmp_path / name, name, docker_client)
         site.root.mkdir()
         site.spec = {
             "site": name,

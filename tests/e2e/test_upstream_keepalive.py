@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.e2e.stack import SERVICE, Site, finished, nginx_workers
+from tests.e2e.stack import SERVICE, LiveSite, finished, nginx_workers
 
 pytestmark = pytest.mark.e2e
 
@@ -28,15 +28,15 @@ RETRIED = re.compile(r"urt=[\d.]+, [\d.]+")  # two upstream attempts in one acce
 
 
 @pytest.fixture
-def site(tmp_path, docker_client, test_images, free_port, cleanup_project) -> Site:
-    site = Site.create(tmp_path / "site", docker_client, free_port(), free_port(), prefix="ka",
+def site(tmp_path, docker_client, test_images, free_port, cleanup_project) -> LiveSite:
+    site = LiveSite.create(tmp_path / "site", docker_client, free_port(), free_port(), prefix="ka",
                        env={"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(IDLE_CLOSE_S)})
     cleanup_project(site.name)
     site.up()
     return site
 
 
-def frozen_nginx_run(site: Site) -> tuple[dict, str]:
+def frozen_nginx_run(site: LiveSite) -> tuple[dict, str]:
     """Every client sends a request, then a second one while nginx's workers are stopped and
     the stand-in closes the upstream connections they would reuse; (figures, nginx's log)."""
     since = time.time()
@@ -59,14 +59,14 @@ def frozen_nginx_run(site: Site) -> tuple[dict, str]:
     return figures, site.nginx_log(since - 1)
 
 
-def test_requests_on_connections_vllm_closed_are_retried_not_502(site: Site) -> None:
+def test_requests_on_connections_vllm_closed_are_retried_not_502(site: LiveSite) -> None:
     figures, log = frozen_nginx_run(site)
     assert figures["failures"] == {} and figures["ok"] == 2 * STREAMS, figures
     # the situation did arise: requests met a dead connection and nginx sent them again
     assert RETRIED.search(log), "no request reused a closed connection: the test proves nothing"
 
 
-def test_the_same_run_without_retries_gives_502(site: Site) -> None:
+def test_the_same_run_without_retries_gives_502(site: LiveSite) -> None:
     """The harness can fail: with nginx's retry switched off, the same run meets 502s."""
     site.load_nginx_conf(site.nginx_conf_with(
         ("proxy_next_upstream error non_idempotent;", "proxy_next_upstream off;")))
@@ -74,7 +74,7 @@ def test_the_same_run_without_retries_gives_502(site: Site) -> None:
     assert figures["failures"].get("status 502", 0) > 0, figures
 
 
-def test_a_stream_cut_after_it_began_is_not_sent_again(site: Site) -> None:
+def test_a_stream_cut_after_it_began_is_not_sent_again(site: LiveSite) -> None:
     time.sleep(1.1)  # leave kit up's own requests out of the logs read below
     since = time.time()
     load = site.loadgen(site.basic("ops"), streams=1, tokens=400, announce=True)

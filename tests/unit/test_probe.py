@@ -192,7 +192,7 @@ def serve(tmp_path: Path) -> Iterator:
 
 
 @dataclass(frozen=True)
-class Site:
+class ProbeSite:
     layout: SiteLayout
     ca: tuple[bytes, bytes]  # the kit CA (cert, key) the probe trusts
 
@@ -217,14 +217,14 @@ class Site:
 
 
 @pytest.fixture
-def site(tmp_path: Path) -> Site:
+def site(tmp_path: Path) -> ProbeSite:
     layout = SiteLayout(tmp_path / "site")
     ca = new_ca("probe-test")
     layout.tls_dir.mkdir(parents=True)
     layout.ca_cert.write_bytes(ca[0])
     layout.state_dir.mkdir()
     layout.probe_password.write_text(PASSWORD + "\n")
-    return Site(layout, ca)
+    return ProbeSite(layout, ca)
 
 
 def checks_of(result) -> dict:
@@ -238,7 +238,7 @@ def failed(result) -> dict:
 # --------------------------------------------------------------------------- whole gate
 
 
-def test_a_correct_front_door_passes(site: Site, serve) -> None:
+def test_a_correct_front_door_passes(site: ProbeSite, serve) -> None:
     spec = site.spec(*serve(site.door()))
     result = run_probe(spec, site.layout, timeout=5)
     assert result.ok, result.render()
@@ -256,7 +256,7 @@ def test_a_correct_front_door_passes(site: Site, serve) -> None:
     assert set(recorded["checks"][0]) == {"name", "ok", "detail", "latency_ms", "skipped"}
 
 
-def test_a_buffering_proxy_fails_the_stream_checks(site: Site, serve) -> None:
+def test_a_buffering_proxy_fails_the_stream_checks(site: ProbeSite, serve) -> None:
     spec = site.spec(*serve(site.door(Faults(buffered=True))))
     result = run_probe(spec, site.layout, timeout=5)
     assert set(failed(result)) == {"stream llama-3.1-8b", "stream qwen"}
@@ -265,7 +265,7 @@ def test_a_buffering_proxy_fails_the_stream_checks(site: Site, serve) -> None:
     assert detail.endswith("the proxy buffers SSE — proxy_buffering must be off")
 
 
-def test_a_front_door_without_auth_fails(site: Site, serve) -> None:
+def test_a_front_door_without_auth_fails(site: ProbeSite, serve) -> None:
     spec = site.spec(*serve(site.door(Faults(no_auth=True))))
     result = run_probe(spec, site.layout, timeout=5)
     problems = failed(result)
@@ -277,7 +277,7 @@ def test_a_front_door_without_auth_fails(site: Site, serve) -> None:
     }
 
 
-def test_a_certificate_from_another_ca_fails_before_any_request(site: Site, serve) -> None:
+def test_a_certificate_from_another_ca_fails_before_any_request(site: ProbeSite, serve) -> None:
     other_ca = new_ca("somebody-else")
     cert, key = new_server_cert(DOMAIN, *other_ca)
     spec = site.spec(*serve(FrontDoor(cert, key)))
@@ -289,14 +289,14 @@ def test_a_certificate_from_another_ca_fails_before_any_request(site: Site, serv
     assert "auth-required" not in checks_of(result)  # nothing is sent to an unverified server
 
 
-def test_a_certificate_for_another_name_fails(site: Site, serve) -> None:
+def test_a_certificate_for_another_name_fails(site: ProbeSite, serve) -> None:
     spec = site.spec(*serve(site.door(domain="other.test")))
     result = run_probe(spec, site.layout, timeout=5)
     assert f"does not name {DOMAIN}" in failed(result)["tls"]
 
 
 @pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1_1 is deprecated")
-def test_tls_1_1_accepted_fails(site: Site, serve) -> None:
+def test_tls_1_1_accepted_fails(site: ProbeSite, serve) -> None:
     spec = site.spec(*serve(site.door(Faults(accept_tls_1_1=True))))
     result = run_probe(spec, site.layout, timeout=5)
     legacy = checks_of(result)["tls-below-1.2-refused"]
@@ -306,7 +306,7 @@ def test_tls_1_1_accepted_fails(site: Site, serve) -> None:
     assert "accepted TLSv1.1" in legacy.detail
 
 
-def test_nothing_listening_says_so(site: Site) -> None:
+def test_nothing_listening_says_so(site: ProbeSite) -> None:
     spec = site.spec(1, 2)  # privileged ports nobody listens on in a test run
     result = run_probe(spec, site.layout, timeout=2)
     assert "connection refused — is the stack up (kit up)?" in failed(result)["tls"]
@@ -324,13 +324,13 @@ def run_kit(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     return exited.value.code, out, err
 
 
-def write_spec(site: Site, https_port: int, http_port: int) -> Path:
+def write_spec(site: ProbeSite, https_port: int, http_port: int) -> Path:
     path = site.layout.root / "site.yaml"
     path.write_text(json.dumps(site.spec_data(https_port, http_port)))  # JSON is YAML
     return path
 
 
-def test_cli_exit_codes(site: Site, serve, monkeypatch, capsys) -> None:
+def test_cli_exit_codes(site: ProbeSite, serve, monkeypatch, capsys) -> None:
     good = write_spec(site, *serve(site.door()))
     code, out, _ = run_kit(monkeypatch, capsys, "probe", str(good), "--json")
     assert code == ExitCode.OK and json.loads(out)["ok"] is True
@@ -348,7 +348,7 @@ def test_cli_exit_codes(site: Site, serve, monkeypatch, capsys) -> None:
     assert code == ExitCode.BAD_INPUT and "does not exist" in err
 
 
-def test_missing_ca_is_bad_input(site: Site) -> None:
+def test_missing_ca_is_bad_input(site: ProbeSite) -> None:
     site.layout.ca_cert.unlink()
     with pytest.raises(BadInput, match="run kit render first"):
         run_probe(site.spec(1, 2), site.layout)

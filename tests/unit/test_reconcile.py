@@ -20,9 +20,9 @@ from kit.observe import (
     container_state,
     parse_time,
 )
+from kit.preflight import check_ports, show_pull
 from kit.reconcile import Action, changes, down_actions, up_actions
 from kit.spec import Spec, parse_spec
-from kit.up import check_ports, show_pull
 from tests.unit.test_desired import rendered, write_site
 
 

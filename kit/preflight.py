@@ -1,0 +1,163 @@
+"""Before `kit up` creates or starts anything: what the action list is about to need.
+
+Preflight runs only for what the actions create or start, so an unchanged stack costs one engine
+round trip. Each check names the cause and the fix before anything is changed: model and cache
+folders (bind sources), images (pulled with progress when missing), the engine's NVIDIA device
+support and the GPU indices, and the host ports nginx publishes.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TextIO
+
+from kit.desired import GpuRequest, ServiceState
+from kit.docker_api import Engine
+from kit.errors import BadInput, KitError
+from kit.observe import ObservedState
+from kit.reconcile import Action, CreateContainer, RecreateContainer, StartContainer
+from kit.site import Site
+from kit.spec import Spec
+
+PULL_REPORT_SECONDS = 5  # how often a non-terminal pull display prints a line
+
+
+def _starting_services(actions: list[Action]) -> list[ServiceState]:
+    return [
+        action.service
+        for action in actions
+        if isinstance(action, CreateContainer | RecreateContainer | StartContainer)
+    ]
+
+
+def preflight(
+    engine: Engine,
+    site: Site,
+    observed: ObservedState,
+    actions: list[Action],
+    report: Callable[[str], None],
+) -> None:
+    services = _starting_services(actions)
+    if not services:
+        return
+    if engine.is_local:
+        check_bind_sources(site.spec, services)
+    ensure_images(engine, services, observed, report)
+    check_gpus(engine, site.desired.project, services)
+    if engine.is_local:
+        check_ports(engine, site.spec, services, observed)
+
+
+def check_bind_sources(spec: Spec, services: list[ServiceState]) -> None:
+    """Every host folder a container mounts exists (the engine would refuse to start it)."""
+    keys = {str(spec.models_root): "models_root", str(spec.hf_cache): "hf_cache"}
+    for service in services:
+        for mount in service.config.mounts:
+            if mount.type == "bind" and not Path(mount.source).exists():
+                key = keys.get(mount.source)
+                raise BadInput(
+                    f"{mount.source} does not exist on this host (service {service.name} mounts "
+                    f"it at {mount.target})",
+                    fix=f"create it and put the model folders in it, or set {key} in the spec"
+                    if key else "re-render the site: kit render",
+                )
+
+
+def ensure_images(
+    engine: Engine,
+    services: list[ServiceState],
+    observed: ObservedState,
+    report: Callable[[str], None],
+) -> None:
+    for image in dict.fromkeys(s.config.image for s in services):
+        if observed.image_ids.get(image) is None:
+            report(f"image {image} is not on this host: pulling it")
+            try:
+                show_pull(image, engine.pull(image))
+            except KitError as error:
+                raise KitError(
+                    f"image {image} is not on this host and pulling it failed: {error.message}",
+                    fix=f"pull it where a registry is reachable and load it here "
+                    f"(docker save {image} | ssh <this host> docker load), or set images.* in "
+                    "the spec to an image this host has",
+                ) from None
+
+
+def show_pull(image: str, events: Iterator[dict], stream: TextIO | None = None) -> None:
+    """One line of layer progress, redrawn on a terminal, every few seconds otherwise."""
+    stream = stream or sys.stderr
+    layers: dict[str, tuple[int, int]] = {}
+    done: set[str] = set()
+    shown = 0.0
+    for event in events:
+        layer, detail = event.get("id"), event.get("progressDetail") or {}
+        if layer and detail.get("total"):
+            layers[layer] = (detail.get("current", 0), detail["total"])
+        if layer and event.get("status") in ("Pull complete", "Already exists"):
+            done.add(layer)
+        current = sum(c for c, _ in layers.values()) / 1e6
+        total = sum(t for _, t in layers.values()) / 1e6
+        line = f"  pulling {image}: {len(done)} layer(s) done, {current:.0f}/{total:.0f} MB"
+        if stream.isatty():
+            stream.write(f"\r\x1b[2K{line}")
+        elif time.monotonic() - shown >= PULL_REPORT_SECONDS:
+            stream.write(line + "\n")
+            shown = time.monotonic()
+    stream.write("\n" if stream.isatty() else "")
+
+
+def check_gpus(engine: Engine, project: str, services: list[ServiceState]) -> None:
+    """The engine can hand out every GPU the starting services reserve (driver and indices)."""
+    with_gpus = [s for s in services if s.config.gpus]
+    if not with_gpus:
+        return
+    requests: dict[tuple[str, tuple[str, ...]], set[str]] = {}
+    for service in with_gpus:
+        for gpu in service.config.gpus:
+            requests.setdefault((gpu.driver, gpu.capabilities), set()).update(gpu.device_ids)
+    engine.check_device_request(
+        f"{project}-kit-gpu-check",
+        with_gpus[0].config.image,
+        tuple(
+            GpuRequest(driver, tuple(sorted(ids, key=int)), capabilities)
+            for (driver, capabilities), ids in requests.items()
+        ),
+    )
+
+
+def check_ports(
+    engine: Engine, spec: Spec, services: list[ServiceState], observed: ObservedState
+) -> None:
+    """Host ports the starting services publish are free (ports their own running container
+    holds are freed when it is replaced)."""
+    keys = {spec.proxy.https_port: "proxy.https_port", spec.proxy.http_port: "proxy.http_port"}
+    for service in services:
+        ours = {
+            port for c in observed.of(service.name) if c.running for port in c.host_ports
+        }
+        for port in service.config.ports:
+            if (port.host_ip, port.host_port) in ours or _can_bind(port.host_ip, port.host_port):
+                continue
+            holders = engine.publishers(port.host_port)
+            who = f"container {', '.join(holders)}" if holders else "another process"
+            key = keys.get(port.host_port, "the port")
+            raise KitError(
+                f"{port.host_ip}:{port.host_port} ({key}) is already in use by {who}",
+                fix=f"stop {who}, or set {key} in the spec to a free port",
+            )
+
+
+def _can_bind(host_ip: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host_ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host_ip, port))
+        except OSError as error:
+            return error.errno != errno.EADDRINUSE  # no permission here says nothing about use
+    return True
