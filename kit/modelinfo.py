@@ -118,7 +118,6 @@ class ModelInfo:
     num_key_value_heads: int
     head_dim: int
     hidden_size: int
-    intermediate_size: int | None
     vocab_size: int | None
     torch_dtype: str
     derived_max_model_len: int | None
@@ -260,7 +259,6 @@ def inspect_model_dir(path: Path, *, hf_cache_dir: Path | None = None) -> ModelI
         num_key_value_heads=shapes["kv_heads"],
         head_dim=shapes["head_dim"],
         hidden_size=shapes["hidden"],
-        intermediate_size=_first_int(text, "intermediate_size", "ffn_hidden_size", "n_inner"),
         vocab_size=_first_int(text, "vocab_size", "padded_vocab_size"),
         torch_dtype=_config_dtype(config, text),
         derived_max_model_len=max_len,

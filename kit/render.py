@@ -182,7 +182,6 @@ class RenderResult:
     changes: list[Change]
     new_passwords: list[NewPassword] = field(default_factory=list)  # to print, then forget
     removed_users: list[str] = field(default_factory=list)  # dropped from auth.users: removed
-    unlisted_users: list[str] = field(default_factory=list)  # htpasswd users the spec lacks
     warnings: list[str] = field(default_factory=list)
     recovered: str | None = None  # what finishing an interrupted render did
     written: bool = False
@@ -278,7 +277,6 @@ def render_site(site: Site, *, force: bool = False, dry_run: bool = False) -> Re
         changes = pending_changes(layout.root, outputs)
         result = RenderResult(
             spec, plan, layout, changes, unshown + auth.new_passwords, auth.removed,
-            auth.unlisted,
             spec_warnings(spec, spec_path) + plan.warnings
             + _unlisted(auth.unlisted),
             recovered,
