@@ -14,6 +14,7 @@ from kit.capacity import CapacityReport, plan_capacity
 from kit.errors import BadInput
 from kit.modelinfo import ModelInfo, find_config, free_disk_gib, inspect_model_dir
 from kit.spec import Service, Spec
+from kit.vllm_flags import flag_table, flag_uses
 
 NVIDIA_SMI_QUERY = ["--query-gpu=index,memory.total,name", "--format=csv,noheader,nounits"]
 
@@ -57,9 +58,24 @@ def service_capacity(model: ModelInfo, service: Service, gpu_memory_gib: float,
         quantization=service.quantization,
         dtype=service.dtype,
         max_num_seqs=service.max_num_seqs if service.max_num_seqs != "auto" else None,
-        cuda_graphs_in_budget="--enforce-eager" not in service.extra_args,
+        **_memory_flags(service.extra_args),
         **context,
     )
+
+
+def _memory_flags(extra_args: list[str]) -> dict:
+    """What the service's extra_args change in vLLM's memory account (the last use wins, as in
+    vLLM's parser): eager mode, expert parallel, the batched-token budget."""
+    settings: dict = {"cuda_graphs_in_budget": True}
+    for use in flag_uses(extra_args, flag_table()):
+        name = use.option.canonical if use.option else None
+        if name == "--enforce-eager":
+            settings["cuda_graphs_in_budget"] = False
+        elif name == "--enable-expert-parallel":
+            settings["expert_parallel"] = use.flag != "--disable-expert-parallel"
+        elif name == "--max-num-batched-tokens" and use.values and use.values[-1].isdigit():
+            settings["max_num_batched_tokens"] = int(use.values[-1])
+    return settings
 
 
 @dataclass(frozen=True)

@@ -213,3 +213,24 @@ def test_hf_cache_without_room_for_the_weights_warns(tmp_path, monkeypatch):
                             "--json").output)
     assert any("would fill the disk" in w for w in report["warnings"])
     assert report["weights_source"] == "safetensors headers"
+
+
+@pytest.mark.parametrize(
+    ("extra_args", "expert_parallel", "batched"),
+    [
+        (["-ep", "--max-num-batched-tokens", "4096"], True, 4096),
+        (["--enable-expert-parallel", "--disable-expert-parallel"], False, None),
+        (["--max-num-batched-tokens=8192"], False, 8192),
+    ],
+)
+def test_extra_args_that_change_the_memory_account_reach_it(extra_args, expert_parallel, batched):
+    from kit.modelinfo import inspect_model_dir
+    from kit.service_capacity import service_capacity
+    from kit.spec import Service
+
+    service = Service(name="moe", model="qwen3-30b-a3b", gpus=[0, 1], max_model_len=8192,
+                      extra_args=extra_args)
+    report = service_capacity(inspect_model_dir(MODELS / "qwen3-30b-a3b"), service, 80)
+    assert report.expert_parallel is expert_parallel
+    if batched is not None:
+        assert report.max_num_batched_tokens == batched
