@@ -11,21 +11,21 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kit.errors import BadInput
+from kit.files import read_existing
 
 T = TypeVar("T")
 
 
 def read_state(path: Path, parse: Callable[[str], T], *, fix: str) -> T | None:
-    """`parse` of the file's text; None when it does not exist; BadInput when it is broken."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
+    """`parse` of the file's text; None when it does not exist; BadInput when it is broken.
+
+    Reading is `files.read_existing` (the one rule for absent and unreadable files); what
+    this adds is the parse, with `fix` saying how to recover from a corrupt file."""
+    content = read_existing(path)
+    if content is None:
         return None
-    except (OSError, UnicodeDecodeError) as error:
-        raise BadInput(f"cannot read {path}: {getattr(error, 'strerror', None) or error}",
-                       fix=fix) from None
     try:
-        return parse(text)
+        return parse(content.decode())
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise BadInput(f"{path} is corrupt ({error})", fix=fix) from None
 
