@@ -44,6 +44,11 @@ FORWARD_HIDDEN_COPIES = 4.3  # [tokens, hidden] tensors alive beside the MLP's i
 # parallelism NCCL and custom all-reduce buffers), as logged by vLLM 0.19 on H100.
 RUNTIME_GIB_SINGLE_GPU = 0.25
 RUNTIME_GIB_TENSOR_PARALLEL = 2.1
+# The 2.1 GiB are NCCL's NVLink SHARP (NVLS) buffers, which NCCL sets up only for GPUs on an
+# NVSwitch that supports them: Hopper and Blackwell SXM boards. On PCIe cards, NVLink-bridge pairs
+# (H100 NVL) and A100s, GPUs that talk keep about the single-GPU figure.
+NVLS_GPU_MARKERS = ("h100", "h200", "h800", "h20", "b100", "b200", "b300")
+NO_NVSWITCH_MARKERS = ("pcie", "nvl")
 # vLLM >= 0.21 reserves its CUDA-graph estimate inside the budget. It logs it per mode as a
 # first capture plus (captures - 1) x a per-graph cost; the totals logged for 51 captured sizes
 # were 0.5-1.9 GiB, growing with the number of layers (piecewise graphs).
@@ -317,6 +322,7 @@ def plan_capacity(
     gpu_name: str | None = None,
     cuda_graphs_in_budget: bool = True,
     expert_parallel: bool = False,
+    data_parallel: int = 1,
 ) -> CapacityReport:
     """Plan one service's memory on each of its GPUs the way vLLM will split it.
 
@@ -325,10 +331,15 @@ def plan_capacity(
     GPU (the overhead is then an upper bound for any smaller recommended value).
     `cuda_graphs_in_budget` False matches vLLM < 0.21, --enforce-eager or
     VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0. `expert_parallel` is --enable-expert-parallel:
-    whole experts per GPU instead of a slice of every expert.
+    whole experts per GPU instead of a slice of every expert, spread over the tensor_parallel x
+    `data_parallel` (--data-parallel-size) GPUs of the expert-parallel group.
     """
     _check_inputs(gpu_memory_gib, tensor_parallel, gpu_memory_utilization, max_model_len,
                   kv_cache_dtype)
+    if data_parallel < 1:
+        raise BadInput(f"data_parallel must be at least 1, not {data_parallel}",
+                       fix="give --data-parallel-size as a whole number of replicas, e.g. 2")
+    parallel = Parallelism(tensor_parallel, data_parallel, expert_parallel)
     warnings = list(model.warnings) + _unknown_vocabulary(dtype, kv_cache_dtype, quantization)
     errors = list(model.errors)
     errors.extend(_parallelism_errors(model, tensor_parallel, warnings))
@@ -366,13 +377,13 @@ def plan_capacity(
 
     if expert_parallel and not model.num_experts:
         warnings.append("--enable-expert-parallel has no effect: the model has no experts")
-    weights = _weights_per_gpu(model, weights_gib, quantization, element_bytes, tensor_parallel,
-                               expert_parallel, warnings)
+    weights = _weights_per_gpu(model, weights_gib, quantization, element_bytes, parallel,
+                               warnings)
     weights_per_gpu = weights.bytes / GIB
     peaks = _activation_peaks(model, seqs, batched, element_bytes, tensor_parallel,
                               expert_parallel)
     activation = peaks.total_gib
-    runtime = RUNTIME_GIB_TENSOR_PARALLEL if tensor_parallel > 1 else RUNTIME_GIB_SINGLE_GPU
+    runtime, runtime_rule = non_torch_gib(parallel.communicating_gpus, gpu_name)
     captures = cuda_graph_capture_count(seqs)
     cuda_graphs = (cuda_graph_gib(model.num_hidden_layers, captures)
                    if cuda_graphs_in_budget else 0.0)
@@ -414,10 +425,9 @@ def plan_capacity(
              "--max-num-seqs, --max-num-batched-tokens (defaults depend on the GPU: "
              f"{default_seqs} / {default_batched} here), --tensor-parallel-size, "
              "--enable-expert-parallel"),
-        Term("non-torch memory", runtime,
-             "cuBLAS workspaces" + (", NCCL and custom all-reduce buffers"
-                                    if tensor_parallel > 1 else ""),
-             "--tensor-parallel-size"),
+        Term("non-torch memory", runtime, runtime_rule,
+             "--tensor-parallel-size, --enable-expert-parallel with --data-parallel-size; the "
+             "GPU model (NVSwitch or not)"),
         Term("CUDA graphs", cuda_graphs,
              f"{captures} captured batch sizes (up to min(2 x max_num_seqs, "
              f"{MAX_CUDA_GRAPH_CAPTURE})) x {model.num_hidden_layers} layers"
@@ -527,6 +537,37 @@ def _parallelism_errors(model: ModelInfo, tensor_parallel: int, warnings: list[s
 
 
 @dataclass(frozen=True)
+class Parallelism:
+    """How one instance spreads over its GPUs: tensor-parallel ranks, data-parallel replicas and
+    whether routed experts are split by tensor parallelism or placed whole (expert parallel)."""
+
+    tensor: int
+    data: int = 1
+    expert_parallel: bool = False
+
+    @property
+    def expert_ranks(self) -> int:
+        """GPUs sharing the routed experts: vLLM's expert-parallel group is TP x DP."""
+        return self.tensor * self.data if self.expert_parallel else 1
+
+    @property
+    def communicating_gpus(self) -> int:
+        """GPUs exchanging activations in every layer (all-reduce over TP, all-to-all over EP)."""
+        return max(self.tensor, self.expert_ranks)
+
+    def local_experts(self, experts: int) -> int:
+        """Whole experts on the busiest GPU: vLLM gives the first experts % ranks GPUs one more."""
+        return math.ceil(experts / self.expert_ranks)
+
+    def describe(self) -> str:
+        text = f"tensor_parallel {self.tensor}"
+        if self.expert_parallel:
+            text += (f", experts whole over {self.expert_ranks} expert-parallel GPU(s)"
+                     + (f" (TP x data_parallel {self.data})" if self.data > 1 else ""))
+        return text
+
+
+@dataclass(frozen=True)
 class Weights:
     """Weight bytes on the busiest GPU and how they were counted."""
 
@@ -536,11 +577,11 @@ class Weights:
 
 
 def _weights_per_gpu(model: ModelInfo, weights_gib: float | None, quantization: str | None,
-                     element_bytes: int, tensor_parallel: int, expert_parallel: bool,
-                     warnings: list[str]) -> Weights:
+                     element_bytes: int, parallel: Parallelism, warnings: list[str]) -> Weights:
     """Weights on one GPU: dense parts split by TP, routed experts by TP or (with expert
-    parallelism) whole experts per GPU, the busiest GPU holding ceil(experts / GPUs)."""
-    expert_share = _expert_share(model, tensor_parallel, expert_parallel)
+    parallelism) whole experts per GPU, the busiest GPU holding ceil(experts / EP ranks)."""
+    tensor_parallel = parallel.tensor
+    expert_share = _expert_share(model, parallel)
     if weights_gib is not None:
         return Weights(weights_gib * GIB / tensor_parallel, "given (--weights-gib)",
                        f"{weights_gib:g} GiB / tensor_parallel {tensor_parallel}")
@@ -555,8 +596,7 @@ def _weights_per_gpu(model: ModelInfo, weights_gib: float | None, quantization: 
         experts = total * model.expert_parameter_count / max(model.parameter_count, 1)
         per_gpu = (total - experts) / tensor_parallel + experts * expert_share
         return Weights(per_gpu, "safetensors headers",
-                       f"{total / GIB:.2f} GiB in the checkpoint, split over {tensor_parallel} "
-                       "GPU(s)" + (" (experts whole per GPU)" if expert_parallel else ""))
+                       f"{total / GIB:.2f} GiB in the checkpoint, {parallel.describe()}")
     if model.weights_bytes:
         warnings.append(f"runtime quantization {quantization}: weights estimated from the "
                         "config's parameter count, not from the checkpoint")
@@ -572,12 +612,12 @@ def _weights_per_gpu(model: ModelInfo, weights_gib: float | None, quantization: 
     linear = model.parameter_count - model.embedding_parameter_count \
         - model.vision_parameter_count - experts
     if method in EXPERTS_ONLY_METHODS:
-        expert_bytes = _mxfp4_expert_bytes(model, tensor_parallel, expert_parallel)
+        expert_bytes = _mxfp4_expert_bytes(model, parallel)
         dense_bytes = (unquantized + linear) * element_bytes
         return Weights(dense_bytes / tensor_parallel + expert_bytes,
                        "estimated from config parameters",
                        f"{method}: routed experts at 4.25 bits (padded to {MXFP4_PAD}), "
-                       "attention, router, embeddings at 16 bits")
+                       f"attention, router, embeddings at 16 bits; {parallel.describe()}")
     per_weight = float(element_bytes)
     if bits and bits < element_bytes * 8:
         group = model.quantization_group_size
@@ -589,30 +629,52 @@ def _weights_per_gpu(model: ModelInfo, weights_gib: float | None, quantization: 
                    if per_weight < element_bytes else
                    f"all at {element_bytes * 8} bits (vocabulary padded to 64)")
     return Weights(per_gpu, "estimated from config parameters",
-                   f"{model.parameter_count / 1e9:.2f} B parameters, {linear_rule}, over "
-                   f"{tensor_parallel} GPU(s)")
+                   f"{model.parameter_count / 1e9:.2f} B parameters, {linear_rule}; "
+                   f"{parallel.describe()}")
 
 
-def _expert_share(model: ModelInfo, tensor_parallel: int, expert_parallel: bool) -> float:
+def _expert_share(model: ModelInfo, parallel: Parallelism) -> float:
     """Fraction of all routed-expert weights on the busiest GPU."""
-    if not expert_parallel or not model.num_experts:
-        return 1 / tensor_parallel
-    return math.ceil(model.num_experts / tensor_parallel) / model.num_experts
+    if not parallel.expert_parallel or not model.num_experts:
+        return 1 / parallel.tensor
+    return parallel.local_experts(model.num_experts) / model.num_experts
 
 
-def _mxfp4_expert_bytes(model: ModelInfo, tensor_parallel: int, expert_parallel: bool) -> float:
+def _mxfp4_expert_bytes(model: ModelInfo, parallel: Parallelism) -> float:
     """MXFP4 experts on one GPU, each padded to MXFP4_PAD in both dimensions."""
     experts = model.num_experts or 0
     width = model.moe_intermediate_size or 0
     if not experts or not width:
         return 0.0
     hidden = _round_up(model.hidden_size, MXFP4_PAD)
-    if expert_parallel:
-        local, width = math.ceil(experts / tensor_parallel), _round_up(width, MXFP4_PAD)
+    if parallel.expert_parallel:
+        local, width = parallel.local_experts(experts), _round_up(width, MXFP4_PAD)
     else:
-        local, width = experts, _round_up(math.ceil(width / tensor_parallel), MXFP4_PAD)
+        local, width = experts, _round_up(math.ceil(width / parallel.tensor), MXFP4_PAD)
     per_expert = 3 * hidden * width  # gate and up (2 x width) plus down
     return model.moe_layers * local * per_expert * MXFP4_BYTES_PER_WEIGHT
+
+
+def non_torch_gib(communicating_gpus: int, gpu_name: str | None) -> tuple[float, str]:
+    """Memory outside PyTorch's allocator that vLLM's profiler charges, and why.
+
+    One GPU: cuBLAS workspaces. GPUs that exchange activations add NCCL and custom all-reduce
+    buffers; the large part are NCCL's NVLS buffers, present only on NVSwitch Hopper/Blackwell
+    boards. An unknown GPU model is planned with them (the safe side: fewer tokens).
+    """
+    if communicating_gpus == 1:
+        return RUNTIME_GIB_SINGLE_GPU, "cuBLAS workspaces (one GPU)"
+    name = (gpu_name or "").lower()
+    nvswitch = any(marker in name for marker in NVLS_GPU_MARKERS) and not any(
+        marker in name for marker in NO_NVSWITCH_MARKERS)
+    if nvswitch or not name:
+        which = f"a {gpu_name} (NVSwitch)" if name else "an unknown GPU model, assumed NVSwitch"
+        return RUNTIME_GIB_TENSOR_PARALLEL, (
+            f"cuBLAS workspaces + NCCL NVLink-SHARP and custom all-reduce buffers over "
+            f"{communicating_gpus} GPUs on {which}")
+    return RUNTIME_GIB_SINGLE_GPU, (
+        f"cuBLAS workspaces + small NCCL buffers over {communicating_gpus} GPUs: a {gpu_name} has "
+        "no NVSwitch, so NCCL sets up no NVLink-SHARP buffers")
 
 
 def _round_up(value: int, multiple: int) -> int:

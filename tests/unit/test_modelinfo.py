@@ -115,6 +115,8 @@ def test_awq_quantization_is_read():
         ("kimi-vl-a3b-instruct", 16.4),  # MLA + 64 experts, 2 shared, MoonViT
         ("gpt-oss-20b", 20.9),
         ("mistral-small-3.1-24b-instruct-2503", 24.0),
+        ("qwen3-235b-a22b-instruct-2507-fp8", 235.1),  # 128 experts of 1536, 94 layers
+        ("qwen2.5-0.5b-instruct", 0.49),  # tied embeddings
     ],
 )
 def test_parameter_count_matches_published_size(name, published_billions):
