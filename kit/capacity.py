@@ -668,13 +668,14 @@ def non_torch_gib(communicating_gpus: int, gpu_name: str | None) -> tuple[float,
     nvswitch = any(marker in name for marker in NVLS_GPU_MARKERS) and not any(
         marker in name for marker in NO_NVSWITCH_MARKERS)
     if nvswitch or not name:
-        which = f"a {gpu_name} (NVSwitch)" if name else "an unknown GPU model, assumed NVSwitch"
+        which = (f"{gpu_name}: NVSwitch" if name
+                 else "GPU model unknown: NVSwitch assumed, the safe side")
         return RUNTIME_GIB_TENSOR_PARALLEL, (
             f"cuBLAS workspaces + NCCL NVLink-SHARP and custom all-reduce buffers over "
-            f"{communicating_gpus} GPUs on {which}")
+            f"{communicating_gpus} GPUs ({which})")
     return RUNTIME_GIB_SINGLE_GPU, (
-        f"cuBLAS workspaces + small NCCL buffers over {communicating_gpus} GPUs: a {gpu_name} has "
-        "no NVSwitch, so NCCL sets up no NVLink-SHARP buffers")
+        f"cuBLAS workspaces + small NCCL buffers over {communicating_gpus} GPUs ({gpu_name}: no "
+        "NVSwitch, so no NCCL NVLink-SHARP buffers)")
 
 
 def _round_up(value: int, multiple: int) -> int:

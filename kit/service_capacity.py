@@ -65,16 +65,19 @@ def service_capacity(model: ModelInfo, service: Service, gpu_memory_gib: float,
 
 def _memory_flags(extra_args: list[str]) -> dict:
     """What the service's extra_args change in vLLM's memory account (the last use wins, as in
-    vLLM's parser): eager mode, expert parallel, the batched-token budget."""
+    vLLM's parser): eager mode, expert parallel over TP x DP ranks, the batched-token budget."""
     settings: dict = {"cuda_graphs_in_budget": True}
     for use in flag_uses(extra_args, flag_table()):
         name = use.option.canonical if use.option else None
+        number = int(use.values[-1]) if use.values and use.values[-1].isdigit() else None
         if name == "--enforce-eager":
             settings["cuda_graphs_in_budget"] = False
         elif name == "--enable-expert-parallel":
             settings["expert_parallel"] = use.flag != "--disable-expert-parallel"
-        elif name == "--max-num-batched-tokens" and use.values and use.values[-1].isdigit():
-            settings["max_num_batched_tokens"] = int(use.values[-1])
+        elif name == "--max-num-batched-tokens" and number:
+            settings["max_num_batched_tokens"] = number
+        elif name == "--data-parallel-size" and number:
+            settings["data_parallel"] = number
     return settings
 
 
@@ -135,10 +138,11 @@ def fit_spec(spec: Spec, **context) -> list[ServiceFit]:
 
 
 def fit_model_dir(model_dir: Path, *, hf_cache: Path | None, gpu_memory_gib: float | None,
-                  max_model_len: int | None, **options) -> tuple[ModelInfo, CapacityReport]:
-    """Plan one model directory with explicit numbers (`kit plan --model-dir`)."""
+                  max_model_len: int | None, gpu_name: str | None = None,
+                  **options) -> tuple[ModelInfo, CapacityReport]:
+    """Plan one model directory with explicit numbers (`kit plan --model-dir`); `gpu_name` is the
+    GPU model (nvidia-smi's when it is asked for the size and no name is given)."""
     model = inspect_model_dir(model_dir, hf_cache_dir=hf_cache)
-    gpu_name = None
     if gpu_memory_gib is None:
         gpus = query_gpus()
         if not gpus:
@@ -147,7 +151,7 @@ def fit_model_dir(model_dir: Path, *, hf_cache: Path | None, gpu_memory_gib: flo
                 fix="pass --gpu-memory-gib (e.g. 80 for an H100 80GB)",
             )
         smallest = min(gpus, key=lambda gpu: gpu.memory_gib)
-        gpu_memory_gib, gpu_name = smallest.memory_gib, smallest.name
+        gpu_memory_gib, gpu_name = smallest.memory_gib, gpu_name or smallest.name
     length = max_model_len or model.derived_max_model_len or 2048  # vLLM's own fallback
     report = plan_capacity(model, gpu_memory_gib=gpu_memory_gib, max_model_len=length,
                            gpu_name=gpu_name, **options)

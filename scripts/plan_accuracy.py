@@ -135,6 +135,7 @@ def evaluate(point: dict) -> Evaluation:
             max_num_seqs=point.get("max_num_seqs"),
             cuda_graphs_in_budget=point["cuda_graphs_in_budget"],
             expert_parallel=point.get("expert_parallel", False),
+            data_parallel=point.get("data_parallel", 1),
             gpu_name=point.get("gpu"),
         )
     return Evaluation(point, layout.bytes_per_token, token_range, needed, longest, report)

@@ -39,6 +39,15 @@ from kit.vllm_flags import choices
               help="Default: vLLM's for the GPU size.")
 @click.option("--max-num-seqs", type=click.IntRange(min=1),
               help="Default: vLLM's for the GPU size (the recommendation may be lower).")
+@click.option("--expert-parallel/--no-expert-parallel", default=False, show_default=True,
+              help="vLLM --enable-expert-parallel: whole experts per GPU over TP x DP ranks.")
+@click.option("--data-parallel-size", type=click.IntRange(min=1), default=1,
+              show_default=True,
+              help="vLLM --data-parallel-size: replicas that share the experts with "
+                   "--expert-parallel (each GPU's KV cache is its own).")
+@click.option("--gpu-name",
+              help="GPU model, e.g. 'NVIDIA H100 80GB HBM3' (default: nvidia-smi's); decides "
+                   "whether multi-GPU NCCL buffers are NVSwitch-sized.")
 @click.option("--weights-gib", type=click.FloatRange(min=0, min_open=True),
               help="Total weight size in GiB, split over the tensor-parallel GPUs "
                    "(default: safetensors headers, else the config's parameter count).")
@@ -55,6 +64,7 @@ def plan(ctx: click.Context, spec: Path | None, model_dir: Path | None, as_json:
     if model_dir is not None:
         if spec is not None:
             raise click.UsageError("give either SPEC or --model-dir, not both")
+        numbers["data_parallel"] = numbers.pop("data_parallel_size")
         model, report = fit_model_dir(model_dir, hf_cache=hf_cache, **numbers)
         click.echo(json.dumps(report.to_json(), indent=2) if as_json
                    else "\n".join(capacity_table(str(model_dir), model, report)))

@@ -184,6 +184,49 @@ def test_expert_parallel_puts_whole_experts_on_each_gpu():
     assert any("no effect" in warning for warning in dense.warnings)
 
 
+def test_expert_parallel_spreads_experts_over_tensor_times_data_parallel_gpus():
+    one_replica = plan("qwen3-30b-a3b", tensor_parallel=2, expert_parallel=True)
+    two_replicas = plan("qwen3-30b-a3b", tensor_parallel=2, expert_parallel=True,
+                        data_parallel=2)
+    experts = inspect_model_dir(DATA / "models" / "qwen3-30b-a3b").expert_parameter_count
+    # 128 experts: 64 per GPU over TP 2, 32 per GPU over TP 2 x DP 2; dense parts stay / TP
+    assert one_replica.weights_gib - two_replicas.weights_gib == pytest.approx(
+        experts * 2 * (64 / 128 - 32 / 128) / 2**30, rel=1e-6)
+    assert "4 expert-parallel GPU(s) (TP x data_parallel 2)" in two_replicas.terms[1].rule
+    # without expert parallel each replica holds its own TP slice of every expert
+    assert plan("qwen3-30b-a3b", tensor_parallel=2, data_parallel=2).weights_gib == \
+        pytest.approx(plan("qwen3-30b-a3b", tensor_parallel=2).weights_gib)
+    with pytest.raises(BadInput, match="data_parallel must be at least 1"):
+        plan("qwen3-30b-a3b", data_parallel=0)
+
+
+@pytest.mark.parametrize(
+    ("gpu_name", "tensor_parallel", "gib"),
+    [
+        ("NVIDIA H100 80GB HBM3", 2, 2.1),  # NVSwitch: NCCL's NVLink-SHARP buffers
+        ("NVIDIA H200", 4, 2.1),
+        (None, 2, 2.1),  # unknown model: the safe side
+        ("NVIDIA H100 PCIe", 2, 0.25),
+        ("NVIDIA H100 NVL", 2, 0.25),  # NVLink bridge pairs, no NVSwitch
+        ("NVIDIA A100-SXM4-80GB", 4, 0.25),
+        ("NVIDIA L40S", 8, 0.25),
+        ("NVIDIA H100 80GB HBM3", 1, 0.25),  # one GPU talks to nobody
+    ],
+)
+def test_multi_gpu_non_torch_memory_depends_on_the_gpu(gpu_name, tensor_parallel, gib):
+    report = plan("llama-3.1-8b-instruct", tensor_parallel=tensor_parallel, gpu_name=gpu_name)
+    assert report.runtime_gib == gib
+    rule = next(term.rule for term in report.terms if term.name == "non-torch memory")
+    assert ("NVLink-SHARP" in rule) is (tensor_parallel > 1)
+
+
+def test_expert_parallel_over_data_parallel_replicas_needs_the_gpus_buffers_too():
+    # TP 1 x DP 2 with expert parallel: the replicas exchange tokens every MoE layer
+    report = plan("qwen3-30b-a3b", expert_parallel=True, data_parallel=2, gpu_name=None)
+    assert report.runtime_gib == 2.1
+    assert plan("qwen3-30b-a3b", data_parallel=2).runtime_gib == 0.25
+
+
 def test_smaller_gpus_profile_with_smaller_defaults():
     small = plan("llama-3.1-8b-instruct", gpu_memory_gib=22.0)
     large = plan("llama-3.1-8b-instruct", gpu_memory_gib=79.19)

@@ -216,14 +216,16 @@ def test_hf_cache_without_room_for_the_weights_warns(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("extra_args", "expert_parallel", "batched"),
+    ("extra_args", "expert_parallel", "batched", "expert_gpus"),
     [
-        (["-ep", "--max-num-batched-tokens", "4096"], True, 4096),
-        (["--enable-expert-parallel", "--disable-expert-parallel"], False, None),
-        (["--max-num-batched-tokens=8192"], False, 8192),
+        (["-ep", "--max-num-batched-tokens", "4096"], True, 4096, 2),
+        (["--enable-expert-parallel", "--disable-expert-parallel"], False, None, None),
+        (["--max-num-batched-tokens=8192"], False, 8192, None),
+        (["--enable-expert-parallel", "--data-parallel-size", "2"], True, None, 4),
     ],
 )
-def test_extra_args_that_change_the_memory_account_reach_it(extra_args, expert_parallel, batched):
+def test_extra_args_that_change_the_memory_account_reach_it(extra_args, expert_parallel, batched,
+                                                            expert_gpus):
     from kit.modelinfo import inspect_model_dir
     from kit.service_capacity import service_capacity
     from kit.spec import Service
@@ -234,3 +236,28 @@ def test_extra_args_that_change_the_memory_account_reach_it(extra_args, expert_p
     assert report.expert_parallel is expert_parallel
     if batched is not None:
         assert report.max_num_batched_tokens == batched
+    if expert_gpus is not None:
+        assert f"over {expert_gpus} expert-parallel GPU(s)" in report.terms[1].rule
+
+
+def test_standalone_expert_parallel_data_parallel_and_gpu_name_reach_the_plan():
+    args = ("--model-dir", str(MODELS / "qwen3-30b-a3b"), "--gpu-memory-gib", "44.42",
+            "--tensor-parallel", "2", "--max-model-len", "8192", "--json")
+    plain = json.loads(run(*args).output)
+    report = json.loads(run(*args, "--expert-parallel", "--data-parallel-size", "2",
+                            "--gpu-name", "NVIDIA L40S").output)
+    assert report["expert_parallel"] is True and plain["expert_parallel"] is False
+    assert report["weights_gib"] < plain["weights_gib"]  # 32 of 128 experts per GPU, not 64
+    assert set(report) == set(plain)  # the terms explain; the keys stay
+    terms = {term["name"]: term for term in report["terms"]}
+    assert terms["non-torch memory"]["gib"] == 0.25
+    assert "NVIDIA L40S: no NVSwitch" in terms["non-torch memory"]["rule"]
+    assert "TP x data_parallel 2" in terms["weights"]["rule"]
+
+
+def test_a_named_gpu_wins_over_nvidia_smis_name(fake_nvidia_smi):
+    report = json.loads(run("--model-dir", str(LLAMA), "--tensor-parallel", "2",
+                            "--gpu-name", "NVIDIA H100 PCIe", "--max-model-len", "8192",
+                            "--json").output)
+    assert report["gpu_memory_gib"] == pytest.approx(81559 / 1024)
+    assert next(t["gib"] for t in report["terms"] if t["name"] == "non-torch memory") == 0.25
