@@ -5,9 +5,12 @@ vLLM's V1 engine (see docs/capacity.md for the derivation and the accuracy table
 
     budget     = gpu_memory_gib x gpu_memory_utilization
     kv_cache   = budget - weights_per_gpu - activation_peak - non_torch - cuda_graphs
-    weights    = dense parts / tp + routed experts / tp (or whole experts per GPU with EP)
+    weights    = dense parts / tp + routed experts / tp (or, with EP, whole experts over
+                 tp x dp GPUs)
     activation = max(sampler over max_num_seqs, forward over max_num_batched_tokens)
                  + fused-MoE workspace
+    non_torch  = cuBLAS workspaces (+ NCCL's NVLink-SHARP buffers when GPUs talk over an
+                 NVSwitch: the term that depends on the GPU model)
     bytes/tok  = layers x 2 x max(1, kv_heads // tp) x head_dim x kv_dtype_bytes
                  (MLA: layers x (kv_lora_rank + qk_rope_head_dim) x kv_dtype_bytes, not / tp)
 
