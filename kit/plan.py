@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from kit.errors import BadInput
 from kit.layout import NGINX_MOUNT
+from kit.multinode import MultiNodePlan, multinode_plan
 from kit.spec import Spec
 
 VLLM_PORT = 8000
@@ -42,6 +43,9 @@ class ServicePlan:
     max_num_seqs: int | None
     max_num_seqs_reason: str
     capacity: dict | None = None  # CapacityReport.to_json() when the model could be inspected
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    multinode: MultiNodePlan | None = None  # one vLLM over several servers (kit/multinode.py)
 
 
 @dataclass(frozen=True)
@@ -214,12 +218,16 @@ def model_is_local(spec: Spec, model: str) -> bool:
 
 def _service_plan(spec: Spec, service) -> ServicePlan:
     is_local = model_is_local(spec, service.model)
-    capacity = _capacity(spec, service) if is_local else None
+    # The capacity model covers one tensor-parallel group on one server.
+    planned = is_local and service.nodes is None and service.pipeline_parallel == 1
+    capacity = _capacity(spec, service) if planned else None
     max_num_seqs, reason = _max_num_seqs(service, capacity)
     command = [
         "--model", f"{MODELS_MOUNT}/{service.model}" if is_local else service.model,
         "--served-model-name", service.api_name,
         "--tensor-parallel-size", str(service.tp),
+        *(["--pipeline-parallel-size", str(service.pipeline_parallel)]
+          if service.pipeline_parallel > 1 else []),
         "--max-model-len", str(service.max_model_len),
         "--gpu-memory-utilization", f"{service.gpu_memory_utilization:g}",
     ]
@@ -249,6 +257,9 @@ def _service_plan(spec: Spec, service) -> ServicePlan:
         max_num_seqs=max_num_seqs,
         max_num_seqs_reason=reason,
         capacity=capacity,
+        tensor_parallel=service.tp,
+        pipeline_parallel=service.pipeline_parallel,
+        multinode=multinode_plan(service),
     )
 
 
