@@ -288,9 +288,9 @@ def _leader_worker_set(plan: Plan, service: ServicePlan, nodes: MultiNodePlan,
     name = k8s_name(service.name + LWS_SUFFIX, "the LeaderWorkerSet of service")
     size = len(nodes.nodes)
     pod_ip = [{"name": "VLLM_HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
-    leader_args = service.command + node_flags(size, "0", LWS_LEADER_ADDRESS, nodes.master_port)
-    worker_args = service.command + node_flags(size, LWS_WORKER_INDEX, LWS_LEADER_ADDRESS,
-                                               nodes.master_port)
+    leader_args = nodes.serve_args + node_flags(size, "0", LWS_LEADER_ADDRESS, nodes.master_port)
+    worker_args = nodes.serve_args + node_flags(size, LWS_WORKER_INDEX, LWS_LEADER_ADDRESS,
+                                                nodes.master_port)
     gpus = len(service.gpus)
     labels = _labels(plan, service.name, VLLM)
     template = {
@@ -325,8 +325,9 @@ def _vllm_objects(plan: Plan, service: ServicePlan, namespace: str) -> tuple[lis
         workload = _leader_worker_set(plan, service, nodes, namespace)
         selector = {**selector, LWS_WORKER_INDEX_LABEL: "0"}  # the API is on the head only
     api = _service(service.name, namespace, labels, selector, [_port("http", VLLM_PORT)])
+    shared_env = nodes.serve_env if nodes else service.env  # addresses: the pod's own
     env = _secret(f"{service.name}-env", namespace, labels,
-                  {key: value.encode() for key, value in service.env.items()})
+                  {key: value.encode() for key, value in shared_env.items()})
     return [workload, api], [env]
 
 

@@ -9,6 +9,8 @@ the API once every node has joined. Every flag here is in vLLM 0.33.0's `vllm se
 
 from dataclasses import dataclass
 
+from kit.errors import BadInput
+
 HEAD_RANK = 0
 # Environment vLLM, NCCL and Gloo read: the node's own address and the interface they bind.
 HOST_IP_ENV = "VLLM_HOST_IP"
@@ -31,6 +33,8 @@ class MultiNodePlan:
     nodes: list[NodePlan]  # rank order: the head first
     master_port: int
     interface: str | None  # NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME, None: NCCL picks one
+    serve_args: list[str]  # the `vllm serve` arguments every node shares
+    serve_env: dict[str, str]  # the environment every node shares (the spec's env)
 
     @property
     def head(self) -> NodePlan:
@@ -40,9 +44,16 @@ class MultiNodePlan:
     def workers(self) -> list[NodePlan]:
         return self.nodes[HEAD_RANK + 1:]
 
+    def args(self, node: NodePlan) -> list[str]:
+        """The node's whole argv on host networking: the head serves the API on its own
+        address only (reached by the front door), never on every interface of the host."""
+        flags = node_flags(len(self.nodes), str(node.rank), self.head.address, self.master_port)
+        return [*self.serve_args, *flags, *(["--host", node.address] if node.is_head else [])]
+
     def env(self, node: NodePlan) -> dict[str, str]:
-        """The node's own address for vLLM, and the interface NCCL and Gloo must use."""
-        env = {HOST_IP_ENV: node.address}
+        """The shared environment, the node's own address for vLLM, and the interface NCCL
+        and Gloo must use."""
+        env = {**self.serve_env, HOST_IP_ENV: node.address}
         if self.interface:
             env.update(dict.fromkeys(INTERFACE_ENVS, self.interface))
         return env
@@ -61,7 +72,8 @@ def node_flags(nnodes: int, rank: str, master_addr: str, master_port: int) -> li
     return flags if rank == str(HEAD_RANK) else [*flags, "--headless"]
 
 
-def multinode_plan(service) -> MultiNodePlan | None:
+def multinode_plan(service, serve_args: list[str], serve_env: dict[str, str]
+                   ) -> MultiNodePlan | None:
     """The nodes of a spec service in rank order, None for a service on this server alone."""
     if service.nodes is None:
         return None
@@ -69,4 +81,20 @@ def multinode_plan(service) -> MultiNodePlan | None:
         nodes=[NodePlan(node.name, node.address, rank) for rank, node in enumerate(service.nodes)],
         master_port=service.master_port,
         interface=service.network_interface,
+        serve_args=serve_args,
+        serve_env=serve_env,
     )
+
+
+def refuse_up(spec) -> None:
+    """`kit up` starts the containers of this server only; a multi-node service needs every
+    node's engine (the fleet), so it is refused before anything is written."""
+    spanning = [service.name for service in spec.services if service.nodes]
+    if spanning:
+        raise BadInput(
+            f"service {', '.join(spanning)} spans several servers, and kit up cannot start its "
+            "worker nodes yet (that needs each fleet member's engine)",
+            fix="kit render, then on each worker node run its compose/node-<name>.yml (the "
+            "command is in the file's first lines), then on this server: docker compose -p "
+            f"{spec.site} -f compose/docker-compose.yml up -d",
+        )

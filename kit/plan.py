@@ -46,6 +46,7 @@ class ServicePlan:
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
     multinode: MultiNodePlan | None = None  # one vLLM over several servers (kit/multinode.py)
+    api_host: str = "127.0.0.1"  # where the healthcheck reaches vLLM inside its network
 
 
 @dataclass(frozen=True)
@@ -244,14 +245,16 @@ def _service_plan(spec: Spec, service) -> ServicePlan:
     command += ["--port", str(VLLM_PORT), *service.extra_args]
     env = {"HF_HOME": HF_CACHE_MOUNT, **service.env}
     engine_timeout = service.engine_ready_timeout or DEFAULT_ENGINE_READY_TIMEOUT
+    nodes = multinode_plan(service, command, env)
     return ServicePlan(
         name=service.name,
         api_name=service.api_name,
         image=spec.images.vllm,
-        command=command,
+        # This server runs the head of a multi-node service (the front door is here).
+        command=nodes.args(nodes.head) if nodes else command,
         gpus=[str(gpu) for gpu in service.gpus],
-        env=env,
-        ipc_host=service.tp > 1,
+        env=nodes.env(nodes.head) if nodes else env,
+        ipc_host=service.tp > 1 or nodes is not None,
         model_is_local=is_local,
         start_period=service.startup_timeout or engine_timeout + WEIGHT_LOAD_ALLOWANCE,
         max_num_seqs=max_num_seqs,
@@ -259,7 +262,8 @@ def _service_plan(spec: Spec, service) -> ServicePlan:
         capacity=capacity,
         tensor_parallel=service.tp,
         pipeline_parallel=service.pipeline_parallel,
-        multinode=multinode_plan(service),
+        multinode=nodes,
+        api_host=nodes.head.address if nodes else "127.0.0.1",
     )
 
 

@@ -45,6 +45,7 @@ from kit.files import (
     write_failure,
 )
 from kit.layout import NGINX_MOUNT, VERIFIER_AUTH_MOUNT, VERIFIER_MOUNT, SiteLayout
+from kit.node_files import worker_outputs
 from kit.plan import (
     HEALTHZ_PORT,
     HF_CACHE_MOUNT,
@@ -115,6 +116,7 @@ def _environment() -> jinja2.Environment:
     env.filters["nginx_string"] = nginx_string
     env.filters["comment"] = comment
     env.filters["upstream"] = lambda name: "kit_" + nginx_token(name).replace("-", "_")
+    env.filters["url_host"] = lambda host: f"[{host}]" if ":" in host else host
     return env
 
 
@@ -182,6 +184,7 @@ def generated_files(plan: Plan, spec_name: str) -> list[Output]:
             env.get_template("verifier.conf.j2").render(context).encode(),
         ),
         Output(layout.routes_js, routes_module(plan)),
+        *worker_outputs(plan, spec_name),
         Output(
             layout.nginx_dir / "kit.js",
             resources.files("kit.templates").joinpath("kit.js").read_bytes(),

@@ -684,11 +684,12 @@ class Parts:
     tls: TLS | None
     models_root: Path | None
     gpu_memory_gib: float | dict[int, float] | None
+    site: str | None = None
 
     @classmethod
     def of(cls, spec: Spec) -> "Parts":
         return cls(list(enumerate(spec.services)), spec.domain, spec.tls, spec.models_root,
-                   spec.gpu_memory_gib)
+                   spec.gpu_memory_gib, spec.site)
 
     @classmethod
     def salvage(cls, data: dict) -> "Parts":
@@ -702,6 +703,7 @@ class Parts:
             _valid(TLS, data.get("tls", {})),
             _valid(HostPath, data.get("models_root")),
             _valid(GpuMemory, data.get("gpu_memory_gib")),
+            _valid(Annotated[str, Field(pattern=SITE_NAME)], data.get("site")),
         )
 
 
@@ -724,6 +726,7 @@ def cross_checks(
     problems += _kit_read_env(parts.services)
     problems += _tls_files(parts, spec_dir)
     problems += _acme_domain(parts)
+    problems += _multi_node(parts)
     if check_host and parts.models_root is not None:
         problems += _model_dirs(parts, check_capacity)
     return problems
@@ -810,6 +813,30 @@ def _extra_args(services: list[tuple[int, Service]]) -> list[SpecProblem]:
                 "list that many GPUs in gpus, or remove the size from extra_args "
                 "(kit runs one tensor-parallel group over the service's GPUs)",
             ))
+    return problems
+
+
+def _multi_node(parts: Parts) -> list[SpecProblem]:
+    """The head of a multi-node service runs here, beside the front door; one such service per
+    site, since its API and master port are on the head's host network."""
+    spanning = [(i, service) for i, service in parts.services if service.nodes]
+    problems = [
+        SpecProblem(
+            ("services", i, "nodes", 0, "name"),
+            f"the first node is the head, which runs on this site ({parts.site!r}) with the "
+            f"front door, not {service.nodes[0].name!r}",
+            f"list {parts.site} first in nodes (its fleet siblings after it)",
+        )
+        for i, service in spanning
+        if parts.site is not None and service.nodes and service.nodes[0].name != parts.site
+    ]
+    problems += [
+        SpecProblem(("services", i, "nodes"),
+                    f"a second multi-node service (also services[{spanning[0][0]}]): both heads "
+                    "would serve on this host's network at the same ports",
+                    "run one multi-node service per site")
+        for i, _ in spanning[1:]
+    ]
     return problems
 
 

@@ -64,7 +64,7 @@ def env_name(data: dict, value: str) -> None:
 
 def interface(data: dict, value: str) -> None:
     """network_interface, read only for a service that spans nodes."""
-    data["services"][0]["nodes"] = [{"name": "gpu01", "address": "10.0.0.1"},
+    data["services"][0]["nodes"] = [{"name": "test01", "address": "10.0.0.1"},
                                     {"name": "gpu02", "address": "10.0.0.2"}]
     data["services"][0]["network_interface"] = value
 
