@@ -36,6 +36,7 @@ from kit.plan import (
     HEALTHZ_PORT,
     HF_CACHE_MOUNT,
     MODELS_MOUNT,
+    NGINX_CONF,
     VLLM_PORT,
     Plan,
     ServicePlan,
@@ -47,6 +48,7 @@ from kit.vllm_flags import flag_table, flag_uses
 
 GPU_RESOURCE = "nvidia.com/gpu"
 STOP_GRACE = 30  # seconds a stopped vLLM gets beyond its --shutdown-timeout (compose's grace)
+NGINX_STOP_GRACE = 30  # seconds nginx finishes running requests in when its pod stops
 PROBE_TIMEOUT = 5  # seconds, as the compose healthcheck's timeout
 PROBE_FAILURES = 3  # as the compose healthcheck's retries
 LWS_API = "leaderworkerset.x-k8s.io/v1"
@@ -193,16 +195,20 @@ def _projected(name: str, sources: list[tuple[str, str, dict[str, str]]]) -> dic
     return {"name": name, "projected": {"sources": projected, "defaultMode": 0o440}}
 
 
-def _nginx_container(name: str, image: str, command: list[str], mounts: list[dict],
+def _nginx_container(name: str, image: str, command: list[str], config: str, mounts: list[dict],
                      ports: list[dict], period: int) -> dict:
-    """An nginx container as compose runs it: read-only root, writable scratch folders only."""
+    """An nginx container as compose runs it: read-only root, writable scratch folders only,
+    and a graceful stop (compose's SIGQUIT: running requests finish; Kubernetes sends SIGTERM,
+    nginx's fast stop, only after the hook)."""
     scratch = [{"name": f"scratch-{i}", "mountPath": path}
                for i, path in enumerate(("/var/cache/nginx", "/run", "/tmp"))]
+    graceful = f"nginx -c {config} -s quit; sleep {NGINX_STOP_GRACE}"
     return {
         "name": name, "image": image, "command": command, "ports": ports,
         "volumeMounts": mounts + scratch,
         "readinessProbe": _exec_probe(NGINX_HEALTH_COMMAND, period, PROBE_FAILURES),
         "livenessProbe": _exec_probe(NGINX_HEALTH_COMMAND, period, PROBE_FAILURES),
+        "lifecycle": {"preStop": {"exec": {"command": ["/bin/sh", "-c", graceful]}}},
         "securityContext": {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False},
     }
 
@@ -367,24 +373,27 @@ def _front_door(plan: Plan, namespace: str, credentials: Credentials, spec_name:
     ])
     interval = plan.healthcheck_interval
     nginx = _nginx_container(
-        "nginx", plan.nginx_image, plan.nginx_command,
+        "nginx", plan.nginx_image, plan.nginx_command, NGINX_CONF,
         [{"name": "kit", "mountPath": NGINX_MOUNT, "readOnly": True}],
         [{"name": "https", "containerPort": 443, "protocol": "TCP"},
          {"name": "http", "containerPort": 80, "protocol": "TCP"}], interval)
-    nginx_pod = {"securityContext": {"fsGroup": NGINX_GID}, "containers": [nginx],
+    nginx_pod = {"terminationGracePeriodSeconds": NGINX_STOP_GRACE + STOP_GRACE,
+                 "securityContext": {"fsGroup": NGINX_GID}, "containers": [nginx],
                  "volumes": [nginx_volume, *_scratch_volumes()]}
     verifier_config = _config_map(VERIFIER_SERVICE, namespace, verifier_labels, {
         "nginx.conf": compose_files["nginx/verifier/nginx.conf"]})
     htpasswd = _secret(f"{VERIFIER_SERVICE}-htpasswd", namespace, verifier_labels,
                        {"htpasswd": credentials.htpasswd})
     port = plan.nginx.verifier_port
+    verifier_conf = f"{VERIFIER_MOUNT}/nginx.conf"
     verifier = _nginx_container(
-        "verifier", plan.nginx_image,
-        ["nginx", "-c", f"{VERIFIER_MOUNT}/nginx.conf", "-g", "daemon off;"],
+        "verifier", plan.nginx_image, ["nginx", "-c", verifier_conf, "-g", "daemon off;"],
+        verifier_conf,
         [{"name": "config", "mountPath": VERIFIER_MOUNT, "readOnly": True},
          {"name": "auth", "mountPath": VERIFIER_AUTH_MOUNT, "readOnly": True}],
         [{"name": "verify", "containerPort": port, "protocol": "TCP"}], interval)
     verifier_pod = {
+        "terminationGracePeriodSeconds": NGINX_STOP_GRACE + STOP_GRACE,
         "securityContext": {"fsGroup": NGINX_GID}, "containers": [verifier],
         "volumes": [
             _projected("config", [("ConfigMap", VERIFIER_SERVICE, {"nginx.conf": "nginx.conf"})]),
@@ -452,6 +461,8 @@ def cannot_do(plan: Plan) -> list[str]:
         "exporting again, applying, and restarting the nginx and kit-auth Deployments",
         "NetworkPolicy needs a network plugin that enforces it; without one vLLM is reachable "
         "from every pod",
+        "nginx's nofile ulimit and the json-file log rotation (50m x 5): the node's runtime "
+        "and kubelet settings apply",
     ]
     shared = {gpu for s in plan.services for gpu in s.gpus
               if sum(gpu in other.gpus for other in plan.services) > 1}

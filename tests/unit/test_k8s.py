@@ -265,6 +265,19 @@ def test_front_door_service_type_and_ports_follow_the_spec() -> None:
                                                                              (8080, 80)]
 
 
+def test_the_nginx_pods_stop_gracefully_as_compose_stops_them() -> None:
+    """Compose stops nginx with SIGQUIT (requests finish); Kubernetes' SIGTERM comes after a
+    hook that asks the same, well within the pod's grace period."""
+    objects = _objects(_export("example"))
+    for name, config in (("nginx", "/etc/nginx/kit/nginx.conf"),
+                         ("kit-auth", "/etc/nginx/kit-verifier/nginx.conf")):
+        pod = next(o for o in objects if o["kind"] == "Deployment"
+                   and o["metadata"]["name"] == name)["spec"]["template"]["spec"]
+        hook = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][-1]
+        assert hook.startswith(f"nginx -c {config} -s quit; sleep ")
+        assert int(hook.rsplit(" ", 1)[1]) < pod["terminationGracePeriodSeconds"]
+
+
 def test_replica_count_is_the_gpus_over_one_copy() -> None:
     assert [replica_count(s) for s in _multi_replica().services] == [2]
     assert [replica_count(s) for s in CASES["multi-model"]().services] == [1, 1, 1]
