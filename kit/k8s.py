@@ -433,6 +433,15 @@ def _network_policies(plan: Plan, namespace: str) -> list[dict]:
 
     policies = [only_front_door("vllm-from-front-door", VLLM, VLLM_PORT),
                 only_front_door("verifier-from-front-door", VERIFIER, plan.nginx.verifier_port)]
+    if plan.backend_internal:  # every model is local: no internet, as compose's backend network
+        dns = [{"protocol": protocol, "port": 53} for protocol in ("UDP", "TCP")]
+        policies.append({
+            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _meta("vllm-no-egress", namespace, _labels(plan, "vllm-no-egress", VLLM)),
+            "spec": {**pods(VLLM), "policyTypes": ["Egress"],
+                     # other vLLM pods (a multi-node group's peers) and the names of the group
+                     "egress": [{"to": [pods(VLLM)]}, {"ports": dns}]},
+        })
     for service in plan.services:
         if service.multinode is not None:
             group = {"podSelector": {"matchLabels": _selector(plan, service.name)}}
@@ -467,8 +476,8 @@ def cannot_do(plan: Plan) -> list[str]:
     shared = {gpu for s in plan.services for gpu in s.gpus
               if sum(gpu in other.gpus for other in plan.services) > 1}
     if shared:
-        notes.append(f"GPU sharing: GPUs {', '.join(sorted(shared))} are shared by several "
-                     "services here; in the cluster each service gets whole GPUs of its own")
+        notes.append(f"GPU sharing: GPU(s) {', '.join(sorted(shared))} serve several services "
+                     "here; in the cluster each service gets whole GPUs of its own")
     if plan.tls_mode == "files":
         notes.append("OCSP stapling is off: nginx would need the cluster DNS service's address")
     if any(s.multinode for s in plan.services):

@@ -257,6 +257,20 @@ def test_only_the_front_door_reaches_vllm_and_the_verifier() -> None:
             "front-door")
 
 
+def test_vllm_has_no_internet_when_every_model_is_local() -> None:
+    """As compose's internal backend network: only other vLLM pods and DNS; a site that
+    downloads a model from the Hub keeps its egress."""
+    policies = {o["metadata"]["name"]: o["spec"] for o in _objects(_export("example"))
+                if o["kind"] == "NetworkPolicy"}
+    egress = policies["vllm-no-egress"]
+    assert egress["policyTypes"] == ["Egress"]
+    assert egress["egress"][0]["to"] == [{"podSelector": egress["podSelector"]}]
+    assert {p["port"] for p in egress["egress"][1]["ports"]} == {53}
+    downloads = [o["metadata"]["name"] for o in _objects(_export("multi-model"))
+                 if o["kind"] == "NetworkPolicy"]
+    assert "vllm-no-egress" not in downloads
+
+
 def test_front_door_service_type_and_ports_follow_the_spec() -> None:
     objects = _objects(_export("multi-model"))
     nginx = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == "nginx")
@@ -295,7 +309,7 @@ def test_termination_grace_follows_the_last_shutdown_timeout() -> None:
 def test_what_kubernetes_cannot_do_is_said() -> None:
     example = " ".join(cannot_do(CASES["example"]()))
     assert "GPU index pinning" in example and "GPU sharing" not in example
-    assert "GPU sharing: GPUs 2" in " ".join(cannot_do(CASES["multi-model"]()))
+    assert "GPU sharing: GPU(s) 2 serve" in " ".join(cannot_do(CASES["multi-model"]()))
     assert "LeaderWorkerSet" in " ".join(cannot_do(CASES["multi-node"]()))
 
 
@@ -356,6 +370,19 @@ def test_export_writes_manifests_then_changes_nothing(site: Path) -> None:
     before = tree(out)
     again = run_kit("export", "k8s", site / "site.yaml", "--out", out)
     assert again.exit_code == 0 and "no change" in again.output and tree(out) == before
+
+
+def test_a_manifest_of_a_removed_service_is_named(site: Path) -> None:
+    """kubectl apply -f DIR would bring a removed service back: the export says so."""
+    assert run_kit("render", site / "site.yaml").exit_code == 0
+    out = site / "k8s"
+    assert run_kit("export", "k8s", site / "site.yaml", "--out", out).exit_code == 0
+    spec = site / "site.yaml"
+    spec.write_text(spec.read_text().replace("name: llama8b", "name: llama"))
+    result = run_kit("export", "k8s", spec, "--out", out)
+    assert result.exit_code == 0
+    assert f"warning: {out / 'service-llama8b.yaml'} is from an earlier export" in result.output
+    assert (out / "service-llama.yaml").is_file()
 
 
 def test_a_hand_edited_manifest_is_kept_unless_forced(site: Path) -> None:
