@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kit.desired import load_desired
+from kit.errors import KitError
+from kit.layout import SiteLayout
 from kit.vllm_flags import flag_table
 from tests.conftest import tree
 from tests.support import nginx_ns
@@ -131,3 +134,12 @@ def test_kit_up_refuses_a_multi_node_service_before_writing(multi: Path) -> None
     assert "kit up cannot start its worker nodes yet" in result.output
     assert "compose/node-<name>.yml" in result.output
     assert tree(multi) == before
+
+
+def test_engine_verbs_say_a_multi_node_head_is_not_theirs_yet(multi: Path) -> None:
+    """status, logs and live credential changes read the desired state first (no engine)."""
+    assert run_kit("render", multi / "site.yaml").exit_code == 0
+    with pytest.raises(KitError) as raised:
+        load_desired(SiteLayout(multi), "test01")
+    assert "services.big is the head of a multi-node service" in raised.value.message
+    assert "docs/multinode.md" in str(raised.value.fix)
