@@ -30,7 +30,7 @@ from kit.files import (
     write_failure,
 )
 from kit.layout import NGINX_MOUNT, VERIFIER_AUTH_MOUNT, VERIFIER_MOUNT, SiteLayout
-from kit.multinode import MultiNodePlan, node_flags
+from kit.multinode import HEAD_RANK, MultiNodePlan, node_flags
 from kit.names import K8S_NAME, is_name
 from kit.plan import (
     HEALTHZ_PORT,
@@ -52,7 +52,6 @@ NGINX_STOP_GRACE = 30  # seconds nginx finishes running requests in when its pod
 PROBE_TIMEOUT = 5  # seconds, as the compose healthcheck's timeout
 PROBE_FAILURES = 3  # as the compose healthcheck's retries
 LWS_API = "leaderworkerset.x-k8s.io/v1"
-LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 # What LeaderWorkerSet gives every container of a group (its API's environment variables).
 LWS_LEADER_ADDRESS = "$(LWS_LEADER_ADDRESS)"
@@ -294,7 +293,8 @@ def _leader_worker_set(plan: Plan, service: ServicePlan, nodes: MultiNodePlan,
     name = k8s_name(service.name + LWS_SUFFIX, "the LeaderWorkerSet of service")
     size = len(nodes.nodes)
     pod_ip = [{"name": "VLLM_HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
-    leader_args = nodes.serve_args + node_flags(size, "0", LWS_LEADER_ADDRESS, nodes.master_port)
+    leader_args = nodes.serve_args + node_flags(size, str(HEAD_RANK), LWS_LEADER_ADDRESS,
+                                                nodes.master_port)
     worker_args = nodes.serve_args + node_flags(size, LWS_WORKER_INDEX, LWS_LEADER_ADDRESS,
                                                 nodes.master_port)
     gpus = len(service.gpus)
@@ -329,7 +329,7 @@ def _vllm_objects(plan: Plan, service: ServicePlan, namespace: str) -> tuple[lis
         workload = _single_node(plan, service, namespace)
     else:
         workload = _leader_worker_set(plan, service, nodes, namespace)
-        selector = {**selector, LWS_WORKER_INDEX_LABEL: "0"}  # the API is on the head only
+        selector = {**selector, LWS_WORKER_INDEX_LABEL: str(HEAD_RANK)}  # the API: head only
     api = _service(service.name, namespace, labels, selector, [_port("http", VLLM_PORT)])
     shared_env = nodes.serve_env if nodes else service.env  # addresses: the pod's own
     env = _secret(f"{service.name}-env", namespace, labels,
