@@ -243,6 +243,13 @@ def _expect(condition: bool, config_file: Path, problem: str) -> None:
 
 def _service(name: str, body: dict, context: _Context) -> ServiceState:
     where = f"services.{name}"
+    if body.get("network_mode") == "host":  # kit renders it for one service kind only
+        raise KitError(
+            f"{context.config_file} {where} is the head of a multi-node service (host "
+            "networking), which kit does not run on the engine yet",
+            fix="start, stop and inspect it with docker compose as docs/multinode.md shows; "
+            "`kit probe` checks its front door",
+        )
     unknown = sorted(set(body) - SERVICE_KEYS)
     _expect(not unknown, context.config_file,
             f"{where} uses {', '.join(unknown)}, which kit up does not apply")

@@ -258,6 +258,73 @@ def _port_in_use(_match: re.Match[str], _log: str) -> _Finding:
     )
 
 
+# --------------------------------------------------------------------------- multi-node services
+
+
+def _unknown_interface(match: re.Match[str], _log: str) -> _Finding:
+    return _Finding(
+        f"this node has no network interface {match['ifname']!r}, which NCCL_SOCKET_IFNAME / "
+        "GLOO_SOCKET_IFNAME name (kit sets both from network_interface)",
+        "set services[].network_interface to the interface that holds this node's address in "
+        "services[].nodes (`ip -br addr` on each node; every node needs the same name)",
+        "services[].network_interface",
+    )
+
+
+def _loopback_fallback(_match: re.Match[str], _log: str) -> _Finding:
+    return _Finding(
+        "Gloo found no routable address for this node and fell back to the loopback address, "
+        "so the other nodes cannot reach it",
+        "set services[].network_interface to the interface of the nodes' own network (the one "
+        "holding their services[].nodes addresses, `ip -br addr`)",
+        "services[].network_interface",
+    )
+
+
+def _master_unreachable(match: re.Match[str], _log: str) -> _Finding:
+    host, port = match["host"], match["port"]
+    return _Finding(
+        f"this node could not reach {host}:{port} (the head's rendezvous) within "
+        f"{match['after']}: a firewall drops the port, or the head is not listening there",
+        f"open TCP {port} on the head to the other nodes (and vLLM's dynamic ports: host "
+        "networking), check that services[].nodes[0].address is the head's address on the "
+        "nodes' network, or choose a free services[].master_port",
+        "services[].master_port",
+    )
+
+
+def _node_missing(match: re.Match[str], _log: str) -> _Finding:
+    return _Finding(
+        f"only {match['joined']} of {match['total']} nodes joined the head within "
+        f"{match['seconds']} s: a worker is not running, was started from another spec (its "
+        "--nnodes or --node-rank differ), or cannot reach the head",
+        "start every worker from the same render (compose/node-<name>.yml on each node, whose "
+        "--nnodes and --node-rank follow services[].nodes), then check each worker's log",
+        "services[].nodes",
+    )
+
+
+def _collective_timeout(match: re.Match[str], _log: str) -> _Finding:
+    seconds = int(match["ms"]) // 1000
+    return _Finding(
+        f"a {match['op']} between the GPUs of the nodes did not finish in {seconds} s: a node "
+        "stopped answering or NCCL's traffic takes a path that drops it",
+        "check every node's container (kit status, kit logs), that services[].network_interface "
+        "is the nodes' fast network, and run once with NCCL_DEBUG=INFO in services[].env",
+        "services[].network_interface",
+    )
+
+
+def _node_lost(_match: re.Match[str], _log: str) -> _Finding:
+    return _Finding(
+        "another node of this multi-node service went away (its process exited or the network "
+        "between the nodes failed), so the whole model stopped",
+        "find which node stopped (kit logs on each node, kit status), fix it, then start the "
+        "service again: every node restarts together",
+        "services[].nodes",
+    )
+
+
 LOADED_WEIGHTS = re.compile(r"Model loading took|Loading (?:model )?weights took")
 
 RULES: list[_Rule] = [
@@ -318,4 +385,21 @@ RULES: list[_Rule] = [
     _Rule(re.compile(r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError"), _cuda_oom),
     _Rule(re.compile(r"Bus error"), _shared_memory),
     _Rule(re.compile(r"[Aa]ddress already in use|port is already allocated"), _port_in_use),
+    _Rule(re.compile(r"Unable to find address for: (?P<ifname>\S+)"), _unknown_interface),
+    _Rule(re.compile(
+        r"Unable to resolve hostname to a \(local\) address\. Using the loopback address"
+    ), _loopback_fallback),
+    _Rule(re.compile(
+        r"The client socket has timed out after (?P<after>\S+) while trying to connect to "
+        r"\((?P<host>[^,()]+), (?P<port>\d+)\)"
+    ), _master_unreachable),
+    _Rule(re.compile(
+        r"Timed out after (?P<seconds>\d+) seconds waiting for (?:clients|workers)\. "
+        r"(?P<joined>\d+)/(?P<total>\d+) (?:clients|workers) joined"
+    ), _node_missing),
+    _Rule(re.compile(
+        r"Watchdog caught collective operation timeout: WorkNCCL\(.*?OpType=(?P<op>\w+).*?"
+        r"Timeout\(ms\)=(?P<ms>\d+)\)"
+    ), _collective_timeout),
+    _Rule(re.compile(r"remote process exited or there was a network error"), _node_lost),
 ]

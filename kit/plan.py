@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from kit.errors import BadInput
 from kit.layout import NGINX_MOUNT
+from kit.multinode import MultiNodePlan, multinode_plan
 from kit.spec import Spec
 
 VLLM_PORT = 8000
@@ -42,6 +43,10 @@ class ServicePlan:
     max_num_seqs: int | None
     max_num_seqs_reason: str
     capacity: dict | None = None  # CapacityReport.to_json() when the model could be inspected
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    multinode: MultiNodePlan | None = None  # one vLLM over several servers (kit/multinode.py)
+    api_host: str = "127.0.0.1"  # where the healthcheck reaches vLLM inside its network
 
 
 @dataclass(frozen=True)
@@ -214,12 +219,16 @@ def model_is_local(spec: Spec, model: str) -> bool:
 
 def _service_plan(spec: Spec, service) -> ServicePlan:
     is_local = model_is_local(spec, service.model)
-    capacity = _capacity(spec, service) if is_local else None
+    # The capacity model covers one tensor-parallel group on one server.
+    planned = is_local and service.nodes is None and service.pipeline_parallel == 1
+    capacity = _capacity(spec, service) if planned else None
     max_num_seqs, reason = _max_num_seqs(service, capacity)
     command = [
         "--model", f"{MODELS_MOUNT}/{service.model}" if is_local else service.model,
         "--served-model-name", service.api_name,
         "--tensor-parallel-size", str(service.tp),
+        *(["--pipeline-parallel-size", str(service.pipeline_parallel)]
+          if service.pipeline_parallel > 1 else []),
         "--max-model-len", str(service.max_model_len),
         "--gpu-memory-utilization", f"{service.gpu_memory_utilization:g}",
     ]
@@ -236,19 +245,25 @@ def _service_plan(spec: Spec, service) -> ServicePlan:
     command += ["--port", str(VLLM_PORT), *service.extra_args]
     env = {"HF_HOME": HF_CACHE_MOUNT, **service.env}
     engine_timeout = service.engine_ready_timeout or DEFAULT_ENGINE_READY_TIMEOUT
+    nodes = multinode_plan(service, command, env)
     return ServicePlan(
         name=service.name,
         api_name=service.api_name,
         image=spec.images.vllm,
-        command=command,
+        # This server runs the head of a multi-node service (the front door is here).
+        command=nodes.args(nodes.head) if nodes else command,
         gpus=[str(gpu) for gpu in service.gpus],
-        env=env,
-        ipc_host=service.tp > 1,
+        env=nodes.env(nodes.head) if nodes else env,
+        ipc_host=service.tp > 1 or nodes is not None,
         model_is_local=is_local,
         start_period=service.startup_timeout or engine_timeout + WEIGHT_LOAD_ALLOWANCE,
         max_num_seqs=max_num_seqs,
         max_num_seqs_reason=reason,
         capacity=capacity,
+        tensor_parallel=service.tp,
+        pipeline_parallel=service.pipeline_parallel,
+        multinode=nodes,
+        api_host=nodes.head.address if nodes else "127.0.0.1",
     )
 
 

@@ -45,6 +45,7 @@ from kit.files import (
     write_failure,
 )
 from kit.layout import NGINX_MOUNT, VERIFIER_AUTH_MOUNT, VERIFIER_MOUNT, SiteLayout
+from kit.node_files import worker_outputs
 from kit.plan import (
     HEALTHZ_PORT,
     HF_CACHE_MOUNT,
@@ -115,6 +116,7 @@ def _environment() -> jinja2.Environment:
     env.filters["nginx_string"] = nginx_string
     env.filters["comment"] = comment
     env.filters["upstream"] = lambda name: "kit_" + nginx_token(name).replace("-", "_")
+    env.filters["url_host"] = lambda host: f"[{host}]" if ":" in host else host
     return env
 
 
@@ -130,11 +132,14 @@ def routes_module(plan: Plan) -> bytes:
     ).encode()
 
 
-def generated_files(plan: Plan, spec_name: str) -> list[Output]:
-    """The files that are a pure function of the plan (committed as golden files)."""
-    env = _environment()
+DOCKER_DNS = "127.0.0.11"  # the engine's resolver on user-defined networks
+
+
+def template_context(plan: Plan, spec_name: str) -> dict:
+    """What the templates read, for the compose stack: services reached by their compose names
+    on the private networks, names resolved by Docker's DNS (`kit export k8s` swaps these)."""
     https = plan.nginx.https_port
-    context = {
+    return {
         "plan": plan,
         "n": plan.nginx,
         "spec_name": spec_name,
@@ -148,7 +153,19 @@ def generated_files(plan: Plan, spec_name: str) -> list[Output]:
         "verifier_service": VERIFIER_SERVICE,
         "nginx_health_url": f"http://127.0.0.1:{HEALTHZ_PORT}/kit-healthz",
         "https_port_suffix": "" if https == 443 else f":{https}",
+        "service_hosts": {service.name: service.name for service in plan.services},
+        "dns_resolver": DOCKER_DNS,
     }
+
+
+def render_template(name: str, context: dict) -> bytes:
+    return _environment().get_template(name).render(context).encode()
+
+
+def generated_files(plan: Plan, spec_name: str) -> list[Output]:
+    """The files that are a pure function of the plan (committed as golden files)."""
+    env = _environment()
+    context = template_context(plan, spec_name)
     layout = SiteLayout(Path("."))
     env_files = [
         Output(layout.env_file(service.name), env_file_text(service.env, spec_name).encode(),
@@ -167,6 +184,7 @@ def generated_files(plan: Plan, spec_name: str) -> list[Output]:
             env.get_template("verifier.conf.j2").render(context).encode(),
         ),
         Output(layout.routes_js, routes_module(plan)),
+        *worker_outputs(plan, spec_name),
         Output(
             layout.nginx_dir / "kit.js",
             resources.files("kit.templates").joinpath("kit.js").read_bytes(),

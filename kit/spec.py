@@ -38,6 +38,7 @@ from kit.names import (
     ENV_NAME,
     ENV_VALUE,
     IMAGE_REF,
+    INTERFACE_NAME,
     MODEL_REF,
     PATH_TEXT,
     SERVED_NAME,
@@ -194,6 +195,14 @@ class Proxy(StrictModel):
         return self
 
 
+class Node(StrictModel):
+    """One server of a multi-node service: the fleet member (sibling spec) that runs it and the
+    address the other nodes reach it at (vLLM's --master-addr for the head, VLLM_HOST_IP)."""
+
+    name: Annotated[str, Field(pattern=SITE_NAME)]
+    address: Annotated[str, AfterValidator(names.ip)]
+
+
 class Service(StrictModel):
     name: Annotated[str, Field(pattern=SERVICE_NAME), AfterValidator(_yaml_safe_key)]
     model: Annotated[str, Field(pattern=MODEL_REF, max_length=200)]
@@ -213,6 +222,12 @@ class Service(StrictModel):
         Annotated[str, Field(pattern=ENV_VALUE, max_length=4096)],
     ] = {}
     startup_timeout: Annotated[int, Field(ge=30, le=MAX_TIMEOUT)] | None = None  # seconds
+    # Multi-node (one vLLM over several servers, docs/multinode.md): the head first; `gpus` are
+    # the indices on every node, tensor_parallel x pipeline_parallel = all nodes' GPUs.
+    pipeline_parallel: Annotated[int, Field(ge=1, le=64)] = 1
+    nodes: Annotated[list[Node], Field(min_length=2, max_length=64)] | None = None
+    network_interface: Annotated[str, Field(pattern=INTERFACE_NAME)] | None = None
+    master_port: Annotated[int, Field(ge=1024, le=65535)] = 29501  # vLLM's --master-port default
 
     @field_validator("gpus")
     @classmethod
@@ -238,12 +253,39 @@ class Service(StrictModel):
 
     @model_validator(mode="after")
     def _tp_matches_gpus(self) -> "Service":
-        if self.tensor_parallel is not None and self.tensor_parallel != len(self.gpus):
+        if self.nodes is None and self.pipeline_parallel == 1:
+            if self.tensor_parallel is not None and self.tensor_parallel != len(self.gpus):
+                raise ValueError(
+                    f"tensor_parallel is {self.tensor_parallel} but gpus lists {len(self.gpus)} "
+                    f"GPU(s); kit runs one tensor-parallel group per service, so they must match"
+                )
+            return self
+        if self.tp * self.pipeline_parallel != self.gpu_count:
+            nodes = f" on each of {len(self.nodes)} nodes" if self.nodes else ""
             raise ValueError(
-                f"tensor_parallel is {self.tensor_parallel} but gpus lists {len(self.gpus)} "
-                f"GPU(s); kit runs one tensor-parallel group per service, so they must match"
+                f"tensor_parallel {self.tp} x pipeline_parallel {self.pipeline_parallel} must "
+                f"equal the {self.gpu_count} GPUs of the service ({len(self.gpus)} listed in "
+                f"gpus{nodes}): vLLM runs one model over exactly those GPUs"
             )
         return self
+
+    @model_validator(mode="after")
+    def _nodes_distinct(self) -> "Service":
+        if self.nodes is None:
+            if self.network_interface is not None:
+                raise ValueError("network_interface is only read for a service with nodes")
+            return self
+        for key in ("name", "address"):
+            values = [getattr(node, key) for node in self.nodes]
+            dupes = sorted({value for value in values if values.count(value) > 1})
+            if dupes:
+                raise ValueError(f"nodes list the {key} {', '.join(dupes)} twice")
+        return self
+
+    @property
+    def gpu_count(self) -> int:
+        """All GPUs the service runs on: its gpus on every node."""
+        return len(self.gpus) * (len(self.nodes) if self.nodes else 1)
 
     @property
     def engine_ready_timeout(self) -> int | None:
@@ -253,7 +295,7 @@ class Service(StrictModel):
 
     @property
     def tp(self) -> int:
-        return self.tensor_parallel or len(self.gpus)
+        return self.tensor_parallel or max(1, self.gpu_count // self.pipeline_parallel)
 
     @property
     def api_name(self) -> str:
@@ -272,6 +314,12 @@ def _one_of(value: str | None, flag: str) -> str | None:
     return value
 
 
+class Kubernetes(StrictModel):
+    """What `kit export k8s` needs beyond the server's spec (docs/kubernetes.md)."""
+
+    service_type: Literal["LoadBalancer", "NodePort", "ClusterIP"] = "LoadBalancer"  # front door
+
+
 class Spec(StrictModel):
     site: Annotated[str, Field(pattern=SITE_NAME)]
     domain: Host
@@ -283,6 +331,7 @@ class Spec(StrictModel):
     auth: Auth = Auth()
     proxy: Proxy = Proxy()
     healthcheck_interval: Annotated[int, Field(ge=1, le=300)] = 10  # seconds
+    kubernetes: Kubernetes = Kubernetes()
     services: Annotated[list[Service], Field(min_length=1)]
 
     def service(self, name: str) -> Service:
@@ -635,11 +684,12 @@ class Parts:
     tls: TLS | None
     models_root: Path | None
     gpu_memory_gib: float | dict[int, float] | None
+    site: str | None = None
 
     @classmethod
     def of(cls, spec: Spec) -> "Parts":
         return cls(list(enumerate(spec.services)), spec.domain, spec.tls, spec.models_root,
-                   spec.gpu_memory_gib)
+                   spec.gpu_memory_gib, spec.site)
 
     @classmethod
     def salvage(cls, data: dict) -> "Parts":
@@ -653,6 +703,7 @@ class Parts:
             _valid(TLS, data.get("tls", {})),
             _valid(HostPath, data.get("models_root")),
             _valid(GpuMemory, data.get("gpu_memory_gib")),
+            _valid(Annotated[str, Field(pattern=SITE_NAME)], data.get("site")),
         )
 
 
@@ -675,6 +726,7 @@ def cross_checks(
     problems += _kit_read_env(parts.services)
     problems += _tls_files(parts, spec_dir)
     problems += _acme_domain(parts)
+    problems += _multi_node(parts)
     if check_host and parts.models_root is not None:
         problems += _model_dirs(parts, check_capacity)
     return problems
@@ -741,10 +793,17 @@ def _extra_args(services: list[tuple[int, Service]]) -> list[SpecProblem]:
     ]
     for i, service in services:
         sizes = parallel_sizes(service.extra_args, table)
-        world = service.tp
+        if service.pipeline_parallel > 1 and "--pipeline-parallel-size" in sizes:
+            problems.append(SpecProblem(
+                ("services", i, "extra_args", sizes["--pipeline-parallel-size"][0]),
+                "--pipeline-parallel-size repeats the service's pipeline_parallel",
+                "keep pipeline_parallel and remove the flag from extra_args",
+            ))
+            continue
+        world = service.tp * service.pipeline_parallel
         for _, size in sizes.values():
             world *= size
-        if world != len(service.gpus):
+        if world != service.gpu_count:
             index, _ = max(sizes.values())
             written = " x ".join(f"{flag} {size}" for flag, (_, size) in sizes.items())
             problems.append(SpecProblem(
@@ -754,6 +813,30 @@ def _extra_args(services: list[tuple[int, Service]]) -> list[SpecProblem]:
                 "list that many GPUs in gpus, or remove the size from extra_args "
                 "(kit runs one tensor-parallel group over the service's GPUs)",
             ))
+    return problems
+
+
+def _multi_node(parts: Parts) -> list[SpecProblem]:
+    """The head of a multi-node service runs here, beside the front door; one such service per
+    site, since its API and master port are on the head's host network."""
+    spanning = [(i, service) for i, service in parts.services if service.nodes]
+    problems = [
+        SpecProblem(
+            ("services", i, "nodes", 0, "name"),
+            f"the first node is the head, which runs on this site ({parts.site!r}) with the "
+            f"front door, not {service.nodes[0].name!r}",
+            f"list {parts.site} first in nodes (its fleet siblings after it)",
+        )
+        for i, service in spanning
+        if parts.site is not None and service.nodes and service.nodes[0].name != parts.site
+    ]
+    problems += [
+        SpecProblem(("services", i, "nodes"),
+                    f"a second multi-node service (also services[{spanning[0][0]}]): both heads "
+                    "would serve on this host's network at the same ports",
+                    "run one multi-node service per site")
+        for i, _ in spanning[1:]
+    ]
     return problems
 
 

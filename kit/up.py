@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from kit.apply import Executor
 from kit.docker_api import Engine, connect
+from kit.multinode import refuse_up
 from kit.preflight import preflight
 from kit.reconcile import (
     Action,
@@ -62,6 +63,7 @@ def up_site(
     """Render what the spec changed, converge the stack, then run the gate through nginx.
 
     The engine is reached after the render (`connect`: the real one, or a test's fake)."""
+    refuse_up(site.spec)
     rendered = render_site(site)
     for warning in rendered.warnings:
         warn(warning)

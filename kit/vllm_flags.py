@@ -30,6 +30,12 @@ SPEC_KEY_FLAGS = {
     "--host": "(kit binds vLLM inside the private network)",
     "--api-key": "auth (nginx authenticates; an --api-key would land in the compose file)",
     "--uds": "(kit serves vLLM over TCP on the private network)",
+    # A multi-node service (kit/multinode.py): kit renders each node's part.
+    "--nnodes": "nodes",
+    "--node-rank": "nodes",
+    "--master-addr": "nodes",
+    "--master-port": "master_port",
+    "--headless": "nodes (kit runs every node but the head headless)",
 }
 # Sizes that multiply with --tensor-parallel-size into the number of GPUs a service uses.
 PARALLEL_SIZE_FLAGS = ("--pipeline-parallel-size", "--data-parallel-size")

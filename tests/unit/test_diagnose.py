@@ -115,3 +115,15 @@ def test_the_more_specific_rule_wins_whatever_the_order() -> None:
     shm, bus = sample("shm-nccl-segment").log, sample("bus-error").log
     found = diagnose(bus + shm)
     assert found is not None and "shared memory segment" in found.evidence
+
+
+def test_multi_node_fixes_name_the_interface_port_and_counts() -> None:
+    interface = diagnose(sample("multinode-wrong-interface").log)
+    assert interface is not None and "'bond1'" in interface.cause
+    port = diagnose(sample("multinode-port-blocked").log)
+    assert port is not None and "172.17.0.9:50437" in port.cause and "600000ms" in port.cause
+    missing = diagnose(sample("multinode-node-missing").log)
+    assert missing is not None and "only 1 of 2 nodes joined the head within 901 s" in (
+        missing.cause)
+    timeout = diagnose(sample("multinode-nccl-timeout").log)
+    assert timeout is not None and "ALLREDUCE" in timeout.cause and "1800 s" in timeout.cause

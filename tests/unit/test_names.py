@@ -25,6 +25,8 @@ EXAMPLES = {
     "EMAIL": "ops@example.com",
     "PATH_TEXT": "/data/models",
     "HOSTNAME_LABEL": "llm",
+    "INTERFACE_NAME": "ens5f0",
+    "K8S_NAME": "llama8b-env",
 }
 
 

@@ -62,6 +62,13 @@ def env_name(data: dict, value: str) -> None:
     data["services"][0]["env"] = {value: "1"}
 
 
+def interface(data: dict, value: str) -> None:
+    """network_interface, read only for a service that spans nodes."""
+    data["services"][0]["nodes"] = [{"name": "test01", "address": "10.0.0.1"},
+                                    {"name": "gpu02", "address": "10.0.0.2"}]
+    data["services"][0]["network_interface"] = value
+
+
 TLS_NEEDS = {
     "acme": {"email": "ops@test.example"},
     "files": {"cert": "server.pem", "key": "server.key"},
@@ -99,6 +106,8 @@ FIELDS: dict[str, tuple[Setter, str]] = {
     "services.extra_args": (at(*S, "extra_args", 0), "--enable-prefix-caching"),
     "services.env.name": (env_name, "HF_HUB_OFFLINE"),
     "services.env.value": (at(*S, "env", "HF_HUB_OFFLINE"), "1"),
+    "services.network_interface": (interface, "ens5f0"),
+    "kubernetes.service_type": (at("kubernetes", "service_type"), "LoadBalancer"),
 }
 
 

@@ -17,7 +17,7 @@ import socket
 import sys
 import time
 
-from . import VERSION, cli, logs, model
+from . import VERSION, cli, logs, model, multinode
 from .engine import Engine
 from .server import App, Connection
 
@@ -178,6 +178,7 @@ class Standin:
         self.engine: Engine | None = None
         self.app: App | None = None
         self.max_num_seqs = 0
+        self.peers: multinode.Head | multinode.Worker | None = None  # --nnodes > 1
 
     async def at(self, fraction: float) -> None:
         """Sleep until `fraction` of the simulated load time has passed."""
@@ -269,7 +270,9 @@ class Standin:
             max_model_len = model.resolve_max_model_len(source, a.max_model_len)
             gpu_count = model.cuda_device_count(runtime_ids)
             tp, pp = a.tensor_parallel_size, a.pipeline_parallel_size
-            model.check_world_size(tp * pp, gpu_count, a.distributed_executor_backend, pp, tp)
+            multinode.check_flags(a)
+            model.check_world_size(tp * pp // a.nnodes, gpu_count, a.distributed_executor_backend,
+                                   pp, tp)
             model.check_heads(source, tp)
         except model.ConfigError as e:
             raise config_failure(e) from e
@@ -489,6 +492,46 @@ class Standin:
 
         loop.call_later(10, tick)
 
+    async def join_nodes(self) -> None:
+        """With --nnodes > 1: the head waits for every worker, a worker joins the head."""
+        me = multinode.role(self.args)
+        if me is None:
+            return
+        where = f"{me.master_addr}:{me.master_port}"
+        try:
+            multinode.check_interfaces()
+            if me.is_head:
+                logs.line(logs.ENGINE, "INFO", "multiproc_executor.py:118",
+                          f"Waiting for {me.nnodes - 1} other node(s) to join at {where}")
+                self.peers = multinode.Head(me)
+                await self.peers.wait_for_workers()
+            else:
+                logs.line(logs.ENGINE, "INFO", "multiproc_executor.py:118",
+                          f"Node rank {me.rank} joining the head at {where}")
+                self.peers = multinode.Worker(me)
+                await self.peers.join()
+        except multinode.JoinError as e:
+            lines = e.lines
+            raise Failure(lambda: logs.error_block(
+                logs.ENGINE, "multiproc_executor.py:912", "\n".join(lines))) from e
+        logs.line(logs.ENGINE, "INFO", "multiproc_executor.py:140",
+                  f"All {me.nnodes} nodes joined (world size {me.world})")
+
+    async def until_a_node_is_lost(self) -> None:
+        """Runs until stopped; a multi-node model fails as a whole when one node goes away."""
+        if self.peers is None:
+            await asyncio.Event().wait()
+            return
+        if isinstance(self.peers, multinode.Head):
+            rank = await self.peers.lost()
+            peer = f"node rank {rank}"
+        else:
+            await self.peers.lost()
+            peer = f"{self.args.master_addr}<{self.args.master_port}>"
+        lines = multinode.peer_lost(peer)
+        raise Failure(lambda: logs.error_block(
+            logs.ENGINE, "multiproc_executor.py:912", "\n".join(lines)))
+
     # --- lifecycle -------------------------------------------------------------------------
 
     async def run(self) -> int:
@@ -499,14 +542,21 @@ class Standin:
         server = None
         try:
             self.banner()
-            self.bind()
+            if not self.args.headless:  # a headless node serves no API
+                self.bind()
             source, max_model_len, gpu_count = await self.validate()
+            await self.join_nodes()
             kv = await self.load(source, max_model_len, gpu_count)
-            server = await self.serve(source, max_model_len, kv)
-            await asyncio.Event().wait()
+            if self.args.headless:
+                logs.line(logs.API, "INFO", "serve.py:160",
+                          f"Running headless as node rank {self.args.node_rank}: no API server")
+            else:
+                server = await self.serve(source, max_model_len, kv)
+            await self.until_a_node_is_lost()
         except Failure as f:
             await self.at(0.1)
             f.report()
+            self.shutdown(server)
             return f.exit_code
         except asyncio.CancelledError:
             self.shutdown(server)
@@ -514,6 +564,8 @@ class Standin:
         return 0
 
     def shutdown(self, server: asyncio.Server | None) -> None:
+        if self.peers is not None:
+            self.peers.close()
         if server is None:
             return
         logs.raw(logs.API, "INFO:     Shutting down", sys.stdout)
