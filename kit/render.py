@@ -27,7 +27,8 @@ from kit.credentials import (
     unshown_passwords,
     unshown_passwords_output,
 )
-from kit.desired import VERIFIER_SERVICE
+from kit.dashboards import dashboard_files, dashboard_provisioning, datasource_provisioning
+from kit.desired import PROMETHEUS_SERVICE, PROXY_SERVICE, VERIFIER_SERVICE
 from kit.envfile import env_file_text
 from kit.errors import BadInput
 from kit.files import (
@@ -45,6 +46,7 @@ from kit.files import (
     write_failure,
 )
 from kit.layout import NGINX_MOUNT, VERIFIER_AUTH_MOUNT, VERIFIER_MOUNT, SiteLayout
+from kit.observability import prometheus_config, rules_file, template_facts
 from kit.plan import (
     HEALTHZ_PORT,
     HF_CACHE_MOUNT,
@@ -148,6 +150,7 @@ def generated_files(plan: Plan, spec_name: str) -> list[Output]:
         "verifier_service": VERIFIER_SERVICE,
         "nginx_health_url": f"http://127.0.0.1:{HEALTHZ_PORT}/kit-healthz",
         "https_port_suffix": "" if https == 443 else f":{https}",
+        "o": template_facts(plan),
     }
     layout = SiteLayout(Path("."))
     env_files = [
@@ -171,7 +174,25 @@ def generated_files(plan: Plan, spec_name: str) -> list[Output]:
             layout.nginx_dir / "kit.js",
             resources.files("kit.templates").joinpath("kit.js").read_bytes(),
         ),
+        *observability_files(plan, layout),
     ]
+
+
+def observability_files(plan: Plan, layout: SiteLayout) -> list[Output]:
+    """Prometheus's config and rules, Grafana's provisioning and kit's dashboards (none when
+    observability is off)."""
+    if plan.observability is None:
+        return []
+    texts = {
+        layout.prometheus_dir / "prometheus.yml": prometheus_config(plan, PROXY_SERVICE),
+        layout.prometheus_dir / "rules.yml": rules_file(plan),
+        layout.grafana_provisioning_dir / "datasources" / "kit.yml":
+            datasource_provisioning(PROMETHEUS_SERVICE),
+        layout.grafana_provisioning_dir / "dashboards" / "kit.yml": dashboard_provisioning(),
+        **{layout.grafana_dashboards_dir / name: text
+           for name, text in dashboard_files(plan).items()},
+    }
+    return [Output(path, text.encode()) for path, text in texts.items()]
 
 
 @dataclass

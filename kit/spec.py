@@ -51,6 +51,7 @@ from kit.vllm_flags import (
     check_extra_args,
     choices,
     flag_table,
+    flag_uses,
     image_version,
     parallel_sizes,
 )
@@ -129,6 +130,9 @@ class Images(StrictModel):
     vllm: Annotated[str, Field(pattern=IMAGE_REF)] = f"vllm/vllm-openai:v{SHIPPED_VERSION}"
     nginx: Annotated[str, Field(pattern=IMAGE_REF)] = "nginx:1.27-alpine"
     certbot: Annotated[str, Field(pattern=IMAGE_REF)] = "certbot/certbot:v3.1.0"  # acme mode
+    # observability.enabled
+    prometheus: Annotated[str, Field(pattern=IMAGE_REF)] = "prom/prometheus:v3.5.0"
+    grafana: Annotated[str, Field(pattern=IMAGE_REF)] = "grafana/grafana:12.1.1"
 
 
 class TLS(StrictModel):
@@ -194,6 +198,29 @@ class Proxy(StrictModel):
         return self
 
 
+class Slo(StrictModel):
+    """A service's latency objective (p95): exact bucket bounds in vLLM's histograms, the SLO
+    panels and the SLO alerts (kit/observability.py)."""
+
+    ttft_p95_ms: Annotated[int, Field(ge=1, le=3_600_000)] | None = None  # time to first token
+    tpot_p95_ms: Annotated[int, Field(ge=1, le=60_000)] | None = None  # time per output token
+
+    @model_validator(mode="after")
+    def _one_set(self) -> "Slo":
+        if self.ttft_p95_ms is None and self.tpot_p95_ms is None:
+            raise ValueError("slo sets ttft_p95_ms, tpot_p95_ms or both")
+        return self
+
+
+class Observability(StrictModel):
+    """Prometheus and Grafana beside the services; Grafana only behind the front door."""
+
+    enabled: bool = False
+    scrape_interval: Annotated[int, Field(ge=1, le=300)] = 15  # seconds; rules run as often
+    retention_days: Annotated[int, Field(ge=1, le=3650)] = 15
+    replica_down_after: Annotated[int, Field(ge=1, le=3600)] = 60  # seconds: the alert's `for:`
+
+
 class Service(StrictModel):
     name: Annotated[str, Field(pattern=SERVICE_NAME), AfterValidator(_yaml_safe_key)]
     model: Annotated[str, Field(pattern=MODEL_REF, max_length=200)]
@@ -213,6 +240,7 @@ class Service(StrictModel):
         Annotated[str, Field(pattern=ENV_VALUE, max_length=4096)],
     ] = {}
     startup_timeout: Annotated[int, Field(ge=30, le=MAX_TIMEOUT)] | None = None  # seconds
+    slo: Slo | None = None
 
     @field_validator("gpus")
     @classmethod
@@ -283,6 +311,7 @@ class Spec(StrictModel):
     auth: Auth = Auth()
     proxy: Proxy = Proxy()
     healthcheck_interval: Annotated[int, Field(ge=1, le=300)] = 10  # seconds
+    observability: Observability = Observability()
     services: Annotated[list[Service], Field(min_length=1)]
 
     def service(self, name: str) -> Service:
@@ -635,11 +664,12 @@ class Parts:
     tls: TLS | None
     models_root: Path | None
     gpu_memory_gib: float | dict[int, float] | None
+    observability: "Observability | None" = None
 
     @classmethod
     def of(cls, spec: Spec) -> "Parts":
         return cls(list(enumerate(spec.services)), spec.domain, spec.tls, spec.models_root,
-                   spec.gpu_memory_gib)
+                   spec.gpu_memory_gib, spec.observability)
 
     @classmethod
     def salvage(cls, data: dict) -> "Parts":
@@ -653,6 +683,7 @@ class Parts:
             _valid(TLS, data.get("tls", {})),
             _valid(HostPath, data.get("models_root")),
             _valid(GpuMemory, data.get("gpu_memory_gib")),
+            _valid(Observability, data.get("observability", {})),
         )
 
 
@@ -672,6 +703,7 @@ def cross_checks(
     problems += _unique_names(parts.services)
     problems += _gpu_sharing(parts.services)
     problems += _extra_args(parts.services)
+    problems += _metrics_flags(parts.services, parts.observability)
     problems += _kit_read_env(parts.services)
     problems += _tls_files(parts, spec_dir)
     problems += _acme_domain(parts)
@@ -754,6 +786,37 @@ def _extra_args(services: list[tuple[int, Service]]) -> list[SpecProblem]:
                 "list that many GPUs in gpus, or remove the size from extra_args "
                 "(kit runs one tensor-parallel group over the service's GPUs)",
             ))
+    return problems
+
+
+# extra_args flags that would undo what the observability keys ask of vLLM: key → flag → why.
+METRICS_FLAGS = {
+    "slo": {"--custom-histogram-buckets": "kit writes the histogram bounds from slo "
+            "(vLLM's defaults plus the SLO, so the SLO line is exact); remove the flag"},
+    "observability.enabled": {"--disable-log-stats": "it removes every vllm:* metric "
+                              "Prometheus scrapes; remove the flag"},
+}
+
+
+def _metrics_flags(
+    services: list[tuple[int, Service]], observability: Observability | None
+) -> list[SpecProblem]:
+    """A flag in extra_args that contradicts slo or observability.enabled (vLLM would take
+    the last one, silently dropping kit's)."""
+    table = flag_table()
+    problems = []
+    for i, service in services:
+        keys = [key for key, on in (("slo", service.slo is not None),
+                                    ("observability.enabled",
+                                     observability is not None and observability.enabled))
+                if on]
+        for use in flag_uses(service.extra_args, table):
+            canonical = use.option.canonical if use.option else use.flag
+            for key in keys:
+                why = METRICS_FLAGS[key].get(canonical)
+                if why:
+                    problems.append(SpecProblem(("services", i, "extra_args", use.index),
+                                                f"{use.flag} conflicts with {key}: {why}"))
     return problems
 
 
