@@ -117,6 +117,12 @@ def test_every_panel_and_rule_queries_metrics_that_exist(site: LiveSite) -> None
     assert 0 < value <= 1
 
 
+def test_status_shows_live_figures(site: LiveSite) -> None:
+    shown = checked(site.kit("status")).stdout
+    assert f"{SERVICE} replica 0: up, running 0, waiting 0, KV cache 0 %" in shown, shown
+    assert "no alert firing" in shown
+
+
 def test_promtool_accepts_the_mounted_files(site: LiveSite) -> None:
     prometheus = site.container(PROMETHEUS_SERVICE)
     for command in (["promtool", "check", "config", "/etc/kit-prometheus/prometheus.yml"],
@@ -166,3 +172,6 @@ def test_a_stopped_replica_fires_replica_down(site: LiveSite) -> None:
     print(f"KitReplicaDown fired {elapsed:.1f} s after the replica stopped "
           f"(for: {DOWN_AFTER_S} s, scrape/evaluation every {SCRAPE_S} s)")
     assert elapsed >= DOWN_AFTER_S  # not before its `for:` window
+    shown = site.kit("status").stdout  # exits 1: the stack is not what the spec says
+    assert f"{SERVICE} replica 0: DOWN" in shown, shown
+    assert f"FIRING KitReplicaDown: {SERVICE} replica 0 does not answer /metrics" in shown
