@@ -18,6 +18,7 @@ from grafana_foundation_sdk.models.dashboard import DataSourceRef, Threshold, Th
 
 from kit.observability import (
     DOOR_JOB,
+    DOOR_LOG_JOB,
     DOOR_STATES,
     GRAFANA_DASHBOARDS_MOUNT,
     PROMETHEUS_PORT,
@@ -78,6 +79,7 @@ def slo_share(histogram: str, selector: str, bound: float) -> str:
 
 def service_dashboard(service: ServicePlan, slo: ServiceSlo | None) -> dashboard.Dashboard:
     sel = f'job="{VLLM_JOB}",service="{service.name}"'
+    door = f'job="{DOOR_LOG_JOB}",service="{service.name}"'
     by = "replica {{replica}}"
 
     def per_replica(metric: str, how: str = "sum") -> tuple[str, str]:
@@ -120,6 +122,15 @@ def service_dashboard(service: ServicePlan, slo: ServiceSlo | None) -> dashboard
         _panel("Responses by status class", "reqps",
                [(f"sum by (status) (rate(http_requests_total{{{sel}}}[{RATE}]))", "{{status}}")],
                "vLLM's own responses per second (2xx, 4xx, 5xx)"),
+        _panel("Front door: answers for this service by status", "reqps",
+               [(f"sum by (status) (rate(kit_door_requests_total{{{door}}}[{RATE}]))",
+                 "{{status}}")],
+               "what clients got from the front door for requests routed to this service "
+               "(a 502 here: no replica answered)"),
+        _panel("Front door: upstream response time p50 / p95", "s",
+               [(quantile(q, "kit_door_upstream_response_seconds", door, "", RATE),
+                 f"p{round(q * 100)}") for q in (0.5, 0.95)],
+               "nginx's $upstream_response_time: the whole answer, a stream's included"),
     ]
     for name, histogram, bound in (
         ("TTFT", "vllm:time_to_first_token_seconds", slo_bounds["TTFT"]),
@@ -137,6 +148,7 @@ def service_dashboard(service: ServicePlan, slo: ServiceSlo | None) -> dashboard
 
 def door_dashboard(plan: Plan) -> dashboard.Dashboard:
     door = f'job="{DOOR_JOB}"'
+    door_log = f'job="{DOOR_LOG_JOB}"'
     vllm = f'job="{VLLM_JOB}"'
     panels = [
         _panel("Front door up", "none", [(f"up{{{door}}}", "nginx")],
@@ -145,6 +157,22 @@ def door_dashboard(plan: Plan) -> dashboard.Dashboard:
                [(f'kit_door_connections{{{door},state="{state}"}}', state)
                 for state in DOOR_STATES],
                "nginx's client connections: open, reading a request, writing a response, idle"),
+        _panel("Requests by status", "reqps",
+               [(f"sum by (status) (rate(kit_door_requests_total{{{door_log}}}[{RATE}]))",
+                 "{{status}}")],
+               "every answer of the front door per second, by HTTP status"),
+        _panel("Refused: 401, 413, 429", "reqps",
+               [(f'sum by (status) (rate(kit_door_requests_total{{{door_log},'
+                 f'status=~"401|413|429"}}[{RATE}]))', "{{status}}")],
+               "no or wrong credentials, body too large, rate or connection limit"),
+        _panel("Request time p50 / p95", "s",
+               [(quantile(q, "kit_door_request_duration_seconds", door_log, "", RATE),
+                 f"p{round(q * 100)}") for q in (0.5, 0.95)],
+               "nginx's $request_time of every answer (streams: until the last byte)"),
+        _panel("Upstream response time p95 by service", "s",
+               [(quantile(0.95, "kit_door_upstream_response_seconds", door_log, "service",
+                          RATE), "{{service}}")],
+               "nginx's $upstream_response_time"),
         _panel("Responses by service and status class", "reqps",
                [(f"sum by (service, status) (rate(http_requests_total{{{vllm}}}[{RATE}]))",
                  "{{service}} {{status}}")],

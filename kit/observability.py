@@ -20,14 +20,20 @@ if TYPE_CHECKING:
 PROMETHEUS_PORT = 9090
 GRAFANA_PORT = 3000
 GRAFANA_PATH = "/grafana/"  # at the front door, behind its authentication
-DOOR_FIGURES_PORT = 9113  # nginx's own figures, on the private networks only
+DOOR_FIGURES_PORT = 9113  # nginx's own connection figures, on the private networks only
 DOOR_FIGURES_PATH = "/kit-figures"
+DOOR_LOG_PORT = 9114  # door-figures: nginx's access log counted (requests by status, times)
+DOOR_LOG_MOUNT = "/var/kit-figures"  # the volume nginx and door-figures share (unix socket)
+DOOR_LOG_SOCKET = f"{DOOR_LOG_MOUNT}/access.sock"
+DOOR_SCRIPT_MOUNT = "/kit-figures"  # observability/door-figures/ inside door-figures
+DOOR_SCRIPT = "door-figures.py"
 PROMETHEUS_MOUNT = "/etc/kit-prometheus"  # observability/prometheus/ inside Prometheus
 GRAFANA_PROVISIONING_MOUNT = "/etc/grafana/provisioning"
 GRAFANA_DASHBOARDS_MOUNT = "/var/lib/kit-dashboards"
 GRAFANA_USER_HEADER = "X-Kit-User"  # who the front door let in: Grafana's auth-proxy identity
 VLLM_JOB = "vllm"
 DOOR_JOB = "front-door"
+DOOR_LOG_JOB = "front-door-requests"
 DOOR_STATES = ("active", "reading", "writing", "waiting")  # nginx's connection figures
 RATE_WINDOW = "5m"  # the rules' rate() window
 
@@ -137,6 +143,8 @@ def scrape_targets(plan: Plan) -> list[Target]:
 def prometheus_config(plan: Plan, proxy_host: str) -> str:
     """prometheus.yml: every replica's /metrics and the front door's figures, on the private
     network, with `service` and `replica` labels that the dashboards and rules group by."""
+    from kit.desired import DOOR_FIGURES_SERVICE
+
     obs = plan.observability
     assert obs is not None
     interval = f"{obs.scrape_interval}s"
@@ -161,6 +169,10 @@ def prometheus_config(plan: Plan, proxy_host: str) -> str:
                 "job_name": DOOR_JOB,
                 "metrics_path": DOOR_FIGURES_PATH,
                 "static_configs": [{"targets": [f"{proxy_host}:{DOOR_FIGURES_PORT}"]}],
+            },
+            {
+                "job_name": DOOR_LOG_JOB,
+                "static_configs": [{"targets": [f"{DOOR_FIGURES_SERVICE}:{DOOR_LOG_PORT}"]}],
             },
             {
                 "job_name": "prometheus",
@@ -217,7 +229,7 @@ def alert_rules(plan: Plan) -> list[AlertRule]:
                   "warning",
                   "{{ $labels.service }} replica {{ $labels.replica }}: requests waiting for "
                   "more than a minute"),
-        AlertRule("KitServerErrors", _error_ratio(job), ">", 0.01, 300, "warning",
+        AlertRule("KitServerErrors", _error_ratio(), ">", 0.01, 300, "warning",
                   "{{ $labels.service }}: more than 1 % of responses are 5xx"),
     ]
     for slo in obs.slos:
@@ -239,12 +251,13 @@ def alert_rules(plan: Plan) -> list[AlertRule]:
     return rules
 
 
-def _error_ratio(job: str) -> str:
-    """5xx share of vLLM's responses per service; `or 0 * …` keeps a service without any 5xx
-    yet (its 5xx series does not exist until the first one) at 0 rather than absent."""
-    total = f"rate(http_requests_total{{{job}}}[{RATE_WINDOW}])"
-    errors = f'rate(http_requests_total{{{job},status="5xx"}}[{RATE_WINDOW}])'
-    return (f"sum by (service) ({errors} or 0 * {total}) / sum by (service) ({total})")
+def _error_ratio() -> str:
+    """5xx share of the front door's answers per service (a 502 from a replica that is gone
+    counts too); `or 0 * …` keeps a service without any 5xx yet at 0 rather than absent."""
+    door = f'job="{DOOR_LOG_JOB}",service!=""'
+    total = f"rate(kit_door_requests_total{{{door}}}[{RATE_WINDOW}])"
+    errors = f'rate(kit_door_requests_total{{{door},status=~"5.."}}[{RATE_WINDOW}])'
+    return f"sum by (service) ({errors} or 0 * {total}) / sum by (service) ({total})"
 
 
 def rules_file(plan: Plan) -> str:
@@ -264,7 +277,7 @@ def rules_file(plan: Plan) -> str:
 
 def template_facts(plan: Plan) -> dict:
     """What the compose and nginx templates lay out for observability (`o` in them)."""
-    from kit.desired import GRAFANA_SERVICE, PROMETHEUS_SERVICE
+    from kit.desired import DOOR_FIGURES_SERVICE, GRAFANA_SERVICE, PROMETHEUS_SERVICE
 
     obs = plan.observability
     https = plan.nginx.https_port
@@ -283,6 +296,17 @@ def template_facts(plan: Plan) -> dict:
         "door_figures_port": DOOR_FIGURES_PORT,
         "door_figures_path": DOOR_FIGURES_PATH,
         "door_states": DOOR_STATES,
+        "door_figures_service": DOOR_FIGURES_SERVICE,
+        "door_log_mount": DOOR_LOG_MOUNT,
+        "door_log_socket": DOOR_LOG_SOCKET,
+        "door_script_mount": DOOR_SCRIPT_MOUNT,
+        "door_figures_command": [
+            f"{DOOR_SCRIPT_MOUNT}/{DOOR_SCRIPT}", "--socket", DOOR_LOG_SOCKET,
+            "--port", str(DOOR_LOG_PORT), "--upstreams", json.dumps(upstreams(plan)),
+        ],
+        "door_figures_health": [
+            "CMD", "python3", "-c", "import urllib.request; urllib.request.urlopen("
+            f"'http://127.0.0.1:{DOOR_LOG_PORT}/metrics', timeout=4)"],
         "prometheus_command": [
             f"--config.file={PROMETHEUS_MOUNT}/prometheus.yml",
             "--storage.tsdb.path=/prometheus",
@@ -306,6 +330,12 @@ def template_facts(plan: Plan) -> dict:
             "GF_ANALYTICS_CHECK_FOR_PLUGIN_UPDATES": "false",
         },
     }
+
+
+def upstreams(plan: Plan) -> dict[str, str]:
+    """nginx upstream name (`$proxy_host` in its log) → service: the door's figures by service.
+    The same rule as the nginx template's `upstream` filter."""
+    return {"kit_" + service.name.replace("-", "_"): service.name for service in plan.services}
 
 
 def generated_yaml(document: dict) -> str:

@@ -46,7 +46,7 @@ from kit.files import (
     write_failure,
 )
 from kit.layout import NGINX_MOUNT, VERIFIER_AUTH_MOUNT, VERIFIER_MOUNT, SiteLayout
-from kit.observability import prometheus_config, rules_file, template_facts
+from kit.observability import DOOR_SCRIPT, prometheus_config, rules_file, template_facts
 from kit.plan import (
     HEALTHZ_PORT,
     HF_CACHE_MOUNT,
@@ -192,6 +192,8 @@ def observability_files(plan: Plan, layout: SiteLayout) -> list[Output]:
         **{layout.grafana_dashboards_dir / name: text
            for name, text in dashboard_files(plan).items()},
     }
+    script = resources.files("kit.templates").joinpath(DOOR_SCRIPT).read_text()
+    texts[layout.observability_dir / "door-figures" / DOOR_SCRIPT] = script
     return [Output(path, text.encode()) for path, text in texts.items()]
 
 

@@ -74,12 +74,13 @@ def wait_for(what: str, check, timeout: float) -> float:
 def test_every_target_is_up(site: LiveSite) -> None:
     def all_up() -> bool:
         targets = query(site, "/api/v1/targets")["activeTargets"]
-        return len(targets) == 3 and all(t["health"] == "up" for t in targets)
+        return len(targets) == 4 and all(t["health"] == "up" for t in targets)
 
     wait_for("every target up", all_up, 30)
     jobs = sorted((t["labels"]["job"], t["labels"].get("service", "-"))
                   for t in query(site, "/api/v1/targets")["activeTargets"])
-    assert jobs == [("front-door", "-"), ("prometheus", "-"), ("vllm", SERVICE)]
+    assert jobs == [("front-door", "-"), ("front-door-requests", "-"), ("prometheus", "-"),
+                    ("vllm", SERVICE)]
 
 
 def expressions(site: LiveSite) -> list[tuple[str, str]]:
@@ -102,7 +103,17 @@ def test_every_panel_and_rule_queries_metrics_that_exist(site: LiveSite) -> None
     ops = site.basic("ops")
     for _ in range(12):  # a short load: every histogram gets observations
         assert site.completion(ops, tokens=6) == 200
+    assert site.status("/v1/models") == 401
+    big = {"model": "x", "messages": [{"role": "user", "content": "x" * (2 << 20)}]}
+    assert site.status("/v1/chat/completions", ops, "POST", big) == 413
     time.sleep(4 * SCRAPE_S)
+    door = {s["metric"]["status"]: float(s["value"][1]) for s in query(
+        site, "/api/v1/query", query=f'sum by (status) (kit_door_requests_total{{service="'
+        f'{SERVICE}"}})')["result"]}
+    assert door["200"] >= 12, door  # the completions, as the front door answered them
+    refused = {s["metric"]["status"] for s in query(
+        site, "/api/v1/query", query='kit_door_requests_total{service=""}')["result"]}
+    assert {"401", "413"} <= refused, refused
     walked = expressions(site)
     empty = [(where, expr) for where, expr in walked
              if not query(site, "/api/v1/query", query=expr)["result"]]

@@ -11,7 +11,7 @@ import yaml
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from kit.dashboards import DATASOURCE_UID, le_matcher
-from kit.desired import GRAFANA_SERVICE, PROMETHEUS_SERVICE, load_desired
+from kit.desired import DOOR_FIGURES_SERVICE, GRAFANA_SERVICE, PROMETHEUS_SERVICE, load_desired
 from kit.layout import SiteLayout
 from kit.observability import (
     HISTOGRAMS_FLAG,
@@ -79,6 +79,7 @@ def test_prometheus_scrapes_every_service_and_the_door(observed: Path) -> None:
                        (["small:8000"], {"service": "small", "replica": "0"})]
     assert jobs["front-door"]["static_configs"] == [{"targets": ["nginx:9113"]}]
     assert jobs["front-door"]["metrics_path"] == "/kit-figures"
+    assert jobs["front-door-requests"]["static_configs"] == [{"targets": ["door-figures:9114"]}]
 
 
 def test_promtool_accepts_the_config_and_rules(observed: Path, promtool: str,
@@ -181,8 +182,9 @@ def test_grafana_provisioning(observed: Path) -> None:
 def test_compose_keeps_both_private(observed: Path) -> None:
     compose = yaml.safe_load((observed / "compose" / "docker-compose.yml").read_text())
     services = compose["services"]
-    for name in (PROMETHEUS_SERVICE, GRAFANA_SERVICE):
+    for name in (PROMETHEUS_SERVICE, GRAFANA_SERVICE, DOOR_FIGURES_SERVICE):
         assert "ports" not in services[name] and services[name]["networks"] == ["metrics"]
+        assert "deploy" not in services[name]  # no GPU
     assert compose["networks"]["metrics"] == {"internal": True}
     assert "metrics" in services["nginx"]["networks"] and "metrics" in services["small"][
         "networks"]
@@ -190,8 +192,15 @@ def test_compose_keeps_both_private(observed: Path) -> None:
     grafana = services[GRAFANA_SERVICE]["environment"]
     assert grafana["GF_SERVER_ROOT_URL"] == "https://llm.test.internal:8443/grafana/"
     assert grafana["GF_AUTH_PROXY_HEADER_NAME"] == "X-Kit-User"
+    figures = services[DOOR_FIGURES_SERVICE]
+    assert figures["image"] == services["small"]["image"]  # the vLLM image's python3
+    upstreams = json.loads(figures["command"][figures["command"].index("--upstreams") + 1])
+    assert upstreams == {"kit_llama8b": "llama8b", "kit_small": "small"}
+    shared = {"type": "volume", "source": "door-figures", "target": "/var/kit-figures"}
+    assert shared in services["nginx"]["volumes"] and shared in figures["volumes"]
     desired = load_desired(SiteLayout(observed), "kit-obs-test")
-    assert {PROMETHEUS_SERVICE, GRAFANA_SERVICE} <= {s.name for s in desired.services}
+    assert {PROMETHEUS_SERVICE, GRAFANA_SERVICE, DOOR_FIGURES_SERVICE} <= {
+        s.name for s in desired.services}
 
 
 def test_real_tools_accept_the_files(observed: Path) -> None:
@@ -215,6 +224,8 @@ def test_nginx_grafana_route_is_authenticated(observed: Path) -> None:
     assert 'proxy_set_header Authorization "";' in block
     assert "proxy_set_header X-Kit-User $kit_principal;" in block
     assert "location = /metrics " not in conf  # /metrics itself stays 404 at the door
+    assert ("access_log syslog:server=unix:/var/kit-figures/access.sock,nohostname,tag=kit "
+            "kit_figures;") in conf
     figures = conf[conf.index("listen 9113;") - 40:]
     assert "listen 9113;" in figures and "ssl" not in figures[:figures.index("}")]
 
