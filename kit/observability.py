@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import yaml
 
+from kit.desired import DOOR_FIGURES_SERVICE, GRAFANA_SERVICE, PROMETHEUS_SERVICE
+
 if TYPE_CHECKING:
     from kit.plan import Plan, ServicePlan
     from kit.spec import Spec
@@ -143,8 +145,6 @@ def scrape_targets(plan: Plan) -> list[Target]:
 def prometheus_config(plan: Plan, proxy_host: str) -> str:
     """prometheus.yml: every replica's /metrics and the front door's figures, on the private
     network, with `service` and `replica` labels that the dashboards and rules group by."""
-    from kit.desired import DOOR_FIGURES_SERVICE
-
     obs = plan.observability
     assert obs is not None
     interval = f"{obs.scrape_interval}s"
@@ -277,8 +277,6 @@ def rules_file(plan: Plan) -> str:
 
 def template_facts(plan: Plan) -> dict:
     """What the compose and nginx templates lay out for observability (`o` in them)."""
-    from kit.desired import DOOR_FIGURES_SERVICE, GRAFANA_SERVICE, PROMETHEUS_SERVICE
-
     obs = plan.observability
     https = plan.nginx.https_port
     root_url = f"https://{plan.url_host}{'' if https == 443 else f':{https}'}{GRAFANA_PATH}"

@@ -664,7 +664,7 @@ class Parts:
     tls: TLS | None
     models_root: Path | None
     gpu_memory_gib: float | dict[int, float] | None
-    observability: "Observability | None" = None
+    observability: Observability | None = None
 
     @classmethod
     def of(cls, spec: Spec) -> "Parts":
@@ -791,32 +791,31 @@ def _extra_args(services: list[tuple[int, Service]]) -> list[SpecProblem]:
 
 # extra_args flags that would undo what the observability keys ask of vLLM: key → flag → why.
 METRICS_FLAGS = {
-    "slo": {"--custom-histogram-buckets": "kit writes the histogram bounds from slo "
-            "(vLLM's defaults plus the SLO, so the SLO line is exact); remove the flag"},
+    "slo": {"--custom-histogram-buckets": "kit writes the histogram bounds from slo (vLLM's "
+            "defaults plus the SLO, so the SLO line is exact) and vLLM would keep only one"},
     "observability.enabled": {"--disable-log-stats": "it removes every vllm:* metric "
-                              "Prometheus scrapes; remove the flag"},
+                              "Prometheus scrapes"},
 }
 
 
 def _metrics_flags(
     services: list[tuple[int, Service]], observability: Observability | None
 ) -> list[SpecProblem]:
-    """A flag in extra_args that contradicts slo or observability.enabled (vLLM would take
-    the last one, silently dropping kit's)."""
+    """A flag in extra_args that contradicts slo or observability.enabled."""
     table = flag_table()
+    enabled = observability is not None and observability.enabled
     problems = []
     for i, service in services:
         keys = [key for key, on in (("slo", service.slo is not None),
-                                    ("observability.enabled",
-                                     observability is not None and observability.enabled))
-                if on]
+                                    ("observability.enabled", enabled)) if on]
         for use in flag_uses(service.extra_args, table):
             canonical = use.option.canonical if use.option else use.flag
-            for key in keys:
-                why = METRICS_FLAGS[key].get(canonical)
-                if why:
-                    problems.append(SpecProblem(("services", i, "extra_args", use.index),
-                                                f"{use.flag} conflicts with {key}: {why}"))
+            problems += [
+                SpecProblem(("services", i, "extra_args", use.index),
+                            f"{use.flag} conflicts with {key}: {METRICS_FLAGS[key][canonical]}",
+                            f"remove {use.flag} from extra_args")
+                for key in keys if canonical in METRICS_FLAGS[key]
+            ]
     return problems
 
 
