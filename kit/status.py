@@ -25,7 +25,7 @@ class StackStatus:
 
     def to_json(self, now: datetime) -> dict:
         extra = {"observability": self.figures.to_json()} if self.figures else {}
-        return {**extra,
+        return {
             "site": self.site,
             "containers": [
                 {
@@ -44,6 +44,7 @@ class StackStatus:
             "drift": list(self.drift),
             "render_pending": list(self.render_pending),
             "last_probe": self.last_probe,
+            **extra,
         }
 
 

@@ -132,6 +132,10 @@ def test_status_shows_live_figures(site: LiveSite) -> None:
     shown = checked(site.kit("status")).stdout
     assert f"{SERVICE} replica 0: up, running 0, waiting 0, KV cache 0 %" in shown, shown
     assert "no alert firing" in shown
+    seen = json.loads(checked(site.kit("status", "--json")).stdout)["observability"]
+    assert seen["replicas"] == [{"service": SERVICE, "replica": "0", "up": True, "running": 0.0,
+                                 "waiting": 0.0, "kv_cache_usage": 0.0}]
+    assert seen["firing"] == [] and seen["problem"] is None
 
 
 def test_promtool_accepts_the_mounted_files(site: LiveSite) -> None:

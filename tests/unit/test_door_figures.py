@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.e2e.conftest import pick_free_port
 
 SCRIPT = REPO / "templates" / "door-figures.py"
 
@@ -21,7 +20,9 @@ SCRIPT = REPO / "templates" / "door-figures.py"
 def figures(tmp_path: Path):
     """door-figures.py listening on a socket in tmp_path; yields (socket path, scrape())."""
     path = tmp_path / "access.sock"
-    port = pick_free_port()
+    with socket.socket() as probe:  # a port nothing listens on now
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     process = subprocess.Popen([sys.executable, str(SCRIPT), "--socket", str(path), "--port",
                                 str(port), "--upstreams", json.dumps({"kit_tiny": "tiny"})])
 
