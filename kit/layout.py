@@ -10,7 +10,7 @@
     <site>/nginx/tls/                   server.crt, server.key, ca.crt
     <site>/observability/               rendered when observability.enabled: prometheus/
                                         (prometheus.yml, rules.yml), grafana/provisioning/,
-                                        grafana/dashboards/
+                                        grafana/dashboards/, door-figures/ (the door's counter)
     <site>/.kit/                        kit's state: manifest, CA key, probe identity, last probe
 """
 
@@ -103,6 +103,10 @@ class SiteLayout:
     @property
     def grafana_dashboards_dir(self) -> Path:
         return self.observability_dir / "grafana" / "dashboards"
+
+    @property
+    def door_figures_dir(self) -> Path:
+        return self.observability_dir / "door-figures"
 
     @property
     def state_dir(self) -> Path:

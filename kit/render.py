@@ -193,7 +193,7 @@ def observability_files(plan: Plan, layout: SiteLayout) -> list[Output]:
            for name, text in dashboard_files(plan).items()},
     }
     script = resources.files("kit.templates").joinpath(DOOR_SCRIPT).read_text()
-    texts[layout.observability_dir / "door-figures" / DOOR_SCRIPT] = script
+    texts[layout.door_figures_dir / DOOR_SCRIPT] = script
     return [Output(path, text.encode()) for path, text in texts.items()]
 
 
