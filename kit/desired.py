@@ -44,11 +44,17 @@ COMPOSE_VERSION = "2.0.0"
 PROXY_SERVICE = "nginx"  # the template's front door: config changes reload it in place
 VERIFIER_SERVICE = "kit-auth"  # the front door's password verifier (its own nginx)
 ACME_SERVICE = "certbot"  # the ACME client of tls.mode acme
+PROMETHEUS_SERVICE = "prometheus"  # observability.enabled
+GRAFANA_SERVICE = "grafana"  # observability.enabled, reached through the front door only
+DOOR_FIGURES_SERVICE = "door-figures"  # observability.enabled: the front door's request figures
 # The compose services kit renders beside the spec's: a spec service may not take their names.
 KIT_SERVICES = {
     PROXY_SERVICE: "the front door",
     VERIFIER_SERVICE: "the front door's password verifier",
     ACME_SERVICE: "the ACME client (tls.mode acme)",
+    PROMETHEUS_SERVICE: "the metrics store (observability)",
+    GRAFANA_SERVICE: "the dashboards (observability)",
+    DOOR_FIGURES_SERVICE: "the front door's figures (observability)",
 }
 # Site files a service re-reads on every request: a change needs neither reload nor recreate,
 # so they stay out of its digest (the verifier's auth_basic reads htpasswd per request; a

@@ -8,7 +8,7 @@ The front door's nginx.conf is kit's own template rendered with the cluster's se
 
 import base64
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -480,6 +480,10 @@ def cannot_do(plan: Plan) -> list[str]:
                      "here; in the cluster each service gets whole GPUs of its own")
     if plan.tls_mode == "files":
         notes.append("OCSP stapling is off: nginx would need the cluster DNS service's address")
+    if plan.observability is not None:
+        notes.append("observability: Prometheus, Grafana and the front door's figures are not "
+                     "exported (nor /grafana/); scrape the vLLM pods' /metrics on port "
+                     f"{VLLM_PORT} with the cluster's own monitoring")
     if any(s.multinode for s in plan.services):
         notes.append("multi-node services: a LeaderWorkerSet (its controller must be installed) "
                      "on the pod network; host networking and the spec's network_interface and "
@@ -495,6 +499,10 @@ def export(plan: Plan, credentials: Credentials, *, namespace: str, service_type
                        fix="issue the certificate in the cluster (e.g. cert-manager) and use "
                        "tls.mode files with it, or self-signed")
     k8s_name(namespace, "namespace")
+    notes = cannot_do(plan)
+    # The cluster has no Prometheus/Grafana/door-figures of kit's: nginx must not log or route
+    # to them, so its config is rendered as for a site without observability.
+    plan = replace(plan, observability=None)
     for service in plan.services:
         k8s_name(service.name, "service")
     files: dict[str, list[dict]] = {"00-namespace.yaml": [{
@@ -517,7 +525,7 @@ def export(plan: Plan, credentials: Credentials, *, namespace: str, service_type
                for name, objects in files.items()]
     outputs.append(Output(Path(SECRETS_FILE), (header + _dump(secrets)).encode(), 0o600,
                           secret=True))
-    return Export(outputs, cannot_do(plan))
+    return Export(outputs, notes)
 
 
 def _unique(objects: list[dict]) -> None:

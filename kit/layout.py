@@ -8,6 +8,9 @@
     <site>/nginx/verifier/nginx.conf    rendered: the password verifier (its own container)
     <site>/nginx/auth/                  htpasswd (bcrypt), keys.map (key digests), auth-state.conf
     <site>/nginx/tls/                   server.crt, server.key, ca.crt
+    <site>/observability/               rendered when observability.enabled: prometheus/
+                                        (prometheus.yml, rules.yml), grafana/provisioning/,
+                                        grafana/dashboards/, door-figures/ (the door's counter)
     <site>/.kit/                        kit's state: manifest, CA key, probe identity, last probe
 """
 
@@ -83,6 +86,27 @@ class SiteLayout:
     @property
     def ca_cert(self) -> Path:
         return self.tls_dir / "ca.crt"
+
+    @property
+    def observability_dir(self) -> Path:
+        return self.root / "observability"
+
+    @property
+    def prometheus_dir(self) -> Path:
+        """Mounted whole into Prometheus (a file mount would pin the old inode on re-render)."""
+        return self.observability_dir / "prometheus"
+
+    @property
+    def grafana_provisioning_dir(self) -> Path:
+        return self.observability_dir / "grafana" / "provisioning"
+
+    @property
+    def grafana_dashboards_dir(self) -> Path:
+        return self.observability_dir / "grafana" / "dashboards"
+
+    @property
+    def door_figures_dir(self) -> Path:
+        return self.observability_dir / "door-figures"
 
     @property
     def state_dir(self) -> Path:

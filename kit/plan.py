@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from kit.errors import BadInput
 from kit.layout import NGINX_MOUNT
 from kit.multinode import MultiNodePlan, multinode_plan
+from kit.observability import ObservabilityPlan, histogram_args, observability_plan, service_slo
 from kit.spec import Spec
 
 VLLM_PORT = 8000
@@ -138,6 +139,7 @@ class Plan:
     tls_mode: str
     acme: AcmePlan | None = None
     warnings: list[str] = field(default_factory=list)
+    observability: ObservabilityPlan | None = None  # Prometheus + Grafana when enabled
 
     @property
     def url_host(self) -> str:
@@ -200,6 +202,7 @@ def build_plan(spec: Spec) -> Plan:
             staging=spec.tls.staging,
         ) if spec.tls.mode == "acme" else None,
         warnings=warnings,
+        observability=observability_plan(spec),
     )
 
 
@@ -242,7 +245,8 @@ def _service_plan(spec: Spec, service) -> ServicePlan:
         command += ["--kv-cache-dtype", service.kv_cache_dtype]
     if service.trust_remote_code:
         command += ["--trust-remote-code"]
-    command += ["--port", str(VLLM_PORT), *service.extra_args]
+    command += ["--port", str(VLLM_PORT), *histogram_args(service_slo(service)),
+                *service.extra_args]
     env = {"HF_HOME": HF_CACHE_MOUNT, **service.env}
     engine_timeout = service.engine_ready_timeout or DEFAULT_ENGINE_READY_TIMEOUT
     nodes = multinode_plan(service, command, env)

@@ -27,7 +27,8 @@ from kit.credentials import (
     unshown_passwords,
     unshown_passwords_output,
 )
-from kit.desired import VERIFIER_SERVICE
+from kit.dashboards import dashboard_files, dashboard_provisioning, datasource_provisioning
+from kit.desired import PROMETHEUS_SERVICE, PROXY_SERVICE, VERIFIER_SERVICE
 from kit.envfile import env_file_text
 from kit.errors import BadInput
 from kit.files import (
@@ -46,6 +47,7 @@ from kit.files import (
 )
 from kit.layout import NGINX_MOUNT, VERIFIER_AUTH_MOUNT, VERIFIER_MOUNT, SiteLayout
 from kit.node_files import worker_outputs
+from kit.observability import DOOR_SCRIPT, prometheus_config, rules_file, template_facts
 from kit.plan import (
     HEALTHZ_PORT,
     HF_CACHE_MOUNT,
@@ -155,6 +157,7 @@ def template_context(plan: Plan, spec_name: str) -> dict:
         "https_port_suffix": "" if https == 443 else f":{https}",
         "service_hosts": {service.name: service.name for service in plan.services},
         "dns_resolver": DOCKER_DNS,
+        "o": template_facts(plan),
     }
 
 
@@ -189,7 +192,27 @@ def generated_files(plan: Plan, spec_name: str) -> list[Output]:
             layout.nginx_dir / "kit.js",
             resources.files("kit.templates").joinpath("kit.js").read_bytes(),
         ),
+        *observability_files(plan, layout),
     ]
+
+
+def observability_files(plan: Plan, layout: SiteLayout) -> list[Output]:
+    """Prometheus's config and rules, Grafana's provisioning and kit's dashboards (none when
+    observability is off)."""
+    if plan.observability is None:
+        return []
+    texts = {
+        layout.prometheus_dir / "prometheus.yml": prometheus_config(plan, PROXY_SERVICE),
+        layout.prometheus_dir / "rules.yml": rules_file(plan),
+        layout.grafana_provisioning_dir / "datasources" / "kit.yml":
+            datasource_provisioning(PROMETHEUS_SERVICE),
+        layout.grafana_provisioning_dir / "dashboards" / "kit.yml": dashboard_provisioning(),
+        **{layout.grafana_dashboards_dir / name: text
+           for name, text in dashboard_files(plan).items()},
+    }
+    script = resources.files("kit.templates").joinpath(DOOR_SCRIPT).read_text()
+    texts[layout.door_figures_dir / DOOR_SCRIPT] = script
+    return [Output(path, text.encode()) for path, text in texts.items()]
 
 
 @dataclass

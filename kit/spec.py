@@ -52,6 +52,7 @@ from kit.vllm_flags import (
     check_extra_args,
     choices,
     flag_table,
+    flag_uses,
     image_version,
     parallel_sizes,
 )
@@ -130,6 +131,9 @@ class Images(StrictModel):
     vllm: Annotated[str, Field(pattern=IMAGE_REF)] = f"vllm/vllm-openai:v{SHIPPED_VERSION}"
     nginx: Annotated[str, Field(pattern=IMAGE_REF)] = "nginx:1.27-alpine"
     certbot: Annotated[str, Field(pattern=IMAGE_REF)] = "certbot/certbot:v3.1.0"  # acme mode
+    # observability.enabled
+    prometheus: Annotated[str, Field(pattern=IMAGE_REF)] = "prom/prometheus:v3.5.0"
+    grafana: Annotated[str, Field(pattern=IMAGE_REF)] = "grafana/grafana:12.1.1"
 
 
 class TLS(StrictModel):
@@ -203,6 +207,29 @@ class Node(StrictModel):
     address: Annotated[str, AfterValidator(names.ip)]
 
 
+class Slo(StrictModel):
+    """A service's latency objective (p95): exact bucket bounds in vLLM's histograms, the SLO
+    panels and the SLO alerts (kit/observability.py)."""
+
+    ttft_p95_ms: Annotated[int, Field(ge=1, le=3_600_000)] | None = None  # time to first token
+    tpot_p95_ms: Annotated[int, Field(ge=1, le=60_000)] | None = None  # time per output token
+
+    @model_validator(mode="after")
+    def _one_set(self) -> "Slo":
+        if self.ttft_p95_ms is None and self.tpot_p95_ms is None:
+            raise ValueError("slo sets ttft_p95_ms, tpot_p95_ms or both")
+        return self
+
+
+class Observability(StrictModel):
+    """Prometheus and Grafana beside the services; Grafana only behind the front door."""
+
+    enabled: bool = False
+    scrape_interval: Annotated[int, Field(ge=1, le=300)] = 15  # seconds; rules run as often
+    retention_days: Annotated[int, Field(ge=1, le=3650)] = 15
+    replica_down_after: Annotated[int, Field(ge=1, le=3600)] = 60  # seconds: the alert's `for:`
+
+
 class Service(StrictModel):
     name: Annotated[str, Field(pattern=SERVICE_NAME), AfterValidator(_yaml_safe_key)]
     model: Annotated[str, Field(pattern=MODEL_REF, max_length=200)]
@@ -228,6 +255,7 @@ class Service(StrictModel):
     nodes: Annotated[list[Node], Field(min_length=2, max_length=64)] | None = None
     network_interface: Annotated[str, Field(pattern=INTERFACE_NAME)] | None = None
     master_port: Annotated[int, Field(ge=1024, le=65535)] = 29501  # vLLM's --master-port default
+    slo: Slo | None = None
 
     @field_validator("gpus")
     @classmethod
@@ -332,6 +360,7 @@ class Spec(StrictModel):
     proxy: Proxy = Proxy()
     healthcheck_interval: Annotated[int, Field(ge=1, le=300)] = 10  # seconds
     kubernetes: Kubernetes = Kubernetes()
+    observability: Observability = Observability()
     services: Annotated[list[Service], Field(min_length=1)]
 
     def service(self, name: str) -> Service:
@@ -685,11 +714,12 @@ class Parts:
     models_root: Path | None
     gpu_memory_gib: float | dict[int, float] | None
     site: str | None = None
+    observability: Observability | None = None
 
     @classmethod
     def of(cls, spec: Spec) -> "Parts":
         return cls(list(enumerate(spec.services)), spec.domain, spec.tls, spec.models_root,
-                   spec.gpu_memory_gib, spec.site)
+                   spec.gpu_memory_gib, spec.site, spec.observability)
 
     @classmethod
     def salvage(cls, data: dict) -> "Parts":
@@ -704,6 +734,7 @@ class Parts:
             _valid(HostPath, data.get("models_root")),
             _valid(GpuMemory, data.get("gpu_memory_gib")),
             _valid(Annotated[str, Field(pattern=SITE_NAME)], data.get("site")),
+            _valid(Observability, data.get("observability", {})),
         )
 
 
@@ -723,6 +754,7 @@ def cross_checks(
     problems += _unique_names(parts.services)
     problems += _gpu_sharing(parts.services)
     problems += _extra_args(parts.services)
+    problems += _metrics_flags(parts.services, parts.observability)
     problems += _kit_read_env(parts.services)
     problems += _tls_files(parts, spec_dir)
     problems += _acme_domain(parts)
@@ -837,6 +869,36 @@ def _multi_node(parts: Parts) -> list[SpecProblem]:
                     "run one multi-node service per site")
         for i, _ in spanning[1:]
     ]
+    return problems
+
+
+# extra_args flags that would undo what the observability keys ask of vLLM: key → flag → why.
+METRICS_FLAGS = {
+    "slo": {"--custom-histogram-buckets": "kit writes the histogram bounds from slo (vLLM's "
+            "defaults plus the SLO, so the SLO line is exact) and vLLM would keep only one"},
+    "observability.enabled": {"--disable-log-stats": "it removes every vllm:* metric "
+                              "Prometheus scrapes"},
+}
+
+
+def _metrics_flags(
+    services: list[tuple[int, Service]], observability: Observability | None
+) -> list[SpecProblem]:
+    """A flag in extra_args that contradicts slo or observability.enabled."""
+    table = flag_table()
+    enabled = observability is not None and observability.enabled
+    problems = []
+    for i, service in services:
+        keys = [key for key, on in (("slo", service.slo is not None),
+                                    ("observability.enabled", enabled)) if on]
+        for use in flag_uses(service.extra_args, table):
+            canonical = use.option.canonical if use.option else use.flag
+            problems += [
+                SpecProblem(("services", i, "extra_args", use.index),
+                            f"{use.flag} conflicts with {key}: {METRICS_FLAGS[key][canonical]}",
+                            f"remove {use.flag} from extra_args")
+                for key in keys if canonical in METRICS_FLAGS[key]
+            ]
     return problems
 
 

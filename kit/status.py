@@ -4,7 +4,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from kit.desired import PROMETHEUS_SERVICE
 from kit.docker_api import Engine
+from kit.live_figures import LiveFigures, live_figures
 from kit.observe import ContainerState
 from kit.reconcile import changes, up_actions
 from kit.render import render_site
@@ -19,8 +21,10 @@ class StackStatus:
     drift: tuple[str, ...]  # what `kit up` would change in the running stack
     render_pending: tuple[str, ...]  # files the spec would change (kit up renders them first)
     last_probe: dict | None
+    figures: LiveFigures | None = None  # observability on: Prometheus's live view
 
     def to_json(self, now: datetime) -> dict:
+        extra = {"observability": self.figures.to_json()} if self.figures else {}
         return {
             "site": self.site,
             "containers": [
@@ -40,6 +44,7 @@ class StackStatus:
             "drift": list(self.drift),
             "render_pending": list(self.render_pending),
             "last_probe": self.last_probe,
+            **extra,
         }
 
 
@@ -53,7 +58,16 @@ def gather(site: Site, engine: Engine) -> StackStatus:
         drift=tuple(str(action) for action in changes(up_actions(site.desired, observed))),
         render_pending=tuple(str(change.output.path) for change in pending),
         last_probe=_last_probe(site.layout.last_probe),
+        figures=_figures(site, engine, observed.containers),
     )
+
+
+def _figures(site: Site, engine: Engine, containers: tuple[ContainerState, ...]
+             ) -> LiveFigures | None:
+    if not site.spec.observability.enabled:
+        return None
+    running = [c.id for c in containers if c.service == PROMETHEUS_SERVICE and c.running]
+    return live_figures(engine, running[0] if running else None)
 
 
 def _last_probe(path: Path) -> dict | None:
@@ -114,4 +128,6 @@ def render_text(status: StackStatus, now: datetime) -> str:
         failed = [c["name"] for c in probe.get("checks", []) if not c.get("ok")]
         verdict = "passed" if probe.get("ok") else f"FAILED ({', '.join(failed)})"
         lines.append(f"last probe: {verdict} at {probe.get('checked_at', '?')}")
+    if status.figures:
+        lines += status.figures.lines()
     return "\n".join(lines)

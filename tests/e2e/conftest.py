@@ -27,6 +27,8 @@ IMAGES = {
     "vllm_standin": "kit-test/vllm-standin:latest",
     "nginx": "nginx:1.27-alpine",
     "nginx_debian": "kit-test/nginx:1.22",
+    "prometheus": "prom/prometheus:v3.5.0",  # Debian's Prometheus 2.42
+    "grafana": "grafana/grafana:12.1.1",  # a stand-in, NOT Grafana (tests/images/grafana-standin)
 }
 
 

@@ -13,6 +13,10 @@
 #    ngx_http_js_module.so, user/group nginx 101:101, /var/cache/nginx, CMD nginx -g 'daemon off;',
 #    STOPSIGNAL SIGQUIT), tagged with every --nginx-tag (default nginx:1.27-alpine) and
 #    kit-test/nginx:1.22.
+# 4. Debian's Prometheus (tests/images/prometheus.sh unpacks the package) tagged
+#    prom/prometheus:v3.5.0 and kit-test/prometheus:debian; a Grafana STAND-IN (NOT Grafana,
+#    tests/images/grafana-standin) tagged grafana/grafana:12.1.1 and
+#    kit-test/grafana-standin:latest.
 #
 # Each image carries a label with the hash of its inputs; a re-run with unchanged inputs only
 # re-tags (about a second). Needs a running Docker engine (scripts/dockerd.sh start) and root
@@ -57,6 +61,10 @@ done
 [ ${#nginx_tags[@]} -gt 0 ] || nginx_tags=("nginx:1.27-alpine")
 VLLM_IMAGE="kit-test/vllm-standin:latest"
 NGINX_IMAGE="kit-test/nginx:1.22"
+PROMETHEUS_IMAGE="kit-test/prometheus:debian"
+GRAFANA_IMAGE="kit-test/grafana-standin:latest"
+prometheus_tags=("prom/prometheus:v3.5.0")  # kit's pinned images.prometheus and images.grafana
+grafana_tags=("grafana/grafana:12.1.1")
 
 log() { echo "build.sh: $*" >&2; }
 
@@ -174,10 +182,22 @@ mkdir -p "$work/nginx"
 cp "$HERE/nginx/nginx.conf" "$HERE/nginx/default.conf" "$work/nginx/"
 build nginx "$HERE/nginx.Dockerfile" "$work/nginx" "$NGINX_IMAGE" "${nginx_tags[@]}"
 
+# Observability: Debian's Prometheus as the pinned Prometheus image, and a Grafana STAND-IN
+# (NOT Grafana: no Debian package, no registry) as the pinned Grafana image.
+mkdir -p "$work/prometheus" "$work/grafana"
+prometheus_dir="$(bash "$HERE/prometheus.sh")"
+cp "$prometheus_dir/usr/bin/prometheus" "$prometheus_dir/usr/bin/promtool" "$work/prometheus/"
+build prometheus "$HERE/prometheus.Dockerfile" "$work/prometheus" "$PROMETHEUS_IMAGE" \
+    "${prometheus_tags[@]}"
+cp "$HERE/grafana-standin/grafana_standin.py" "$work/grafana/"
+build grafana-standin "$HERE/grafana-standin.Dockerfile" "$work/grafana" "$GRAFANA_IMAGE" \
+    "${grafana_tags[@]}"
+
 # Drop earlier builds of these images that lost their tags.
 docker image prune --force --filter "label=kit.test.image" >/dev/null
 
-for tag in "$VLLM_IMAGE" "${vllm_tags[@]}" "$NGINX_IMAGE" "${nginx_tags[@]}"; do
+for tag in "$VLLM_IMAGE" "${vllm_tags[@]}" "$NGINX_IMAGE" "${nginx_tags[@]}" \
+    "$PROMETHEUS_IMAGE" "${prometheus_tags[@]}" "$GRAFANA_IMAGE" "${grafana_tags[@]}"; do
     docker image inspect --format "$tag {{.Id}} {{.Size}}" "$tag" |
         awk '{ printf "%-36s %.19s %4.0f MB\n", $1, $2, $3 / 1000000 }'
 done

@@ -451,3 +451,21 @@ def regenerate() -> None:
 
 if __name__ == "__main__":
     regenerate()
+
+
+def test_observability_is_named_and_left_out_of_the_front_door() -> None:
+    """The cluster has none of kit's Prometheus/Grafana/door-figures: nginx must neither log to
+    the figures socket nor route /grafana/, and the output says so."""
+    plan = CASES["example"]()
+    spec = load_spec(REPO / "site.yaml")
+    observed = build_plan(spec.model_copy(update={
+        "observability": spec.observability.model_copy(update={"enabled": True})}))
+    assert observed.observability is not None
+    result = export(observed, CREDENTIALS, namespace=plan.site, service_type="LoadBalancer",
+                    spec_name="site.yaml")
+    assert any(note.startswith("observability: ") for note in result.notes)
+    front_door = next(o for o in result.files if str(o.path) == "front-door.yaml").content
+    assert b"/grafana/" not in front_door and b"access.sock" not in front_door
+    plain = export(plan, CREDENTIALS, namespace=plan.site, service_type="LoadBalancer",
+                   spec_name="site.yaml")
+    assert not any(note.startswith("observability: ") for note in plain.notes)

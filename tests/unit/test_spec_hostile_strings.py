@@ -85,6 +85,8 @@ FIELDS: dict[str, tuple[Setter, str]] = {
     "images.vllm": (at("images", "vllm"), "vllm/vllm-openai:v0.33.0"),
     "images.nginx": (at("images", "nginx"), "nginx:1.27-alpine"),
     "images.certbot": (at("images", "certbot"), "certbot/certbot:v3.1.0"),
+    "images.prometheus": (at("images", "prometheus"), "prom/prometheus:v3.5.0"),
+    "images.grafana": (at("images", "grafana"), "grafana/grafana:12.1.1"),
     "tls.mode": (at("tls", "mode"), "self-signed"),
     "tls.cert": (at("tls", "cert", mode="files"), "server.pem"),
     "tls.key": (at("tls", "key", mode="files"), "server.key"),

@@ -603,3 +603,32 @@ def test_an_idle_keep_alive_connection_is_closed_like_uvicorn(tmp_path):
         sock.settimeout(2)
         assert sock.recv(1) == b""  # the server closed it (EOF), as uvicorn does
         conn.close()
+
+
+def test_custom_histogram_buckets_replace_a_family_and_http_requests_are_counted(tmp_path):
+    model = model_dir(tmp_path, "tiny-chat", LLAMA_8B)
+    buckets = '{"time_to_first_token": [0.05, 0.2], "inter_token_latency": [0.03, 1.0]}'
+    with serving(str(model), "--served-model-name", "tiny", "--max-model-len", "4096",
+                 "--custom-histogram-buckets", buckets,
+                 STANDIN_TOKEN_INTERVAL_MS="5") as (port, _):
+        request(port, "POST", "/v1/completions", {"model": "tiny", "prompt": "x",
+                                                  "max_tokens": 3})
+        text = request(port, "GET", "/metrics")[2].decode()
+    bounds = {name: re.findall(rf'^{name}_bucket{{.*le="([^"]+)"', text, re.MULTILINE)
+              for name in ("vllm:time_to_first_token_seconds",
+                           "vllm:request_time_per_output_token_seconds",
+                           "vllm:e2e_request_latency_seconds")}
+    assert bounds["vllm:time_to_first_token_seconds"] == ["0.05", "0.2", "+Inf"]
+    assert bounds["vllm:request_time_per_output_token_seconds"] == ["0.03", "1.0", "+Inf"]
+    assert bounds["vllm:e2e_request_latency_seconds"][0] == "0.3"  # other families unchanged
+    assert ('http_requests_total{handler="/v1/completions",method="POST",status="2xx"} 1.0'
+            in text)
+
+
+@pytest.mark.parametrize("value", ['{"ttft": [0.1]}', '{"time_to_first_token": [0.2, 0.1]}',
+                                   "[0.1]", "{not json"])
+def test_bad_custom_histogram_buckets_exit_2(tmp_path, value):
+    model = model_dir(tmp_path, "tiny-chat", LLAMA_8B)
+    result = run_standin("serve", str(model), "--custom-histogram-buckets", value)
+    assert result.returncode == 2
+    assert "argument --custom-histogram-buckets:" in result.stderr

@@ -169,6 +169,7 @@ class Engine:
         kv_tokens: int | None,
         block_size: int,
         cache_info: dict[str, str],
+        bounds: dict[str, tuple[float, ...]] | None = None,
     ):
         self.model_name = model_name
         self.interval = interval_s
@@ -248,6 +249,9 @@ class Engine:
                 LATENCY_BUCKETS,
             ),
         }
+        for histogram in self.hist.values():  # --custom-histogram-buckets
+            histogram.buckets = (bounds or {}).get(histogram.name, histogram.buckets)
+            histogram.counts = [0] * (len(histogram.buckets) + 1)
 
     # --- scheduling ------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import socket
 import sys
 import time
 
-from . import VERSION, cli, logs, model, multinode
+from . import VERSION, buckets, cli, logs, model, multinode
 from .engine import Engine
 from .server import App, Connection
 
@@ -442,6 +442,7 @@ class Standin:
                 "num_gpu_blocks": str(kv.tokens // model.BLOCK_SIZE if kv else 0),
                 "enable_prefix_caching": str(a.enable_prefix_caching is not False),
             },
+            bounds=a.histogram_bounds,
         )
         self.app = App(
             engine=self.engine,
@@ -597,4 +598,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.model_tag is not None:
         args.model = args.model_tag
+    try:
+        args.histogram_bounds = buckets.parse(args.custom_histogram_buckets)
+    except ValueError as e:
+        parser.error(f"argument --custom-histogram-buckets: {e}")
     return asyncio.run(Standin(args, parser).run())

@@ -278,6 +278,8 @@ class App:
         self.keep_alive_timeout = keep_alive_timeout
         self.created = int(time.time())
         self.connections: set[Connection] = set()
+        # http_requests_total as vLLM's HTTP instrumentation counts it: route, method, status class
+        self.responses: dict[tuple[str, str, str], int] = {}
         self.routes = {
             "/health": ({"GET"}, self.health),
             "/ping": ({"GET", "POST"}, self.health),
@@ -291,6 +293,9 @@ class App:
         }
 
     def access(self, conn: Connection, request: HttpRequest, status: int) -> None:
+        if request.path in self.routes:
+            key = (request.path, request.method, f"{status // 100}xx")
+            self.responses[key] = self.responses.get(key, 0) + 1
         if self.access_log:
             host, port = conn.peer[0], conn.peer[1]
             logs.raw(
@@ -375,6 +380,13 @@ class App:
             f'python_info{{implementation="CPython",major="{v.major}",minor="{v.minor}",'
             f'patchlevel="{v.micro}",version="{v.major}.{v.minor}.{v.micro}"}} 1.0\n'
         )
+        text += (
+            "# HELP http_requests_total Total number of requests by method, status and handler.\n"
+            "# TYPE http_requests_total counter\n"
+        )
+        for (handler, method, status), count in sorted(self.responses.items()):
+            text += (f'http_requests_total{{handler="{handler}",method="{method}",'
+                     f'status="{status}"}} {float(count)}\n')
         if self.log_stats:
             text += self.engine.metrics()
         conn.send(request, 200, text.encode(), "text/plain; version=1.0.0; charset=utf-8")

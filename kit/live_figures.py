@@ -1,0 +1,110 @@
+"""`kit status` with observability on: each replica's live figures and the firing alerts, asked
+of the site's Prometheus from inside its container (it publishes no port)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import asdict, dataclass
+from urllib.parse import urlencode
+
+from kit.docker_api import Engine
+from kit.errors import KitError
+from kit.observability import PROMETHEUS_PORT, VLLM_JOB
+
+# figure → the PromQL that gives it per (service, replica)
+FIGURES = {
+    "up": f'up{{job="{VLLM_JOB}"}}',
+    "running": f'vllm:num_requests_running{{job="{VLLM_JOB}"}}',
+    "waiting": f'vllm:num_requests_waiting{{job="{VLLM_JOB}"}}',
+    "kv_cache_usage": f'vllm:kv_cache_usage_perc{{job="{VLLM_JOB}"}}',
+}
+
+
+@dataclass(frozen=True)
+class ReplicaFigures:
+    service: str
+    replica: str
+    up: bool
+    running: float | None
+    waiting: float | None
+    kv_cache_usage: float | None  # 0..1
+
+
+@dataclass(frozen=True)
+class LiveFigures:
+    replicas: tuple[ReplicaFigures, ...] = ()
+    firing: tuple[str, ...] = ()  # "AlertName: summary"
+    problem: str | None = None  # why there are no figures
+
+    def to_json(self) -> dict:
+        return {"replicas": [asdict(r) for r in self.replicas], "firing": list(self.firing),
+                "problem": self.problem}
+
+    def lines(self) -> list[str]:
+        if self.problem:
+            return [f"live figures: none ({self.problem})"]
+        lines = ["live figures (Prometheus):"]
+        for r in self.replicas:
+            kv = "-" if r.kv_cache_usage is None else f"{100 * r.kv_cache_usage:.0f} %"
+            lines.append(f"  {r.service} replica {r.replica}: {'up' if r.up else 'DOWN'}, "
+                         f"running {_count(r.running)}, waiting {_count(r.waiting)}, "
+                         f"KV cache {kv}")
+        lines += [f"  FIRING {alert}" for alert in self.firing] or ["  no alert firing"]
+        return lines
+
+
+def _count(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def api_argv(path: str, params: dict[str, str] | None = None) -> list[str]:
+    """A GET of Prometheus's API from inside its container: busybox wget in the official
+    image, curl in Debian-based ones."""
+    url = f"http://127.0.0.1:{PROMETHEUS_PORT}{path}"
+    if params:
+        url += "?" + urlencode(params)
+    quoted = shlex.quote(url)
+    return ["sh", "-c", f"wget -q -O - {quoted} 2>/dev/null || curl -fsS {quoted}"]
+
+
+def _api(engine: Engine, container_id: str, path: str, params: dict[str, str] | None = None):
+    code, output = engine.exec(container_id, api_argv(path, params))
+    if code != 0:
+        raise KitError(f"Prometheus did not answer {path} (exit {code}): {output.strip()}")
+    try:
+        answer = json.loads(output)
+        if answer["status"] != "success":
+            raise ValueError(answer.get("error"))
+        return answer["data"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise KitError(f"Prometheus answered {path} with something unreadable: {error}") from None
+
+
+def live_figures(engine: Engine, prometheus_id: str | None) -> LiveFigures:
+    """Per-replica figures and firing alerts; a Prometheus that is down or does not answer
+    is said in `problem` (status still shows everything else)."""
+    if prometheus_id is None:
+        return LiveFigures(problem="the prometheus container is not running")
+    try:
+        values: dict[tuple[str, str], dict[str, float]] = {}
+        for figure, expr in FIGURES.items():
+            for sample in _api(engine, prometheus_id, "/api/v1/query", {"query": expr})["result"]:
+                labels = sample["metric"]
+                key = (labels.get("service", "?"), labels.get("replica", "?"))
+                values.setdefault(key, {})[figure] = float(sample["value"][1])
+        alerts = _api(engine, prometheus_id, "/api/v1/alerts")["alerts"]
+        firing = tuple(sorted(
+            f"{alert['labels']['alertname']}: {alert['annotations'].get('summary', '')}"
+            for alert in alerts if alert["state"] == "firing"
+        ))
+    except KitError as error:
+        return LiveFigures(problem=error.message)
+    except (KeyError, TypeError, ValueError, IndexError) as error:
+        return LiveFigures(problem=f"Prometheus answered in an unexpected shape ({error!r})")
+    replicas = tuple(
+        ReplicaFigures(service, replica, figures.get("up") == 1, figures.get("running"),
+                       figures.get("waiting"), figures.get("kv_cache_usage"))
+        for (service, replica), figures in sorted(values.items())
+    )
+    return LiveFigures(replicas, firing)

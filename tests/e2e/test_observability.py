@@ -1,0 +1,192 @@
+"""observability: a real Prometheus (Debian's, as prom/prometheus) scrapes the stand-in stack
+that `kit up` started; Grafana's side runs a labelled STAND-IN (tests/images/grafana-standin,
+NOT Grafana) so the front door's routing and authentication are proven, not Grafana itself.
+
+One site for the module, checked in order: every target up; after a short load every PromQL
+expression of every dashboard panel and every alert rule's signal returns data; promtool
+accepts the files in the container; from outside only Grafana answers, behind authentication;
+a stopped replica fires KitReplicaDown within its short `for:`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+import yaml
+
+from kit.desired import GRAFANA_SERVICE, PROMETHEUS_SERVICE
+from tests.e2e.conftest import pick_free_port, remove_project
+from tests.e2e.stack import SERVICE, LiveSite, checked, write_spec
+
+pytestmark = pytest.mark.e2e
+
+SCRAPE_S = 1
+DOWN_AFTER_S = 3  # observability.replica_down_after: the alert's `for:`
+RATE_WINDOW = "30s"  # what the walk puts for Grafana's $__rate_interval
+COMPARISON = re.compile(r"^(?P<signal>.+) (==|!=|>|<|>=|<=) [-0-9.e]+$")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
+    root = tmp_path_factory.mktemp("obs")
+    live = LiveSite.create(root / "site", docker_client, pick_free_port(), pick_free_port(),
+                           prefix="obs")
+    try:
+        spec = yaml.safe_load(live.spec_path.read_text())
+        spec["observability"] = {"enabled": True, "scrape_interval": SCRAPE_S,
+                                 "replica_down_after": DOWN_AFTER_S}
+        spec["services"][0]["slo"] = {"ttft_p95_ms": 200, "tpot_p95_ms": 30}
+        write_spec(live.spec_path, spec)
+        checked(live.kit("render"))
+        live.up()
+        yield live
+    finally:
+        remove_project(docker_client, live.name)
+
+
+def query(site: LiveSite, path: str, **params: str) -> dict:
+    """Prometheus's HTTP API, asked from inside its container (it publishes no port)."""
+    args = [arg for name, value in params.items()
+            for arg in ("--data-urlencode", f"{name}={value}")]
+    code, out = site.container(PROMETHEUS_SERVICE).exec_run(
+        ["curl", "-fsS", "--get", *args, f"http://127.0.0.1:9090{path}"])
+    assert code == 0, out.decode(errors="replace")
+    answer = json.loads(out)
+    assert answer["status"] == "success", answer
+    return answer["data"]
+
+
+def wait_for(what: str, check, timeout: float) -> float:
+    """Seconds until check() is true; fails after `timeout`."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if check():
+            return time.monotonic() - started
+        time.sleep(0.25)
+    raise AssertionError(f"{what}: not within {timeout} s")
+
+
+def test_every_target_is_up(site: LiveSite) -> None:
+    def all_up() -> bool:
+        targets = query(site, "/api/v1/targets")["activeTargets"]
+        return len(targets) == 4 and all(t["health"] == "up" for t in targets)
+
+    wait_for("every target up", all_up, 30)
+    jobs = sorted((t["labels"]["job"], t["labels"].get("service", "-"))
+                  for t in query(site, "/api/v1/targets")["activeTargets"])
+    assert jobs == [("front-door", "-"), ("front-door-requests", "-"), ("prometheus", "-"),
+                    ("vllm", SERVICE)]
+
+
+def expressions(site: LiveSite) -> list[tuple[str, str]]:
+    """(where, PromQL) of every dashboard panel target and every alert rule's signal."""
+    found = []
+    for path in sorted((site.root / "observability/grafana/dashboards").glob("*.json")):
+        for panel in json.loads(path.read_text())["panels"]:
+            for target in panel["targets"]:
+                found.append((f"{path.name}: {panel['title']}",
+                              target["expr"].replace("$__rate_interval", RATE_WINDOW)))
+    rules = yaml.safe_load((site.root / "observability/prometheus/rules.yml").read_text())
+    for rule in rules["groups"][0]["rules"]:
+        match = COMPARISON.match(rule["expr"])
+        assert match, f"{rule['alert']}: not `signal op threshold`: {rule['expr']}"
+        found.append((f"rule {rule['alert']}", match["signal"]))
+    return found
+
+
+def test_every_panel_and_rule_queries_metrics_that_exist(site: LiveSite) -> None:
+    ops = site.basic("ops")
+    for _ in range(12):  # a short load: every histogram gets observations
+        assert site.completion(ops, tokens=6) == 200
+    assert site.status("/v1/models") == 401
+    big = {"model": "x", "messages": [{"role": "user", "content": "x" * (2 << 20)}]}
+    assert site.status("/v1/chat/completions", ops, "POST", big) == 413
+    time.sleep(4 * SCRAPE_S)
+    door = {s["metric"]["status"]: float(s["value"][1]) for s in query(
+        site, "/api/v1/query", query=f'sum by (status) (kit_door_requests_total{{service="'
+        f'{SERVICE}"}})')["result"]}
+    assert door["200"] >= 12, door  # the completions, as the front door answered them
+    refused = {s["metric"]["status"] for s in query(
+        site, "/api/v1/query", query='kit_door_requests_total{service=""}')["result"]}
+    assert {"401", "413"} <= refused, refused
+    walked = expressions(site)
+    empty = [(where, expr) for where, expr in walked
+             if not query(site, "/api/v1/query", query=expr)["result"]]
+    assert not empty, "queries without data:\n" + "\n".join(f"{w}: {e}" for w, e in empty)
+    sources = {where.split(":")[0] for where, _ in walked}
+    assert {"kit-front-door.json", f"kit-svc-{SERVICE}.json"} <= sources
+    assert len([s for s in sources if s.startswith("rule ")]) == 8  # six alerts + two SLO ones
+    print(f"{len(walked)} PromQL expressions walked, every one returned data")
+    # the SLO share is a real ratio over the exact bucket (the stand-in is well within 200 ms)
+    share = next(expr for where, expr in walked if "within the TTFT SLO" in where)
+    value = float(query(site, "/api/v1/query", query=share)["result"][0]["value"][1])
+    assert 0 < value <= 1
+
+
+def test_status_shows_live_figures(site: LiveSite) -> None:
+    shown = checked(site.kit("status")).stdout
+    assert f"{SERVICE} replica 0: up, running 0, waiting 0, KV cache 0 %" in shown, shown
+    assert "no alert firing" in shown
+    seen = json.loads(checked(site.kit("status", "--json")).stdout)["observability"]
+    assert seen["replicas"] == [{"service": SERVICE, "replica": "0", "up": True, "running": 0.0,
+                                 "waiting": 0.0, "kv_cache_usage": 0.0}]
+    assert seen["firing"] == [] and seen["problem"] is None
+
+
+def test_promtool_accepts_the_mounted_files(site: LiveSite) -> None:
+    prometheus = site.container(PROMETHEUS_SERVICE)
+    for command in (["promtool", "check", "config", "/etc/kit-prometheus/prometheus.yml"],
+                    ["promtool", "check", "rules", "/etc/kit-prometheus/rules.yml"]):
+        code, out = prometheus.exec_run(command)
+        assert code == 0 and b"SUCCESS" in out, out.decode(errors="replace")
+
+
+def test_from_outside_only_grafana_answers_and_only_with_credentials(site: LiveSite) -> None:
+    gate = site.gate()
+    assert gate.fetch("GET", "/grafana/").status == 401
+    assert gate.fetch("GET", "/grafana/", credentials="Basic b3BzOndyb25n").status == 401
+    reply = gate.fetch("GET", "/grafana/d/kit-front-door", credentials=site.basic("ops"))
+    assert reply.status == 200, reply.body
+    seen = reply.json()
+    assert "NOT Grafana" in seen["standin"] and seen["user"] == "user:ops"
+    assert seen["authorization_received"] is False  # the door strips the password
+    assert seen["datasources"] == ["Prometheus"]
+    assert {board["uid"] for board in seen["dashboards"]} == {"kit-front-door",
+                                                             f"kit-svc-{SERVICE}"}
+    key = site.add_key("dash")
+    reply = gate.fetch("GET", "/grafana/", credentials=f"Bearer {key}")
+    assert reply.status == 200 and reply.json()["user"] == "key:dash"
+    for path in ("/metrics", "/prometheus/", "/api/v1/query", "/kit-figures"):
+        assert gate.fetch("GET", path, credentials=site.basic("ops")).status == 404, path
+    assert gate.fetch("GET", f"/metrics/{SERVICE}").status == 401
+    # nothing but nginx publishes a port, and nothing listens where Prometheus or Grafana would
+    for service in (PROMETHEUS_SERVICE, GRAFANA_SERVICE):
+        container = site.container(service)
+        assert not container.attrs["HostConfig"]["PortBindings"], service
+    for port in (9090, 3000, 9113):
+        with socket.socket() as probe:
+            probe.settimeout(1)
+            assert probe.connect_ex(("127.0.0.1", port)) != 0, port
+
+
+def test_a_stopped_replica_fires_replica_down(site: LiveSite) -> None:
+    site.container(SERVICE).stop(timeout=0)  # SIGKILL; a stopped container is not restarted
+
+    def firing() -> bool:
+        alerts = query(site, "/api/v1/alerts")["alerts"]
+        return any(a["labels"]["alertname"] == "KitReplicaDown" and a["state"] == "firing"
+                   and a["labels"]["service"] == SERVICE for a in alerts)
+
+    # `for:` plus one scrape to see the failure and one evaluation to start the clock
+    elapsed = wait_for("KitReplicaDown firing", firing, DOWN_AFTER_S + 4 * SCRAPE_S + 5)
+    print(f"KitReplicaDown fired {elapsed:.1f} s after the replica stopped "
+          f"(for: {DOWN_AFTER_S} s, scrape/evaluation every {SCRAPE_S} s)")
+    assert elapsed >= DOWN_AFTER_S  # not before its `for:` window
+    shown = site.kit("status").stdout  # exits 1: the stack is not what the spec says
+    assert f"{SERVICE} replica 0: DOWN" in shown, shown
+    assert f"FIRING KitReplicaDown: {SERVICE} replica 0 does not answer /metrics" in shown

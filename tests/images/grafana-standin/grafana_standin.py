@@ -1,0 +1,64 @@
+"""A TEST STAND-IN for the Grafana image (NOT Grafana): Grafana has no Debian package and no
+registry is reachable here, so the e2e tests route this through the front door instead.
+
+It proves what the front door and the compose file give Grafana, nothing of Grafana itself:
+it serves only under the sub-path of GF_SERVER_ROOT_URL, answers only requests carrying the
+auth-proxy header named by GF_AUTH_PROXY_HEADER_NAME (401 otherwise, as kit's setup never lets
+one through without it), says whether an Authorization header reached it, and lists the
+dashboards and data sources found in the mounted provisioning folders.
+"""
+
+import json
+import os
+import re
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import urlsplit
+
+PROVISIONING = Path("/etc/grafana/provisioning")
+NAME = "kit test stand-in for grafana/grafana (NOT Grafana)"
+PREFIX = urlsplit(os.environ.get("GF_SERVER_ROOT_URL", "http://localhost/")).path
+USER_HEADER = os.environ.get("GF_AUTH_PROXY_HEADER_NAME", "X-WEBAUTH-USER")
+
+
+def provisioned() -> dict:
+    """Data-source names and dashboard titles from the mounted provisioning (no YAML parser in
+    the image: the few keys are read by pattern)."""
+    sources = []
+    for path in sorted((PROVISIONING / "datasources").glob("*.yml")):
+        sources += re.findall(r"^\s*-?\s*name: (.+)$", path.read_text(), re.MULTILINE)
+    boards = []
+    for path in sorted((PROVISIONING / "dashboards").glob("*.yml")):
+        for folder in re.findall(r"^\s*path: (.+)$", path.read_text(), re.MULTILINE):
+            for board in sorted(Path(folder.strip()).glob("*.json")):
+                data = json.loads(board.read_text())
+                boards.append({"uid": data["uid"], "title": data["title"],
+                               "panels": len(data.get("panels", []))})
+    return {"datasources": sources, "dashboards": boards}
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server's API
+        path = urlsplit(self.path).path
+        if not path.startswith(PREFIX):
+            return self.answer(404, {"message": "not found (served under " + PREFIX + ")"})
+        if path == PREFIX + "api/health":
+            return self.answer(200, {"database": "ok", "version": NAME})
+        user = self.headers.get(USER_HEADER)
+        if not user:
+            return self.answer(401, {"message": f"no {USER_HEADER} header"})
+        return self.answer(200, {"standin": NAME, "user": user, "path": path,
+                                 "authorization_received": "Authorization" in self.headers,
+                                 **provisioned()})
+
+    def answer(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+if __name__ == "__main__":
+    ThreadingHTTPServer(("0.0.0.0", 3000), Handler).serve_forever()

@@ -1,0 +1,65 @@
+"""kit status's live figures: Prometheus's answers, read through the engine's exec (scripted
+here: live_figures uses nothing else of the engine)."""
+
+import json
+
+from kit.live_figures import FIGURES, api_argv, live_figures
+
+
+class FakeEngine:
+    """Engine.exec over scripted answers: argv → (exit code, output)."""
+
+    def __init__(self) -> None:
+        self.exec_results: dict[tuple[str, ...], list[tuple[int, str]]] = {}
+
+    def exec(self, container_id: str, argv: list[str]) -> tuple[int, str]:
+        assert container_id == PROMETHEUS
+        return self.exec_results[tuple(argv)][0]
+
+PROMETHEUS = "prom1"
+
+
+def answer(data: dict) -> tuple[int, str]:
+    return 0, json.dumps({"status": "success", "data": data})
+
+
+def sample(value: str, service: str = "tiny", replica: str = "0") -> dict:
+    return {"metric": {"service": service, "replica": replica}, "value": [0, value]}
+
+
+def scripted(up: str = "1", alerts: list | None = None) -> FakeEngine:
+    engine = FakeEngine()
+    values = {"up": up, "running": "3", "waiting": "1", "kv_cache_usage": "0.42"}
+    for figure, expr in FIGURES.items():
+        engine.exec_results[tuple(api_argv("/api/v1/query", {"query": expr}))] = [
+            answer({"resultType": "vector", "result": [sample(values[figure])]})]
+    engine.exec_results[tuple(api_argv("/api/v1/alerts"))] = [answer({"alerts": alerts or []})]
+    return engine
+
+
+def test_figures_per_replica_and_no_alert() -> None:
+    figures = live_figures(scripted(), PROMETHEUS)
+    assert figures.lines() == ["live figures (Prometheus):",
+                               "  tiny replica 0: up, running 3, waiting 1, KV cache 42 %",
+                               "  no alert firing"]
+
+
+def test_a_firing_alert_is_shown() -> None:
+    alerts = [{"labels": {"alertname": "KitReplicaDown"}, "state": "firing",
+               "annotations": {"summary": "tiny replica 0 does not answer /metrics"}},
+              {"labels": {"alertname": "KitKVCacheFull"}, "state": "pending",
+               "annotations": {"summary": "not yet"}}]
+    figures = live_figures(scripted(up="0", alerts=alerts), PROMETHEUS)
+    assert figures.firing == ("KitReplicaDown: tiny replica 0 does not answer /metrics",)
+    assert "  tiny replica 0: DOWN, running 3, waiting 1, KV cache 42 %" in figures.lines()
+
+
+def test_prometheus_down_or_unreadable_is_said() -> None:
+    assert live_figures(FakeEngine(), None).problem == "the prometheus container is not running"
+    engine = scripted()
+    engine.exec_results[tuple(api_argv("/api/v1/alerts"))] = [(1, "connection refused")]
+    problem = live_figures(engine, PROMETHEUS).problem
+    assert problem and "did not answer /api/v1/alerts (exit 1): connection refused" in problem
+    engine = scripted()
+    engine.exec_results[tuple(api_argv("/api/v1/alerts"))] = [(0, "<html>")]
+    assert "unreadable" in live_figures(engine, PROMETHEUS).problem

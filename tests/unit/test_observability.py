@@ -1,0 +1,253 @@
+"""observability: and slo: — the rendered Prometheus config, rules, Grafana provisioning and
+dashboards, checked by the real tools (promtool, nginx -t, docker-compose) and the dashboard
+library's own model."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from grafana_foundation_sdk.models.dashboard import Dashboard
+
+from kit.dashboards import DATASOURCE_UID, le_matcher
+from kit.desired import DOOR_FIGURES_SERVICE, GRAFANA_SERVICE, PROMETHEUS_SERVICE, load_desired
+from kit.layout import SiteLayout
+from kit.observability import (
+    HISTOGRAMS_FLAG,
+    TTFT_DEFAULT_BOUNDS,
+    ServiceSlo,
+    histogram_args,
+)
+from tests.conftest import REPO, tree
+from tests.standin.vllm_standin import buckets
+from tests.support import nginx_ns
+from tests.support.cli import run_kit
+from tests.unit.test_render_configs import compose_binaries
+
+PROMETHEUS_SH = REPO / "tests" / "images" / "prometheus.sh"
+OBSERVABILITY = """\
+observability: {enabled: true, scrape_interval: 5, retention_days: 7, replica_down_after: 20}
+"""
+SECOND_SERVICE = """\
+  - name: small
+    model: llama-8b
+    gpus: [1]
+    max_num_seqs: 8
+    slo: {ttft_p95_ms: 200, tpot_p95_ms: 30}
+"""
+
+
+def enable(site: Path, extra: str = OBSERVABILITY, services: str = SECOND_SERVICE) -> Path:
+    spec = site / "site.yaml"
+    text = spec.read_text().replace("services:\n", extra + "services:\n")
+    spec.write_text(text + services)
+    return spec
+
+
+@pytest.fixture
+def observed(site: Path) -> Path:
+    """The base site with observability on and a second service that has an SLO, rendered."""
+    result = run_kit("render", enable(site))
+    assert result.exit_code == 0, result.output
+    return site
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    """Debian's promtool (unpacked by tests/images/prometheus.sh, as the test image's is)."""
+    result = subprocess.run(["bash", str(PROMETHEUS_SH)], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    return str(Path(result.stdout.strip()) / "usr" / "bin" / "promtool")
+
+
+def test_off_by_default_renders_nothing_of_it(site: Path) -> None:
+    assert run_kit("render", site / "site.yaml").exit_code == 0
+    assert not (site / "observability").exists()
+    compose = yaml.safe_load((site / "compose" / "docker-compose.yml").read_text())
+    assert PROMETHEUS_SERVICE not in compose["services"] and "metrics" not in compose["networks"]
+    assert "/grafana/" not in (site / "nginx" / "nginx.conf").read_text()
+
+
+def test_prometheus_scrapes_every_service_and_the_door(observed: Path) -> None:
+    config = yaml.safe_load((observed / "observability/prometheus/prometheus.yml").read_text())
+    assert config["global"]["scrape_interval"] == "5s"
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    targets = [(c["targets"], c["labels"]) for c in jobs["vllm"]["static_configs"]]
+    assert targets == [(["llama8b:8000"], {"service": "llama8b", "replica": "0"}),
+                       (["small:8000"], {"service": "small", "replica": "0"})]
+    assert jobs["front-door"]["static_configs"] == [{"targets": ["nginx:9113"]}]
+    assert jobs["front-door"]["metrics_path"] == "/kit-figures"
+    assert jobs["front-door-requests"]["static_configs"] == [{"targets": ["door-figures:9114"]}]
+
+
+def test_promtool_accepts_the_config_and_rules(observed: Path, promtool: str,
+                                               tmp_path: Path) -> None:
+    prometheus = observed / "observability" / "prometheus"
+    # the config names the rules where the container mounts them: point it at this copy
+    config = (prometheus / "prometheus.yml").read_text().replace(
+        "/etc/kit-prometheus/", f"{prometheus}/")
+    (tmp_path / "prometheus.yml").write_text(config)
+    for args in (["check", "config", str(tmp_path / "prometheus.yml")],
+                 ["check", "rules", str(prometheus / "rules.yml")]):
+        result = subprocess.run([promtool, *args], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "SUCCESS" in result.stdout + result.stderr
+
+
+def test_promtool_refuses_a_broken_rule(observed: Path, promtool: str) -> None:
+    """The check itself can fail: a rule with a PromQL syntax error is refused."""
+    rules = observed / "observability" / "prometheus" / "rules.yml"
+    rules.write_text(rules.read_text().replace("up{job=", "up{{job=", 1))
+    result = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode != 0
+
+
+def test_alert_rules(observed: Path) -> None:
+    groups = yaml.safe_load((observed / "observability/prometheus/rules.yml").read_text())
+    rules = {rule["alert"]: rule for rule in groups["groups"][0]["rules"]}
+    assert set(rules) == {"KitReplicaDown", "KitServiceDown", "KitNoServiceReady",
+                          "KitKVCacheFull", "KitRequestsWaiting", "KitServerErrors",
+                          "KitTTFTAboveSLO", "KitTPOTAboveSLO"}
+    assert rules["KitReplicaDown"]["expr"] == 'up{job="vllm"} == 0'
+    assert rules["KitReplicaDown"]["for"] == "20s"  # observability.replica_down_after
+    assert rules["KitKVCacheFull"]["expr"].endswith("> 0.95") and rules["KitKVCacheFull"][
+        "for"] == "300s"
+    assert rules["KitRequestsWaiting"]["for"] == "60s"
+    assert rules["KitServerErrors"]["expr"].endswith("> 0.01")
+    ttft = rules["KitTTFTAboveSLO"]
+    assert 'service="small"' in ttft["expr"] and ttft["expr"].endswith("> 0.2")
+    assert ttft["for"] == "600s" and rules["KitTPOTAboveSLO"]["expr"].endswith("> 0.03")
+
+
+def test_slo_becomes_exact_bucket_bounds(observed: Path) -> None:
+    compose = yaml.safe_load((observed / "compose" / "docker-compose.yml").read_text())
+    command = compose["services"]["small"]["command"]
+    value = command[command.index(HISTOGRAMS_FLAG) + 1]
+    families = json.loads(value)
+    assert 0.2 in families["time_to_first_token"] and 0.03 in families["inter_token_latency"]
+    assert set(TTFT_DEFAULT_BOUNDS) < set(families["time_to_first_token"])
+    # the stand-in's check (vLLM's family keys and rules) accepts what kit passes
+    parsed = buckets.parse(value)
+    assert 0.03 in parsed["vllm:request_time_per_output_token_seconds"]
+    assert HISTOGRAMS_FLAG not in compose["services"]["llama8b"]["command"]  # no slo: no flag
+
+
+def test_histogram_args_per_objective() -> None:
+    assert histogram_args(None) == []
+    only_ttft = json.loads(histogram_args(ServiceSlo("s", 0.25, None))[1])
+    assert list(only_ttft) == ["time_to_first_token"]
+    assert only_ttft["time_to_first_token"].count(0.25) == 1  # already a default bound
+
+
+def test_le_matcher_matches_both_spellings() -> None:
+    assert le_matcher(0.2) == 'le="0.2"'
+    # PromQL reads `\\.` in a string as `\.`: a literal dot in the regex
+    assert le_matcher(1.0) == 'le=~"1|1\\\\.0"'
+
+
+def test_dashboards_round_trip_through_the_library(observed: Path) -> None:
+    folder = observed / "observability" / "grafana" / "dashboards"
+    names = sorted(path.name for path in folder.iterdir())
+    assert names == ["kit-front-door.json", "kit-svc-llama8b.json", "kit-svc-small.json"]
+    for path in folder.iterdir():
+        raw = json.loads(path.read_text())
+        board = Dashboard.from_json(raw)
+        assert board.uid == path.stem and board.title.startswith("kit ·")
+        for panel in raw["panels"]:
+            assert panel["datasource"]["uid"] == DATASOURCE_UID
+            assert panel["targets"] and all(t["expr"] for t in panel["targets"])
+    small = json.loads((folder / "kit-svc-small.json").read_text())
+    titles = [panel["title"] for panel in small["panels"]]
+    assert "Requests within the TTFT SLO (200 ms)" in titles
+    assert "Requests within the TPOT SLO (30 ms)" in titles
+    share = next(p for p in small["panels"] if p["title"].startswith("Requests within the TTFT"))
+    assert 'le="0.2"' in share["targets"][0]["expr"]
+    llama = json.loads((folder / "kit-svc-llama8b.json").read_text())
+    assert not any("SLO" in panel["title"] for panel in llama["panels"])
+
+
+def test_grafana_provisioning(observed: Path) -> None:
+    provisioning = observed / "observability" / "grafana" / "provisioning"
+    sources = yaml.safe_load((provisioning / "datasources" / "kit.yml").read_text())
+    assert sources["datasources"] == [{
+        "name": "Prometheus", "uid": DATASOURCE_UID, "type": "prometheus", "access": "proxy",
+        "url": "http://prometheus:9090", "isDefault": True, "editable": False}]
+    providers = yaml.safe_load((provisioning / "dashboards" / "kit.yml").read_text())
+    assert providers["providers"][0]["options"]["path"] == "/var/lib/kit-dashboards"
+
+
+def test_compose_keeps_both_private(observed: Path) -> None:
+    compose = yaml.safe_load((observed / "compose" / "docker-compose.yml").read_text())
+    services = compose["services"]
+    for name in (PROMETHEUS_SERVICE, GRAFANA_SERVICE, DOOR_FIGURES_SERVICE):
+        assert "ports" not in services[name] and services[name]["networks"] == ["metrics"]
+        assert "deploy" not in services[name]  # no GPU
+    assert compose["networks"]["metrics"] == {"internal": True}
+    assert "metrics" in services["nginx"]["networks"] and "metrics" in services["small"][
+        "networks"]
+    assert "--storage.tsdb.retention.time=7d" in services[PROMETHEUS_SERVICE]["command"]
+    grafana = services[GRAFANA_SERVICE]["environment"]
+    assert grafana["GF_SERVER_ROOT_URL"] == "https://llm.test.internal:8443/grafana/"
+    assert grafana["GF_AUTH_PROXY_HEADER_NAME"] == "X-Kit-User"
+    figures = services[DOOR_FIGURES_SERVICE]
+    assert figures["image"] == services["small"]["image"]  # the vLLM image's python3
+    upstreams = json.loads(figures["command"][figures["command"].index("--upstreams") + 1])
+    assert upstreams == {"kit_llama8b": "llama8b", "kit_small": "small"}
+    shared = {"type": "volume", "source": "door-figures", "target": "/var/kit-figures"}
+    assert shared in services["nginx"]["volumes"] and shared in figures["volumes"]
+    desired = load_desired(SiteLayout(observed), "kit-obs-test")
+    assert {PROMETHEUS_SERVICE, GRAFANA_SERVICE, DOOR_FIGURES_SERVICE} <= {
+        s.name for s in desired.services}
+
+
+def test_real_tools_accept_the_files(observed: Path) -> None:
+    reason = nginx_ns.available()
+    if reason:
+        pytest.skip(reason)
+    result = nginx_ns.nginx_t(observed / "nginx", ["llama8b", "small"])
+    assert result.returncode == 0, result.stderr
+    for binary in compose_binaries():
+        result = subprocess.run(
+            [*binary, "-p", "kit-obs-test", "-f", "compose/docker-compose.yml", "config", "-q"],
+            cwd=observed, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, f"{binary}: {result.stderr}"
+
+
+def test_nginx_grafana_route_is_authenticated(observed: Path) -> None:
+    conf = (observed / "nginx" / "nginx.conf").read_text()
+    block = conf[conf.index("location ^~ /grafana/"):]
+    block = block[:block.index("}")]
+    assert "auth_request /_kit/auth;" in block
+    assert 'proxy_set_header Authorization "";' in block
+    assert "proxy_set_header X-Kit-User $kit_principal;" in block
+    assert "location = /metrics " not in conf  # /metrics itself stays 404 at the door
+    assert ("access_log syslog:server=unix:/var/kit-figures/access.sock,nohostname,tag=kit "
+            "kit_figures;") in conf
+    figures = conf[conf.index("listen 9113;") - 40:]
+    assert "listen 9113;" in figures and "ssl" not in figures[:figures.index("}")]
+
+
+@pytest.mark.parametrize(("extra", "services", "message"), [
+    ("", "    slo: {}\n", "slo sets ttft_p95_ms, tpot_p95_ms or both"),
+    ("", "    slo: {ttft_p95_ms: 0}\n", "greater than or equal to 1"),
+    ("", "    slo: {ttft_p95_ms: 100}\n    extra_args: [\"--custom-histogram-buckets={}\"]\n",
+     "--custom-histogram-buckets conflicts with slo"),
+    (OBSERVABILITY, "    extra_args: [\"--disable-log-stats\"]\n",
+     "--disable-log-stats conflicts with observability.enabled"),
+    ("observability: {enabled: true, scrape_interval: 0}\n", "", "observability.scrape_interval"),
+    ("observability: {enable: true}\n", "", "did you mean 'enabled'?"),
+])
+def test_bad_observability_input_is_refused(site: Path, extra: str, services: str,
+                                            message: str) -> None:
+    spec = site / "site.yaml"
+    text = spec.read_text().replace("services:\n", extra + "services:\n")
+    text = text.replace('    extra_args: ["--enable-prefix-caching"]\n', services)
+    spec.write_text(text)
+    before = tree(site)
+    result = run_kit("render", spec)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert tree(site) == before
