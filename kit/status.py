@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from kit.acme import AcmeStatus, acme_status
 from kit.docker_api import Engine
 from kit.observe import ContainerState
 from kit.reconcile import changes, up_actions
@@ -19,6 +20,7 @@ class StackStatus:
     drift: tuple[str, ...]  # what `kit up` would change in the running stack
     render_pending: tuple[str, ...]  # files the spec would change (kit up renders them first)
     last_probe: dict | None
+    acme: AcmeStatus | None = None  # tls.mode acme: the certificate and certbot's last run
 
     def to_json(self, now: datetime) -> dict:
         return {
@@ -40,6 +42,7 @@ class StackStatus:
             "drift": list(self.drift),
             "render_pending": list(self.render_pending),
             "last_probe": self.last_probe,
+            "tls": self.acme.to_json() if self.acme else None,
         }
 
 
@@ -53,6 +56,7 @@ def gather(site: Site, engine: Engine) -> StackStatus:
         drift=tuple(str(action) for action in changes(up_actions(site.desired, observed))),
         render_pending=tuple(str(change.output.path) for change in pending),
         last_probe=_last_probe(site.layout.last_probe),
+        acme=acme_status(site) if site.spec.tls.mode == "acme" else None,
     )
 
 
@@ -114,4 +118,6 @@ def render_text(status: StackStatus, now: datetime) -> str:
         failed = [c["name"] for c in probe.get("checks", []) if not c.get("ok")]
         verdict = "passed" if probe.get("ok") else f"FAILED ({', '.join(failed)})"
         lines.append(f"last probe: {verdict} at {probe.get('checked_at', '?')}")
+    if status.acme is not None:
+        lines += status.acme.lines()
     return "\n".join(lines)

@@ -22,6 +22,7 @@ from kit.site import Site
 from kit.wait import wait_healthy
 
 if TYPE_CHECKING:
+    from kit.acme import AcmeStatus
     from kit.probe import ProbeResult
 
 
@@ -40,6 +41,7 @@ class SiteUp:
     converged: UpResult
     containers: int
     probe: ProbeResult | None
+    acme: AcmeStatus | None = None  # tls.mode acme: the certificate's state when the gate ran
 
     def summary(self) -> str:
         changed = changes(self.converged.actions)
@@ -69,12 +71,19 @@ def up_site(
         report(line)
     rendered.passwords_shown()
     converged = converge(site, connect(), timeout=timeout, report=report)
+    acme = None
+    if site.spec.tls.mode == "acme":
+        from kit.acme import await_certificate
+
+        acme = await_certificate(site, report)
+        for line in acme.lines():
+            report(line)
     gate = None
     if probe:
         from kit.probe import run_probe  # the gate: only imported when it runs
 
         gate = run_probe(site.spec, site.layout)
-    return SiteUp(rendered, converged, len(site.desired.services), gate)
+    return SiteUp(rendered, converged, len(site.desired.services), gate, acme)
 
 
 def converge(

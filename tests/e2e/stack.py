@@ -80,7 +80,7 @@ class LiveSite:
     def create(cls, root: Path, client: docker.DockerClient, https_port: int, http_port: int, *,
                prefix: str = "kit", users: tuple[str, ...] = ("ops",), proxy: dict | None = None,
                env: dict[str, str] | None = None, max_num_seqs: int = 256,
-               more_services: dict[str, str] | None = None) -> LiveSite:
+               more_services: dict[str, str] | None = None, tls: dict | None = None) -> LiveSite:
         """Write the spec and render it (not up yet): one stand-in service `tiny`, and one per
         `more_services` entry (service name → served name), all sharing GPU 0."""
         site = cls(root, f"{prefix}{secrets.token_hex(3)}", client, https_port)
@@ -93,6 +93,7 @@ class LiveSite:
             "models_root": str(models),
             "healthcheck_interval": 1,
             "auth": {"users": list(users), "api_keys": True},
+            **({"tls": tls} if tls else {}),
             "proxy": {"bind": "127.0.0.1", "https_port": https_port, "http_port": http_port,
                       **(proxy or {})},
             "services": [{
