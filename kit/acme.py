@@ -66,7 +66,8 @@ def classify(output: str, domain: str, server: str) -> Cause:
                      "without --volumes) so a re-created site reuses its certificate")
     dns_fix = (f"point {domain}'s A/AAAA records at this server's public address, then wait "
                "for the retry (minutes) or restart the certbot container")
-    if re.search(r"Type:\s+dns\b|DNS problem|NXDOMAIN|no valid A records", output):
+    if re.search(r"Type:\s+dns\b|DNS problem|NXDOMAIN|no valid A records|could not resolve "
+                 r"URL|no such host", output):
         return Cause("dns-not-here", f"DNS name not pointing here: the CA could not resolve "
                      f"{domain} to this server: {detail}", dns_fix)
     if re.search(r"Type:\s+unauthorized\b", output):

@@ -203,13 +203,15 @@ class LiveSite:
 
     def loadgen(self, auth: str | list[str] | None, *, streams: int, tokens: int,
                 announce: bool = False, requests: int = 1, pause: float = 0,
-                duration: float = 0, timeout: float = 120) -> subprocess.Popen:
-        """scripts/loadgen.py on the host against the published port (stdout: one JSON line).
+                duration: float = 0, timeout: float = 120,
+                ca: Path | None = None) -> subprocess.Popen:
+        """scripts/loadgen.py on the host against the published port (stdout: one JSON line),
+        trusting `ca` (default: the kit CA).
 
         Several `auth` values: connection i sends the (i mod n)-th (many distinct users).
         """
         command = [sys.executable, str(LOADGEN), "--url", f"https://127.0.0.1:{self.https_port}",
-                   "--host", DOMAIN, "--ca", str(self.layout.ca_cert), "--model", SERVED_NAME,
+                   "--host", DOMAIN, "--ca", str(ca or self.layout.ca_cert), "--model", SERVED_NAME,
                    "--streams", str(streams), "--tokens", str(tokens),
                    "--requests", str(requests), "--pause", str(pause),
                    "--duration", str(duration), "--timeout", str(timeout)]
