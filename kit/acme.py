@@ -10,6 +10,7 @@ a line `exit=N at=EPOCH`, then certbot's output.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 import socket
 import ssl
@@ -151,28 +152,41 @@ class AcmeStatus:
 
     @property
     def renewal_due(self) -> dt.datetime | None:
+        """From when certbot's run renews (before that, a run keeps the certificate)."""
         if self.waiting or self.cert is None:
             return None
         return self.cert.not_after - dt.timedelta(days=RENEW_DAYS_LEFT)
+
+    @property
+    def next_renewal(self) -> dt.datetime | None:
+        """certbot's first 12-hourly run at or after the due date: when the renewal happens."""
+        due = self.renewal_due
+        if due is None or self.last_run is None:
+            return due
+        every = dt.timedelta(seconds=AcmePlan.renew_every)
+        check = self.last_run.at + every
+        if due > check:
+            check += every * math.ceil((due - check) / every)
+        return check
 
     def lines(self) -> list[str]:
         if self.waiting:
             head = (f"tls: waiting for the first certificate from {self.server}: serving a "
                     "kit-CA certificate meanwhile (clients that trust only public CAs refuse it)")
         else:
-            assert self.cert is not None
-            head = (f"tls: certificate from {self.cert.issuer}, expires "
-                    f"{self.cert.not_after:%Y-%m-%d %H:%M:%S}Z, next renewal at certbot's first "
-                    f"check after {self.renewal_due:%Y-%m-%d %H:%M:%S}Z "
-                    f"(it checks every {AcmePlan.renew_every // 3600} h)")
+            cert = self.cert
+            assert cert is not None  # not waiting
+            head = (f"tls: certificate from {cert.issuer}, expires {_at(cert.not_after)}, "
+                    f"next renewal {_at(self.next_renewal)} (certbot checks every "
+                    f"{AcmePlan.renew_every // 3600} h and renews from {_at(self.renewal_due)})")
         lines = [head]
         run = self.last_run
         if run is None:
             lines.append("tls: certbot has not finished a run yet")
         elif self.cause is None:
-            lines.append(f"tls: last certbot run succeeded at {run.at:%Y-%m-%d %H:%M:%S}Z")
+            lines.append(f"tls: last certbot run succeeded at {_at(run.at)}")
         else:
-            lines.append(f"tls: last certbot run FAILED at {run.at:%Y-%m-%d %H:%M:%S}Z "
+            lines.append(f"tls: last certbot run FAILED at {_at(run.at)} "
                          f"({self.cause.name}): {self.cause.message}")
             lines.append(f"  fix: {self.cause.fix}; certbot retries within minutes")
         return lines
@@ -189,12 +203,17 @@ class AcmeStatus:
             "issuer": self.cert.issuer if self.cert else None,
             "expires": iso(self.cert.not_after) if self.cert else None,
             "renewal_due": iso(self.renewal_due),
+            "next_renewal": iso(self.next_renewal),
             "last_run": None if run is None else {
                 "ok": run.ok, "at": iso(run.at), "exit_code": run.exit_code,
                 "cause": self.cause.name if self.cause else None,
                 "message": self.cause.message if self.cause else None,
             },
         }
+
+
+def _at(moment: dt.datetime | None) -> str:
+    return f"{moment:%Y-%m-%d %H:%M:%S}Z" if moment else "-"
 
 
 def acme_server(site: Site) -> str:
@@ -237,7 +256,8 @@ def await_certificate(
     clock: Callable[[], float] = time.monotonic,
 ) -> AcmeStatus:
     """Before the gate: wait for certbot's first run to end (installed, or failed with a cause),
-    then until nginx serves what is installed. Returns the state `kit up` reports."""
+    then, once a certificate from the CA is installed, until nginx serves it (its watcher reloads
+    within seconds). Returns the state `kit up` reports."""
     deadline = clock() + timeout
     status = acme_status(site)
     if status.waiting and status.last_run is None:
@@ -246,8 +266,9 @@ def await_certificate(
     while status.waiting and status.last_run is None and clock() < deadline:
         sleep(1)
         status = acme_status(site)
-    if status.cert is None:
-        return status
+    if status.waiting:
+        return status  # nginx serves the placeholder it started with
+    assert status.cert is not None  # not waiting
     expected = x509.load_pem_x509_certificate(status.cert.pem).public_bytes(Encoding.DER)
     served_by = clock() + SERVED_WAIT_S
     while served_certificate(site) != expected and clock() < served_by:
