@@ -42,7 +42,7 @@ class StackStatus:
             "drift": list(self.drift),
             "render_pending": list(self.render_pending),
             "last_probe": self.last_probe,
-            "tls": self.acme.to_json() if self.acme else None,
+            **({"tls": self.acme.to_json()} if self.acme else {}),  # tls.mode acme only
         }
 
 
