@@ -16,7 +16,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from cryptography import x509
@@ -29,6 +29,7 @@ from kit.plan import AcmePlan
 from kit.tls import signed_by
 
 if TYPE_CHECKING:
+    from kit.docker_api import Engine
     from kit.site import Site
 
 RENEW_DAYS_LEFT = 30  # certbot's renew_before_expiry default: --keep-until-expiring renews then
@@ -247,25 +248,43 @@ def served_certificate(site: Site, timeout: float = 5) -> bytes | None:
         return None
 
 
+def certbot_started(site: Site, engine: Engine) -> dt.datetime | None:
+    """When the running certbot container started: an outcome older than that is a former
+    container's (kit up may just have re-created it)."""
+    from kit.desired import ACME_SERVICE
+
+    found = site.observe(engine, with_images=False).of(ACME_SERVICE)
+    return max((c.started_at for c in found if c.running and c.started_at), default=None)
+
+
+def _current(status: AcmeStatus, since: dt.datetime | None) -> AcmeStatus:
+    run = status.last_run
+    if since is None or run is None or run.at >= since - dt.timedelta(seconds=1):
+        return status  # `date +%s` drops the fraction: a run of the start's second counts
+    return replace(status, last_run=None, cause=None)
+
+
 def await_certificate(
     site: Site,
     report: Callable[[str], None],
     *,
+    since: dt.datetime | None = None,
     timeout: float = FIRST_RUN_WAIT_S,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> AcmeStatus:
-    """Before the gate: wait for certbot's first run to end (installed, or failed with a cause),
-    then, once a certificate from the CA is installed, until nginx serves it (its watcher reloads
-    within seconds). Returns the state `kit up` reports."""
+    """Before the gate: wait for certbot's first run since `since` (the certbot container's
+    start) to end, installed or failed with a cause; then, once a certificate from the CA is
+    installed, until nginx serves it (its watcher reloads within seconds). Returns the state
+    `kit up` reports."""
     deadline = clock() + timeout
-    status = acme_status(site)
+    status = _current(acme_status(site), since)
     if status.waiting and status.last_run is None:
         report(f"tls: waiting up to {timeout:.0f}s for certbot's first certificate from "
                f"{status.server}")
     while status.waiting and status.last_run is None and clock() < deadline:
         sleep(1)
-        status = acme_status(site)
+        status = _current(acme_status(site), since)
     if status.waiting:
         return status  # nginx serves the placeholder it started with
     assert status.cert is not None  # not waiting

@@ -70,12 +70,13 @@ def up_site(
     for line in rendered.summary():
         report(line)
     rendered.passwords_shown()
-    converged = converge(site, connect(), timeout=timeout, report=report)
+    engine = connect()
+    converged = converge(site, engine, timeout=timeout, report=report)
     acme = None
     if site.spec.tls.mode == "acme":
-        from kit.acme import await_certificate
+        from kit.acme import await_certificate, certbot_started
 
-        acme = await_certificate(site, report)
+        acme = await_certificate(site, report, since=certbot_started(site, engine))
         for line in acme.lines():
             report(line)
     gate = None

@@ -203,3 +203,15 @@ def test_kit_up_and_status_report_the_waiting_state_and_its_cause(tmp_path: Path
     assert status.to_json(dt.datetime.now(dt.UTC))["tls"]["last_run"]["cause"] == "ca-unreachable"
     assert "(ca-unreachable): the ACME CA is unreachable" in render_text(
         status, dt.datetime.now(dt.UTC))
+
+
+def test_an_outcome_older_than_the_certbot_container_is_not_waited_on(tmp_path: Path) -> None:
+    site = acme_site(tmp_path)
+    write_run(site, 1, OUTPUTS["dns-not-here"], at=1_700_000_000)  # a former container's
+    clock = Clock()
+    since = dt.datetime.fromtimestamp(1_700_000_060, dt.UTC)
+    status = await_certificate(site, lambda _: None, since=since, timeout=10, sleep=clock.sleep,
+                               clock=clock)
+    assert clock.now >= 10 and status.last_run is None and status.cause is None
+    write_run(site, 1, OUTPUTS["dns-not-here"], at=1_700_000_059)  # within the start's second
+    assert await_certificate(site, lambda _: None, since=since, timeout=10).cause is not None
