@@ -21,8 +21,9 @@ from pathlib import Path
 
 import docker
 
+from tests.e2e.conftest import IMAGES
+
 ACME_ADDRESS = "10.77.0.1"  # also in tests/images/build.sh: pebble's HTTPS certificate names it
-PEBBLE_IMAGE = "kit-test/pebble:2.4"
 ACME_PORT = 14000  # pebble's directory; its management API (the roots) on the next port
 # build.sh made it: it signs pebble's HTTPS certificate
 PEBBLE_CA = Path(os.environ.get("KIT_TEST_CACHE", "/var/cache/kit-test")) / "acme-ca" / "ca.crt"
@@ -58,7 +59,8 @@ class Pebble:
             "externalAccountBindingRequired": False, "certificateValidityPeriod": validity_s,
         }}))
         self.container = client.containers.run(
-            PEBBLE_IMAGE, detach=True, network_mode="host", name=f"pebble-{secrets.token_hex(3)}",
+            IMAGES["pebble"], detach=True, network_mode="host",
+            name=f"pebble-{secrets.token_hex(3)}",
             environment={"CHALLTESTSRV_IPV4": dns_answer, "CHALLTESTSRV_PORT": str(port + 2)},
             volumes={str(config): {"bind": "/etc/pebble/pebble-config.json", "mode": "ro"}},
         )

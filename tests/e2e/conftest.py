@@ -27,6 +27,8 @@ IMAGES = {
     "vllm_standin": "kit-test/vllm-standin:latest",
     "nginx": "nginx:1.27-alpine",
     "nginx_debian": "kit-test/nginx:1.22",
+    "pebble": "kit-test/pebble:2.4",  # tls.mode acme: the ACME server (tests/e2e/acme.py)
+    "certbot": "certbot/certbot:v3.1.0",  # Debian's certbot under the spec's default name
 }
 
 
