@@ -290,7 +290,16 @@ def await_certificate(
     assert status.cert is not None  # not waiting
     expected = x509.load_pem_x509_certificate(status.cert.pem).public_bytes(Encoding.DER)
     served_by = clock() + SERVED_WAIT_S
-    while served_certificate(site) != expected and clock() < served_by:
-        sleep(1)
+    serving = served_certificate(site) == expected
+    while not serving and clock() < served_by:
+        sleep(0.25)
+        serving = served_certificate(site) == expected
+    age = time.time() - site.layout.server_cert.stat().st_mtime
+    if serving:
+        report(f"tls: nginx serves the installed certificate (installed {age:.1f}s ago; nginx "
+               f"checks it every {AcmePlan.watch_every}s and reloads in place when it changes)")
+    else:
+        report(f"tls: nginx still serves another certificate {age:.0f}s after certbot "
+               "installed this one (see `kit logs` of nginx)")
     return status
 

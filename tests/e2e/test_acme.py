@@ -11,6 +11,7 @@ first certificate can fail, provoked for real and named by `kit up` and `kit sta
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import ssl
@@ -108,6 +109,10 @@ def test_first_deployment_is_issued_installed_and_passes_the_gate(issued) -> Non
     assert result.returncode == 0, out
     assert "tls: certificate from Pebble Intermediate CA" in out, out
     assert "verified against system CAs" in out and "all checks passed" in out, out
+    # served promptly: nginx's watcher saw the new file and reloaded (kit up checked it)
+    prompt = re.search(r"tls: nginx serves the installed certificate \(installed ([\d.]+)s ago",
+                       out)
+    assert prompt and float(prompt[1]) <= PROMPT_S, out
     leaf = served(site.https_port)
     assert "Pebble Intermediate CA" in issuer(leaf)
     assert verifies(site.https_port, root_pem)  # the chain, against pebble's root only
@@ -116,7 +121,8 @@ def test_first_deployment_is_issued_installed_and_passes_the_gate(issued) -> Non
     log = site.nginx.logs().decode(errors="replace")
     assert any("GET /.well-known/acme-challenge/" in line and '" 200 ' in line
                for line in log.splitlines()), log
-    print(f"\nfirst deployment in acme mode: kit up {seconds:.1f}s, serial {leaf.serial_number}")
+    print(f"\nfirst deployment in acme mode: kit up {seconds:.1f}s, served {prompt[1]}s after "
+          f"certbot installed it, serial {leaf.serial_number}")
 
 
 def test_status_shows_issuer_expiry_next_renewal_and_last_result(issued) -> None:

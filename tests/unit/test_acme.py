@@ -183,8 +183,14 @@ def test_up_waits_until_nginx_serves_an_installed_certificate(
         return next(served, new.public_bytes(Encoding.DER))
 
     monkeypatch.setattr("kit.acme.served_certificate", serving)
-    status = await_certificate(site, lambda _: None, timeout=30, sleep=clock.sleep, clock=clock)
-    assert not status.waiting and clock.now == 3  # three answers before the new certificate
+    reported: list[str] = []
+    status = await_certificate(site, reported.append, timeout=30, sleep=clock.sleep, clock=clock)
+    assert not status.waiting and clock.now == 0.75  # three answers before the new certificate
+    assert reported[-1].startswith("tls: nginx serves the installed certificate (installed ")
+    clock.now = 0.0
+    monkeypatch.setattr("kit.acme.served_certificate", lambda _site: b"old")
+    await_certificate(site, reported.append, timeout=30, sleep=clock.sleep, clock=clock)
+    assert reported[-1].startswith("tls: nginx still serves another certificate")
 
 
 def test_kit_up_and_status_report_the_waiting_state_and_its_cause(tmp_path: Path) -> None:
