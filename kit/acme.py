@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import NameOID
 
 from kit.credentials import read_if_present
+from kit.desired import ACME_SERVICE
 from kit.layout import SiteLayout
 from kit.plan import AcmePlan
 from kit.tls import signed_by
@@ -225,7 +226,7 @@ def acme_server(site: Site) -> str:
 
 
 def acme_status(site: Site) -> AcmeStatus:
-    raw = read_if_present(site.layout.tls_dir / AcmePlan.last_run)
+    raw = read_if_present(site.layout.acme_last_run)
     run = parse_last_run(raw.decode(errors="replace")) if raw is not None else None
     server = acme_server(site)
     cause = None if run is None or run.ok else classify(run.output, site.spec.domain, server)
@@ -251,8 +252,6 @@ def served_certificate(site: Site, timeout: float = 5) -> bytes | None:
 def certbot_started(site: Site, engine: Engine) -> dt.datetime | None:
     """When the running certbot container started: an outcome older than that is a former
     container's (kit up may just have re-created it)."""
-    from kit.desired import ACME_SERVICE
-
     found = site.observe(engine, with_images=False).of(ACME_SERVICE)
     return max((c.started_at for c in found if c.running and c.started_at), default=None)
 

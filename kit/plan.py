@@ -8,7 +8,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from kit.errors import BadInput
-from kit.layout import NGINX_MOUNT
+from kit.layout import ACME_LAST_RUN, NGINX_MOUNT
 from kit.spec import Spec
 
 VLLM_PORT = 8000
@@ -92,7 +92,6 @@ class AcmePlan:
     webroot: str = "/var/www/acme"
     cert_name: str = "kit"
     tls_mount: str = "/kit-tls"  # nginx/tls of the site, writable for certbot only
-    last_run: str = "acme-last-run"  # in nginx/tls: the last run's exit code, time and output
 
     @property
     def install(self) -> str:
@@ -123,7 +122,7 @@ class AcmePlan:
             argv.append("--staging")
         if self.server:
             argv += ["--server", self.server]
-        tls, result = self.tls_mount, f"{self.tls_mount}/{self.last_run}"
+        tls, result = self.tls_mount, f"{self.tls_mount}/{ACME_LAST_RUN}"
         return (
             f"trap exit TERM; rm -f {result}; delay={self.retry_first}; while :; do "
             f"{shlex.join(argv)} >{tls}/.acme-run 2>&1 && {{ {self.install}; }} >>{tls}/.acme-run "

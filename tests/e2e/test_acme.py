@@ -196,7 +196,7 @@ def test_recreated_site_with_kept_letsencrypt_volume_installs_its_certificate(
         out = result.stdout + result.stderr
         assert result.returncode == 0, out
         certbot = again.container("certbot").logs().decode(errors="replace")
-        run = (again.layout.tls_dir / AcmePlan.last_run).read_text()
+        run = again.layout.acme_last_run.read_text()
         assert "not yet due for renewal" in run, run + certbot
         assert served(again.https_port).serial_number == serial  # the kept one, installed
         assert "all checks passed" in out and "verified against system CAs" in out, out

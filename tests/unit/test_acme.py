@@ -19,7 +19,6 @@ from kit.acme import (
     installed,
     parse_last_run,
 )
-from kit.plan import AcmePlan
 from kit.probe import target_for
 from kit.render import render_site
 from kit.site import Site
@@ -94,7 +93,7 @@ def issue_foreign(site: Site, days: int = 90) -> None:
 
 
 def write_run(site: Site, code: int, output: str, at: int = 1_800_000_000) -> None:
-    (site.layout.tls_dir / AcmePlan.last_run).write_text(f"exit={code} at={at}\n{output}")
+    site.layout.acme_last_run.write_text(f"exit={code} at={at}\n{output}")
 
 
 def test_the_gate_trusts_the_kit_ca_only_until_certbot_installed_one(tmp_path: Path) -> None:
