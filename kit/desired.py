@@ -247,6 +247,11 @@ def _expect(condition: bool, config_file: Path, problem: str) -> None:
         )
 
 
+def _literal(value: str) -> str:
+    """A command argument as compose passes it on: `$$` is a literal `$`."""
+    return value.replace("$$", "$")
+
+
 def _service(name: str, body: dict, context: _Context) -> ServiceState:
     where = f"services.{name}"
     if body.get("network_mode") == "host":  # kit renders it for one service kind only
@@ -266,7 +271,7 @@ def _service(name: str, body: dict, context: _Context) -> ServiceState:
     config = ContainerConfig(
         image=str(body["image"]),
         entrypoint=tuple(str(arg) for arg in body["entrypoint"]) if "entrypoint" in body else None,
-        command=tuple(str(arg) for arg in body.get("command") or ()),
+        command=tuple(_literal(str(arg)) for arg in body.get("command") or ()),
         environment=_pairs({
             **_env_files(body.get("env_file"), context, where),
             **(body.get("environment") or {}),  # as in Compose: environment wins over env_file

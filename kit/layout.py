@@ -20,6 +20,7 @@ from pathlib import Path
 NGINX_MOUNT = "/etc/nginx/kit"  # where the nginx/ folder appears inside the nginx container
 VERIFIER_MOUNT = "/etc/nginx/kit-verifier"  # nginx/verifier/ inside the verifier container
 VERIFIER_AUTH_MOUNT = "/etc/nginx/kit-auth"  # nginx/auth/ there: auth_basic reads it per request
+ACME_LAST_RUN = "acme-last-run"  # in nginx/tls, beside the certificate certbot installs
 PROBE_USER = "kit-probe"  # the dedicated identity the gate authenticates as
 
 
@@ -82,6 +83,11 @@ class SiteLayout:
     @property
     def server_key(self) -> Path:
         return self.tls_dir / "server.key"
+
+    @property
+    def acme_last_run(self) -> Path:
+        """tls.mode acme: certbot's last run (exit code, time, output), written by its loop."""
+        return self.tls_dir / ACME_LAST_RUN
 
     @property
     def ca_cert(self) -> Path:

@@ -8,7 +8,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from kit.errors import BadInput
-from kit.layout import NGINX_MOUNT
+from kit.layout import ACME_LAST_RUN, NGINX_MOUNT
 from kit.multinode import MultiNodePlan, multinode_plan
 from kit.observability import ObservabilityPlan, histogram_args, observability_plan, service_slo
 from kit.spec import Spec
@@ -92,37 +92,64 @@ class AcmePlan:
     server: str | None
     staging: bool
     renew_every: int = 43200  # seconds between `certbot certonly --keep-until-expiring` runs
-    reload_every: int = 21600  # seconds between nginx reloads that pick up a renewed cert
+    retry_first: int = 60  # after a failed run: retry this soon, doubling up to retry_max
+    retry_max: int = 3600
+    watch_every: int = 5  # nginx checks its certificate file this often and reloads on change
     webroot: str = "/var/www/acme"
     cert_name: str = "kit"
     tls_mount: str = "/kit-tls"  # nginx/tls of the site, writable for certbot only
 
     @property
-    def deploy_hook(self) -> str:
-        """Copy a new certificate into nginx/tls: key first, each by rename, key private."""
+    def install(self) -> str:
+        """Copy certbot's certificate into nginx/tls unless nginx/tls already holds it: after a
+        renewal, and also when certbot had nothing to renew but nginx/tls is new (a re-created
+        site with the letsencrypt volume kept). Key first, each by rename, key private."""
         live = f"/etc/letsencrypt/live/{self.cert_name}"
         tls = self.tls_mount
         return (
+            f"cmp -s {live}/fullchain.pem {tls}/server.crt || {{ "
             f"install -m 600 {live}/privkey.pem {tls}/.server.key.new && "
             f"install -m 644 {live}/fullchain.pem {tls}/.server.crt.new && "
             f"mv -f {tls}/.server.key.new {tls}/server.key && "
-            f"mv -f {tls}/.server.crt.new {tls}/server.crt"
+            f"mv -f {tls}/.server.crt.new {tls}/server.crt; }}"
         )
 
     @property
     def loop(self) -> str:
-        """certbot obtains the certificate, then keeps renewing it (a no-op until 30 days left)."""
+        """certbot obtains the certificate, then keeps renewing it (a no-op until 30 days left);
+        each run's outcome lands in nginx/tls for `kit up`/`kit status`, a failure is retried
+        within minutes (doubling), not at the next 12-hourly run."""
         argv = [
             "certbot", "certonly", "--webroot", "-w", self.webroot, "-d", self.domain,
             "--cert-name", self.cert_name, "--email", self.email, "--agree-tos",
-            "--non-interactive", "--keep-until-expiring", "--deploy-hook", self.deploy_hook,
+            "--non-interactive", "--keep-until-expiring",
         ]
         if self.staging:
             argv.append("--staging")
         if self.server:
             argv += ["--server", self.server]
-        renew = shlex.join(argv)
-        return f"trap exit TERM; while :; do {renew}; sleep {self.renew_every} & wait; done"
+        tls, result = self.tls_mount, f"{self.tls_mount}/{ACME_LAST_RUN}"
+        return (
+            f"trap exit TERM; rm -f {result}; delay={self.retry_first}; while :; do "
+            f"{shlex.join(argv)} >{tls}/.acme-run 2>&1 && {{ {self.install}; }} >>{tls}/.acme-run "
+            f"2>&1; rc=$?; {{ echo \"exit=$rc at=$(date +%s)\"; cat {tls}/.acme-run; }} "
+            f">{result}.new && mv -f {result}.new {result}; "
+            f"if [ $rc = 0 ]; then delay={self.retry_first}; sleep {self.renew_every} & wait; "
+            f"else sleep $delay & wait; delay=$((delay * 2 > {self.retry_max} ? "
+            f"{self.retry_max} : delay * 2)); fi; done"
+        )
+
+    @property
+    def watch(self) -> str:
+        """nginx's side: reload in place (new workers, streams finish on the old ones) within
+        watch_every seconds of certbot installing a certificate, once it passes `nginx -t`."""
+        cert = f"{NGINX_MOUNT}/tls/server.crt"
+        return (
+            f"old=$(cksum < {cert}); while :; do sleep {self.watch_every}; "
+            f"new=$(cksum < {cert}); if [ \"$new\" != \"$old\" ] && "
+            f"{shlex.join(NGINX_TEST)} -q; then nginx -c {NGINX_CONF} -s reload && old=$new; fi; "
+            "done"
+        )
 
 
 @dataclass(frozen=True)
@@ -148,14 +175,11 @@ class Plan:
 
     @property
     def nginx_command(self) -> list[str]:
-        """nginx in the foreground; with ACME, it also reloads now and then to pick up renewals."""
+        """nginx in the foreground; with ACME, a watcher reloads it when the certificate changes."""
         run = ["nginx", "-c", NGINX_CONF, "-g", "daemon off;"]
         if self.acme is None:
             return run
-        reload_loop = (
-            f"while :; do sleep {self.acme.reload_every}; nginx -c {NGINX_CONF} -s reload; done"
-        )
-        return ["/bin/sh", "-c", f"{reload_loop} & exec {shlex.join(run)}"]
+        return ["/bin/sh", "-c", f"{self.acme.watch} & exec {shlex.join(run)}"]
 
 
 def build_plan(spec: Spec) -> Plan:

@@ -101,7 +101,7 @@ class Target:
 
 def target_for(spec: Spec, layout: SiteLayout, address: str | None, timeout: float) -> Target:
     ca_file = None
-    if spec.tls.mode == "self-signed":
+    if spec.tls.mode == "self-signed" or (spec.tls.mode == "acme" and _acme_placeholder(layout)):
         ca_file = layout.ca_cert
         if not ca_file.is_file():
             raise BadInput(
@@ -117,6 +117,14 @@ def target_for(spec: Spec, layout: SiteLayout, address: str | None, timeout: flo
         ca_file=ca_file,
         timeout=timeout,
     )
+
+
+def _acme_placeholder(layout: SiteLayout) -> bool:
+    """acme mode before the first certificate: nginx serves the kit CA's, the gate trusts it."""
+    from kit.acme import installed
+
+    cert = installed(layout)
+    return cert is not None and cert.placeholder
 
 
 def probe_password(layout: SiteLayout) -> str:

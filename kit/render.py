@@ -106,6 +106,12 @@ def comment(value: object) -> str:
     return "".join("?" if ord(c) < 32 or ord(c) == 127 else c for c in str(value))
 
 
+def compose_json(value: object) -> str:
+    """JSON for the compose file with `$` doubled: compose would interpolate a lone `$` (a shell
+    variable in a command), and `$$` is its literal `$` (kit/desired.py reads it back so)."""
+    return json.dumps(value, ensure_ascii=False).replace("$", "$$")
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FunctionLoader(_template_source),
@@ -117,6 +123,7 @@ def _environment() -> jinja2.Environment:
     env.filters["nginx_token"] = nginx_token
     env.filters["nginx_string"] = nginx_string
     env.filters["comment"] = comment
+    env.filters["compose_json"] = compose_json
     env.filters["upstream"] = lambda name: "kit_" + nginx_token(name).replace("-", "_")
     env.filters["url_host"] = lambda host: f"[{host}]" if ":" in host else host
     return env

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from kit.acme import AcmeStatus, acme_status
 from kit.desired import PROMETHEUS_SERVICE
 from kit.docker_api import Engine
 from kit.live_figures import LiveFigures, live_figures
@@ -22,6 +23,7 @@ class StackStatus:
     render_pending: tuple[str, ...]  # files the spec would change (kit up renders them first)
     last_probe: dict | None
     figures: LiveFigures | None = None  # observability on: Prometheus's live view
+    acme: AcmeStatus | None = None  # tls.mode acme: the certificate and certbot's last run
 
     def to_json(self, now: datetime) -> dict:
         extra = {"observability": self.figures.to_json()} if self.figures else {}
@@ -45,6 +47,7 @@ class StackStatus:
             "render_pending": list(self.render_pending),
             "last_probe": self.last_probe,
             **extra,
+            **({"tls": self.acme.to_json()} if self.acme else {}),  # tls.mode acme only
         }
 
 
@@ -59,6 +62,7 @@ def gather(site: Site, engine: Engine) -> StackStatus:
         render_pending=tuple(str(change.output.path) for change in pending),
         last_probe=_last_probe(site.layout.last_probe),
         figures=_figures(site, engine, observed.containers),
+        acme=acme_status(site) if site.spec.tls.mode == "acme" else None,
     )
 
 
@@ -130,4 +134,6 @@ def render_text(status: StackStatus, now: datetime) -> str:
         lines.append(f"last probe: {verdict} at {probe.get('checked_at', '?')}")
     if status.figures:
         lines += status.figures.lines()
+    if status.acme is not None:
+        lines += status.acme.lines()
     return "\n".join(lines)

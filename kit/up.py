@@ -23,6 +23,7 @@ from kit.site import Site
 from kit.wait import wait_healthy
 
 if TYPE_CHECKING:
+    from kit.acme import AcmeStatus
     from kit.probe import ProbeResult
 
 
@@ -41,6 +42,7 @@ class SiteUp:
     converged: UpResult
     containers: int
     probe: ProbeResult | None
+    acme: AcmeStatus | None = None  # tls.mode acme: the certificate's state when the gate ran
 
     def summary(self) -> str:
         changed = changes(self.converged.actions)
@@ -70,13 +72,21 @@ def up_site(
     for line in rendered.summary():
         report(line)
     rendered.passwords_shown()
-    converged = converge(site, connect(), timeout=timeout, report=report)
+    engine = connect()
+    converged = converge(site, engine, timeout=timeout, report=report)
+    acme = None
+    if site.spec.tls.mode == "acme":
+        from kit.acme import await_certificate, certbot_started
+
+        acme = await_certificate(site, report, since=certbot_started(site, engine))
+        for line in acme.lines():
+            report(line)
     gate = None
     if probe:
         from kit.probe import run_probe  # the gate: only imported when it runs
 
         gate = run_probe(site.spec, site.layout)
-    return SiteUp(rendered, converged, len(site.desired.services), gate)
+    return SiteUp(rendered, converged, len(site.desired.services), gate, acme)
 
 
 def converge(

@@ -25,11 +25,14 @@ def up(spec: Path, timeout: float | None, no_probe: bool) -> None:
         warn=lambda warning: click.echo(f"warning: {warning}", err=True),
     )
     click.echo(result.summary())
-    if result.probe is None:
-        return
-    click.echo(result.probe.render())
-    if not result.probe.ok:
-        raise KitError(
-            "the gate failed: the stack runs but does not serve as the spec says",
-            fix="see the failed checks above; `kit status` and `kit logs` show more",
-        )
+    if result.probe is not None:
+        click.echo(result.probe.render())
+        if not result.probe.ok:
+            raise KitError(
+                "the gate failed: the stack runs but does not serve as the spec says",
+                fix="see the failed checks above; `kit status` and `kit logs` show more",
+            )
+    acme = result.acme
+    if acme is not None and acme.waiting and acme.cause is not None:
+        raise KitError(f"no certificate from the ACME CA yet ({acme.cause.name}): "
+                       f"{acme.cause.message}", fix=acme.cause.fix)

@@ -29,6 +29,8 @@ IMAGES = {
     "nginx_debian": "kit-test/nginx:1.22",
     "prometheus": "prom/prometheus:v3.5.0",  # Debian's Prometheus 2.42
     "grafana": "grafana/grafana:12.1.1",  # a stand-in, NOT Grafana (tests/images/grafana-standin)
+    "pebble": "kit-test/pebble:2.4",  # tls.mode acme: the ACME server (tests/e2e/acme.py)
+    "certbot": "certbot/certbot:v3.1.0",  # Debian's certbot under the spec's default name
 }
 
 

@@ -80,7 +80,7 @@ class LiveSite:
     def create(cls, root: Path, client: docker.DockerClient, https_port: int, http_port: int, *,
                prefix: str = "kit", users: tuple[str, ...] = ("ops",), proxy: dict | None = None,
                env: dict[str, str] | None = None, max_num_seqs: int = 256,
-               more_services: dict[str, str] | None = None) -> LiveSite:
+               more_services: dict[str, str] | None = None, tls: dict | None = None) -> LiveSite:
         """Write the spec and render it (not up yet): one stand-in service `tiny`, and one per
         `more_services` entry (service name → served name), all sharing GPU 0."""
         site = cls(root, f"{prefix}{secrets.token_hex(3)}", client, https_port)
@@ -93,6 +93,7 @@ class LiveSite:
             "models_root": str(models),
             "healthcheck_interval": 1,
             "auth": {"users": list(users), "api_keys": True},
+            **({"tls": tls} if tls else {}),
             "proxy": {"bind": "127.0.0.1", "https_port": https_port, "http_port": http_port,
                       **(proxy or {})},
             "services": [{
@@ -202,13 +203,15 @@ class LiveSite:
 
     def loadgen(self, auth: str | list[str] | None, *, streams: int, tokens: int,
                 announce: bool = False, requests: int = 1, pause: float = 0,
-                duration: float = 0, timeout: float = 120) -> subprocess.Popen:
-        """scripts/loadgen.py on the host against the published port (stdout: one JSON line).
+                duration: float = 0, timeout: float = 120,
+                ca: Path | None = None) -> subprocess.Popen:
+        """scripts/loadgen.py on the host against the published port (stdout: one JSON line),
+        trusting `ca` (default: the kit CA).
 
         Several `auth` values: connection i sends the (i mod n)-th (many distinct users).
         """
         command = [sys.executable, str(LOADGEN), "--url", f"https://127.0.0.1:{self.https_port}",
-                   "--host", DOMAIN, "--ca", str(self.layout.ca_cert), "--model", SERVED_NAME,
+                   "--host", DOMAIN, "--ca", str(ca or self.layout.ca_cert), "--model", SERVED_NAME,
                    "--streams", str(streams), "--tokens", str(tokens),
                    "--requests", str(requests), "--pause", str(pause),
                    "--duration", str(duration), "--timeout", str(timeout)]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the local images kit's end-to-end tests run, without any container registry.
 #
-#   tests/images/build.sh [--vllm-tag NAME]... [--nginx-tag NAME]...
+#   tests/images/build.sh [--vllm-tag NAME]... [--nginx-tag NAME]... [--certbot-tag NAME]...
 #
 # 1. A Debian bookworm root filesystem (python3, curl, nginx-light, libnginx-mod-http-js) made by
 #    mmdebstrap from the Debian mirror apt already uses, cached as a tarball under
@@ -17,6 +17,11 @@
 #    prom/prometheus:v3.5.0 and kit-test/prometheus:debian; a Grafana STAND-IN (NOT Grafana,
 #    tests/images/grafana-standin) tagged grafana/grafana:12.1.1 and
 #    kit-test/grafana-standin:latest.
+# 5. For tls.mode acme: Debian's pebble (ACME test server + mock DNS) as kit-test/pebble:2.4, and
+#    Debian's certbot as kit-test/certbot:2.1 tagged with every --certbot-tag (default
+#    certbot/certbot:v3.1.0, the spec's default). Both come from a second root filesystem; the
+#    certbot image trusts a test CA (made once, cached under $KIT_TEST_CACHE/acme-ca) that signs
+#    pebble's HTTPS certificate for $ACME_TEST_ADDRESS and the name "pebble".
 #
 # Each image carries a label with the hash of its inputs; a re-run with unchanged inputs only
 # re-tags (about a second). Needs a running Docker engine (scripts/dockerd.sh start) and root
@@ -29,6 +34,8 @@ CACHE="${KIT_TEST_CACHE:-/var/cache/kit-test}"
 SUITE="bookworm"
 PACKAGES="python3,curl,ca-certificates,nginx-light,libnginx-mod-http-js"
 LABEL="kit.test.inputs"
+ACME_PACKAGES="pebble,certbot,ca-certificates"
+ACME_TEST_ADDRESS="10.77.0.1" # where tests/e2e/test_acme.py puts pebble (tests/e2e/acme.py)
 
 # Official-image layout on top of Debian's nginx (run inside mmdebstrap on the new root "$1").
 CUSTOMIZE=(
@@ -49,22 +56,27 @@ usage() {
 
 vllm_tags=()
 nginx_tags=()
+certbot_tags=()
 while [ $# -gt 0 ]; do
     case "$1" in
     --vllm-tag) [ $# -ge 2 ] || usage; vllm_tags+=("$2"); shift 2 ;;
     --nginx-tag) [ $# -ge 2 ] || usage; nginx_tags+=("$2"); shift 2 ;;
+    --certbot-tag) [ $# -ge 2 ] || usage; certbot_tags+=("$2"); shift 2 ;;
     -h | --help) usage ;;
     *) echo "build.sh: unknown argument: $1" >&2; usage ;;
     esac
 done
 [ ${#vllm_tags[@]} -gt 0 ] || vllm_tags=("vllm/vllm-openai:v0.33.0")
 [ ${#nginx_tags[@]} -gt 0 ] || nginx_tags=("nginx:1.27-alpine")
+[ ${#certbot_tags[@]} -gt 0 ] || certbot_tags=("certbot/certbot:v3.1.0")
 VLLM_IMAGE="kit-test/vllm-standin:latest"
 NGINX_IMAGE="kit-test/nginx:1.22"
 PROMETHEUS_IMAGE="kit-test/prometheus:debian"
 GRAFANA_IMAGE="kit-test/grafana-standin:latest"
 prometheus_tags=("prom/prometheus:v3.5.0")  # kit's pinned images.prometheus and images.grafana
 grafana_tags=("grafana/grafana:12.1.1")
+PEBBLE_IMAGE="kit-test/pebble:2.4"
+CERTBOT_IMAGE="kit-test/certbot:2.1"
 
 log() { echo "build.sh: $*" >&2; }
 
@@ -86,14 +98,20 @@ debian_mirror() {
     echo "${uri:-http://deb.debian.org/debian}"
 }
 
-ensure_base() {
-    local key tarball
-    key="$(printf '%s\n' "$SUITE" "$PACKAGES" "${CUSTOMIZE[@]}" | sha256sum | cut -c1-12)"
-    BASE="kit-test/base:$key"
-    if docker image inspect "$BASE" >/dev/null 2>&1; then
+# rootfs_image NAME PACKAGES [HOOK]...: a Debian $SUITE root filesystem with PACKAGES imported
+# as kit-test/NAME:<hash of the inputs>, its tarball cached; prints the image name.
+rootfs_image() {
+    local name="$1" packages="$2"
+    shift 2
+    local key tarball image
+    key="$(printf '%s\n' "$SUITE" "$packages" "$@" | sha256sum | cut -c1-12)"
+    image="kit-test/$name:$key"
+    if docker image inspect "$image" >/dev/null 2>&1; then
+        echo "$image"
         return
     fi
-    tarball="$CACHE/rootfs-$key.tar"
+    tarball="$CACHE/$name-rootfs-$key.tar"
+    [ "$name" != base ] || tarball="$CACHE/rootfs-$key.tar"
     if [ ! -s "$tarball" ]; then
         if ! command -v mmdebstrap >/dev/null; then
             log "installing mmdebstrap"
@@ -102,37 +120,38 @@ ensure_base() {
                 mmdebstrap >/dev/null
         fi
         local hooks=() hook
-        for hook in "${CUSTOMIZE[@]}"; do
+        for hook in "$@"; do
             hooks+=(--customize-hook="$hook")
         done
-        log "building the Debian $SUITE root filesystem (about 30 s, once)"
-        mmdebstrap --quiet --format=tar --variant=apt --include="$PACKAGES" \
+        log "building the Debian $SUITE root filesystem of $name (about 30 s, once)"
+        mmdebstrap --quiet --format=tar --variant=apt --include="$packages" \
             --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
             --dpkgopt='path-exclude=/usr/share/man/*' \
             --dpkgopt='path-exclude=/usr/share/doc/*' \
             --dpkgopt='path-exclude=/usr/share/locale/*' \
             "${hooks[@]}" \
             "$SUITE" "$tarball.part" "deb $(debian_mirror) $SUITE main" \
-            >"$CACHE/mmdebstrap.log" 2>&1 || {
-            tail -n 30 "$CACHE/mmdebstrap.log" >&2
+            >"$CACHE/mmdebstrap-$name.log" 2>&1 || {
+            tail -n 30 "$CACHE/mmdebstrap-$name.log" >&2
             rm -f "$tarball.part"
             exit 1
         }
         mv "$tarball.part" "$tarball"
     fi
-    log "importing $BASE"
+    log "importing $image"
     docker import \
         -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
         -c 'ENV LANG=C.UTF-8' \
-        "$tarball" "$BASE" >/dev/null
-    # Bases and root filesystems of earlier inputs are not needed any more.
+        "$tarball" "$image" >/dev/null
+    # Images and root filesystems of earlier inputs are not needed any more.
     local old
-    for old in "$CACHE"/rootfs-*.tar; do
+    for old in "$(dirname "$tarball")/$(basename "$tarball" "$key.tar")"*.tar; do
         [ "$old" = "$tarball" ] || rm -f "$old"
     done
-    docker image ls --format '{{.Repository}}:{{.Tag}}' kit-test/base | while read -r old; do
-        [ "$old" = "$BASE" ] || docker rmi "$old" >/dev/null
+    docker image ls --format '{{.Repository}}:{{.Tag}}' "kit-test/$name" | while read -r old; do
+        [ "$old" = "$image" ] || docker rmi "$old" >/dev/null
     done
+    echo "$image"
 }
 
 # build NAME DOCKERFILE CONTEXT PRIMARY TAG...: build PRIMARY unless it already has the same
@@ -164,7 +183,7 @@ build() {
     done
 }
 
-ensure_base
+BASE="$(rootfs_image base "$PACKAGES" "${CUSTOMIZE[@]}")"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -192,12 +211,35 @@ build prometheus "$HERE/prometheus.Dockerfile" "$work/prometheus" "$PROMETHEUS_I
 cp "$HERE/grafana-standin/grafana_standin.py" "$work/grafana/"
 build grafana-standin "$HERE/grafana-standin.Dockerfile" "$work/grafana" "$GRAFANA_IMAGE" \
     "${grafana_tags[@]}"
+# The test ACME server's HTTPS identity: made once, so the images' inputs stay the same.
+acme_ca="$CACHE/acme-ca"
+if [ ! -s "$acme_ca/server.crt" ]; then
+    mkdir -p "$acme_ca.part"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 3650 \
+        -subj "/CN=kit test ACME server CA" -keyout "$acme_ca.part/ca.key" \
+        -out "$acme_ca.part/ca.crt" 2>/dev/null
+    openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=pebble" \
+        -keyout "$acme_ca.part/server.key" -out "$acme_ca.part/server.csr" 2>/dev/null
+    printf 'subjectAltName=DNS:pebble,IP:%s\n' "$ACME_TEST_ADDRESS" >"$acme_ca.part/san.ext"
+    openssl x509 -req -in "$acme_ca.part/server.csr" -CA "$acme_ca.part/ca.crt" \
+        -CAkey "$acme_ca.part/ca.key" -CAcreateserial -days 3650 \
+        -extfile "$acme_ca.part/san.ext" -out "$acme_ca.part/server.crt" 2>/dev/null
+    rm -rf "$acme_ca" && mv "$acme_ca.part" "$acme_ca"
+fi
+ACME_BASE="$(rootfs_image acme "$ACME_PACKAGES")"
+mkdir -p "$work/pebble" "$work/certbot"
+cp "$acme_ca/server.crt" "$acme_ca/server.key" "$HERE"/pebble/* "$work/pebble/"
+cp "$acme_ca/ca.crt" "$work/certbot/acme-ca.crt"
+BASE="$ACME_BASE" build pebble "$HERE/pebble.Dockerfile" "$work/pebble" "$PEBBLE_IMAGE"
+BASE="$ACME_BASE" build certbot "$HERE/certbot.Dockerfile" "$work/certbot" "$CERTBOT_IMAGE" \
+    "${certbot_tags[@]}"
 
 # Drop earlier builds of these images that lost their tags.
 docker image prune --force --filter "label=kit.test.image" >/dev/null
 
 for tag in "$VLLM_IMAGE" "${vllm_tags[@]}" "$NGINX_IMAGE" "${nginx_tags[@]}" \
-    "$PROMETHEUS_IMAGE" "${prometheus_tags[@]}" "$GRAFANA_IMAGE" "${grafana_tags[@]}"; do
+    "$PROMETHEUS_IMAGE" "${prometheus_tags[@]}" "$GRAFANA_IMAGE" "${grafana_tags[@]}" \
+    "$PEBBLE_IMAGE" "$CERTBOT_IMAGE" "${certbot_tags[@]}"; do
     docker image inspect --format "$tag {{.Id}} {{.Size}}" "$tag" |
         awk '{ printf "%-36s %.19s %4.0f MB\n", $1, $2, $3 / 1000000 }'
 done

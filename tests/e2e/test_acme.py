@@ -1,0 +1,250 @@
+"""tls.mode acme end to end against a real ACME server: Debian's pebble (tests/e2e/acme.py) as
+tls.acme_server and Debian's certbot as the spec's certbot image (tests/images/build.sh).
+
+`kit up` on a first deployment: certbot answers HTTP-01 through kit's nginx, the certificate is
+installed, nginx reloads in place, and the gate verifies the chain against pebble's root, which
+only the test trusts (SSL_CERT_FILE for the kit process, --ca for the load client). Then a
+renewal under 50 streams, a site re-created with its letsencrypt volume kept, and each way the
+first certificate can fail, provoked for real and named by `kit up` and `kit status`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from kit.plan import AcmePlan
+from tests.e2e.acme import ACME_ADDRESS, Pebble, add_acme_address, directory
+from tests.e2e.conftest import pick_free_port, remove_project
+from tests.e2e.stack import DOMAIN, LiveSite, checked, finished, kit
+
+pytestmark = pytest.mark.e2e
+
+SHORT_LIVED_S = 900  # pebble's certificates: far below certbot's 30 days, so every run renews
+LIKE_LETS_ENCRYPT_S = 90 * 86400  # certbot's run finds such a certificate not yet due
+STREAMS = 50
+STREAM_TOKENS = 750
+RETRIED_PORT = 14100  # the CA-unreachable case: pebble comes up there after kit up
+PROMPT_S = AcmePlan.watch_every + 2  # a new certificate is served this soon after installation
+
+
+def served(port: int) -> x509.Certificate:
+    """The leaf nginx serves now (unverified: which certificate, not whether trusted)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    with socket.create_connection(("127.0.0.1", port), 5) as raw, \
+            context.wrap_socket(raw, server_hostname=DOMAIN) as tls:
+        return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True))
+
+
+def verifies(port: int, cafile: Path | None) -> bool:
+    """A client trusting only `cafile` (None: the system store) accepts the served chain."""
+    context = ssl.create_default_context(cafile=str(cafile) if cafile else None)
+    try:
+        with socket.create_connection(("127.0.0.1", port), 5) as raw, \
+                context.wrap_socket(raw, server_hostname=DOMAIN):
+            return True
+    except ssl.SSLCertVerificationError:
+        return False
+
+
+def issuer(cert: x509.Certificate) -> str:
+    return cert.issuer.rfc4514_string()
+
+
+def acme_site(root: Path, client, server: str, http_port: int) -> LiveSite:
+    return LiveSite.create(root, client, pick_free_port(), http_port, prefix="acme",
+                           proxy={"bind": "0.0.0.0"},  # pebble reaches it on ACME_ADDRESS
+                           tls={"mode": "acme", "email": "ops@acme.test", "acme_server": server})
+
+
+def up(site: LiveSite, root_pem: Path | None) -> tuple[object, float]:
+    """`kit up` trusting pebble's root (when given) besides nothing else; (result, seconds)."""
+    started = time.monotonic()
+    env = {"SSL_CERT_FILE": str(root_pem)} if root_pem else None
+    result = kit("up", str(site.spec_path), env=env)
+    return result, time.monotonic() - started
+
+
+def status(site: LiveSite) -> tuple[str, dict]:
+    text = checked(site.kit("status")).stdout
+    return text, json.loads(checked(site.kit("status", "--json")).stdout)["tls"]
+
+
+@pytest.fixture(scope="module")
+def pebble(docker_client, test_images, tmp_path_factory) -> Iterator[Pebble]:
+    add_acme_address()
+    ca = Pebble(docker_client, tmp_path_factory.mktemp("pebble"), http_port=pick_free_port(),
+                validity_s=SHORT_LIVED_S)
+    yield ca
+    ca.remove()
+
+
+@pytest.fixture(scope="module")
+def issued(pebble, docker_client, tmp_path_factory) -> Iterator[tuple]:
+    """A first deployment through `kit up`: (site, kit up's result, its seconds, pebble's root)."""
+    root_pem = tmp_path_factory.mktemp("trust") / "pebble-root.pem"
+    root_pem.write_bytes(pebble.root())
+    site = acme_site(tmp_path_factory.mktemp("acme") / "site", docker_client, pebble.directory,
+                     pebble.http_port)
+    try:
+        result, seconds = up(site, root_pem)
+        yield site, result, seconds, root_pem
+    finally:
+        remove_project(docker_client, site.name)
+
+
+def test_first_deployment_is_issued_installed_and_passes_the_gate(issued) -> None:
+    site, result, seconds, root_pem = issued
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert "tls: certificate from Pebble Intermediate CA" in out, out
+    assert "verified against system CAs" in out and "all checks passed" in out, out
+    # served promptly: nginx's watcher saw the new file and reloaded (kit up checked it)
+    prompt = re.search(r"tls: nginx serves the installed certificate \(installed ([\d.]+)s ago",
+                       out)
+    assert prompt and float(prompt[1]) <= PROMPT_S, out
+    leaf = served(site.https_port)
+    assert "Pebble Intermediate CA" in issuer(leaf)
+    assert verifies(site.https_port, root_pem)  # the chain, against pebble's root only
+    assert not verifies(site.https_port, None)  # which nothing but the test trusts
+    # the challenge came to kit's nginx on the HTTP port, from pebble, and was answered
+    log = site.nginx.logs().decode(errors="replace")
+    assert any("GET /.well-known/acme-challenge/" in line and '" 200 ' in line
+               for line in log.splitlines()), log
+    print(f"\nfirst deployment in acme mode: kit up {seconds:.1f}s, served {prompt[1]}s after "
+          f"certbot installed it, serial {leaf.serial_number}")
+
+
+def test_status_shows_issuer_expiry_next_renewal_and_last_result(issued) -> None:
+    site, *_ = issued
+    text, tls = status(site)
+    assert "tls: certificate from Pebble Intermediate CA" in text, text
+    assert "next renewal" in text and "last certbot run succeeded" in text, text
+    assert tls["waiting_for_first_certificate"] is False
+    assert tls["issuer"].startswith("Pebble Intermediate CA") and tls["expires"]
+    assert tls["renewal_due"] and tls["last_run"]["ok"] is True, tls
+
+
+def test_renewal_under_50_streams_drops_nothing_and_is_served_promptly(issued) -> None:
+    site, _, _, root_pem = issued
+    before = served(site.https_port).serial_number
+    installed_before = site.layout.server_cert.read_bytes()
+    # 50 streams of 15 s each (20 ms a token) that all run across the renewal and the reload
+    load_started = time.monotonic()
+    load = site.loadgen(site.basic("ops"), streams=STREAMS, tokens=STREAM_TOKENS, timeout=90,
+                        ca=root_pem, announce=True)
+    assert load.stderr.readline() == "streaming\n"  # every stream has its first token
+    renew_started = time.time()
+    # certbot's loop runs at its start (then every 12 h): pebble's short-lived certificate has
+    # less than 30 days left, so this run renews it
+    site.container("certbot").restart(timeout=5)
+    installed_at = served_at = None
+    deadline = time.monotonic() + 60
+    while served_at is None and time.monotonic() < deadline:
+        if installed_at is None and site.layout.server_cert.read_bytes() != installed_before:
+            installed_at = time.monotonic()
+        if installed_at is not None and served(site.https_port).serial_number != before:
+            served_at = time.monotonic()
+        time.sleep(0.2)
+    figures = finished(load, timeout=120)
+    assert installed_at is not None, "certbot did not install a renewed certificate"
+    assert served_at is not None, "nginx kept serving the old certificate"
+    assert served_at - installed_at <= PROMPT_S, (served_at - installed_at)
+    assert figures["failures"] == {} and figures["ok"] == STREAMS, figures  # 0 dropped or cut
+    assert served_at < load_started + figures["wall_s"], "the streams ended before the reload"
+    assert verifies(site.https_port, root_pem)
+    _, tls = status(site)
+    assert tls["last_run"]["ok"] and tls["last_run"]["at"] >= time.strftime(
+        "%Y-%m-%dT%H:%M:%S", time.gmtime(int(renew_started))), tls
+    reloads = site.nginx.logs(since=int(renew_started)).decode(errors="replace")
+    assert "signal process started" in reloads or "reconfiguring" in reloads, reloads
+    print(f"\nrenewal under {STREAMS} streams: installed -> served "
+          f"{served_at - installed_at:.1f}s, {figures['ok']} streams ok over "
+          f"{figures['wall_s']:.1f}s, {figures['failed']} failed")
+
+
+def test_recreated_site_with_kept_letsencrypt_volume_installs_its_certificate(
+        docker_client, test_images, tmp_path) -> None:
+    """certbot finds the kept certificate not yet due and renews nothing; it is installed anyway."""
+    add_acme_address()
+    http_port = pick_free_port()
+    ca = Pebble(docker_client, tmp_path / "pebble", http_port=http_port, port=14010,
+                validity_s=LIKE_LETS_ENCRYPT_S)
+    root_pem = tmp_path / "pebble-root.pem"
+    root_pem.write_bytes(ca.root())
+    first = acme_site(tmp_path / "first", docker_client, ca.directory, http_port)
+    try:
+        result, _ = up(first, root_pem)
+        assert result.returncode == 0, result.stdout + result.stderr
+        serial = served(first.https_port).serial_number
+        checked(first.kit("down"))  # keeps the volumes, letsencrypt among them
+        again = LiveSite(tmp_path / "again", first.name, docker_client, first.https_port)
+        again.root.mkdir()
+        shutil.copy(first.spec_path, again.spec_path)
+        checked(again.kit("render"))  # a fresh nginx/tls: the kit-CA placeholder
+        result, seconds = up(again, root_pem)
+        out = result.stdout + result.stderr
+        assert result.returncode == 0, out
+        certbot = again.container("certbot").logs().decode(errors="replace")
+        run = again.layout.acme_last_run.read_text()
+        assert "not yet due for renewal" in run, run + certbot
+        assert served(again.https_port).serial_number == serial  # the kept one, installed
+        assert "all checks passed" in out and "verified against system CAs" in out, out
+        print(f"\nre-created site: kept certificate served, kit up {seconds:.1f}s")
+    finally:
+        remove_project(docker_client, first.name)
+        ca.remove()
+
+
+@pytest.mark.parametrize("case", ["ca-unreachable", "http-port-unreachable", "dns-not-here"])
+def test_a_failed_first_certificate_is_named_by_up_and_status(
+        case, docker_client, test_images, tmp_path) -> None:
+    add_acme_address()
+    http_port = pick_free_port()
+    ca = None
+    if case == "ca-unreachable":
+        server = directory(RETRIED_PORT)  # nothing listens there (yet)
+    else:
+        ca = Pebble(docker_client, tmp_path / "pebble", port=14020, validity_s=SHORT_LIVED_S,
+                    # a port nobody publishes: the CA's connection is refused
+                    http_port=pick_free_port() if case == "http-port-unreachable" else http_port,
+                    dns_answer="" if case == "dns-not-here" else ACME_ADDRESS)
+        server = ca.directory
+    site = acme_site(tmp_path / "site", docker_client, server, http_port)
+    try:
+        result, seconds = up(site, None)
+        out = result.stdout + result.stderr
+        assert result.returncode == 1, out
+        assert f"no certificate from the ACME CA yet ({case})" in out, out
+        assert "tls: waiting for the first certificate" in out, out
+        assert "verified against the kit CA" in out and "all checks passed" in out, out
+        assert f"CN=kit local CA for {site.name}" in issuer(served(site.https_port))
+        text, tls = status(site)
+        assert "FAILED at" in text and f"({case})" in text, text
+        assert tls["waiting_for_first_certificate"] and tls["last_run"]["cause"] == case, tls
+        print(f"\n{case}: kit up named it after {seconds:.1f}s: "
+              + next(line for line in out.splitlines() if "no certificate" in line))
+        if case == "ca-unreachable":  # no 12-hour silence: a CA that comes up is used at once
+            ca = Pebble(docker_client, tmp_path / "pebble", port=RETRIED_PORT,
+                        http_port=http_port, validity_s=SHORT_LIVED_S)
+            came_up = time.monotonic()
+            while ("Pebble" not in issuer(served(site.https_port))
+                   and time.monotonic() - came_up < 2 * AcmePlan.retry_first):
+                time.sleep(1)
+            assert "Pebble" in issuer(served(site.https_port)), status(site)[0]
+            print(f"  served pebble's certificate {time.monotonic() - came_up:.0f}s after the CA "
+                  "came up, without any operator action")
+    finally:
+        remove_project(docker_client, site.name)
+        if ca:
+            ca.remove()
