@@ -22,6 +22,7 @@ ACME_SERVER = r"^https://[A-Za-z0-9.:/_-]+$"
 EMAIL = r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$"
 PATH_TEXT = r"^/[^\s\"'`$;{}\\:,\x00]*$"  # host paths in compose bind mounts
 HOSTNAME_LABEL = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+SSH_USER = r"^[a-z_][a-z0-9._-]{0,31}$"  # the login of an `engine: ssh://user@host` URL
 
 SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
