@@ -60,9 +60,11 @@ def unreachable(target: SshTarget, error: OSError) -> KitError:
 
 def explain(error: BaseException, target: SshTarget, doing: str) -> KitError | None:
     """A paramiko (or socket) failure while `doing` → KitError/BadInput; None if not one."""
-    name = type(error).__name__
+    name, module = type(error).__name__, type(error).__module__
     text = str(error)
-    if not type(error).__module__.startswith("paramiko") and not isinstance(error, OSError):
+    # an OSError of the socket itself; requests' and docker-py's errors are OSErrors too
+    socket_error = isinstance(error, OSError) and module in ("builtins", "socket")
+    if not module.startswith("paramiko") and not socket_error:
         return None
     if name == "BadHostKeyException":
         return BadInput(
@@ -97,7 +99,7 @@ def explain(error: BaseException, target: SshTarget, doing: str) -> KitError | N
             fix=f"set MaxSessions {MAX_CONCURRENT_CALLS + 2} (or more) in the server's "
             "sshd_config and reload sshd, then run this again",
         )
-    if isinstance(error, OSError) or name in ("NoValidConnectionsError", "ProxyCommandFailure"):
+    if socket_error or name in ("NoValidConnectionsError", "ProxyCommandFailure"):
         return unreachable(target, error if isinstance(error, OSError) else OSError(text))
     return KitError(
         f"SSH to the engine at {target} failed while {doing}: {text or name}",
