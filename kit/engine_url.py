@@ -66,7 +66,7 @@ def spec_engine(value: str) -> str:
 def _ssh_parts(value: str) -> SshTarget:
     parts = urlsplit(value)
     try:
-        port = parts.port or SSH_PORT
+        port = SSH_PORT if parts.port is None else parts.port
     except ValueError:
         raise ValueError(f"{value!r}: the port must be a number from 1 to 65535") from None
     if parts.path not in ("", "/") or parts.query or parts.fragment or parts.password:

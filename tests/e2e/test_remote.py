@@ -26,8 +26,10 @@ pytestmark = pytest.mark.e2e
 
 HTTPS_PORT, HTTP_PORT = 8443, 8080  # the remote host's own ports (its namespace is empty)
 STREAMS = 50
-TOKENS = 120
-TOKEN_INTERVAL_MS = 50  # each stream lasts about 6 s: the rotation happens inside
+TOKENS = 400
+# Each stream lasts about 40 s: the rotation happens inside. Over SSH each API connection is a
+# `docker system dial-stdio` on the remote, so a rotation takes seconds, not a fraction of one.
+TOKEN_INTERVAL_MS = 100
 
 
 @pytest.fixture(scope="module")
