@@ -16,11 +16,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kit.probe import basic_header
 from tests.conftest import LLAMA_8B
 from tests.e2e.remote_host import REMOTE_IP, SSH_PORT, RemoteHost, remote_host
-from tests.e2e.stack import LOADGEN, SERVED_NAME, SERVICE, LiveSite, checked, finished, write_spec
+from tests.e2e.stack import (
+    LOADGEN,
+    SERVED_NAME,
+    SERVICE,
+    LiveSite,
+    checked,
+    finished,
+    kit,
+    write_spec,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -130,40 +140,105 @@ def test_with_sshd_stopped_the_engine_is_unreachable(remote: RemoteHost,
     assert "connection refused" in result.stderr
 
 
-def test_up_rotate_under_streams_and_down_on_the_remote_host(
-    remote: RemoteHost, rendered: LiveSite
+@pytest.fixture(scope="module")
+def up(rendered: LiveSite, remote: RemoteHost) -> Iterator[str]:
+    """`kit up` of the rendered site on the remote host (its output); `kit down` at the end."""
+    yield checked(rendered.kit("up")).stdout
+    rendered.kit("down")
+
+
+def test_up_runs_the_stack_there_and_the_gate_passes_through_its_front_door(
+    remote: RemoteHost, rendered: LiveSite, up: str
 ) -> None:
+    assert "site files delivered through the engine" in up
+    assert "all checks passed" in up and f"via {REMOTE_IP}" in up, up
+    assert remote.mounts_under(rendered.root) == [], "a remote container mounts a local path"
+    assert {c.name for c in remote.client.containers.list()} == {
+        f"{rendered.name}-{service}-1" for service in (SERVICE, "nginx", "kit-auth")}
+    assert rendered.status(credentials=rendered.basic("ops")) == 200
+
+
+def test_a_rotation_under_streams_there_drops_none(rendered: LiveSite, up: str) -> None:
     site = rendered
+    old, new = site.passwords["ops"], "rotated-on-the-remote-9Zq"
+    load = subprocess.Popen(
+        [sys.executable, str(LOADGEN), "--url", f"https://{REMOTE_IP}:{HTTPS_PORT}",
+         "--ca", str(site.layout.ca_cert), "--model", SERVED_NAME, "--streams",
+         str(STREAMS), "--tokens", str(TOKENS), "--auth", basic_header("ops", old),
+         "--announce"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert load.stderr.readline() == "streaming\n", "the streams did not start"
+    started = time.monotonic()
+    rotated = site.kit("rotate-password", "ops", "--password-stdin", stdin=f"{new}\n{old}\n")
+    rotation_s = time.monotonic() - started
+    streams_still_running = load.poll() is None
+    figures = finished(load)
+    assert rotated.returncode == 0, rotated.stdout + rotated.stderr
+    assert "proven through the front door: old password: 401" in rotated.stdout
+    assert streams_still_running, f"streams ended before the rotation ({rotation_s:.1f} s)"
+    assert figures["ok"] == STREAMS and figures["tokens"] == STREAMS * TOKENS, figures
+    print(f"rotation over SSH under {STREAMS} streams: {rotation_s:.1f} s, "
+          f"{figures['ok']}/{STREAMS} streams complete")
+    site.passwords["ops"] = new
+    probe = site.kit("probe")
+    assert probe.returncode == 0 and f"via {REMOTE_IP}" in probe.stdout, probe.stdout
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, rendered: LiveSite, docker_client, up: str) -> Path:
+    """Two servers: this machine's engine (a rendered site) and the remote host's."""
+    folder = tmp_path / "fleet"
+    folder.mkdir()
+    (folder / "gpu-remote").symlink_to(rendered.root)
+    local = LiveSite(folder / "gpu-local", "fleetlocal", docker_client, HTTPS_PORT)
+    local.root.mkdir()
+    spec = yaml.safe_load(rendered.spec_path.read_text())
+    del spec["engine"]
+    spec.update(site=local.name, domain="llm.test")
+    write_spec(local.spec_path, spec)
+    checked(local.kit("render"))
+    return folder
+
+
+def test_fleet_status_of_two_servers_is_one_table_within_5_s(
+    fleet: Path, remote: RemoteHost
+) -> None:
+    started = time.monotonic()
+    result = kit("fleet", str(fleet), "status")
+    seconds = time.monotonic() - started
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
+    assert set(rows) == {"gpu-local", "gpu-remote"}
+    assert "3/3 running" in rows["gpu-remote"] and "3/3 healthy" in rows["gpu-remote"]
+    assert remote.url in rows["gpu-remote"] and "passed" in rows["gpu-remote"]
+    assert "0/0 running" in rows["gpu-local"]
+    print(f"kit fleet status, 2 servers (local + ssh://): {seconds:.1f} s")
+    assert seconds <= 5, f"kit fleet status took {seconds:.1f} s"
+
+
+def test_a_fleet_with_the_remote_unreachable_names_it_and_reports_the_other(
+    fleet: Path, remote: RemoteHost
+) -> None:
+    remote.stop_sshd()
     try:
-        up = checked(site.kit("up"))
-        assert "site files delivered through the engine" in up.stdout
-        assert "all checks passed" in up.stdout and f"via {REMOTE_IP}" in up.stdout, up.stdout
-        assert remote.mounts_under(site.root) == [], "a remote container mounts a local path"
-        assert site.status(credentials=site.basic("ops")) == 200
-
-        old, new = site.passwords["ops"], "rotated-on-the-remote-9Zq"
-        load = subprocess.Popen(
-            [sys.executable, str(LOADGEN), "--url", f"https://{REMOTE_IP}:{HTTPS_PORT}",
-             "--ca", str(site.layout.ca_cert), "--model", SERVED_NAME, "--streams",
-             str(STREAMS), "--tokens", str(TOKENS), "--auth", basic_header("ops", old),
-             "--announce"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert load.stderr.readline() == "streaming\n", "the streams did not start"
-        started = time.monotonic()
-        rotated = site.kit("rotate-password", "ops", "--password-stdin", stdin=f"{new}\n{old}\n")
-        rotation_s = time.monotonic() - started
-        streams_still_running = load.poll() is None
-        figures = finished(load)
-        assert rotated.returncode == 0, rotated.stdout + rotated.stderr
-        assert "proven through the front door: old password: 401" in rotated.stdout
-        assert streams_still_running, f"streams ended before the rotation ({rotation_s:.1f} s)"
-        assert figures["ok"] == STREAMS and figures["tokens"] == STREAMS * TOKENS, figures
-        assert site.status(credentials=basic_header("ops", new)) == 200
-
-        probe = site.kit("probe")
-        assert probe.returncode == 0 and f"via {REMOTE_IP}" in probe.stdout, probe.stdout
+        status = kit("fleet", str(fleet), "status")
+        rotated = kit("fleet", str(fleet), "rotate-password", "ops", "--password-stdin",
+                      stdin="fleet-wide-password-4Hn\n")
     finally:
-        down = site.kit("down")
+        remote.start_sshd()
+    assert status.returncode == 1 and "Traceback" not in status.stderr, status.stderr
+    rows = {line.split()[0]: line for line in status.stdout.splitlines()[1:]}
+    assert "cannot reach the SSH server" in rows["gpu-remote"]
+    assert "0/0 running" in rows["gpu-local"]
+    assert "1 of 2 server(s) failed: gpu-remote" in status.stderr
+    changed = {line.split()[0]: line for line in rotated.stdout.splitlines()[1:3]}
+    assert rotated.returncode == 1, rotated.stdout + rotated.stderr
+    assert "old password still in effect" in changed["gpu-remote"]
+    assert "new password in the files; live at its next `kit up`" in changed["gpu-local"]
+
+
+def test_down_cleans_the_remote_host(remote: RemoteHost, rendered: LiveSite, up: str) -> None:
+    down = rendered.kit("down")
     assert down.returncode == 0, down.stdout + down.stderr
     assert remote.client.containers.list(all=True) == []
     assert [v.name for v in remote.client.volumes.list()
-            if v.name.startswith(f"{site.name}_kit-files")] == []
+            if v.name.startswith(f"{rendered.name}_kit-files")] == []
