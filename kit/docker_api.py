@@ -416,6 +416,7 @@ def connect(url: str | None = None) -> Engine:
     with _engine_errors("connecting over SSH", address):
         api = docker.APIClient(base_url=target.url, use_ssh_client=False,
                                max_pool_size=ssh_engine.MAX_CONCURRENT_CALLS, version="auto")
+    _one_pool(api)
     try:
         api.ping()
     except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
@@ -424,6 +425,19 @@ def connect(url: str | None = None) -> Engine:
             raise mapped from None
         raise ssh_engine.no_docker(_ssh_client(api), target, _error_text(error)) from None
     return Engine(_Bounded(api, _host_limit(target.url)), address)  # type: ignore[arg-type]
+
+
+def _one_pool(api: docker.APIClient) -> None:
+    """One connection pool for every API path of the host.
+
+    docker-py's SSH adapter keys its pools by the full request URL, so each new path
+    (/containers/json, /containers/<id>/json, /networks, …) opened one more SSH session and
+    one more `docker system dial-stdio` on the server (~0.3 s each); sharing one pool reuses
+    the open sessions, at most MAX_CONCURRENT_CALLS of them.
+    """
+    adapter = api.get_adapter("http+docker://ssh")
+    per_url = adapter.get_connection
+    adapter.get_connection = lambda url, proxies=None: per_url("http+docker://ssh/", proxies)
 
 
 def _ssh_client(api: docker.APIClient) -> Any:
