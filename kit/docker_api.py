@@ -12,7 +12,7 @@ import errno
 import os
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any
 
 import docker
@@ -165,7 +165,7 @@ class Engine:
         self._api = api
         self.address = address or engine_address()
 
-    def _errors(self, doing: str) -> Any:
+    def _errors(self, doing: str) -> AbstractContextManager[None]:
         return _engine_errors(doing, self.address)
 
     # ----------------------------------------------------------------- facts
@@ -407,22 +407,24 @@ def connect(url: str | None = None) -> Engine:
     address = url or engine_address()
     target = engine_url.ssh_target(address)
     if target is None:
-        with _engine_errors("connecting", address):
-            client = docker.from_env() if url is None else docker.DockerClient(base_url=url)
+        with _engine_errors("connecting", address):  # DOCKER_HOST's: with DOCKER_TLS_* too
+            client = (docker.from_env() if address == engine_address()
+                      else docker.DockerClient(base_url=address))
             client.ping()
         return Engine(client.api, address)
     ssh_engine.require_paramiko()
     ssh_engine.check_reachable(target)
     with _engine_errors("connecting over SSH", address):
         api = docker.APIClient(base_url=target.url, use_ssh_client=False,
-                               max_pool_size=ssh_engine.MAX_CONCURRENT_CALLS, version="auto")
+                               max_pool_size=ssh_engine.MAX_CONCURRENT_CALLS,
+                               version=ssh_engine.API_VERSION)
     _one_pool(api)
     try:
         api.ping()
     except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
-        mapped = explain(error, "connecting over SSH", address)
-        if mapped.fix is not None and "SSH" in mapped.message:
-            raise mapped from None
+        ssh_failure = ssh_engine.explain(_ssh_cause(error), target, "connecting over SSH")
+        if ssh_failure is not None:
+            raise ssh_failure from None
         raise ssh_engine.no_docker(_ssh_client(api), target, _error_text(error)) from None
     return Engine(_Bounded(api, _host_limit(target.url)), address)  # type: ignore[arg-type]
 

@@ -21,6 +21,9 @@ CONNECT_TIMEOUT = 10  # seconds for the TCP connection to sshd
 DIAGNOSE_TIMEOUT = 5  # seconds to wait for `docker system dial-stdio` to fail on the remote
 DIAL_STDIO = "docker system dial-stdio"  # what docker-py runs on the remote per connection
 MAX_CONCURRENT_CALLS = 8  # per host: sshd's MaxSessions is 10 per connection by default
+# The Engine API kit speaks to a remote engine (Docker 20.10 and newer): pinned, so the first
+# call is the ping, whose failure is diagnosed, rather than a version query inside docker-py.
+API_VERSION = "1.41"
 KNOWN_HOSTS = "~/.ssh/known_hosts"
 
 

@@ -182,6 +182,34 @@ def test_no_docker_on_the_remote_is_named() -> None:
     assert "permission denied" in denied.message
 
 
+def test_connect_diagnoses_a_host_without_docker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SSH logs in, the ping finds no API: the remote's own error is what kit reports."""
+
+    class Adapter:
+        ssh_client = Client(Channel(127, b"sh: 1: docker: not found"))
+
+        def get_connection(self, url, proxies=None):
+            return url
+
+    class Api:
+        def __init__(self, **options) -> None:
+            assert options["version"] == ssh_engine.API_VERSION
+            self.adapter = Adapter()
+
+        def get_adapter(self, prefix: str) -> Adapter:
+            return self.adapter
+
+        def ping(self) -> None:
+            raise requests.exceptions.ConnectionError("Connection aborted.")
+
+    monkeypatch.setattr(ssh_engine, "check_reachable", lambda target: None)
+    monkeypatch.setattr(docker_api.docker, "APIClient", Api)
+    with pytest.raises(KitError) as failed:
+        docker_api.connect("ssh://ops@gpu01.test:2222")
+    assert "docker is not installed there" in failed.value.message
+    assert failed.value.exit_code == ExitCode.FAILED
+
+
 def test_at_most_8_calls_are_in_flight_per_host() -> None:
     running, most = 0, 0
     lock = threading.Lock()
