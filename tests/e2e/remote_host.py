@@ -97,13 +97,14 @@ def _wait(ready, what: str) -> None:
 
 
 def ensure_sshd() -> None:
-    """openssh-server from Debian, when sshd is missing (not started by us: no service)."""
+    """openssh-server from Debian when sshd is missing; a host sshd its package may have
+    started is stopped again (the tests start their own, in the second host's namespace)."""
     if shutil.which("sshd") or Path("/usr/sbin/sshd").exists():
         return
-    env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-           "RUNLEVEL": "1"}  # RUNLEVEL=1: the package does not start its own sshd
+    env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     subprocess.run(["apt-get", "update", "-q"], check=True, capture_output=True, env=env)
     _run("apt-get", "install", "-y", "-q", "--no-install-recommends", "openssh-server", env=env)
+    subprocess.run(["service", "ssh", "stop"], capture_output=True, env=env)
 
 
 def _write_sshd_config(root: Path) -> None:

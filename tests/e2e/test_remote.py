@@ -3,7 +3,9 @@
 One remote host (tests/e2e/remote_host.py: its own namespace, dockerd and sshd) serves every test
 of this module. The refusals are provoked for real (no known_hosts entry, a wrong host key, no
 client key, sshd stopped); then `kit up` brings the stack up there and the gate passes through
-its front door, a password rotation under running streams drops none, and `kit down` cleans.
+its front door, a password rotation under running streams drops none, a fleet of two servers
+(this machine's engine and the remote one) is one status table within 5 s and names the remote
+when its sshd is down, and `kit down` cleans.
 """
 
 from __future__ import annotations
@@ -156,6 +158,8 @@ def test_up_runs_the_stack_there_and_the_gate_passes_through_its_front_door(
     assert {c.name for c in remote.client.containers.list()} == {
         f"{rendered.name}-{service}-1" for service in (SERVICE, "nginx", "kit-auth")}
     assert rendered.status(credentials=rendered.basic("ops")) == 200
+    logs = rendered.kit("logs", "nginx")
+    assert logs.returncode == 0 and "GET /v1/models" in logs.stdout, logs.stdout + logs.stderr
 
 
 def test_a_rotation_under_streams_there_drops_none(rendered: LiveSite, up: str) -> None:
