@@ -107,8 +107,9 @@ def ensure_sshd() -> None:
     subprocess.run(["service", "ssh", "stop"], capture_output=True, env=env)
 
 
-def _write_sshd_config(root: Path) -> None:
-    docker_cli = shutil.which("docker") or "/usr/bin/docker"
+def write_sshd_config(root: Path, docker_cli: str | None = None) -> None:
+    """sshd's config; `docker_cli`: what the forced command runs (a missing one: no docker)."""
+    docker_cli = docker_cli or shutil.which("docker") or "/usr/bin/docker"
     (root / "sshd_config").write_text(
         f"ListenAddress {REMOTE_IP}\nPort {SSH_PORT}\n"
         f"HostKey {root / 'host_ed25519'}\nPidFile {root / 'sshd.pid'}\n"
@@ -161,7 +162,7 @@ def remote_host(base: Path, local_client: docker.DockerClient,
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
              str(home / ".ssh" / "id_ed25519"))
         shutil.copy(home / ".ssh" / "id_ed25519.pub", root / "authorized_keys")
-        _write_sshd_config(root)
+        write_sshd_config(root)
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
         host = RemoteHost(namespace, root, home, client)
         host.known_hosts.write_text(host.host_key_line)

@@ -22,7 +22,13 @@ import yaml
 
 from kit.probe import basic_header
 from tests.conftest import LLAMA_8B
-from tests.e2e.remote_host import REMOTE_IP, SSH_PORT, RemoteHost, remote_host
+from tests.e2e.remote_host import (
+    REMOTE_IP,
+    SSH_PORT,
+    RemoteHost,
+    remote_host,
+    write_sshd_config,
+)
 from tests.e2e.stack import (
     LOADGEN,
     SERVED_NAME,
@@ -140,6 +146,22 @@ def test_with_sshd_stopped_the_engine_is_unreachable(remote: RemoteHost,
     assert f"cannot reach the SSH server of the engine at root@{REMOTE_IP}:{SSH_PORT}" in (
         result.stderr)
     assert "connection refused" in result.stderr
+
+
+def test_ssh_without_docker_there_is_named(remote: RemoteHost, rendered: LiveSite) -> None:
+    remote.stop_sshd()
+    write_sshd_config(remote.root, "/nonexistent/docker")
+    remote.start_sshd()
+    try:
+        result = refused(rendered)
+    finally:
+        remote.stop_sshd()
+        write_sshd_config(remote.root)
+        remote.start_sshd()
+    assert result.returncode == 1, result.stderr
+    assert f"SSH to root@{REMOTE_IP}:{SSH_PORT} works, but no Docker engine answers" in (
+        result.stderr)
+    assert "docker is not installed there" in result.stderr
 
 
 @pytest.fixture(scope="module")
