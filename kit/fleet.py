@@ -73,8 +73,9 @@ def run_verb(spec: Path, verb: list[str], args: list[str], stdin: str | None,
     `credential` (e.g. "password"): the row says where the new one is live and where the old
     one still is."""
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "kit", *verb, str(spec), *args], input=stdin,
-                          capture_output=True, text=True)
+    done = subprocess.run(  # never the fleet's own stdin: eight servers cannot share a prompt
+        [sys.executable, "-m", "kit", *verb, str(spec), *args], input=stdin or "",
+        capture_output=True, text=True)
     seconds = time.monotonic() - started
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     if done.returncode == 0:
