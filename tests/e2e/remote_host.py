@@ -116,6 +116,7 @@ def write_sshd_config(root: Path, docker_cli: str | None = None) -> None:
         f"AuthorizedKeysFile {root / 'authorized_keys'}\n"
         "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
         "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+        "MaxSessions 8\n"  # kit's bound: a ninth session at once would be refused
         f"ForceCommand /usr/bin/env DOCKER_HOST=unix://{root / 'docker.sock'} "
         f"{docker_cli} system dial-stdio\n"
     )
