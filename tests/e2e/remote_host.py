@@ -14,8 +14,10 @@ anything under the local site folder.
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -180,9 +182,22 @@ def remote_host(base: Path, local_client: docker.DockerClient,
                     container.remove(force=True)
             dockerd.terminate()
             dockerd.wait(30)
+        _kill_processes_in(namespace)  # sshd's per-connection children outlive the listener
         subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
         subprocess.run(["ip", "link", "del", f"{veth}a"], capture_output=True)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _kill_processes_in(namespace: str) -> None:
+    """SIGKILL every process still in the namespace (all of them started by this fixture)."""
+    try:
+        ours = os.stat(f"/run/netns/{namespace}").st_ino
+    except FileNotFoundError:
+        return
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            if entry.name.isdigit() and os.stat(entry / "ns" / "net").st_ino == ours:
+                os.kill(int(entry.name), signal.SIGKILL)
 
 
 def _pings(client: docker.DockerClient) -> bool:
