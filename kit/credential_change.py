@@ -28,13 +28,15 @@ from kit.credential_files import (
     without_user,
 )
 from kit.credential_files import write as write_files
-from kit.desired import PROXY_SERVICE, load_desired
+from kit.desired import PROXY_SERVICE
 from kit.docker_api import Engine
 from kit.errors import KitError
 from kit.front_door import Connection, reload, running_proxy
 from kit.layout import SiteLayout
 from kit.observe import ContainerState
 from kit.probe import basic_header
+from kit.remote_files import deliver
+from kit.site import desired_for
 from kit.spec import Spec
 
 OFFLINE = "--offline"
@@ -127,8 +129,11 @@ class LiveChange:
                 "them: the old credentials stay in effect")
 
     def _reload(self, engine: Engine, proxy: ContainerState) -> None:
-        service = load_desired(self.layout, self.spec.site).service(PROXY_SERVICE)
-        reload(engine, service, proxy, self.layout.applied)
+        """Reload nginx with the files now in the site folder (on a remote engine, delivered
+        into its volumes first: kit/remote_files.py)."""
+        desired = desired_for(self.spec, self.layout)
+        deliver(engine, desired, self.layout.root)
+        reload(engine, desired.service(PROXY_SERVICE), proxy, self.layout.applied)
 
     def _prove(self, connection: Connection) -> tuple[str, ...]:
         started = time.monotonic()

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from kit import engine_url
 from kit.desired import PROXY_SERVICE, SERVICE_LABEL, ServiceState, project_filter
 from kit.docker_api import Engine, connect
 from kit.errors import KitError
@@ -101,4 +102,6 @@ def login_status(spec: Spec, layout: SiteLayout, authorization: str) -> int:
         ) from None
 
 
-LIVE = Connection(connect, login_status)  # the real engine and front door, for the CLI
+def live(spec: Spec) -> Connection:
+    """The real engine of the site (its `engine:`, DOCKER_HOST or the socket) and front door."""
+    return Connection(lambda: connect(engine_url.resolve(spec.engine)), login_status)

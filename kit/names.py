@@ -25,6 +25,7 @@ HOSTNAME_LABEL = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 INTERFACE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}$"  # a Linux network interface (IFNAMSIZ)
 # Kubernetes object names: Services (DNS-1035 label) are the strictest rule every kind accepts.
 K8S_NAME = r"^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$"
+SSH_USER = r"^[a-z_][a-z0-9._-]{0,31}$"  # the login of an `engine: ssh://user@host` URL
 
 SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 

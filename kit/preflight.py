@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
-from kit.desired import GpuRequest, ServiceState
+from kit.desired import GpuRequest, Mount, ServiceState
 from kit.docker_api import Engine
 from kit.errors import BadInput, KitError
 from kit.observe import ObservedState
@@ -48,6 +48,8 @@ def preflight(
     if engine.is_local:
         check_bind_sources(site.spec, services)
     ensure_images(engine, services, observed, report)
+    if not engine.is_local:
+        check_remote_bind_sources(engine, site.spec, services)
     check_gpus(engine, site.desired.project, services)
     if engine.is_local:
         check_ports(engine, site.spec, services, observed)
@@ -66,6 +68,39 @@ def check_bind_sources(spec: Spec, services: list[ServiceState]) -> None:
                     fix=f"create it and put the model folders in it, or set {key} in the spec"
                     if key else "re-render the site: kit render",
                 )
+
+
+def check_remote_bind_sources(engine: Engine, spec: Spec, services: list[ServiceState]) -> None:
+    """On a remote engine, host folders are that host's: each bind source, and the model
+    folder `--model` names inside it, exists there (the engine itself is asked)."""
+    keys = {str(spec.models_root): "models_root", str(spec.hf_cache): "hf_cache"}
+    for service in services:
+        for mount in service.config.mounts:
+            if mount.type != "bind":
+                continue
+            model = _model_below(service, mount.target)
+            for source in [mount.source, *([f"{mount.source}/{model}"] if model else [])]:
+                checked = Mount("bind", source, mount.target, True)
+                if engine.bind_source_missing(f"{service.container_name}-kit-check",
+                                              service.config.image, checked):
+                    key = keys.get(mount.source)
+                    raise BadInput(
+                        f"{source} does not exist on the engine's host {engine.address} "
+                        f"(service {service.name} mounts it at {mount.target})",
+                        fix=f"create it there and put the model folders in it, or set {key} "
+                        "in the spec to that host's folder" if key and source == mount.source
+                        else f"copy the model to {source} on that host, or fix "
+                        "services[].model / models_root in the spec",
+                    )
+
+
+def _model_below(service: ServiceState, target: str) -> str | None:
+    """The folder under `target` that the service's `--model` argument names, if any."""
+    argv = service.config.command
+    for flag, value in zip(argv, argv[1:], strict=False):
+        if flag == "--model" and value.startswith(f"{target}/"):
+            return value.removeprefix(f"{target}/")
+    return None
 
 
 def ensure_images(

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from kit import engine_url
 from kit.errors import BadInput
 from kit.files import atomic_write
 from kit.layout import PROBE_USER, SiteLayout
@@ -110,7 +111,7 @@ def target_for(spec: Spec, layout: SiteLayout, address: str | None, timeout: flo
             )
     bind = spec.proxy.bind
     return Target(
-        address=address or ("127.0.0.1" if bind in ("0.0.0.0", "::") else bind),
+        address=address or (front_door_host(spec) if bind in ("0.0.0.0", "::") else bind),
         domain=spec.domain,
         https_port=spec.proxy.https_port,
         http_port=spec.proxy.http_port,
@@ -125,6 +126,10 @@ def _acme_placeholder(layout: SiteLayout) -> bool:
 
     cert = installed(layout)
     return cert is not None and cert.placeholder
+def front_door_host(spec: Spec) -> str:
+    """Where a front door listening on every address is reached: this host's loopback when the
+    engine is local, else the spec's domain (it names the remote host; `--address` overrides)."""
+    return "127.0.0.1" if engine_url.is_local(engine_url.resolve(spec.engine)) else spec.domain
 
 
 def probe_password(layout: SiteLayout) -> str:

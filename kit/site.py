@@ -11,6 +11,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kit import engine_url
 from kit.desired import DesiredState, load_desired
 from kit.layout import SiteLayout
 from kit.spec import Spec, load_spec
@@ -42,10 +43,15 @@ class Site:
     def project(self) -> str:
         return self.spec.site
 
+    @property
+    def engine_url(self) -> str:
+        """The engine this site runs on: its `engine:`, else DOCKER_HOST, else the socket."""
+        return engine_url.resolve(self.spec.engine)
+
     @cached_property
     def desired(self) -> DesiredState:
         """What the rendered compose file asks for (read on first use, then kept)."""
-        return load_desired(self.layout, self.spec.site)
+        return desired_for(self.spec, self.layout)
 
     def observe(self, engine: Engine, *, with_images: bool = True) -> ObservedState:
         """The running stack; `with_images` also resolves the desired images' ids."""
@@ -53,3 +59,14 @@ class Site:
 
         images = tuple(s.config.image for s in self.desired.services) if with_images else ()
         return observe(engine, self.project, images, self.layout.applied)
+
+
+def desired_for(spec: Spec, layout: SiteLayout) -> DesiredState:
+    """The rendered compose file as the site's engine is given it: on a remote engine, site
+    folders are volumes kit fills through the API (kit/remote_files.py), not binds."""
+    desired = load_desired(layout, spec.site)
+    if engine_url.is_local(engine_url.resolve(spec.engine)):
+        return desired
+    from kit.remote_files import through_engine
+
+    return through_engine(desired, layout.root)

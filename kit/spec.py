@@ -31,6 +31,7 @@ from pydantic import (
 
 from kit import names
 from kit.desired import KIT_SERVICES
+from kit.engine_url import spec_engine
 from kit.errors import BadInput
 from kit.names import (
     ACME_SERVER,
@@ -115,6 +116,7 @@ def _file_path(path: Path) -> Path:
 
 
 Host = Annotated[str, AfterValidator(names.host)]
+EngineAddress = Annotated[str, AfterValidator(spec_engine)]
 FilePath = Annotated[Path, Strict(False), AfterValidator(_file_path)]
 HostPath = Annotated[Path, Strict(False), AfterValidator(_absolute_safe_path)]
 GpuIndex = Annotated[int, Field(ge=0, le=63)]
@@ -362,6 +364,8 @@ class Spec(StrictModel):
     kubernetes: Kubernetes = Kubernetes()
     observability: Observability = Observability()
     services: Annotated[list[Service], Field(min_length=1)]
+    # The Docker engine this site runs on (kit/engine_url.py); unset: DOCKER_HOST or the socket.
+    engine: EngineAddress | None = None
 
     def service(self, name: str) -> Service:
         for service in self.services:

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kit.apply import Executor
-from kit.docker_api import Engine, connect
+from kit.docker_api import Engine
+from kit.docker_api import connect as connect_to
 from kit.multinode import refuse_up
 from kit.preflight import preflight
 from kit.reconcile import (
@@ -18,6 +19,7 @@ from kit.reconcile import (
     changes,
     up_actions,
 )
+from kit.remote_files import deliver, site_volumes
 from kit.render import RenderResult, render_site
 from kit.site import Site
 from kit.wait import wait_healthy
@@ -60,11 +62,12 @@ def up_site(
     probe: bool,
     report: Callable[[str], None],
     warn: Callable[[str], None],
-    connect: Callable[[], Engine] = connect,
+    connect: Callable[[], Engine] | None = None,
 ) -> SiteUp:
     """Render what the spec changed, converge the stack, then run the gate through nginx.
 
-    The engine is reached after the render (`connect`: the real one, or a test's fake)."""
+    The engine is reached after the render (`connect`: a test's fake; by default the site's
+    engine, kit/engine_url.py)."""
     refuse_up(site.spec)
     rendered = render_site(site)
     for warning in rendered.warnings:
@@ -72,7 +75,7 @@ def up_site(
     for line in rendered.summary():
         report(line)
     rendered.passwords_shown()
-    engine = connect()
+    engine = connect() if connect is not None else connect_to(site.engine_url)
     converged = converge(site, engine, timeout=timeout, report=report)
     acme = None
     if site.spec.tls.mode == "acme":
@@ -98,6 +101,9 @@ def converge(
     actions = up_actions(site.desired, observed)
     if actions:
         preflight(engine, site, observed, actions, report)
+        if site_volumes(site.desired):
+            delivered = deliver(engine, site.desired, site.layout.root)
+            report(f"site files delivered through the engine: {', '.join(delivered)}")
         Executor(
             engine=engine,
             applied=site.layout.applied,

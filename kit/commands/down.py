@@ -7,7 +7,8 @@ import click
 from kit.apply import Executor
 from kit.commands.options import spec_argument
 from kit.docker_api import connect
-from kit.reconcile import down_actions
+from kit.reconcile import RemoveVolume, down_actions
+from kit.remote_files import site_volumes
 from kit.site import Site
 
 
@@ -17,8 +18,12 @@ from kit.site import Site
 def down(spec: Path, volumes: bool) -> None:
     """Stop and remove the containers and networks of SPEC's stack (default ./site.yaml)."""
     site = Site.load(spec, check_host=False)
-    engine = connect()
-    plan = down_actions(site.observe(engine, with_images=False), volumes)
+    engine = connect(site.engine_url)
+    observed = site.observe(engine, with_images=False)
+    plan = down_actions(observed, volumes)
+    if not volumes:  # a remote site's file volumes are copies of the site folder, not data
+        plan += [RemoveVolume(v.name, "kit down: a copy of the site files")
+                 for v in site_volumes(site.desired) if v.name in observed.volumes]
     Executor(engine, site.layout.applied, wait=lambda _: None, report=click.echo).run(plan)
     kept = "" if volumes else " (volumes kept; --volumes removes them)"
     click.echo(f"stack {site.project}: nothing left running{kept}" if plan else

@@ -28,7 +28,7 @@ def logs(spec: Path, service: str | None, follow: bool, tail: str) -> None:
     if tail != "all" and not tail.isdigit():
         raise BadInput(f"--tail {tail!r} is not a number of lines", fix="use e.g. -n 100")
     site = Site.load(spec, check_host=False)
-    engine = connect()
+    engine = connect(site.engine_url)
     lines = int(tail) if tail.isdigit() else "all"
     for line in log_lines(engine, containers_of(site, engine, service), follow=follow, tail=lines):
         click.echo(line)

@@ -61,13 +61,13 @@ def credential_site(
     """(spec, layout, name, connection) for the verbs that change credentials of a rendered
     site; the connection is the real engine and front door, or None with --offline."""
     from kit.credential_files import require_rendered
-    from kit.front_door import LIVE
+    from kit.front_door import live
     from kit.site import Site
 
     spec_path, name = spec_and_name(values, what)
     site = Site.load(spec_path)
     require_rendered(site.layout)
-    return site.spec, site.layout, name, None if offline else LIVE
+    return site.spec, site.layout, name, None if offline else live(site.spec)
 
 
 def read_passwords(

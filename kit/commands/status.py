@@ -17,7 +17,8 @@ from kit.status import gather, render_text
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 def status(spec: Path, as_json: bool) -> None:
     """Show the containers of SPEC's stack, drift from the spec and the last probe result."""
-    report = gather(Site.load(spec), connect())
+    site = Site.load(spec)
+    report = gather(site, connect(site.engine_url))
     now = datetime.now(UTC)
     if as_json:
         click.echo(json.dumps(report.to_json(now), indent=2))

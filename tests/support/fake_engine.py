@@ -10,13 +10,19 @@ would do on its own (a container exiting, health changing, nginx refusing a relo
 from __future__ import annotations
 
 import copy
+import io
 import itertools
+import shutil
+import subprocess
+import tarfile
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 
-from kit.desired import ContainerConfig, GpuRequest, NetworkState, VolumeState
+from kit.desired import ContainerConfig, GpuRequest, Mount, NetworkState, VolumeState
 from kit.errors import KitError
 
 NGINX_WORKER = "nginx: worker process"
@@ -38,6 +44,9 @@ class FakeEngine:
     `fail(method, error)`, `schedule(container, after=n, **state)`, `write_log`."""
 
     def __init__(self, images: dict[str, str] | None = None, *, local: bool = True) -> None:
+        self.address = "unix:///fake.sock" if local else "ssh://ops@fake-host"
+        self.host_paths: set[str] | None = None  # paths on the engine's host (None: all exist)
+        self._volume_root: Path | None = None  # made on first use of a volume's files
         self.images = dict(images or {})  # reference → image id (what `docker images` has)
         self.pullable: dict[str, str] = {}  # reference → id a pull would fetch
         self.calls: list[tuple[str, str]] = []  # (method, what it was about), in order
@@ -248,6 +257,44 @@ class FakeEngine:
 
     def check_device_request(self, name: str, image: str, gpus: tuple[GpuRequest, ...]) -> None:
         self._call("check_device_request", ",".join(i for g in gpus for i in g.device_ids))
+
+    def run_with_files(
+        self, name: str, image: str, argv: list[str], volumes: dict[str, str],
+        archive: bytes, labels: dict[str, str], timeout: float,
+    ) -> tuple[int, str]:
+        """Really runs `argv` on this host, with each volume a folder linked where the helper
+        mounts it (absolute paths in argv are rebased into a scratch root)."""
+        self._call("run_with_files", name)
+        if image not in self.images:
+            raise _api_error(f"creating container {name}", f"No such image: {image}")
+        root = Path(tempfile.mkdtemp(prefix="fake-helper-"))
+        try:
+            for volume, target in volumes.items():
+                if volume not in self._volumes:
+                    raise _api_error(f"creating container {name}", f"no such volume {volume}")
+                link = root / target.lstrip("/")
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(self.volume_path(volume), target_is_directory=True)
+            with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+                tar.extractall(root, filter="fully_trusted")
+            mounts = {t.split("/")[1] for t in volumes.values()}
+            rebased = [arg.replace(f"/{m}/", f"{root}/{m}/") for arg in argv for m in mounts]
+            done = subprocess.run(rebased, capture_output=True, text=True, timeout=timeout)
+            return done.returncode, done.stdout + done.stderr
+        finally:
+            shutil.rmtree(root)
+
+    def bind_source_missing(self, name: str, image: str, mount: Mount) -> bool:
+        self._call("bind_source_missing", mount.source)
+        return self.host_paths is not None and mount.source not in self.host_paths
+
+    def volume_path(self, name: str) -> Path:
+        """The folder holding a volume's files (what a container mounting it sees)."""
+        if self._volume_root is None:
+            self._volume_root = Path(tempfile.mkdtemp(prefix="fake-engine-volumes-"))
+        path = self._volume_root / name
+        path.mkdir(exist_ok=True)
+        return path
 
     # ----------------------------------------------------------------- internals
 

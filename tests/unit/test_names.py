@@ -27,6 +27,7 @@ EXAMPLES = {
     "HOSTNAME_LABEL": "llm",
     "INTERFACE_NAME": "ens5f0",
     "K8S_NAME": "llama8b-env",
+    "SSH_USER": "deploy_1",
 }
 
 

@@ -80,6 +80,8 @@ FIELDS: dict[str, tuple[Setter, str]] = {
     "site": (at("site"), "test01"),
     "domain": (at("domain"), "llm.test.internal"),
     "domain=ip": (at("domain"), "fe80::1"),
+    "engine": (at("engine"), "ssh://ops@gpu01.test.internal:2222"),
+    "engine=unix": (at("engine"), "unix:///run/docker.sock"),
     "models_root": (at("models_root"), "/srv/models"),
     "hf_cache": (at("hf_cache"), "/srv/hf"),
     "images.vllm": (at("images", "vllm"), "vllm/vllm-openai:v0.33.0"),
