@@ -16,7 +16,7 @@ import yaml
 
 from kit.diagnose import diagnose
 from tests.support.cli import run_kit
-from tests.unit.test_multinode import MULTI_NODE
+from tests.unit.test_multinode_core import MULTI_NODE
 from tests.unit.test_standin import (
     LLAMA_8B,
     STANDIN,
