@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from kit.errors import BadInput
 from kit.layout import NGINX_MOUNT
+from kit.replicas import ReplicaPlan, replica_plans
 from kit.spec import Spec
 
 VLLM_PORT = 8000
@@ -26,6 +27,10 @@ CONNECTIONS_PER_SLOT = 2  # a stream plus a keep-alive connection waiting for it
 MAX_CONNECTIONS_PER_IP = 65535  # limit_conn's largest value
 NGINX_CONF = f"{NGINX_MOUNT}/nginx.conf"
 NGINX_TEST = ["nginx", "-c", NGINX_CONF, "-t"]  # how a reload is checked first, in any mode
+# A replica that refused a connection (or timed out) is skipped for this long by each worker.
+REPLICA_FAIL_TIMEOUT = 10
+UNAVAILABLE_RETRY_AFTER = 5  # seconds a client is told to wait when no replica can take it
+PREFIX_KEY = "$kit_prefix"  # kit.js: a digest of the conversation's leading text
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,16 @@ class ServicePlan:
     max_num_seqs: int | None
     max_num_seqs_reason: str
     capacity: dict | None = None  # CapacityReport.to_json() when the model could be inspected
+    # Each replica is its own container on its own tensor-parallel group of `gpus` (see
+    # kit/replicas.py). A single-replica service has one, named like the service itself.
+    replicas: list[ReplicaPlan] = field(default_factory=list)
+    affinity: str = "none"  # routing.affinity: none | header | prefix (multi-replica only)
+    affinity_key: str | None = None  # the nginx variable the affinity upstream hashes
+
+    @property
+    def streams(self) -> int:
+        """Requests the whole service runs at once: every replica's max_num_seqs."""
+        return (self.max_num_seqs or STREAMS_WHEN_UNKNOWN) * max(1, len(self.replicas))
 
 
 @dataclass(frozen=True)
@@ -153,7 +168,7 @@ class Plan:
 
 def build_plan(spec: Spec) -> Plan:
     services = [_service_plan(spec, service) for service in spec.services]
-    streams = sum(s.max_num_seqs or STREAMS_WHEN_UNKNOWN for s in services)
+    streams = sum(s.streams for s in services)
     # Each stream holds a client and an upstream connection; leave room for queued clients.
     worker_connections = min(65536, max(4096, _next_power_of_two(streams * 4)))
     per_minute = streams * REQUESTS_PER_SLOT_PER_MINUTE
@@ -235,6 +250,8 @@ def _service_plan(spec: Spec, service) -> ServicePlan:
         command += ["--trust-remote-code"]
     command += ["--port", str(VLLM_PORT), *service.extra_args]
     env = {"HF_HOME": HF_CACHE_MOUNT, **service.env}
+    replicas = replica_plans(service.name, service.gpus, service.tp)
+    affinity = service.routing.affinity if len(replicas) > 1 else "none"
     engine_timeout = service.engine_ready_timeout or DEFAULT_ENGINE_READY_TIMEOUT
     return ServicePlan(
         name=service.name,
@@ -249,7 +266,17 @@ def _service_plan(spec: Spec, service) -> ServicePlan:
         max_num_seqs=max_num_seqs,
         max_num_seqs_reason=reason,
         capacity=capacity,
+        replicas=replicas,
+        affinity=affinity,
+        affinity_key=_affinity_key(affinity, service.routing.header),
     )
+
+
+def _affinity_key(affinity: str, header: str | None) -> str | None:
+    """What the affinity upstream hashes: the header's nginx variable, or kit.js's prefix key."""
+    if affinity == "header" and header is not None:
+        return "$http_" + header.lower().replace("-", "_")
+    return PREFIX_KEY if affinity == "prefix" else None
 
 
 def _capacity(spec: Spec, service) -> dict | None:

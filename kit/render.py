@@ -27,7 +27,7 @@ from kit.credentials import (
     unshown_passwords,
     unshown_passwords_output,
 )
-from kit.desired import VERIFIER_SERVICE
+from kit.desired import REPLICA_INDEX_LABEL, REPLICA_SERVICE_LABEL, VERIFIER_SERVICE
 from kit.envfile import env_file_text
 from kit.errors import BadInput
 from kit.files import (
@@ -49,6 +49,9 @@ from kit.plan import (
     HEALTHZ_PORT,
     HF_CACHE_MOUNT,
     MODELS_MOUNT,
+    PREFIX_KEY,
+    REPLICA_FAIL_TIMEOUT,
+    UNAVAILABLE_RETRY_AFTER,
     VLLM_PORT,
     Plan,
     build_plan,
@@ -146,6 +149,11 @@ def generated_files(plan: Plan, spec_name: str) -> list[Output]:
         "verifier_mount": VERIFIER_MOUNT,
         "verifier_auth_mount": VERIFIER_AUTH_MOUNT,
         "verifier_service": VERIFIER_SERVICE,
+        "replica_service_label": REPLICA_SERVICE_LABEL,
+        "replica_index_label": REPLICA_INDEX_LABEL,
+        "replica_fail_timeout": REPLICA_FAIL_TIMEOUT,
+        "unavailable_retry_after": UNAVAILABLE_RETRY_AFTER,
+        "prefix_key": PREFIX_KEY,
         "nginx_health_url": f"http://127.0.0.1:{HEALTHZ_PORT}/kit-healthz",
         "https_port_suffix": "" if https == 443 else f":{https}",
     }

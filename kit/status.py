@@ -20,12 +20,24 @@ class StackStatus:
     render_pending: tuple[str, ...]  # files the spec would change (kit up renders them first)
     last_probe: dict | None
 
+    def replicas_in_service(self) -> dict[str, dict[str, int]]:
+        """Per multi-replica service: how many replicas run healthy, of how many containers."""
+        counts: dict[str, dict[str, int]] = {}
+        for c in self.containers:
+            if c.replica_of is not None:
+                count = counts.setdefault(c.replica_of, {"healthy": 0, "replicas": 0})
+                count["replicas"] += 1
+                count["healthy"] += c.running and c.health == "healthy"
+        return counts
+
     def to_json(self, now: datetime) -> dict:
         return {
             "site": self.site,
             "containers": [
                 {
                     "service": c.service,
+                    "replica_of": c.replica_of,
+                    "replica": c.replica,
                     "name": c.name,
                     "state": c.state,
                     "health": c.health,
@@ -37,6 +49,7 @@ class StackStatus:
                 }
                 for c in self.containers
             ],
+            "replicas": self.replicas_in_service(),
             "drift": list(self.drift),
             "render_pending": list(self.render_pending),
             "last_probe": self.last_probe,
@@ -86,11 +99,12 @@ def _duration(seconds: int | None) -> str:
 
 
 def render_text(status: StackStatus, now: datetime) -> str:
-    rows = [("SERVICE", "STATE", "HEALTH", "GPUS", "UPTIME", "RESTARTS", "IMAGE")]
+    rows = [("SERVICE", "REPLICA", "STATE", "HEALTH", "GPUS", "UPTIME", "RESTARTS", "IMAGE")]
     rows += [
         (
-            c.service, c.state, c.health or "-", ",".join(c.gpu_ids) or "-",
-            _duration(_uptime(c, now)), str(c.restart_count), c.image,
+            c.service, "-" if c.replica is None else f"{c.replica} of {c.replica_of}", c.state,
+            c.health or "-", ",".join(c.gpu_ids) or "-", _duration(_uptime(c, now)),
+            str(c.restart_count), c.image,
         )
         for c in status.containers
     ]
@@ -99,6 +113,8 @@ def render_text(status: StackStatus, now: datetime) -> str:
              for row in rows]
     if not status.containers:
         lines.append(f"(no containers of project {status.site})")
+    for service, count in status.replicas_in_service().items():
+        lines.append(f"{service}: {count['healthy']} of {count['replicas']} replicas healthy")
     if status.drift:
         lines.append("drift: `kit up` would")
         lines += [f"  {line}" for line in status.drift]

@@ -68,12 +68,15 @@ def up_site(
     for line in rendered.summary():
         report(line)
     rendered.passwords_shown()
-    converged = converge(site, connect(), timeout=timeout, report=report)
+    engine = connect()
+    converged = converge(site, engine, timeout=timeout, report=report)
     gate = None
     if probe:
         from kit.probe import run_probe  # the gate: only imported when it runs
+        from kit.replica_check import replica_checks
 
-        gate = run_probe(site.spec, site.layout)
+        gate = run_probe(site.spec, site.layout,
+                         replicas=lambda: replica_checks(site, lambda: engine))
     return SiteUp(rendered, converged, len(site.desired.services), gate)
 
 

@@ -25,6 +25,7 @@ EXAMPLES = {
     "EMAIL": "ops@example.com",
     "PATH_TEXT": "/data/models",
     "HOSTNAME_LABEL": "llm",
+    "HEADER_NAME": "X-Session-ID",
 }
 
 

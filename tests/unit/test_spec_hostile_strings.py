@@ -62,6 +62,17 @@ def env_name(data: dict, value: str) -> None:
     data["services"][0]["env"] = {value: "1"}
 
 
+def routing(key: str, affinity: str) -> Setter:
+    """A routing value of a two-replica service (one replica renders no affinity)."""
+
+    def setter(data: dict, value: str) -> None:
+        fields = {"affinity": affinity, "header": "X-Session-ID"} if affinity == "header" else {}
+        data["services"][0].update(gpus=[0, 1], tensor_parallel=1,
+                                   routing={**fields, key: value})
+
+    return setter
+
+
 TLS_NEEDS = {
     "acme": {"email": "ops@test.example"},
     "files": {"cert": "server.pem", "key": "server.key"},
@@ -97,6 +108,8 @@ FIELDS: dict[str, tuple[Setter, str]] = {
     "services.quantization": (at(*S, "quantization"), "fp8"),
     "services.kv_cache_dtype": (at(*S, "kv_cache_dtype"), "fp8"),
     "services.extra_args": (at(*S, "extra_args", 0), "--enable-prefix-caching"),
+    "services.routing.affinity": (routing("affinity", "prefix"), "prefix"),
+    "services.routing.header": (routing("header", "header"), "X-Session-ID"),
     "services.env.name": (env_name, "HF_HUB_OFFLINE"),
     "services.env.value": (at(*S, "env", "HF_HUB_OFFLINE"), "1"),
 }
@@ -173,6 +186,15 @@ def nginx_conf(spec_path: Path) -> str:
                 if o.path.name == "nginx.conf").decode()
 
 
+def shape(field: str, value: str, conf: str) -> tuple:
+    """nginx.conf's structure; an affinity header is read as its own `$http_*` variable, so
+    that one variable stands for it (its name is allow-listed: letters, digits and `-`)."""
+    directives, variables = structure(conf)
+    if field == "services.routing.header":
+        variables = variables - {"http_" + value.lower().replace("-", "_")} | {"<header>"}
+    return directives, variables
+
+
 @pytest.mark.parametrize("field", sorted(FIELDS))
 def test_a_hostile_string_is_refused_or_changes_no_structure(site_root: Path, field: str) -> None:
     setter, plain = FIELDS[field]
@@ -201,7 +223,8 @@ def test_a_hostile_string_is_refused_or_changes_no_structure(site_root: Path, fi
             conf = nginx_conf(spec_path)
         except BadInput as error:  # validate passed, so render must not refuse
             raise AssertionError(f"validate accepted {value!r}, render refused: {error}") from None
-        assert structure(conf) == structure(plain_conf), f"{value!r} changed nginx.conf's shape"
+        assert shape(field, value, conf) == shape(field, plain, plain_conf), (
+            f"{value!r} changed nginx.conf's shape")
         if conf != plain_conf and len(changed) < NGINX_CHECKS_PER_FIELD:
             changed.append(value)
 
