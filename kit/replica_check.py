@@ -49,13 +49,14 @@ def prove_replica(
         return ReplicaVerdict(False, f"{container.name} is {container.state}", 0.0)
     status, body = _request(engine, container, "/health", None, timeout)
     if status != 200:
-        return ReplicaVerdict(False, f"/health answered {status or 'nothing'}: {body}",
+        return ReplicaVerdict(False, f"/health answered {status or 'nothing'}: {body[:300]}",
                               _ms_since(started))
     completion = {"model": api_name, "messages": [{"role": "user", "content": "Say OK."}],
                   "max_tokens": 1, "temperature": 0}
     status, body = _request(engine, container, "/v1/chat/completions", completion, timeout)
     if status != 200:
-        return ReplicaVerdict(False, f"a 1-token completion got {status or 'no answer'}: {body}",
+        return ReplicaVerdict(False, f"a 1-token completion got {status or 'no answer'}: "
+                              f"{body[:300]}",
                               _ms_since(started))
     try:
         tokens = json.loads(body)["usage"]["completion_tokens"]
@@ -100,7 +101,7 @@ def _request(
     text, _, status = output.rstrip("\n").rpartition("\n")
     if code != 0 or not status.isdigit():
         return 0, output.strip()[-200:]
-    return int(status), text.strip()[:400]
+    return int(status), text.strip()
 
 
 def _ms_since(started: float) -> float:
