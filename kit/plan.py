@@ -29,6 +29,9 @@ NGINX_CONF = f"{NGINX_MOUNT}/nginx.conf"
 NGINX_TEST = ["nginx", "-c", NGINX_CONF, "-t"]  # how a reload is checked first, in any mode
 # A replica that refused a connection (or timed out) is skipped for this long by each worker.
 REPLICA_FAIL_TIMEOUT = 10
+# A replica on this host's private network accepts within milliseconds or is gone (a killed
+# container's address answers nothing): after this long nginx gives the request to another one.
+REPLICA_CONNECT_TIMEOUT = 2
 UNAVAILABLE_RETRY_AFTER = 5  # seconds a client is told to wait when no replica can take it
 PREFIX_KEY = "$kit_prefix"  # kit.js: a digest of the conversation's leading text
 
@@ -52,6 +55,13 @@ class ServicePlan:
     replicas: list[ReplicaPlan] = field(default_factory=list)
     affinity: str = "none"  # routing.affinity: none | header | prefix (multi-replica only)
     affinity_key: str | None = None  # the nginx variable the affinity upstream hashes
+    connect_timeout: int = 10  # nginx's proxy_connect_timeout to it (seconds)
+
+    @property
+    def retry_window(self) -> int:
+        """Seconds after which nginx stops passing a request on to another replica: long enough
+        to try each one, far shorter than a generation (a begun answer is never resent)."""
+        return self.connect_timeout * len(self.replicas)
 
     @property
     def streams(self) -> int:
@@ -269,6 +279,8 @@ def _service_plan(spec: Spec, service) -> ServicePlan:
         replicas=replicas,
         affinity=affinity,
         affinity_key=_affinity_key(affinity, service.routing.header),
+        connect_timeout=spec.proxy.connect_timeout if len(replicas) == 1
+        else min(spec.proxy.connect_timeout, REPLICA_CONNECT_TIMEOUT),
     )
 
 

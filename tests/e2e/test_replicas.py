@@ -17,7 +17,6 @@ import ssl
 import statistics
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -77,7 +76,8 @@ def chat(model: str, text: str, tokens: int = 1) -> dict:
 def metrics(site: LiveSite, hosts: list[str]) -> dict[str, dict[str, float]]:
     """Every replica's vllm:* gauges and counters (summed over labels), read at one moment."""
     script = "; ".join(f'echo "== {h}"; curl -s -m 5 http://{h}:8000/metrics' for h in hosts)
-    code, output = site.container(hosts[0]).exec_run(["sh", "-c", script])
+    reader = next(c for c in map(site.container, hosts) if c.status == "running")
+    code, output = reader.exec_run(["sh", "-c", script])
     assert code == 0, output
     found: dict[str, dict[str, float]] = {}
     for part in output.decode().split("== ")[1:]:
@@ -90,9 +90,11 @@ def metrics(site: LiveSite, hosts: list[str]) -> dict[str, dict[str, float]]:
 
 
 def served(site: LiveSite, hosts: list[str], send) -> dict[str, int]:
-    """How many requests each replica finished while `send()` ran."""
+    """How many requests each replica finished while `send()` ran (every one answered 200)."""
     before = metrics(site, hosts)
-    send()
+    replies = send()
+    for status, body in replies if isinstance(replies, list) else [replies]:
+        assert status == 200, body
     after = metrics(site, hosts)
     done = "vllm:request_success_total"
     return {h: round(after[h].get(done, 0) - before[h].get(done, 0)) for h in hosts}
@@ -201,32 +203,29 @@ def test_a_session_moves_only_when_its_replica_leaves(site: LiveSite):
     assert homes() == before
 
 
-def test_a_killed_replica_costs_only_its_streams_and_rejoins(site: LiveSite, tmp_path: Path):
+def test_a_killed_replica_costs_only_its_streams_and_rejoins(site: LiveSite):
     key = site.add_key(f"kill-{secrets.token_hex(2)}")
-    load = site.loadgen(f"Bearer {key}", streams=16, tokens=150, requests=1000, duration=12,
-                        announce=True)
+    load = site.loadgen(f"Bearer {key}", streams=16, tokens=250, announce=True)
     assert load.stderr.readline() == "streaming\n"
-    time.sleep(1)
     victim = site.container("tiny-r1")
     serving = metrics(site, ["tiny-r1"])["tiny-r1"].get("vllm:num_requests_running", 0)
     victim.kill()
-    killed_at = time.time()
-    figures = finished(load)
-    print(f"killed tiny-r1 serving {serving:.0f}: {figures['failures']}, ok {figures['ok']}")
-    failed = sum(figures["failures"].values())
-    assert failed <= serving, figures
-    # every request that starts 1 s after the kill succeeds
-    late = [post(site, chat(SERVED_NAME, f"after {i}"))[0] for i in range(20)]
-    assert time.time() - killed_at > 1 and late == [200] * 20
-    deadline = time.monotonic() + 60
-    while victim.attrs["State"].get("Health", {}).get("Status") != "healthy":
-        assert time.monotonic() < deadline, "the killed replica was not restarted"
-        time.sleep(0.5)
-        victim.reload()
+    time.sleep(1)
+    # every request that starts 1 s after the kill succeeds (the kill is still fresh: nginx
+    # meets the dead replica, skips it and sends the request on)
+    after = site.loadgen(f"Bearer {key}", streams=16, tokens=20, requests=3)
+    figures, later = finished(load), finished(after)
+    print(f"killed tiny-r1 serving {serving:.0f}: {figures['failures']}, ok {figures['ok']}; "
+          f"started 1 s later: ok {later['ok']}, failed {later['failures']}")
+    assert 0 < figures["failed"] <= serving, figures
+    assert later["failures"] == {} and later["ok"] == 48, later
+    # kit status shows it; Docker counts `docker kill` as a manual stop (no restart policy), so
+    # the operator's `kit up` restarts it (a crash of vLLM itself restarts on its own)
     status = json.loads(checked(site.kit("status", "--json")).stdout)
     entry = next(c for c in status["containers"] if c["service"] == "tiny-r1")
-    assert entry["restarts"] >= 1
-    time.sleep(11)  # passive health: nginx tries it again after fail_timeout
+    assert entry["state"] == "exited" and status["replicas"][SERVICE]["healthy"] == 3, status
+    assert any("start container" in line and "tiny-r1" in line for line in status["drift"])
+    checked(site.kit("up"))
     counts = served(site, TINY_REPLICAS, lambda: [
         post(site, chat(SERVED_NAME, "back?"), {SESSION_HEADER: f"rejoin-{i}"})
         for i in range(40)])

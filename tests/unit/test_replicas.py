@@ -132,7 +132,10 @@ def test_nginx_balances_least_connections_with_a_shared_zone(replicas_site: Path
     location = conf.one("location", "@kit_qwen32b")
     assert location.values("proxy_pass") == [("http://$kit_qwen32b_pool",)]
     # a request not yet answered may go to another replica; a begun stream never
-    assert location.values("proxy_next_upstream") == [("error", "non_idempotent")]
+    assert location.values("proxy_next_upstream") == [("error", "timeout", "non_idempotent")]
+    # a killed replica's address answers nothing: after 2 s the next one, within 2 x 2 s only
+    assert location.values("proxy_connect_timeout") == [("2s",)]
+    assert location.values("proxy_next_upstream_timeout") == [("4s",)]
     assert location.values("error_page") == [("502", "504", "=", "@kit_unavailable")]
     unavailable = conf.one("location", "@kit_unavailable")
     assert ("Retry-After", "5", "always") in unavailable.values("add_header")
