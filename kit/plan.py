@@ -32,6 +32,10 @@ REPLICA_FAIL_TIMEOUT = 10
 # A replica on this host's private network accepts within milliseconds or is gone (a killed
 # container's address answers nothing): after this long nginx gives the request to another one.
 REPLICA_CONNECT_TIMEOUT = 2
+# Stopping a replica (a rolling update drained it first): vLLM finishes what it still runs for
+# up to --shutdown-timeout seconds, and the engine waits a little longer before SIGKILL.
+REPLICA_SHUTDOWN_TIMEOUT = 30
+STOP_GRACE_PERIOD = 30  # a single-replica service (no --shutdown-timeout: vLLM's default, 0)
 UNAVAILABLE_RETRY_AFTER = 5  # seconds a client is told to wait when no replica can take it
 PREFIX_KEY = "$kit_prefix"  # kit.js: a digest of the conversation's leading text
 
@@ -56,6 +60,7 @@ class ServicePlan:
     affinity: str = "none"  # routing.affinity: none | header | prefix (multi-replica only)
     affinity_key: str | None = None  # the nginx variable the affinity upstream hashes
     connect_timeout: int = 10  # nginx's proxy_connect_timeout to it (seconds)
+    stop_grace_period: int = STOP_GRACE_PERIOD  # seconds the engine waits after SIGTERM
 
     @property
     def retry_window(self) -> int:
@@ -258,9 +263,13 @@ def _service_plan(spec: Spec, service) -> ServicePlan:
         command += ["--kv-cache-dtype", service.kv_cache_dtype]
     if service.trust_remote_code:
         command += ["--trust-remote-code"]
+    replicas = replica_plans(service.name, service.gpus, service.tp)
+    grace = STOP_GRACE_PERIOD
+    if len(replicas) > 1:
+        command += ["--shutdown-timeout", str(REPLICA_SHUTDOWN_TIMEOUT)]
+        grace = REPLICA_SHUTDOWN_TIMEOUT + 10
     command += ["--port", str(VLLM_PORT), *service.extra_args]
     env = {"HF_HOME": HF_CACHE_MOUNT, **service.env}
-    replicas = replica_plans(service.name, service.gpus, service.tp)
     affinity = service.routing.affinity if len(replicas) > 1 else "none"
     engine_timeout = service.engine_ready_timeout or DEFAULT_ENGINE_READY_TIMEOUT
     return ServicePlan(
@@ -281,6 +290,7 @@ def _service_plan(spec: Spec, service) -> ServicePlan:
         affinity_key=_affinity_key(affinity, service.routing.header),
         connect_timeout=spec.proxy.connect_timeout if len(replicas) == 1
         else min(spec.proxy.connect_timeout, REPLICA_CONNECT_TIMEOUT),
+        stop_grace_period=grace,
     )
 
 

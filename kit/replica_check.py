@@ -66,6 +66,20 @@ def prove_replica(
     return ReplicaVerdict(True, f"health 200, {tokens} completion token(s)", _ms_since(started))
 
 
+def in_flight(engine: Engine, container: ContainerState) -> int | None:
+    """vllm:num_requests_running + waiting of this replica; None when it cannot tell (it
+    stopped, or runs with --disable-log-stats, which removes every vllm:* metric)."""
+    if not container.running:
+        return None
+    status, body = _request(engine, container, "/metrics", None, CHECK_TIMEOUT_S)
+    values = [
+        float(line.rpartition(" ")[2])
+        for line in body.splitlines()
+        if line.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{"))
+    ]
+    return round(sum(values)) if status == 200 and values else None
+
+
 def replica_checks(site: Site, connect: Callable[[], Engine]) -> list[Check]:
     """A check per replica of every multi-replica service (none for a single-replica site: the
     front door's own chat and stream checks already reach its only container)."""

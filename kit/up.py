@@ -97,6 +97,8 @@ def converge(
                 report,
             ),
             report=report,
+            layout=site.layout,
+            project=site.project,
         ).run(actions)
     return UpResult(actions, time.monotonic() - started)
 

@@ -11,9 +11,12 @@ from pathlib import Path
 import pytest
 
 from kit.desired import REPLICA_INDEX_LABEL, REPLICA_SERVICE_LABEL, SERVICE_LABEL
+from kit.errors import KitError
 from kit.plan import build_plan
+from kit.reconcile import RecreateContainer, RollReplicas, up_actions
 from kit.replica_check import CURL, prove_replica, replica_checks
 from kit.replicas import replica_plans, split_gpus
+from kit.rollout import mark
 from kit.site import Site
 from kit.spec import load_spec
 from kit.status import StackStatus, render_text
@@ -118,12 +121,14 @@ def test_nginx_balances_least_connections_with_a_shared_zone(replicas_site: Path
     conf = parse((replicas_site / "nginx" / "nginx.conf").read_text())
     pool = conf.one("upstream", "kit_llama8b")
     assert pool.values("least_conn") == [()] and pool.values("zone") == [("kit_llama8b", "1m")]
-    servers = pool.values("server")
-    assert [s[0] for s in servers] == [f"llama8b-r{i}:8000" for i in range(4)]
-    assert all(s[1:] == ("max_fails=1", "fail_timeout=10s") for s in servers)
+    # the servers: one file per service, which kit up rewrites to take one replica out
+    assert pool.values("include") == [("/etc/nginx/kit/replicas/llama8b.conf",)]
+    servers = parse((replicas_site / "nginx" / "replicas" / "llama8b.conf").read_text())
+    assert [s[0] for s in servers.values("server")] == [f"llama8b-r{i}:8000" for i in range(4)]
+    assert all(s[1:] == ("max_fails=1", "fail_timeout=10s") for s in servers.values("server"))
     affinity = conf.one("upstream", "kit_qwen32b_affinity")
     assert affinity.values("hash") == [("$http_x_session_id", "consistent")]
-    assert affinity.values("server") == conf.one("upstream", "kit_qwen32b").values("server")
+    assert affinity.values("include") == conf.one("upstream", "kit_qwen32b").values("include")
     # without the header (or a conversation), the least-connections pool takes the request
     pick = conf.one("map", "$http_x_session_id", "$kit_qwen32b_pool")
     assert pick.values("") == [("kit_qwen32b",)]
@@ -167,6 +172,9 @@ class ReplicaEngine(HealthyEngine):
         self._call("exec", argv[4])
         if argv[4].endswith("/health"):
             return 0, "\n200"
+        if argv[4].endswith("/metrics"):  # nothing running or waiting: drained at once
+            idle = 'vllm:num_requests_running{m="x"} 0.0\nvllm:num_requests_waiting{m="x"} 0.0'
+            return 0, idle + "\n200"
         name = self.inspect(container_id)["Name"].lstrip("/")
         one_token = json.dumps({"usage": {"completion_tokens": 1}}) + "\n200"
         return self.answers.get(name, (0, one_token))
@@ -241,3 +249,87 @@ def test_the_most_replicas_render_configs_nginx_and_compose_accept(tmp_path: Pat
             cwd=folder, capture_output=True, text=True, timeout=60,
         )
         assert result.returncode == 0, f"{binary}: {result.stderr}"
+
+
+def changed_llama(site: Site) -> Site:
+    """The example with llama8b's max_num_seqs changed: every one of its replicas changes."""
+    site.spec_path.write_text(site.spec_path.read_text().replace("max_num_seqs: 128",
+                                                                 "max_num_seqs: 100"))
+    return Site.load(site.spec_path, check_host=False)
+
+
+def brought_up(replicas_site: Path, engine: ReplicaEngine) -> Site:
+    site = Site.load(replicas_site / "site.yaml", check_host=False)
+    up_site(site, timeout=5, probe=False, report=lambda _: None, warn=lambda _: None,
+            connect=lambda: engine)
+    return site
+
+
+def test_a_changed_service_is_rolled_one_replica_at_a_time(replicas_site: Path) -> None:
+    engine = ReplicaEngine({})
+    site = changed_llama(brought_up(replicas_site, engine))
+    engine.calls.clear()
+    reported: list[str] = []
+    result = up_site(site, timeout=5, probe=False, report=reported.append,
+                     warn=reported.append, connect=lambda: engine)
+    (roll,) = [a for a in result.converged.actions if isinstance(a, RollReplicas)]
+    assert [r.service.name for r in roll.replicas] == [f"llama8b-r{i}" for i in range(4)]
+    assert not any(isinstance(a, RecreateContainer) for a in result.converged.actions)
+    # each replica: out of nginx (reload), drained, replaced, gated, back in (reload), in turn
+    steps = [(method, about) for method, about in engine.calls
+             if method in ("signal", "stop", "create_container")
+             or (method == "exec" and about.startswith("http://"))]
+    per_replica = [
+        ("signal", "SIGHUP"), ("exec", "http://127.0.0.1:8000/metrics"), ("stop", ""),
+        ("create_container", ""), ("exec", "http://127.0.0.1:8000/health"),
+        ("exec", "http://127.0.0.1:8000/v1/chat/completions"), ("signal", "SIGHUP")]
+    seen = [(m, a if m in ("signal", "exec") else "") for m, a in steps]
+    assert seen[: 4 * len(per_replica)] == per_replica * 4, seen
+    created = [a for m, a in engine.calls if m == "create_container"]
+    assert created == [f"gpu02-llama8b-r{i}-1" for i in range(4)]  # qwen32b untouched
+    pool = site.layout.replica_pool("llama8b").read_text()
+    assert pool.count("server ") == 4 and " down;" not in pool
+    assert sum("back in nginx" in line for line in reported) == 4
+
+
+def test_a_replica_that_fails_its_gate_stops_the_rollout(replicas_site: Path) -> None:
+    engine = ReplicaEngine({})
+    running = brought_up(replicas_site, engine)
+    before = {c.service: c.id for c in running.observe(engine).containers}
+    site = changed_llama(running)
+    engine.answers["gpu02-llama8b-r1-1"] = (0, '{"error": {"message": "CUDA error"}}\n500')
+    with pytest.raises(KitError) as failed:
+        up_site(site, timeout=5, probe=False, report=lambda _: None, warn=lambda _: None,
+                connect=lambda: engine)
+    message = failed.value.message
+    assert message.startswith("rolling update of llama8b stopped at llama8b-r1 (1 of 4 replaced)")
+    assert "failed its gate: a 1-token completion got 500" in message
+    after = {c.service: c.id for c in site.observe(engine).containers}
+    assert after["llama8b-r0"] != before["llama8b-r0"]  # replaced and back in service
+    assert after["llama8b-r2"] == before["llama8b-r2"]  # the old ones keep serving
+    assert after["llama8b-r3"] == before["llama8b-r3"]
+    pool = site.layout.replica_pool("llama8b").read_text()
+    assert "server llama8b-r1:8000 max_fails=1 fail_timeout=10s down;" in pool
+    assert "server llama8b-r0:8000 max_fails=1 fail_timeout=10s;" in pool
+    # the next render lists every replica again
+    assert run_kit("render", str(site.spec_path)).exit_code == 0
+    assert " down;" not in site.layout.replica_pool("llama8b").read_text()
+
+
+def test_without_a_running_front_door_replicas_are_recreated_at_once(replicas_site: Path) -> None:
+    engine = ReplicaEngine({})
+    site = changed_llama(brought_up(replicas_site, engine))
+    assert run_kit("render", str(site.spec_path)).exit_code == 0
+    proxy = next(c for c in site.observe(engine).containers if c.service == "nginx")
+    engine.stop(proxy.id)
+    actions = up_actions(site.desired, site.observe(engine))
+    assert not any(isinstance(a, RollReplicas) for a in actions)
+    assert sum(isinstance(a, RecreateContainer) for a in actions) == 4
+
+
+def test_marking_a_replica_down_and_back() -> None:
+    pool = "# header\nserver a:8000 x;\nserver b:8000 x;\n"
+    out = mark(pool, "a", serving=False)
+    assert out == "# header\nserver a:8000 x down;\nserver b:8000 x;\n"
+    assert mark(out, "a", serving=False) == out  # marking twice changes nothing
+    assert mark(out, "a", serving=True) == pool
