@@ -12,19 +12,22 @@ kit up exits non-zero with the diagnosis. The next `kit render` (or `kit up`) li
 replica again.
 """
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
-from kit.desired import PROXY_SERVICE, ServiceState, load_desired
+from kit.desired import PROXY_SERVICE, REPLICA_SERVICE_LABEL, ServiceState, load_desired
 from kit.docker_api import Engine
 from kit.errors import KitError
 from kit.files import atomic_write
 from kit.front_door import reload, running_proxy
 from kit.layout import SiteLayout
 from kit.observe import ContainerState, container_state
-from kit.reconcile import RecreateContainer, RollReplicas
+from kit.reconcile import Action, RecreateContainer, RollReplicas
 from kit.replica_check import in_flight, prove_replica
+from kit.state import json_object, read_state
 
 DRAIN_SECONDS = 300  # longest wait for a replica's running and queued requests to finish
 DRAIN_POLL_SECONDS = 0.5
@@ -110,3 +113,36 @@ def served_name(service: ServiceState) -> str:
     """The model name the replica's vLLM serves (its --served-model-name)."""
     command = list(service.config.command)
     return command[command.index("--served-model-name") + 1]
+
+
+def downtime_notes(actions: list[Action], start_times: Path) -> list[str]:
+    """What a single-replica model service's replacement costs, said before it starts: it
+    serves nothing until the new container is healthy (as long as it took last time)."""
+    last = read_start_times(start_times)
+    notes = []
+    for action in actions:
+        if not (isinstance(action, RecreateContainer) and action.old.running
+                and action.service.gpu_ids and REPLICA_SERVICE_LABEL not in action.service.labels):
+            continue
+        name = action.service.name
+        took = (f"its last start took {last[name]:.0f}s" if name in last
+                else "no earlier start of it is recorded")
+        notes.append(f"{name} has one replica: it is down until its replacement is healthy "
+                     f"({took}); meanwhile the front door answers 503 with Retry-After. Give it "
+                     "more GPUs and tensor_parallel (replicas) to update without a gap")
+    return notes
+
+
+def read_start_times(path: Path) -> dict[str, float]:
+    return read_state(path, _start_times, fix="delete it: kit up records the next starts") or {}
+
+
+def _start_times(text: str) -> dict[str, float]:
+    return {str(name): float(seconds) for name, seconds in json_object(text).items()}
+
+
+def record_start_times(path: Path, seconds: dict[str, float]) -> None:
+    """Remember how long each service took to become healthy, for the next notice."""
+    times = {**read_start_times(path), **seconds}
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    atomic_write(path, (json.dumps(times, indent=1, sort_keys=True) + "\n").encode(), 0o600)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kit.apply import Executor
@@ -18,6 +19,7 @@ from kit.reconcile import (
     up_actions,
 )
 from kit.render import RenderResult, render_site
+from kit.rollout import downtime_notes, record_start_times
 from kit.site import Site
 from kit.wait import wait_healthy
 
@@ -89,12 +91,14 @@ def converge(
     actions = up_actions(site.desired, observed)
     if actions:
         preflight(engine, site, observed, actions, report)
+        for note in downtime_notes(actions, site.layout.start_times):
+            report(note)
         Executor(
             engine=engine,
             applied=site.layout.applied,
             wait=lambda services: _report_healthy(
                 wait_healthy(engine, site.desired, services, timeout=timeout),
-                report,
+                report, site.layout.start_times,
             ),
             report=report,
             layout=site.layout,
@@ -103,8 +107,11 @@ def converge(
     return UpResult(actions, time.monotonic() - started)
 
 
-def _report_healthy(seconds: dict[str, float], report: Callable[[str], None]) -> None:
+def _report_healthy(
+    seconds: dict[str, float], report: Callable[[str], None], start_times: Path
+) -> None:
     for name, elapsed in seconds.items():
         report(f"{name} healthy after {elapsed:.0f}s")
+    record_start_times(start_times, seconds)
 
 

@@ -15,13 +15,23 @@ import secrets
 import socket
 import ssl
 import statistics
+import threading
 import time
 from collections.abc import Iterator
 
 import pytest
+import yaml
 
 from tests.e2e.conftest import pick_free_port, remove_project
-from tests.e2e.stack import DOMAIN, SERVED_NAME, SERVICE, LiveSite, checked, finished
+from tests.e2e.stack import (
+    DOMAIN,
+    SERVED_NAME,
+    SERVICE,
+    LiveSite,
+    checked,
+    finished,
+    write_spec,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -242,3 +252,58 @@ def test_with_no_replica_left_the_front_door_answers_503_json(site: LiveSite):
         for host in DUO_REPLICAS:
             site.container(host).start()
         checked(site.kit("up"))
+
+
+def test_a_rolling_update_under_64_streams_fails_none_and_keeps_3_in_service(site: LiveSite):
+    """Change the service (max_num_seqs) and `kit up` while batches of 64 streams run: each
+    replica leaves nginx, drains, is replaced and comes back; never fewer than 3 serve."""
+    key = site.add_key(f"roll-{secrets.token_hex(2)}")
+    spec = yaml.safe_load(site.spec_path.read_text())
+    spec["services"][0]["max_num_seqs"] = 200
+    write_spec(site.spec_path, spec)
+    before = {h: site.container(h).id for h in TINY_REPLICAS}
+    pool = site.layout.replica_pool(SERVICE)
+    in_service: list[int] = []
+    batches: list[dict] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            down = {line.split()[1].split(":")[0] for line in pool.read_text().splitlines()
+                    if line.endswith(" down;")}
+            healthy = {c.labels["com.docker.compose.service"] for c in site.client.containers.list(
+                filters={"label": [f"com.docker.compose.project={site.name}",
+                                   f"io.kit.service={SERVICE}"], "health": "healthy"})}
+            in_service.append(len(healthy - down))
+            time.sleep(0.2)
+
+    def load() -> None:
+        while not done.is_set():
+            batches.append(finished(site.loadgen(f"Bearer {key}", streams=64, tokens=60)))
+
+    threads = [threading.Thread(target=sample), threading.Thread(target=load)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(2)
+        started = time.monotonic()
+        rolled = site.kit("up")
+        took = time.monotonic() - started
+        time.sleep(2)
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join(timeout=120)
+    assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+    assert "roll tiny one replica at a time" in rolled.stdout, rolled.stdout
+    assert rolled.stdout.count("back in nginx") == 4, rolled.stdout
+    after = {h: site.container(h).id for h in TINY_REPLICAS}
+    assert all(after[h] != before[h] for h in TINY_REPLICAS)  # every replica was replaced
+    requests = sum(b["requests"] for b in batches)
+    failed = {k: v for b in batches for k, v in b["failures"].items()}
+    print(f"rolling update took {took:.0f}s: {requests} requests in {len(batches)} batches of "
+          f"64 streams, failed {failed}; replicas in service min {min(in_service)}, "
+          f"samples {len(in_service)}")
+    assert failed == {} and requests >= 64 * 5, batches
+    assert min(in_service) >= 3 and 4 in in_service, in_service
+    assert " down;" not in pool.read_text()

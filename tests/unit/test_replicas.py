@@ -16,7 +16,7 @@ from kit.plan import build_plan
 from kit.reconcile import RecreateContainer, RollReplicas, up_actions
 from kit.replica_check import CURL, prove_replica, replica_checks
 from kit.replicas import replica_plans, split_gpus
-from kit.rollout import mark
+from kit.rollout import mark, read_start_times
 from kit.site import Site
 from kit.spec import load_spec
 from kit.status import StackStatus, render_text
@@ -25,6 +25,7 @@ from tests.conftest import REPO
 from tests.support import nginx_ns
 from tests.support.cli import run_kit
 from tests.support.nginx_structure import parse
+from tests.unit.test_desired import write_site
 from tests.unit.test_render_configs import compose_binaries, services_of
 from tests.unit.test_up_core import HealthyEngine
 
@@ -333,3 +334,22 @@ def test_marking_a_replica_down_and_back() -> None:
     assert out == "# header\nserver a:8000 x down;\nserver b:8000 x;\n"
     assert mark(out, "a", serving=False) == out  # marking twice changes nothing
     assert mark(out, "a", serving=True) == pool
+
+
+def test_a_single_replica_service_says_it_will_be_down_and_for_how_long(tmp_path: Path) -> None:
+    site = Site.load(write_site(tmp_path))
+    engine = ReplicaEngine({})
+    first: list[str] = []
+    up_site(site, timeout=5, probe=False, report=first.append, warn=first.append,
+            connect=lambda: engine)
+    assert not any("has one replica" in line for line in first)  # nothing ran before
+    assert set(read_start_times(site.layout.start_times)) >= {"alpha", "beta"}
+    spec = write_site(tmp_path, alpha_seqs=9)
+    again: list[str] = []
+    up_site(Site.load(spec), timeout=5, probe=False, report=again.append, warn=again.append,
+            connect=lambda: engine)
+    (note,) = [line for line in again if "has one replica" in line]
+    assert note.startswith("alpha has one replica: it is down until its replacement is healthy "
+                           "(its last start took 0s); meanwhile the front door answers 503")
+    assert again.index(note) < next(i for i, line in enumerate(again)
+                                    if line.startswith("recreate container"))
