@@ -74,7 +74,10 @@ def post(site: LiveSite, body: dict, headers: dict[str, str] | None = None) -> t
             "Content-Type": "application/json", "Authorization": site.basic("ops"),
             **(headers or {})})
         response = connection.getresponse()
-        return response.status, json.loads(response.read() or b"{}")
+        body = json.loads(response.read() or b"{}")
+        if response.status == 503:  # kit's own 503 always says when to come back
+            body["retry_after"] = response.headers.get("Retry-After")
+        return response.status, body
     finally:
         connection.close()
 
@@ -307,3 +310,41 @@ def test_a_rolling_update_under_64_streams_fails_none_and_keeps_3_in_service(sit
     assert failed == {} and requests >= 64 * 5, batches
     assert min(in_service) >= 3 and 4 in in_service, in_service
     assert " down;" not in pool.read_text()
+
+
+def test_a_single_replica_service_is_503_json_while_it_restarts(
+    tmp_path, docker_client, test_images, free_port, cleanup_project
+):
+    """One replica cannot roll: kit up says so (with its last start time), and the gap is a
+    JSON 503 with Retry-After that a client may retry, never nginx's 502."""
+    site = LiveSite.create(tmp_path / "single", docker_client, free_port(), free_port(),
+                           prefix="one", env={"STANDIN_LOAD_SECONDS": "3"})
+    cleanup_project(site.name)
+    site.up()
+    spec = yaml.safe_load(site.spec_path.read_text())
+    spec["services"][0]["max_num_seqs"] = 200
+    write_spec(site.spec_path, spec)
+    answers: list[tuple[int, dict]] = []
+    done = threading.Event()
+
+    def ask() -> None:
+        while not done.is_set():
+            answers.append(post(site, chat(SERVED_NAME, "still there?")))
+            time.sleep(0.2)
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    try:
+        result = site.kit("up")
+    finally:
+        done.set()
+        asking.join(timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"tiny has one replica: it is down until its replacement is healthy "
+                     r"\(its last start took \d+s\)", result.stdout), result.stdout
+    statuses = {status for status, _ in answers}
+    assert statuses <= {200, 503} and 503 in statuses, answers
+    unavailable = [body for status, body in answers if status == 503]
+    assert all(body["error"]["type"] == "ServiceUnavailableError" and body["retry_after"] == "5"
+               for body in unavailable), unavailable
+    assert answers[-1][0] == 200
