@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 import secrets
+import signal
 import socket
 import ssl
 import statistics
@@ -243,6 +245,26 @@ def test_a_killed_replica_costs_only_its_streams_and_rejoins(site: LiveSite):
         post(site, chat(SERVED_NAME, "back?"), {SESSION_HEADER: f"rejoin-{i}"})
         for i in range(40)])
     assert counts["tiny-r1"] > 0, counts  # it rejoined
+
+
+def test_a_replica_that_crashes_restarts_by_itself_and_rejoins(site: LiveSite):
+    """vLLM dying on its own (not `docker kill`): the restart policy brings it back, on the
+    address nginx knows, and nginx sends it requests again after fail_timeout."""
+    victim = site.container("tiny-r3")
+    restarts = victim.attrs["RestartCount"]
+    os.kill(victim.attrs["State"]["Pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while True:
+        victim.reload()
+        if (victim.attrs["RestartCount"] > restarts
+                and victim.attrs["State"].get("Health", {}).get("Status") == "healthy"):
+            break
+        assert time.monotonic() < deadline, victim.attrs["State"]
+        time.sleep(0.5)
+    time.sleep(11)  # passive health: nginx tries it again after fail_timeout
+    counts = served(site, TINY_REPLICAS, lambda: [
+        post(site, chat(SERVED_NAME, "back?")) for _ in range(40)])
+    assert counts["tiny-r3"] > 0, counts
 
 
 def test_with_no_replica_left_the_front_door_answers_503_json(site: LiveSite):

@@ -182,11 +182,9 @@ class ReplicaEngine(HealthyEngine):
 
 
 def test_up_starts_every_replica_and_the_probe_checks_each(replicas_site: Path) -> None:
-    site = Site.load(replicas_site / "site.yaml", check_host=False)
     broken = (0, '{"error": {"message": "engine dead"}}\n500')
     engine = ReplicaEngine({"gpu02-llama8b-r2-1": broken})
-    up_site(site, timeout=5, probe=False, report=lambda _: None, warn=lambda _: None,
-            connect=lambda: engine)
+    site = brought_up(replicas_site, engine)
     replicas = [f"gpu02-llama8b-r{i}-1" for i in range(4)] + ["gpu02-qwen32b-r0-1",
                                                               "gpu02-qwen32b-r1-1"]
     assert set(replicas) <= set(engine.names())
@@ -199,10 +197,8 @@ def test_up_starts_every_replica_and_the_probe_checks_each(replicas_site: Path) 
 
 
 def test_a_stopped_replica_fails_its_check_without_a_request(replicas_site: Path) -> None:
-    site = Site.load(replicas_site / "site.yaml", check_host=False)
     engine = ReplicaEngine({})
-    up_site(site, timeout=5, probe=False, report=lambda _: None, warn=lambda _: None,
-            connect=lambda: engine)
+    site = brought_up(replicas_site, engine)
     container = next(c for c in site.observe(engine).containers if c.service == "qwen32b-r1")
     engine.stop(container.id)
     stopped = next(c for c in site.observe(engine).containers if c.service == "qwen32b-r1")
@@ -211,10 +207,8 @@ def test_a_stopped_replica_fails_its_check_without_a_request(replicas_site: Path
 
 
 def test_status_shows_each_replica_and_how_many_are_healthy(replicas_site: Path) -> None:
-    site = Site.load(replicas_site / "site.yaml", check_host=False)
     engine = ReplicaEngine({})
-    up_site(site, timeout=5, probe=False, report=lambda _: None, warn=lambda _: None,
-            connect=lambda: engine)
+    site = brought_up(replicas_site, engine)
     dead = next(c for c in site.observe(engine).containers if c.service == "llama8b-r1")
     engine.stop(dead.id)
     observed = site.observe(engine)
