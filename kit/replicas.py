@@ -42,3 +42,14 @@ def replica_plans(service: str, gpus: list[int], tensor_parallel: int) -> list[R
 def compose_names(service: str, count: int) -> list[str]:
     """Every compose service name a service with `count` replicas renders."""
     return [replica_host(service, index, count) for index in range(count)]
+
+
+def gpu_layout(gpus: list[int], tensor_parallel: int) -> str:
+    """How `kit plan` names a service's GPUs: its replicas' groups when it has several (each
+    replica has the capacity the plan shows)."""
+    groups = split_gpus(gpus, tensor_parallel)
+    if len(groups) == 1:
+        return f"GPU {','.join(map(str, gpus))}, tensor_parallel {tensor_parallel}"
+    pins = " | ".join(",".join(map(str, group)) for group in groups)
+    return (f"GPU {pins}: {len(groups)} replicas of tensor_parallel {tensor_parallel} "
+            "(capacity per replica)")

@@ -15,7 +15,7 @@ from kit.errors import KitError
 from kit.plan import build_plan
 from kit.reconcile import RecreateContainer, RollReplicas, up_actions
 from kit.replica_check import CURL, prove_replica, replica_checks
-from kit.replicas import replica_plans, split_gpus
+from kit.replicas import gpu_layout, replica_plans, split_gpus
 from kit.rollout import mark, read_start_times
 from kit.site import Site
 from kit.spec import load_spec
@@ -67,6 +67,12 @@ def test_a_single_replica_keeps_the_service_name_and_more_are_numbered() -> None
     many = replica_plans("llama", [0, 1, 2, 3], 2)
     assert [(r.index, r.gpus, r.host) for r in many] == [
         (0, ["0", "1"], "llama-r0"), (1, ["2", "3"], "llama-r1")]
+
+
+def test_kit_plan_names_each_replicas_gpus() -> None:
+    assert gpu_layout([0, 1], 2) == "GPU 0,1, tensor_parallel 2"  # one replica: as before
+    assert gpu_layout([4, 5, 6, 7], 2) == (
+        "GPU 4,5 | 6,7: 2 replicas of tensor_parallel 2 (capacity per replica)")
 
 
 def test_the_plan_has_replicas_and_counts_their_streams(replicas_site: Path) -> None:
