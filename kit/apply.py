@@ -24,6 +24,7 @@ from kit.reconcile import (
     StartContainer,
     WaitHealthy,
 )
+from kit.rollout import Rollout
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,6 @@ class Executor:
                 self._roll(action)
 
     def _roll(self, action: RollReplicas) -> None:
-        from kit.rollout import Rollout  # the probe client it gates with: only when rolling
-
         if self.layout is None:
             raise KitError("a rolling update needs the site folder", fix="run it through kit up")
         Rollout(self.engine, self.layout, self.project, self._remove, self._create, self.wait,

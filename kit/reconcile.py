@@ -252,8 +252,8 @@ def _service_actions(
 
 def rolled(actions: list[Action]) -> list[Action]:
     """With the front door serving, the recreates of a multi-replica service's replicas become
-    one rolling update (where the first stood); they are healthy and proven when it ends, so
-    their health waits and the proxy's re-resolve for them go (the rollout reloads it)."""
+    one rolling update (where the first stood); each is healthy and proven before the next
+    starts, so their health waits go."""
     groups: dict[str, list[RecreateContainer]] = {}
     for action in actions:
         if isinstance(action, RecreateContainer) and REPLICA_SERVICE_LABEL in action.service.labels:
