@@ -96,6 +96,7 @@ class Target:
     url: str
     auth: str | None = None
     conf: str | None = None  # nginx.conf text to load first; None: whatever is loaded
+    spread: tuple[str, ...] = ()  # more hosts on the URL's port (connection i: the i mod n-th)
 
     @property
     def host(self) -> str | None:
@@ -197,7 +198,8 @@ def run_once(site: LiveSite, load: LoadClient, args: argparse.Namespace, shape: 
     nginx = site.nginx
     before = cpu_seconds(nginx)
     figures = load.run(target.url, host=target.host, auth=target.auth, streams=args.streams,
-                       tokens=args.tokens, timeout=args.timeout, **shape.options(args))
+                       tokens=args.tokens, timeout=args.timeout, spread=target.spread,
+                       **shape.options(args))
     figures["nginx_cpu_s"] = round(cpu_seconds(nginx) - before, 2)
     return figures
 
@@ -244,12 +246,15 @@ def main() -> None:
              "a newline), e.g. 'keepalive 64;=>keepalive 256;'",
     )
     parser.add_argument("--replicas", type=int, default=1,
-                        help="replicas of the service behind nginx (direct: the first one)")
+                        help="replicas of the service behind nginx (direct: connection i to "
+                             "the (i mod n)-th)")
     args = parser.parse_args()
-    direct = f"http://{replica_host(SERVICE, 0, args.replicas)}:{VLLM_PORT}"
+    hosts = [replica_host(SERVICE, i, args.replicas) for i in range(args.replicas)]
+    direct = Target("direct", f"http://{hosts[0]}:{VLLM_PORT}", spread=tuple(hosts[1:]))
     print(f"front door: nginx = the rendered nginx.conf, TLS + Bearer key, {args.replicas} "
-          f"replica(s); direct = {direct} on the backend network; {args.rounds} rounds, order "
-          f"rotated; {machine()} at the start")
+          f"replica(s); direct = the stand-in{'s' if args.replicas > 1 else ''} "
+          f"({', '.join(hosts)}) on the backend network; {args.rounds} rounds, order rotated; "
+          f"{machine()} at the start")
     bars = [Bar("nginx", "direct", "tokens_per_s", "min_ratio", 0.97),
             Bar("nginx", "direct", "ttft_p50_ms", "max_added", 10),
             Bar("nginx", "direct", "worst_gap_ms", "max_added", 50)]
@@ -257,7 +262,7 @@ def main() -> None:
     with bench_stack(args, "benchfd", replicas=args.replicas) as (site, load):
         key = f"Bearer {site.add_key('bench')}"
         rendered = site.layout.nginx_conf.read_text()
-        targets = [Target("direct", direct), Target("nginx", NGINX_URL, key, rendered)]
+        targets = [direct, Target("nginx", NGINX_URL, key, rendered)]
         if args.variant:
             print("variant = nginx with " + "; ".join(f"{old!r} -> {new!r}"
                                                       for old, new in args.variant))

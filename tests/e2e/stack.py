@@ -288,7 +288,7 @@ class LoadClient:
 
     def run(self, url: str, *, streams: int, tokens: int, host: str | None = None,
             auth: str | list[str] | None = None, ramp: float = 0, requests: int = 1,
-            duration: float = 0, timeout: float = 120) -> dict:
+            duration: float = 0, timeout: float = 120, spread: tuple[str, ...] = ()) -> dict:
         command = ["python3", "/kit/scripts/loadgen.py", "--url", url, "--model", SERVED_NAME,
                    "--streams", str(streams), "--tokens", str(tokens), "--ramp", str(ramp),
                    "--requests", str(requests), "--duration", str(duration),
@@ -298,6 +298,7 @@ class LoadClient:
         if host:
             command += ["--host", host]
         command += auth_options(auth)
+        command += [option for host in spread for option in ("--spread", host)]
         code, output = self.container.exec_run(command, demux=True)
         stdout, stderr = output
         if code != 0:
