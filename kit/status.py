@@ -31,13 +31,16 @@ class StackStatus:
         return counts
 
     def to_json(self, now: datetime) -> dict:
+        """The report; a site with replicas adds which replica each container is and how many
+        of each service's are healthy (keys a single-replica site's report does not have)."""
+        replicas = self.replicas_in_service()
         return {
             "site": self.site,
             "containers": [
                 {
                     "service": c.service,
-                    "replica_of": c.replica_of,
-                    "replica": c.replica,
+                    **({"replica_of": c.replica_of, "replica": c.replica}
+                       if c.replica_of is not None else {}),
                     "name": c.name,
                     "state": c.state,
                     "health": c.health,
@@ -49,7 +52,7 @@ class StackStatus:
                 }
                 for c in self.containers
             ],
-            "replicas": self.replicas_in_service(),
+            **({"replicas": replicas} if replicas else {}),
             "drift": list(self.drift),
             "render_pending": list(self.render_pending),
             "last_probe": self.last_probe,

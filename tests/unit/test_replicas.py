@@ -353,3 +353,16 @@ def test_a_single_replica_service_says_it_will_be_down_and_for_how_long(tmp_path
                            "(its last start took 0s); meanwhile the front door answers 503")
     assert again.index(note) < next(i for i, line in enumerate(again)
                                     if line.startswith("recreate container"))
+
+
+def test_a_single_replica_status_report_keeps_its_keys(site: Path) -> None:
+    loaded = Site.load(site / "site.yaml")
+    engine = ReplicaEngine({})
+    up_site(loaded, timeout=5, probe=False, report=lambda _: None, warn=lambda _: None,
+            connect=lambda: engine)
+    observed = loaded.observe(engine)
+    report = StackStatus("test01", observed.containers, (), (), None).to_json(datetime.now(UTC))
+    assert set(report) == {"site", "containers", "drift", "render_pending", "last_probe"}
+    assert not any("replica" in key for c in report["containers"] for key in c)
+    assert "replicas healthy" not in render_text(
+        StackStatus("test01", observed.containers, (), (), None), datetime.now(UTC))
