@@ -31,6 +31,9 @@ from kit.state import json_object, read_state
 
 DRAIN_SECONDS = 300  # longest wait for a replica's running and queued requests to finish
 DRAIN_POLL_SECONDS = 0.5
+# Idle this long before it counts as drained: nginx's old workers still pass on requests that
+# arrived on connections they accepted before the reload.
+DRAIN_QUIET_SECONDS = 2.0
 DOWN = " down;"
 
 
@@ -78,11 +81,18 @@ class Rollout:
         self.report(f"  {host}: back in nginx ({verdict.detail})")
 
     def _drain(self, old: ContainerState) -> int:
-        """Requests the old replica still runs or queues when it is done or the deadline hit."""
-        deadline = time.monotonic() + self.drain_seconds
+        """Requests the old replica still runs or queues once it was idle for the quiet time,
+        or when the deadline hit. When it cannot tell (vLLM run with --disable-log-stats has no
+        vllm:* metrics) it waits for the deadline."""
+        now = time.monotonic()
+        deadline, idle_since = now + self.drain_seconds, None
         while True:
-            left = in_flight(self.engine, old)
-            if left == 0 or left is None or time.monotonic() > deadline:
+            left = in_flight(self.engine, old) if old.running else 0
+            now = time.monotonic()
+            idle_since = (idle_since or now) if left == 0 else None
+            if idle_since is not None and now - idle_since >= DRAIN_QUIET_SECONDS:
+                return 0
+            if now > deadline:
                 return left or 0
             time.sleep(DRAIN_POLL_SECONDS)
 
