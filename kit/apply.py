@@ -7,6 +7,8 @@ from pathlib import Path
 from kit import front_door
 from kit.desired import ServiceState
 from kit.docker_api import Engine
+from kit.errors import KitError
+from kit.layout import SiteLayout
 from kit.observe import ContainerState, read_proxy_loaded, write_proxy_loaded
 from kit.reconcile import (
     Action,
@@ -18,9 +20,11 @@ from kit.reconcile import (
     RemoveContainer,
     RemoveNetwork,
     RemoveVolume,
+    RollReplicas,
     StartContainer,
     WaitHealthy,
 )
+from kit.rollout import Rollout
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,8 @@ class Executor:
     applied: Path  # the state file recording what the proxy has loaded
     wait: Callable[[tuple[ServiceState, ...]], None]
     report: Callable[[str], None]
+    layout: SiteLayout | None = None  # the site and project a rolling update rewrites and
+    project: str = ""  # reloads (kit up passes them; a plan without RollReplicas needs none)
 
     def run(self, plan: list[Action]) -> None:
         for action in plan:
@@ -59,6 +65,14 @@ class Executor:
                 front_door.reload(self.engine, service, container, self.applied)
             case WaitHealthy(services=services):
                 self.wait(services)
+            case RollReplicas():
+                self._roll(action)
+
+    def _roll(self, action: RollReplicas) -> None:
+        if self.layout is None:
+            raise KitError("a rolling update needs the site folder", fix="run it through kit up")
+        Rollout(self.engine, self.layout, self.project, self._remove, self._create, self.wait,
+                self.report).run(action)
 
     def _remove(self, container: ContainerState) -> None:
         if container.running or container.state == "restarting":
@@ -68,7 +82,7 @@ class Executor:
         if loaded is not None and loaded.container_id == container.id:
             write_proxy_loaded(self.applied, None)
 
-    def _create(self, service: ServiceState) -> None:
+    def _create(self, service: ServiceState) -> str:
         container_id = self.engine.create_container(
             service.container_name,
             service.config,
@@ -77,4 +91,5 @@ class Executor:
         )
         self.engine.start(container_id)
         front_door.record_loaded(self.applied, service, container_id)
+        return container_id
 

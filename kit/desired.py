@@ -36,6 +36,10 @@ DEPENDS_ON_LABEL = "com.docker.compose.depends_on"
 NETWORK_LABEL = "com.docker.compose.network"
 VOLUME_LABEL = "com.docker.compose.volume"
 VERSION_LABEL = "com.docker.compose.version"
+# kit's own labels on the containers of a multi-replica service (compose's service label names
+# the replica): the spec service it belongs to and its replica index.
+REPLICA_SERVICE_LABEL = "io.kit.service"
+REPLICA_INDEX_LABEL = "io.kit.replica"
 
 # The Compose release whose conventions kit follows (v2 names). Compose v1 reads this label on
 # every container and fails without it; v2 only records it.
@@ -65,7 +69,7 @@ CONTAINER_NUMBER = 1  # kit runs one container per service
 SERVICE_KEYS = {
     "image", "entrypoint", "command", "environment", "env_file", "volumes", "ipc", "deploy",
     "healthcheck", "restart", "stop_grace_period", "stop_signal", "logging", "networks", "ports",
-    "tmpfs", "read_only", "security_opt", "ulimits", "depends_on",
+    "tmpfs", "read_only", "security_opt", "ulimits", "depends_on", "labels",
 }
 DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|ns)")
 DURATION_SECONDS = {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
@@ -311,6 +315,7 @@ def _service(name: str, body: dict, context: _Context) -> ServiceState:
         WORKING_DIR_LABEL: str(context.working_dir),
         CONFIG_FILES_LABEL: str(context.config_file),
         VERSION_LABEL: COMPOSE_VERSION,
+        **{str(key): str(value) for key, value in (body.get("labels") or {}).items()},
     }
     digest = config_hash(config, identity, None if reloadable else files_digest)
     labels = {**identity, CONFIG_HASH_LABEL: digest}

@@ -106,12 +106,9 @@ class Export:
 
 
 def replica_count(service: ServicePlan) -> int:
-    """How many copies of the service run (LeaderWorkerSet groups for a multi-node one).
-
-    The one place that knows: today the service's GPUs over the GPUs one copy uses."""
-    nodes = len(service.multinode.nodes) if service.multinode else 1
-    per_copy = service.tensor_parallel * service.pipeline_parallel
-    return max(1, len(service.gpus) * nodes // per_copy)
+    """How many copies of the service run: its replicas (one LeaderWorkerSet group for a
+    multi-node service, which is one replica over all its nodes)."""
+    return len(service.replicas)
 
 
 def k8s_name(name: str, what: str) -> str:
@@ -343,8 +340,13 @@ def _vllm_objects(plan: Plan, service: ServicePlan, namespace: str) -> tuple[lis
 def _front_door(plan: Plan, namespace: str, credentials: Credentials, spec_name: str,
                 service_type: str) -> tuple[list, list]:
     """nginx and the password verifier, configured as on the server but for the cluster."""
+    # Each service is one Kubernetes Service whatever its replicas: nginx has one address per
+    # service, the Service spreads the connections over the pods.
+    one_address = replace(plan, services=[
+        replace(svc, replicas=svc.replicas[:1], affinity="none", affinity_key=None)
+        for svc in plan.services])
     context = {
-        **template_context(plan, spec_name),
+        **template_context(one_address, spec_name),
         "service_hosts": {svc.name: service_host(svc.name, namespace) for svc in plan.services},
         "verifier_service": service_host(VERIFIER_SERVICE, namespace),
         "dns_resolver": None,  # the cluster's DNS address is the cluster's own: no stapling
@@ -480,6 +482,11 @@ def cannot_do(plan: Plan) -> list[str]:
                      "here; in the cluster each service gets whole GPUs of its own")
     if plan.tls_mode == "files":
         notes.append("OCSP stapling is off: nginx would need the cluster DNS service's address")
+    if any(len(s.replicas) > 1 for s in plan.services):
+        notes.append("replicas: nginx reaches each service through its Service, which spreads "
+                     "connections itself; least-connections across replicas, routing affinity "
+                     "and kit up's drain-first rolling update do not apply (the Deployment "
+                     "replaces one pod at a time)")
     if plan.observability is not None:
         notes.append("observability: Prometheus, Grafana and the front door's figures are not "
                      "exported (nor /grafana/); scrape the vLLM pods' /metrics on port "

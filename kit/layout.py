@@ -6,6 +6,7 @@
     <site>/nginx/nginx.conf, kit.js     rendered (mounted read-only at /etc/nginx/kit)
     <site>/nginx/kit-routes.js          rendered: served model name → the service that serves it
     <site>/nginx/verifier/nginx.conf    rendered: the password verifier (its own container)
+    <site>/nginx/replicas/<svc>.conf    a multi-replica service's servers (kit up marks one down)
     <site>/nginx/auth/                  htpasswd (bcrypt), keys.map (key digests), auth-state.conf
     <site>/nginx/tls/                   server.crt, server.key, ca.crt
     <site>/observability/               rendered when observability.enabled: prometheus/
@@ -71,6 +72,16 @@ class SiteLayout:
     @property
     def auth_state(self) -> Path:
         return self.auth_dir / "auth-state.conf"
+
+    def replica_pool(self, service: str) -> Path:
+        """The servers of a multi-replica service's upstreams (kit up marks one down while it
+        replaces it; kit render writes every one in service)."""
+        return self.nginx_dir / "replicas" / f"{service}.conf"
+
+    @property
+    def start_times(self) -> Path:
+        """Seconds each service last took to become healthy (told before it goes down again)."""
+        return self.state_dir / "start-times.json"
 
     @property
     def tls_dir(self) -> Path:

@@ -17,6 +17,7 @@ USER_NAME = r"^[a-z][a-z0-9._-]{0,31}$"  # auth.users, `kit users`, `kit keys` n
 IMAGE_REF = r"^[a-z0-9][a-z0-9._/:-]*(@sha256:[a-f0-9]{64})?$"
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 ENV_VALUE = r"^[^\n\r\x00$]*$"  # compose expands `$`; argv and env cannot hold NUL
+HEADER_NAME = r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$"  # an HTTP header name nginx can read as $http_*
 SIZE = r"^[1-9][0-9]{0,6}[kmg]?$"
 ACME_SERVER = r"^https://[A-Za-z0-9.:/_-]+$"
 EMAIL = r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$"

@@ -131,8 +131,8 @@ def _with_bound(defaults: tuple[float, ...], bound: float) -> list[float]:
 
 def replica_hosts(service: ServicePlan) -> list[tuple[int, str]]:
     """(replica index, compose host) of each replica of a service: the one place that says
-    which containers serve it (one per service until ServicePlan.replicas exists)."""
-    return [(0, service.name)]
+    which containers serve it."""
+    return [(replica.index, replica.host) for replica in service.replicas]
 
 
 def scrape_targets(plan: Plan) -> list[Target]:

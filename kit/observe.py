@@ -16,6 +16,8 @@ from kit.desired import (
     DEPENDS_ON_LABEL,
     NETWORK_LABEL,
     ONEOFF_LABEL,
+    REPLICA_INDEX_LABEL,
+    REPLICA_SERVICE_LABEL,
     SERVICE_LABEL,
     VOLUME_LABEL,
     project_filter,
@@ -42,10 +44,18 @@ class ContainerState:
     gpu_ids: tuple[str, ...]
     host_ports: tuple[tuple[str, int], ...]  # (host ip, host port) it publishes
     depends_on: tuple[str, ...] = ()  # services it was started after (Compose's label)
+    replica_of: str | None = None  # the spec service of a multi-replica service's container
+    replica: int | None = None  # and its replica index there
 
     @property
     def running(self) -> bool:
         return self.state == "running"
+
+    @property
+    def spec_service(self) -> str:
+        """The spec service this container serves: one place that knows replicas are named
+        apart from their service (kit/replicas.py)."""
+        return self.replica_of or self.service
 
 
 @dataclass(frozen=True)
@@ -133,6 +143,9 @@ def container_state(attrs: dict) -> ContainerState:
         depends_on=tuple(
             entry.split(":")[0] for entry in labels.get(DEPENDS_ON_LABEL, "").split(",") if entry
         ),
+        replica_of=labels.get(REPLICA_SERVICE_LABEL),
+        replica=int(labels[REPLICA_INDEX_LABEL]) if labels.get(REPLICA_INDEX_LABEL, "").isdigit()
+        else None,
     )
 
 

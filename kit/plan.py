@@ -11,6 +11,7 @@ from kit.errors import BadInput
 from kit.layout import ACME_LAST_RUN, NGINX_MOUNT
 from kit.multinode import MultiNodePlan, multinode_plan
 from kit.observability import ObservabilityPlan, histogram_args, observability_plan, service_slo
+from kit.replicas import ReplicaPlan, replica_plans
 from kit.spec import Spec
 
 VLLM_PORT = 8000
@@ -28,6 +29,17 @@ CONNECTIONS_PER_SLOT = 2  # a stream plus a keep-alive connection waiting for it
 MAX_CONNECTIONS_PER_IP = 65535  # limit_conn's largest value
 NGINX_CONF = f"{NGINX_MOUNT}/nginx.conf"
 NGINX_TEST = ["nginx", "-c", NGINX_CONF, "-t"]  # how a reload is checked first, in any mode
+# A replica that refused a connection (or timed out) is skipped for this long by each worker.
+REPLICA_FAIL_TIMEOUT = 10
+# A replica on this host's private network accepts within milliseconds or is gone (a killed
+# container's address answers nothing): after this long nginx gives the request to another one.
+REPLICA_CONNECT_TIMEOUT = 2
+# Stopping a replica (a rolling update drained it first): vLLM finishes what it still runs for
+# up to --shutdown-timeout seconds, and the engine waits a little longer before SIGKILL.
+REPLICA_SHUTDOWN_TIMEOUT = 30
+STOP_GRACE_PERIOD = 30  # a single-replica service (no --shutdown-timeout: vLLM's default, 0)
+UNAVAILABLE_RETRY_AFTER = 5  # seconds a client is told to wait when no replica can take it
+PREFIX_KEY = "$kit_prefix"  # kit.js: a digest of the conversation's leading text
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,24 @@ class ServicePlan:
     pipeline_parallel: int = 1
     multinode: MultiNodePlan | None = None  # one vLLM over several servers (kit/multinode.py)
     api_host: str = "127.0.0.1"  # where the healthcheck reaches vLLM inside its network
+    # Each replica is its own container on its own tensor-parallel group of `gpus` (see
+    # kit/replicas.py). A single-replica service has one, named like the service itself.
+    replicas: list[ReplicaPlan] = field(default_factory=list)
+    affinity: str = "none"  # routing.affinity: none | header | prefix (multi-replica only)
+    affinity_key: str | None = None  # the nginx variable the affinity upstream hashes
+    connect_timeout: int = 10  # nginx's proxy_connect_timeout to it (seconds)
+    stop_grace_period: int = STOP_GRACE_PERIOD  # seconds the engine waits after SIGTERM
+
+    @property
+    def retry_window(self) -> int:
+        """Seconds after which nginx stops passing a request on to another replica: long enough
+        to try each one, far shorter than a generation (a begun answer is never resent)."""
+        return self.connect_timeout * len(self.replicas)
+
+    @property
+    def streams(self) -> int:
+        """Requests the whole service runs at once: every replica's max_num_seqs."""
+        return (self.max_num_seqs or STREAMS_WHEN_UNKNOWN) * max(1, len(self.replicas))
 
 
 @dataclass(frozen=True)
@@ -184,7 +214,7 @@ class Plan:
 
 def build_plan(spec: Spec) -> Plan:
     services = [_service_plan(spec, service) for service in spec.services]
-    streams = sum(s.max_num_seqs or STREAMS_WHEN_UNKNOWN for s in services)
+    streams = sum(s.streams for s in services)
     # Each stream holds a client and an upstream connection; leave room for queued clients.
     worker_connections = min(65536, max(4096, _next_power_of_two(streams * 4)))
     per_minute = streams * REQUESTS_PER_SLOT_PER_MINUTE
@@ -269,9 +299,17 @@ def _service_plan(spec: Spec, service) -> ServicePlan:
         command += ["--kv-cache-dtype", service.kv_cache_dtype]
     if service.trust_remote_code:
         command += ["--trust-remote-code"]
+    # A multi-node service is one replica here (its head) over all of gpus.
+    replicas = replica_plans(service.name, service.gpus,
+                             len(service.gpus) // service.replica_count)
+    grace = STOP_GRACE_PERIOD
+    if len(replicas) > 1:
+        command += ["--shutdown-timeout", str(REPLICA_SHUTDOWN_TIMEOUT)]
+        grace = REPLICA_SHUTDOWN_TIMEOUT + 10
     command += ["--port", str(VLLM_PORT), *histogram_args(service_slo(service)),
                 *service.extra_args]
     env = {"HF_HOME": HF_CACHE_MOUNT, **service.env}
+    affinity = service.routing.affinity if len(replicas) > 1 else "none"
     engine_timeout = service.engine_ready_timeout or DEFAULT_ENGINE_READY_TIMEOUT
     nodes = multinode_plan(service, command, env)
     return ServicePlan(
@@ -292,7 +330,20 @@ def _service_plan(spec: Spec, service) -> ServicePlan:
         pipeline_parallel=service.pipeline_parallel,
         multinode=nodes,
         api_host=nodes.head.address if nodes else "127.0.0.1",
+        replicas=replicas,
+        affinity=affinity,
+        affinity_key=_affinity_key(affinity, service.routing.header),
+        connect_timeout=spec.proxy.connect_timeout if len(replicas) == 1
+        else min(spec.proxy.connect_timeout, REPLICA_CONNECT_TIMEOUT),
+        stop_grace_period=grace,
     )
+
+
+def _affinity_key(affinity: str, header: str | None) -> str | None:
+    """What the affinity upstream hashes: the header's nginx variable, or kit.js's prefix key."""
+    if affinity == "header" and header is not None:
+        return "$http_" + header.lower().replace("-", "_")
+    return PREFIX_KEY if affinity == "prefix" else None
 
 
 def _capacity(spec: Spec, service) -> dict | None:

@@ -141,12 +141,14 @@ def probe_password(layout: SiteLayout) -> str:
 
 
 def run_probe(
-    spec: Spec, layout: SiteLayout, *, address: str | None = None, timeout: float = 30
+    spec: Spec, layout: SiteLayout, *, address: str | None = None, timeout: float = 30,
+    replicas: Callable[[], list[Check]] = list,
 ) -> ProbeResult:
-    """Run every check against the live front door; record the result in .kit/last-probe.json."""
+    """Run every check against the live front door, then `replicas` (each replica on its own,
+    kit/replica_check.py); record the result in .kit/last-probe.json."""
     target = target_for(spec, layout, address, timeout)
     gate = Gate(target, probe_password(layout))
-    checks = gate.run(spec.services)
+    checks = gate.run(spec.services) + replicas()
     result = ProbeResult(
         target=f"https://{target.https_authority} via {target.address}",
         checked_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

@@ -12,7 +12,14 @@ to was replaced (nginx resolves upstream names when it loads its config).
 
 from dataclasses import dataclass
 
-from kit.desired import DesiredState, NetworkState, ServiceState, VolumeState
+from kit.desired import (
+    PROXY_SERVICE,
+    REPLICA_SERVICE_LABEL,
+    DesiredState,
+    NetworkState,
+    ServiceState,
+    VolumeState,
+)
 from kit.observe import ContainerState, ObservedState
 
 
@@ -92,6 +99,20 @@ class RecreateContainer:
 
 
 @dataclass(frozen=True)
+class RollReplicas:
+    """Replace changed replicas of one service one at a time (kit/rollout.py): each leaves
+    nginx, drains, is recreated on its GPUs, proves itself and comes back before the next."""
+
+    service: str  # the spec service
+    replicas: tuple[RecreateContainer, ...]
+    is_change = True
+
+    def __str__(self) -> str:
+        names = ", ".join(r.old.name for r in self.replicas)
+        return f"roll {self.service} one replica at a time ({names}): {self.replicas[0].reason}"
+
+
+@dataclass(frozen=True)
 class StartContainer:
     service: ServiceState
     container: ContainerState
@@ -131,6 +152,7 @@ class WaitHealthy:
 Action = (
     RemoveContainer | RemoveNetwork | CreateNetwork | CreateVolume | RemoveVolume
     | CreateContainer | RecreateContainer | StartContainer | ReloadProxy | WaitHealthy
+    | RollReplicas
 )
 
 
@@ -178,6 +200,11 @@ def up_actions(desired: DesiredState, observed: ObservedState) -> list[Action]:
     ]
 
     services = _service_actions(desired, observed, kept, rebuilt_networks)
+    proxy = kept.get(PROXY_SERVICE)
+    if proxy is not None and proxy.running and proxy.config_hash == desired.service(
+        PROXY_SERVICE
+    ).config_hash:
+        services = rolled(services)
     declared = {n.name for n in desired.networks}
     leftovers: list[Action] = [
         RemoveNetwork(n.name, "no longer in the compose file")
@@ -221,6 +248,32 @@ def _service_actions(
         pending = tuple(desired.service(name) for name in unhealthy)
         actions.append(WaitHealthy(pending, "; ".join(sorted(set(unhealthy.values())))))
     return actions
+
+
+def rolled(actions: list[Action]) -> list[Action]:
+    """With the front door serving, the recreates of a multi-replica service's replicas become
+    one rolling update (where the first stood); each is healthy and proven before the next
+    starts, so their health waits go."""
+    groups: dict[str, list[RecreateContainer]] = {}
+    for action in actions:
+        if isinstance(action, RecreateContainer) and REPLICA_SERVICE_LABEL in action.service.labels:
+            groups.setdefault(action.service.labels[REPLICA_SERVICE_LABEL], []).append(action)
+    if not groups:
+        return actions
+    rolled_names = {r.service.name for group in groups.values() for r in group}
+    result: list[Action] = []
+    for action in actions:
+        if isinstance(action, RecreateContainer) and action.service.name in rolled_names:
+            service = action.service.labels[REPLICA_SERVICE_LABEL]
+            if groups[service][0] is action:
+                result.append(RollReplicas(service, tuple(groups[service])))
+        elif isinstance(action, WaitHealthy):
+            waits = tuple(s for s in action.services if s.name not in rolled_names)
+            if waits:
+                result.append(WaitHealthy(waits, action.reason))
+        else:
+            result.append(action)
+    return result
 
 
 def _container_action(

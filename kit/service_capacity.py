@@ -13,6 +13,7 @@ from pathlib import Path
 from kit.capacity import CapacityReport, plan_capacity
 from kit.errors import BadInput
 from kit.modelinfo import ModelInfo, find_config, free_disk_gib, inspect_model_dir
+from kit.replicas import gpu_layout
 from kit.spec import Service, Spec
 from kit.vllm_flags import flag_table, flag_uses
 
@@ -176,8 +177,7 @@ def fits_text(fits: list[ServiceFit]) -> list[str]:
     lines: list[str] = []
     for fit in fits:
         service = fit.service
-        title = (f"service {service.name}: {service.model} on GPU "
-                 f"{','.join(str(gpu) for gpu in service.gpus)}, tensor_parallel {service.tp}")
+        title = f"service {service.name}: {service.model} on {gpu_layout(service.gpus, service.tp)}"
         if fit.report is None or fit.model is None:
             lines += [title, f"  not planned: {fit.unplanned}", ""]
             continue

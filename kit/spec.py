@@ -38,6 +38,7 @@ from kit.names import (
     EMAIL,
     ENV_NAME,
     ENV_VALUE,
+    HEADER_NAME,
     IMAGE_REF,
     INTERFACE_NAME,
     MODEL_REF,
@@ -48,6 +49,7 @@ from kit.names import (
     SIZE,
     USER_NAME,
 )
+from kit.replicas import compose_names
 from kit.vllm_flags import (
     SHIPPED_VERSION,
     check_extra_args,
@@ -232,12 +234,30 @@ class Observability(StrictModel):
     replica_down_after: Annotated[int, Field(ge=1, le=3600)] = 60  # seconds: the alert's `for:`
 
 
+class Routing(StrictModel):
+    """How the front door spreads a service's requests over its replicas (least connections
+    unless an affinity keeps a session or a conversation on one replica)."""
+
+    affinity: Literal["none", "header", "prefix"] = "none"
+    header: Annotated[str, Field(pattern=HEADER_NAME)] | None = None
+
+    @model_validator(mode="after")
+    def _header_for_header_affinity(self) -> "Routing":
+        if self.affinity == "header" and self.header is None:
+            raise ValueError("affinity header needs `header:` (e.g. header: X-Session-ID)")
+        if self.affinity != "header" and self.header is not None:
+            raise ValueError(f"`header:` is only read with affinity header (not {self.affinity})")
+        return self
+
+
 class Service(StrictModel):
     name: Annotated[str, Field(pattern=SERVICE_NAME), AfterValidator(_yaml_safe_key)]
     model: Annotated[str, Field(pattern=MODEL_REF, max_length=200)]
     served_name: Annotated[str, Field(pattern=SERVED_NAME)] | None = None
     gpus: Annotated[list[GpuIndex], Field(min_length=1)]
     tensor_parallel: Annotated[int, Field(ge=1, le=64)] | None = None
+    replicas: Annotated[int, Field(ge=1, le=64)] | None = None  # default: gpus / tensor_parallel
+    routing: Routing = Routing()
     max_model_len: Annotated[int, Field(gt=0, le=16_777_216)] = 8192
     max_num_seqs: Annotated[int, Field(ge=1, le=65536)] | Literal["auto"] = "auto"
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.90
@@ -282,20 +302,35 @@ class Service(StrictModel):
         return _one_of(value, "--kv-cache-dtype")
 
     @model_validator(mode="after")
-    def _tp_matches_gpus(self) -> "Service":
-        if self.nodes is None and self.pipeline_parallel == 1:
-            if self.tensor_parallel is not None and self.tensor_parallel != len(self.gpus):
+    def _gpus_split_into_replicas(self) -> "Service":
+        """One server: gpus is cut into replicas of tensor_parallel GPUs, so it must divide
+        evenly and an explicit replicas count must be what that cut gives. Several nodes (or
+        pipeline stages): one vLLM over tensor_parallel x pipeline_parallel = all their GPUs."""
+        gpus = len(self.gpus)
+        if self.nodes is not None or self.pipeline_parallel > 1:
+            if self.replicas not in (None, 1):
+                raise ValueError("replicas of a multi-node or pipeline-parallel service are not "
+                                 "supported: it runs as one vLLM over all its GPUs")
+            if self.tp * self.pipeline_parallel != self.gpu_count:
+                nodes = f" on each of {len(self.nodes)} nodes" if self.nodes else ""
                 raise ValueError(
-                    f"tensor_parallel is {self.tensor_parallel} but gpus lists {len(self.gpus)} "
-                    f"GPU(s); kit runs one tensor-parallel group per service, so they must match"
+                    f"tensor_parallel {self.tp} x pipeline_parallel {self.pipeline_parallel} must "
+                    f"equal the {self.gpu_count} GPUs of the service ({gpus} listed in "
+                    f"gpus{nodes}): vLLM runs one model over exactly those GPUs"
                 )
             return self
-        if self.tp * self.pipeline_parallel != self.gpu_count:
-            nodes = f" on each of {len(self.nodes)} nodes" if self.nodes else ""
+        if self.tensor_parallel is None and self.replicas is not None and gpus % self.replicas:
+            raise ValueError(f"gpus lists {gpus} GPU(s), which {self.replicas} replicas cannot "
+                             "share evenly")
+        if self.tensor_parallel is not None and gpus % self.tensor_parallel:
             raise ValueError(
-                f"tensor_parallel {self.tp} x pipeline_parallel {self.pipeline_parallel} must "
-                f"equal the {self.gpu_count} GPUs of the service ({len(self.gpus)} listed in "
-                f"gpus{nodes}): vLLM runs one model over exactly those GPUs"
+                f"gpus lists {gpus} GPU(s), which tensor_parallel {self.tensor_parallel} does "
+                f"not divide; each replica takes tensor_parallel GPUs of the list"
+            )
+        if self.replicas is not None and self.tp * self.replicas != gpus:
+            raise ValueError(
+                f"replicas is {self.replicas} but gpus lists {gpus} GPU(s) for "
+                f"tensor_parallel {self.tp}: that makes {gpus // self.tp} replica(s)"
             )
         return self
 
@@ -325,7 +360,22 @@ class Service(StrictModel):
 
     @property
     def tp(self) -> int:
-        return self.tensor_parallel or max(1, self.gpu_count // self.pipeline_parallel)
+        """GPUs per replica (of a multi-node service: its tensor-parallel size): tensor_parallel,
+        else the list shared by `replicas` (default: one replica on all of gpus)."""
+        if self.tensor_parallel is not None:
+            return self.tensor_parallel
+        if self.nodes is not None or self.pipeline_parallel > 1:
+            return max(1, self.gpu_count // self.pipeline_parallel)
+        if self.replicas is not None and len(self.gpus) % self.replicas == 0:
+            return len(self.gpus) // self.replicas
+        return len(self.gpus)
+
+    @property
+    def replica_count(self) -> int:
+        """Containers of this service on this server (a multi-node service: one, the head)."""
+        if self.nodes is not None or self.pipeline_parallel > 1:
+            return 1
+        return len(self.gpus) // self.tp
 
     @property
     def api_name(self) -> str:
@@ -787,6 +837,7 @@ def _unique_names(services: list[tuple[int, Service]]) -> list[SpecProblem]:
                 f"(also services[{seen_names[service.name]}])",
             ))
         seen_names.setdefault(service.name, i)
+        problems += _replica_names(services, i, service)
         served = service.api_name  # case-sensitive, as vLLM and the front door's routing are
         if served in seen_served:
             problems.append(SpecProblem(
@@ -797,6 +848,25 @@ def _unique_names(services: list[tuple[int, Service]]) -> list[SpecProblem]:
             ))
         seen_served.setdefault(served, i)
     return problems
+
+
+def _replica_names(
+    services: list[tuple[int, Service]], i: int, service: Service
+) -> list[SpecProblem]:
+    """A replica's compose name (`<service>-r<index>`) must not be another service's name."""
+    if service.replica_count == 1:
+        return []
+    taken = {other.name: j for j, other in services if j != i}
+    return [
+        SpecProblem(
+            ("services", taken[host], "name"),
+            f"{host!r} is also the name of replica {index} of service {service.name} "
+            f"(services[{i}])",
+            "rename one of them",
+        )
+        for index, host in enumerate(compose_names(service.name, service.replica_count))
+        if host in taken
+    ]
 
 
 def _gpu_sharing(services: list[tuple[int, Service]]) -> list[SpecProblem]:
@@ -839,13 +909,15 @@ def _extra_args(services: list[tuple[int, Service]]) -> list[SpecProblem]:
         world = service.tp * service.pipeline_parallel
         for _, size in sizes.values():
             world *= size
-        if world != service.gpu_count:
+        if world != service.tp * service.pipeline_parallel:  # a replica's (or the nodes') GPUs
             index, _ = max(sizes.values())
             written = " x ".join(f"{flag} {size}" for flag, (_, size) in sizes.items())
+            has = (f"gpus lists {len(service.gpus)}" if service.replica_count == 1 else
+                   f"each of its {service.replica_count} replicas has {service.tp}")
             problems.append(SpecProblem(
                 ("services", i, "extra_args", index),
-                f"tensor parallel {service.tp} x {written} needs {world} GPUs but gpus lists "
-                f"{len(service.gpus)}; vLLM would wait for GPUs the container does not have",
+                f"tensor parallel {service.tp} x {written} needs {world} GPUs but {has}; "
+                "vLLM would wait for GPUs the container does not have",
                 "list that many GPUs in gpus, or remove the size from extra_args "
                 "(kit runs one tensor-parallel group over the service's GPUs)",
             ))

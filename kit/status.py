@@ -25,13 +25,28 @@ class StackStatus:
     figures: LiveFigures | None = None  # observability on: Prometheus's live view
     acme: AcmeStatus | None = None  # tls.mode acme: the certificate and certbot's last run
 
+    def replicas_in_service(self) -> dict[str, dict[str, int]]:
+        """Per multi-replica service: how many replicas run healthy, of how many containers."""
+        counts: dict[str, dict[str, int]] = {}
+        for c in self.containers:
+            if c.replica_of is not None:
+                count = counts.setdefault(c.replica_of, {"healthy": 0, "replicas": 0})
+                count["replicas"] += 1
+                count["healthy"] += c.running and c.health == "healthy"
+        return counts
+
     def to_json(self, now: datetime) -> dict:
+        """The report; a site with replicas adds which replica each container is and how many
+        of each service's are healthy (keys a single-replica site's report does not have)."""
+        replicas = self.replicas_in_service()
         extra = {"observability": self.figures.to_json()} if self.figures else {}
         return {
             "site": self.site,
             "containers": [
                 {
                     "service": c.service,
+                    **({"replica_of": c.replica_of, "replica": c.replica}
+                       if c.replica_of is not None else {}),
                     "name": c.name,
                     "state": c.state,
                     "health": c.health,
@@ -43,6 +58,7 @@ class StackStatus:
                 }
                 for c in self.containers
             ],
+            **({"replicas": replicas} if replicas else {}),
             "drift": list(self.drift),
             "render_pending": list(self.render_pending),
             "last_probe": self.last_probe,
@@ -104,11 +120,12 @@ def _duration(seconds: int | None) -> str:
 
 
 def render_text(status: StackStatus, now: datetime) -> str:
-    rows = [("SERVICE", "STATE", "HEALTH", "GPUS", "UPTIME", "RESTARTS", "IMAGE")]
+    rows = [("SERVICE", "REPLICA", "STATE", "HEALTH", "GPUS", "UPTIME", "RESTARTS", "IMAGE")]
     rows += [
         (
-            c.service, c.state, c.health or "-", ",".join(c.gpu_ids) or "-",
-            _duration(_uptime(c, now)), str(c.restart_count), c.image,
+            c.service, "-" if c.replica is None else f"{c.replica} of {c.replica_of}", c.state,
+            c.health or "-", ",".join(c.gpu_ids) or "-", _duration(_uptime(c, now)),
+            str(c.restart_count), c.image,
         )
         for c in status.containers
     ]
@@ -117,6 +134,8 @@ def render_text(status: StackStatus, now: datetime) -> str:
              for row in rows]
     if not status.containers:
         lines.append(f"(no containers of project {status.site})")
+    for service, count in status.replicas_in_service().items():
+        lines.append(f"{service}: {count['healthy']} of {count['replicas']} replicas healthy")
     if status.drift:
         lines.append("drift: `kit up` would")
         lines += [f"  {line}" for line in status.drift]

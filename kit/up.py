@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kit.apply import Executor
@@ -21,6 +22,7 @@ from kit.reconcile import (
 )
 from kit.remote_files import deliver, site_volumes
 from kit.render import RenderResult, render_site
+from kit.rollout import downtime_notes, record_start_times
 from kit.site import Site
 from kit.wait import wait_healthy
 
@@ -87,8 +89,10 @@ def up_site(
     gate = None
     if probe:
         from kit.probe import run_probe  # the gate: only imported when it runs
+        from kit.replica_check import replica_checks
 
-        gate = run_probe(site.spec, site.layout)
+        gate = run_probe(site.spec, site.layout,
+                         replicas=lambda: replica_checks(site, lambda: engine))
     return SiteUp(rendered, converged, len(site.desired.services), gate, acme)
 
 
@@ -104,20 +108,27 @@ def converge(
         if site_volumes(site.desired):
             delivered = deliver(engine, site.desired, site.layout.root)
             report(f"site files delivered through the engine: {', '.join(delivered)}")
+        for note in downtime_notes(actions, site.layout.start_times):
+            report(note)
         Executor(
             engine=engine,
             applied=site.layout.applied,
             wait=lambda services: _report_healthy(
                 wait_healthy(engine, site.desired, services, timeout=timeout),
-                report,
+                report, site.layout.start_times,
             ),
             report=report,
+            layout=site.layout,
+            project=site.project,
         ).run(actions)
     return UpResult(actions, time.monotonic() - started)
 
 
-def _report_healthy(seconds: dict[str, float], report: Callable[[str], None]) -> None:
+def _report_healthy(
+    seconds: dict[str, float], report: Callable[[str], None], start_times: Path
+) -> None:
     for name, elapsed in seconds.items():
         report(f"{name} healthy after {elapsed:.0f}s")
+    record_start_times(start_times, seconds)
 
 

@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from kit.plan import VLLM_PORT  # noqa: E402
+from kit.replicas import replica_host  # noqa: E402
 from tests.e2e.conftest import BUILD, pick_free_port  # noqa: E402
 from tests.e2e.stack import (  # noqa: E402
     DOMAIN,
@@ -49,7 +50,6 @@ from tests.e2e.stack import (  # noqa: E402
 )
 
 NGINX_URL = "https://nginx:443"  # nginx's name on the backend network; the domain goes in SNI
-DIRECT_URL = f"http://{SERVICE}:{VLLM_PORT}"
 UNLIMITED = {"rate_limit_per_ip": 100000, "rate_limit_per_credential": 100000}
 
 # Rows of the table: loadgen's (or run_once's) field and its label.
@@ -96,6 +96,7 @@ class Target:
     url: str
     auth: str | None = None
     conf: str | None = None  # nginx.conf text to load first; None: whatever is loaded
+    spread: tuple[str, ...] = ()  # more hosts on the URL's port (connection i: the i mod n-th)
 
     @property
     def host(self) -> str | None:
@@ -150,9 +151,10 @@ def machine() -> str:
 
 @contextmanager
 def bench_stack(args: argparse.Namespace, prefix: str, *, proxy: dict | None = None,
-                users: tuple[str, ...] = ("ops",)) -> Iterator[tuple[LiveSite, LoadClient]]:
+                users: tuple[str, ...] = ("ops",),
+                replicas: int = 1) -> Iterator[tuple[LiveSite, LoadClient]]:
     """A site with limits out of the way of the load (or these `proxy` settings), and the load
-    client in its network."""
+    client in its network; the service in `replicas` replicas (one GPU each)."""
     built = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True)
     if built.returncode != 0:
         sys.exit(f"{BUILD} failed (a Docker engine? scripts/dockerd.sh start):\n{built.stderr}")
@@ -162,6 +164,7 @@ def bench_stack(args: argparse.Namespace, prefix: str, *, proxy: dict | None = N
         proxy=UNLIMITED if proxy is None else proxy,
         env={"STANDIN_TOKEN_INTERVAL_MS": str(args.interval_ms)},
         max_num_seqs=max(256, args.streams),
+        overrides={SERVICE: {"gpus": list(range(replicas)), "tensor_parallel": 1}},
     ) as site:
         load = LoadClient(site)
         try:
@@ -195,7 +198,8 @@ def run_once(site: LiveSite, load: LoadClient, args: argparse.Namespace, shape: 
     nginx = site.nginx
     before = cpu_seconds(nginx)
     figures = load.run(target.url, host=target.host, auth=target.auth, streams=args.streams,
-                       tokens=args.tokens, timeout=args.timeout, **shape.options(args))
+                       tokens=args.tokens, timeout=args.timeout, spread=target.spread,
+                       **shape.options(args))
     figures["nginx_cpu_s"] = round(cpu_seconds(nginx) - before, 2)
     return figures
 
@@ -241,17 +245,24 @@ def main() -> None:
         help="also measure nginx with this edit of the rendered nginx.conf (repeatable; \\n for "
              "a newline), e.g. 'keepalive 64;=>keepalive 256;'",
     )
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="replicas of the service behind nginx (direct: connection i to "
+                             "the (i mod n)-th)")
     args = parser.parse_args()
-    print(f"front door: nginx = the rendered nginx.conf, TLS + Bearer key; direct = the stand-in "
-          f"on the backend network; {args.rounds} rounds, order rotated; {machine()} at the start")
+    hosts = [replica_host(SERVICE, i, args.replicas) for i in range(args.replicas)]
+    direct = Target("direct", f"http://{hosts[0]}:{VLLM_PORT}", spread=tuple(hosts[1:]))
+    print(f"front door: nginx = the rendered nginx.conf, TLS + Bearer key, {args.replicas} "
+          f"replica(s); direct = the stand-in{'s' if args.replicas > 1 else ''} "
+          f"({', '.join(hosts)}) on the backend network; {args.rounds} rounds, order rotated; "
+          f"{machine()} at the start")
     bars = [Bar("nginx", "direct", "tokens_per_s", "min_ratio", 0.97),
             Bar("nginx", "direct", "ttft_p50_ms", "max_added", 10),
             Bar("nginx", "direct", "worst_gap_ms", "max_added", 50)]
     judged = len(bars)  # a variant's bars are shown for comparison
-    with bench_stack(args, "benchfd") as (site, load):
+    with bench_stack(args, "benchfd", replicas=args.replicas) as (site, load):
         key = f"Bearer {site.add_key('bench')}"
         rendered = site.layout.nginx_conf.read_text()
-        targets = [Target("direct", DIRECT_URL), Target("nginx", NGINX_URL, key, rendered)]
+        targets = [direct, Target("nginx", NGINX_URL, key, rendered)]
         if args.variant:
             print("variant = nginx with " + "; ".join(f"{old!r} -> {new!r}"
                                                       for old, new in args.variant))

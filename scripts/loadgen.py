@@ -192,7 +192,7 @@ class Run:
         port = url.port or (443 if url.scheme == "https" else 80)
         self.context = ssl.create_default_context(cafile=args.ca) if url.scheme == "https" else None
         self.server_name = host
-        address = (socket.gethostbyname(url.hostname), port)
+        addresses = [(socket.gethostbyname(name), port) for name in [url.hostname, *args.spread]]
         body = json.dumps({
             "model": args.model, "stream": True, "max_tokens": args.tokens, "ignore_eos": True,
             "messages": [{"role": "user", "content": "Count slowly."}],
@@ -204,8 +204,8 @@ class Run:
         ]
         auths = [[f"Authorization: {auth}"] for auth in args.auth or []] or [[]]
         requests = [("\r\n".join(headers + auth) + "\r\n\r\n").encode() + body for auth in auths]
-        self.streams = [Stream(address, requests[i % len(requests)], args.tokens, args.requests)
-                        for i in range(args.streams)]
+        self.streams = [Stream(addresses[i % len(addresses)], requests[i % len(requests)],
+                               args.tokens, args.requests) for i in range(args.streams)]
         self.ramp = args.ramp
         self.pause = args.pause
         self.duration = args.duration
@@ -391,6 +391,9 @@ def main() -> None:
     parser.add_argument("--ca", help="CA bundle to verify the server against")
     parser.add_argument("--auth", action="append",
                         help="Authorization header value (repeat: one per connection in turn)")
+    parser.add_argument("--spread", action="append", default=[], metavar="HOST",
+                        help="more hosts on the URL's port: connection i goes to the (i mod n)-th "
+                             "of the URL's host and these (straight to every replica)")
     parser.add_argument("--model", required=True)
     parser.add_argument("--streams", type=int, default=200, help="concurrent connections")
     parser.add_argument("--tokens", type=int, default=64, help="max_tokens of each request")

@@ -90,6 +90,50 @@ function route(r) {
     r.internalRedirect(location(service));
 }
 
+// What prefix affinity hashes: the conversation up to and including its first user message
+// (the system prompt alone is shared by many conversations), or a completion prompt's start.
+// A conversation keeps its replica as it grows, and so the prefix cache vLLM warmed there.
+var PREFIX_CHARS = 2048;
+
+function text(content) {
+    if (typeof content === 'string') {
+        return content;
+    }
+    if (Array.isArray(content)) {
+        return content.map(function (part) {
+            return part && typeof part.text === 'string' ? part.text : '';
+        }).join('');
+    }
+    return '';
+}
+
+function leadingText(body) {
+    if (Array.isArray(body.messages)) {
+        var lead = '';
+        for (var i = 0; i < body.messages.length; i++) {
+            var message = body.messages[i] || {};
+            lead += String(message.role) + ':' + text(message.content) + '\n';
+            if (message.role === 'user') {
+                break;
+            }
+        }
+        return lead;
+    }
+    return typeof body.prompt === 'string' ? body.prompt : '';
+}
+
+// The affinity key of a request ('' when the body holds no conversation: least connections).
+function prefixKey(r) {
+    var body;
+    try {
+        body = JSON.parse(r.requestText || '');
+    } catch (e) {
+        return '';
+    }
+    var lead = body && typeof body === 'object' ? leadingText(body).slice(0, PREFIX_CHARS) : '';
+    return lead ? crypto.createHash('sha256').update(lead).digest('hex') : '';
+}
+
 function fetchAll(r, prefix, names) {
     return Promise.all(names.map(function (name) {
         return r.subrequest(prefix + name).then(function (reply) {
@@ -175,4 +219,4 @@ function health(r) {
     });
 }
 
-export default {bearerDigest, credentialDigest, principal, route, models, model, health};
+export default {bearerDigest, credentialDigest, principal, route, models, model, health, prefixKey};

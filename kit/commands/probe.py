@@ -6,8 +6,10 @@ from pathlib import Path
 import click
 
 from kit.commands.options import spec_argument
+from kit.docker_api import connect
 from kit.errors import ExitCode
 from kit.probe import run_probe
+from kit.replica_check import replica_checks
 from kit.site import Site
 
 
@@ -27,11 +29,12 @@ def probe(
     """Prove through nginx that SPEC's site is secured and serves: exit 0 only if all checks pass.
 
     TLS, redirect, HSTS, auth, every model listed and answering, streams unbuffered and vLLM's
-    side doors closed; exit 1 when a check fails, 2 on bad input. The result is also kept in
-    .kit/last-probe.json.
+    side doors closed; each replica of a multi-replica service answering on its own; exit 1 when
+    a check fails, 2 on bad input. The result is also kept in .kit/last-probe.json.
     """
     site = Site.load(spec, check_host=False)  # the model folders are vLLM's concern here
-    result = run_probe(site.spec, site.layout, address=address, timeout=timeout)
+    result = run_probe(site.spec, site.layout, address=address, timeout=timeout,
+                       replicas=lambda: replica_checks(site, connect))
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=1, ensure_ascii=False))
     else:

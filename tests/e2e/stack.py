@@ -80,9 +80,11 @@ class LiveSite:
     def create(cls, root: Path, client: docker.DockerClient, https_port: int, http_port: int, *,
                prefix: str = "kit", users: tuple[str, ...] = ("ops",), proxy: dict | None = None,
                env: dict[str, str] | None = None, max_num_seqs: int = 256,
-               more_services: dict[str, str] | None = None, tls: dict | None = None) -> LiveSite:
+               more_services: dict[str, str] | None = None, tls: dict | None = None,
+               overrides: dict[str, dict] | None = None) -> LiveSite:
         """Write the spec and render it (not up yet): one stand-in service `tiny`, and one per
-        `more_services` entry (service name → served name), all sharing GPU 0."""
+        `more_services` entry (service name → served name), all sharing GPU 0 unless
+        `overrides` (service name → spec keys) says otherwise (e.g. gpus and routing)."""
         site = cls(root, f"{prefix}{secrets.token_hex(3)}", client, https_port)
         models = root / "models"
         (models / SERVICE).mkdir(parents=True)
@@ -101,6 +103,7 @@ class LiveSite:
                 "max_model_len": 4096, "max_num_seqs": max_num_seqs,
                 "gpu_memory_utilization": round(0.9 / (1 + len(more_services or {})), 2),
                 "env": {"STANDIN_LOAD_SECONDS": "1", **(env or {})},
+                **(overrides or {}).get(name, {}),
             } for name, served in {SERVICE: SERVED_NAME, **(more_services or {})}.items()],
         }
         write_spec(site.spec_path, spec)
@@ -288,7 +291,7 @@ class LoadClient:
 
     def run(self, url: str, *, streams: int, tokens: int, host: str | None = None,
             auth: str | list[str] | None = None, ramp: float = 0, requests: int = 1,
-            duration: float = 0, timeout: float = 120) -> dict:
+            duration: float = 0, timeout: float = 120, spread: tuple[str, ...] = ()) -> dict:
         command = ["python3", "/kit/scripts/loadgen.py", "--url", url, "--model", SERVED_NAME,
                    "--streams", str(streams), "--tokens", str(tokens), "--ramp", str(ramp),
                    "--requests", str(requests), "--duration", str(duration),
@@ -298,6 +301,7 @@ class LoadClient:
         if host:
             command += ["--host", host]
         command += auth_options(auth)
+        command += [option for host in spread for option in ("--spread", host)]
         code, output = self.container.exec_run(command, demux=True)
         stdout, stderr = output
         if code != 0:

@@ -69,7 +69,9 @@ def test_requests_on_connections_vllm_closed_are_retried_not_502(site: LiveSite)
 def test_the_same_run_without_retries_gives_502(site: LiveSite) -> None:
     """The harness can fail: with nginx's retry switched off, the same run meets 502s."""
     site.load_nginx_conf(site.nginx_conf_with(
-        ("proxy_next_upstream error non_idempotent;", "proxy_next_upstream off;")))
+        ("proxy_next_upstream error non_idempotent;", "proxy_next_upstream off;"),
+        # nginx's own 502, not the JSON 503 kit answers when no replica can take a request
+        ("error_page 502 504 = @kit_unavailable;", "")))
     figures, _ = frozen_nginx_run(site)
     assert figures["failures"].get("status 502", 0) > 0, figures
 

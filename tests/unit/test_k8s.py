@@ -39,17 +39,9 @@ def _plan(spec: Path) -> Plan:
     return build_plan(load_spec(spec))
 
 
-def _multi_replica() -> Plan:
-    """The bundled example with its one service on two GPUs, one per copy (the replicas
-    helper's spec key; here straight in the plan)."""
-    plan = _plan(REPO / "site.yaml")
-    service = dataclasses.replace(plan.services[0], gpus=["0", "1"], tensor_parallel=1)
-    return dataclasses.replace(plan, services=[service])
-
-
 CASES = {
     "example": lambda: _plan(REPO / "site.yaml"),
-    "multi-replica": _multi_replica,
+    "multi-replica": lambda: _plan(DATA / "multi-replica" / "site.yaml"),
     "multi-model": lambda: _plan(DATA / "multi-model" / "site.yaml"),
     "multi-node": lambda: _plan(DATA / "multi-node" / "site.yaml"),
 }
@@ -64,7 +56,7 @@ def _export(case: str) -> dict[str, bytes]:
 
 
 def _service_type(case: str) -> str:
-    spec = REPO / "site.yaml" if case in ("example", "multi-replica") else DATA / case / "site.yaml"
+    spec = REPO / "site.yaml" if case == "example" else DATA / case / "site.yaml"
     return load_spec(spec).kubernetes.service_type
 
 
@@ -293,7 +285,7 @@ def test_the_nginx_pods_stop_gracefully_as_compose_stops_them() -> None:
 
 
 def test_replica_count_is_the_gpus_over_one_copy() -> None:
-    assert [replica_count(s) for s in _multi_replica().services] == [2]
+    assert [replica_count(s) for s in CASES["multi-replica"]().services] == [2]
     assert [replica_count(s) for s in CASES["multi-model"]().services] == [1, 1, 1]
     assert [replica_count(s) for s in CASES["multi-node"]().services] == [1]
 

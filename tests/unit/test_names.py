@@ -28,6 +28,7 @@ EXAMPLES = {
     "INTERFACE_NAME": "ens5f0",
     "K8S_NAME": "llama8b-env",
     "SSH_USER": "deploy_1",
+    "HEADER_NAME": "X-Session-ID",
 }
 
 

@@ -76,7 +76,11 @@ def variants(root: Path) -> dict[str, Path]:
             "tls: {mode: acme, email: ops@test.example, staging: true}",
         )
     )
-    return {"base": site, "example": example_site, "big": big, "files": files, "acme": acme}
+    replicas = root / "replicas"
+    replicas.mkdir()
+    shutil.copy(REPO / "tests" / "data" / "replicas" / "site.yaml", replicas / "site.yaml")
+    return {"base": site, "example": example_site, "big": big, "files": files, "acme": acme,
+            "replicas": replicas}
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +126,7 @@ def compose_binaries() -> list[list[str]]:
     return found
 
 
-@pytest.mark.parametrize("variant", ["base", "example", "big", "files", "acme"])
+@pytest.mark.parametrize("variant", ["base", "example", "big", "files", "acme", "replicas"])
 def test_compose_accepts_the_rendered_file(rendered: dict[str, Path], variant: str) -> None:
     binaries = compose_binaries()
     if not binaries:
@@ -136,7 +140,7 @@ def test_compose_accepts_the_rendered_file(rendered: dict[str, Path], variant: s
         assert result.returncode == 0, f"{binary} {variant}: {result.stderr}"
 
 
-@pytest.mark.parametrize("variant", ["big", "example"])
+@pytest.mark.parametrize("variant", ["big", "example", "replicas"])
 def test_compose_reads_the_env_files_as_kit_up_does(
     rendered: dict[str, Path], variant: str
 ) -> None:

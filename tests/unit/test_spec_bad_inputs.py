@@ -121,8 +121,8 @@ CASES = [
     ("gpus-not-list", replace("    gpus: [0]", "    gpus: zero"), ["services[0].gpus"]),
     ("gpu-negative", replace("    gpus: [0]", "    gpus: [-1]"), ["greater than or equal to 0"]),
     ("gpu-twice", replace("    gpus: [0]", "    gpus: [0, 0]"), ["listed twice"]),
-    ("tp-mismatch", replace("    gpus: [0]", "    gpus: [0, 1]\n    tensor_parallel: 1"),
-     ["tensor_parallel is 1 but gpus lists 2"]),
+    ("tp-mismatch", replace("    gpus: [0]", "    gpus: [0, 1, 2]\n    tensor_parallel: 2"),
+     ["gpus lists 3 GPU(s), which tensor_parallel 2 does not divide"]),
     ("gmu-zero", replace("    gpus: [0]", "    gpus: [0]\n    gpu_memory_utilization: 0"),
      ["gpu_memory_utilization", "greater than 0"]),
     ("gmu-above-one", replace("    gpus: [0]", "    gpus: [0]\n    gpu_memory_utilization: 1.2"),
@@ -282,6 +282,25 @@ CASES = [
      model_file("config.json", LFS_POINTER)),
     ("8.10-cannot-start-here", append("gpu_memory_gib: 12\n"),
      ["site.yaml:8:5: services[0]: cannot start on this hardware"]),
+    ("10.1-replicas-disagree", replace(
+        "    gpus: [0]", "    gpus: [0, 1, 2, 3]\n    tensor_parallel: 2\n    replicas: 4"),
+     ["replicas is 4 but gpus lists 4 GPU(s) for tensor_parallel 2: that makes 2 replica(s)"]),
+    ("10.1-replicas-uneven", replace("    gpus: [0]", "    gpus: [0, 1, 2]\n    replicas: 2"),
+     ["gpus lists 3 GPU(s), which 2 replicas cannot share evenly"]),
+    ("10.1-replica-name-taken", lambda t: replace(
+        "    gpus: [0]", "    gpus: [0, 1]\n    tensor_parallel: 1")(t)
+        + "  - {name: llama8b-r1, model: llama-8b, served_name: other, gpus: [2]}\n",
+     ["services[1].name", "'llama8b-r1' is also the name of replica 1 of service llama8b",
+      "rename one of them"]),
+    ("10.2-header-affinity-without-header", replace(
+        "    gpus: [0]", "    gpus: [0, 1]\n    routing: {affinity: header}"),
+     ["services[0].routing", "affinity header needs `header:`"]),
+    ("10.2-header-name-hostile", replace(
+        "    gpus: [0]", "    gpus: [0, 1]\n    routing: {affinity: header, header: 'X-A;b'}"),
+     ["services[0].routing.header"]),
+    ("10.2-unknown-affinity", replace(
+        "    gpus: [0]", "    gpus: [0, 1]\n    routing: {affinity: cookie}"),
+     ["services[0].routing.affinity"]),
 ]
 
 

@@ -67,6 +67,15 @@ def interface(data: dict, value: str) -> None:
     data["services"][0]["nodes"] = [{"name": "test01", "address": "10.0.0.1"},
                                     {"name": "gpu02", "address": "10.0.0.2"}]
     data["services"][0]["network_interface"] = value
+def routing(key: str, affinity: str) -> Setter:
+    """A routing value of a two-replica service (one replica renders no affinity)."""
+
+    def setter(data: dict, value: str) -> None:
+        fields = {"affinity": affinity, "header": "X-Session-ID"} if affinity == "header" else {}
+        data["services"][0].update(gpus=[0, 1], tensor_parallel=1,
+                                   routing={**fields, key: value})
+
+    return setter
 
 
 TLS_NEEDS = {
@@ -108,6 +117,8 @@ FIELDS: dict[str, tuple[Setter, str]] = {
     "services.quantization": (at(*S, "quantization"), "fp8"),
     "services.kv_cache_dtype": (at(*S, "kv_cache_dtype"), "fp8"),
     "services.extra_args": (at(*S, "extra_args", 0), "--enable-prefix-caching"),
+    "services.routing.affinity": (routing("affinity", "prefix"), "prefix"),
+    "services.routing.header": (routing("header", "header"), "X-Session-ID"),
     "services.env.name": (env_name, "HF_HUB_OFFLINE"),
     "services.env.value": (at(*S, "env", "HF_HUB_OFFLINE"), "1"),
     "services.network_interface": (interface, "ens5f0"),
@@ -186,6 +197,15 @@ def nginx_conf(spec_path: Path) -> str:
                 if o.path.name == "nginx.conf").decode()
 
 
+def shape(field: str, value: str, conf: str) -> tuple:
+    """nginx.conf's structure; an affinity header is read as its own `$http_*` variable, so
+    that one variable stands for it (its name is allow-listed: letters, digits and `-`)."""
+    directives, variables = structure(conf)
+    if field == "services.routing.header":
+        variables = variables - {"http_" + value.lower().replace("-", "_")} | {"<header>"}
+    return directives, variables
+
+
 @pytest.mark.parametrize("field", sorted(FIELDS))
 def test_a_hostile_string_is_refused_or_changes_no_structure(site_root: Path, field: str) -> None:
     setter, plain = FIELDS[field]
@@ -214,7 +234,8 @@ def test_a_hostile_string_is_refused_or_changes_no_structure(site_root: Path, fi
             conf = nginx_conf(spec_path)
         except BadInput as error:  # validate passed, so render must not refuse
             raise AssertionError(f"validate accepted {value!r}, render refused: {error}") from None
-        assert structure(conf) == structure(plain_conf), f"{value!r} changed nginx.conf's shape"
+        assert shape(field, value, conf) == shape(field, plain, plain_conf), (
+            f"{value!r} changed nginx.conf's shape")
         if conf != plain_conf and len(changed) < NGINX_CHECKS_PER_FIELD:
             changed.append(value)
 

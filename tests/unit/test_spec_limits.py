@@ -23,7 +23,9 @@ from tests.unit.test_render_configs import compose_binaries, services_of
 PAIRED = {
     ("proxy", "http_port"): (2, 65534),  # differs from https_port at its own extreme
     ("services", 0, "tensor_parallel"): (1, 64),  # the number of GPUs listed (indexes 0..63)
-    ("services", 0, "pipeline_parallel"): (1, 1),  # more stages need more nodes (test_multinode_core)
+    ("services", 0, "pipeline_parallel"): (1, 1),  # more stages: more nodes (test_multinode_core)
+    # gpus / tensor_parallel: one replica at both ends (64 replicas: test_replicas_core.py)
+    ("services", 0, "replicas"): (1, 1),
 }
 FLOAT_STEP = 0.01  # the smallest float above an exclusive lower bound that the spec is given
 

@@ -1,0 +1,370 @@
+"""Replicas on the real engine (issue 10): four replicas of one model (header affinity) and a
+second model in two tensor-parallel-2 replicas (prefix affinity), behind the rendered nginx.
+
+Which replica served a request is read from the replicas themselves (the stand-in's
+vllm:request_success_total and vllm:num_requests_running, fetched from inside one replica's
+container over the private network, all replicas in one exec so the samples are simultaneous).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import ssl
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import yaml
+
+from tests.e2e.conftest import pick_free_port, remove_project
+from tests.e2e.stack import (
+    DOMAIN,
+    SERVED_NAME,
+    SERVICE,
+    LiveSite,
+    checked,
+    finished,
+    write_spec,
+)
+
+pytestmark = pytest.mark.e2e
+
+SECOND, SECOND_SERVED = "duo", "duo-chat"
+TINY_REPLICAS = [f"{SERVICE}-r{i}" for i in range(4)]
+DUO_REPLICAS = [f"{SECOND}-r{i}" for i in range(2)]
+SESSION_HEADER = "X-Session-ID"
+METRIC = re.compile(r"^(vllm:[a-z_]+)\{[^}]*\} ([0-9.e+-]+)$", re.MULTILINE)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
+    root = tmp_path_factory.mktemp("replicas") / "site"
+    site = LiveSite.create(
+        root, docker_client, pick_free_port(), pick_free_port(), prefix="rep",
+        more_services={SECOND: SECOND_SERVED},
+        proxy={"rate_limit_per_ip": 100000, "rate_limit_per_credential": 100000},
+        overrides={
+            SERVICE: {"gpus": [0, 1, 2, 3], "tensor_parallel": 1, "gpu_memory_utilization": 0.9,
+                      "routing": {"affinity": "header", "header": SESSION_HEADER}},
+            SECOND: {"gpus": [4, 5, 6, 7], "tensor_parallel": 2, "replicas": 2,
+                     "gpu_memory_utilization": 0.9, "routing": {"affinity": "prefix"}},
+        },
+    )
+    try:
+        site.up()
+        yield site
+    finally:
+        remove_project(docker_client, site.name)
+
+
+def post(site: LiveSite, body: dict, headers: dict[str, str] | None = None) -> tuple[int, dict]:
+    """One chat completion through the front door (TLS to 127.0.0.1, the domain in SNI)."""
+    context = ssl.create_default_context(cafile=str(site.layout.ca_cert))
+    connection = http.client.HTTPSConnection(DOMAIN, site.https_port, context=context, timeout=30)
+    raw = socket.create_connection(("127.0.0.1", site.https_port), 30)
+    connection.sock = context.wrap_socket(raw, server_hostname=DOMAIN)  # not DOMAIN's address
+    try:
+        connection.request("POST", "/v1/chat/completions", json.dumps(body).encode(), {
+            "Content-Type": "application/json", "Authorization": site.basic("ops"),
+            **(headers or {})})
+        response = connection.getresponse()
+        body = json.loads(response.read() or b"{}")
+        if response.status == 503:  # kit's own 503 always says when to come back
+            body["retry_after"] = response.headers.get("Retry-After")
+        return response.status, body
+    finally:
+        connection.close()
+
+
+def chat(model: str, text: str, tokens: int = 1) -> dict:
+    return {"model": model, "max_tokens": tokens, "messages": [{"role": "user", "content": text}]}
+
+
+def metrics(site: LiveSite, hosts: list[str]) -> dict[str, dict[str, float]]:
+    """Every replica's vllm:* gauges and counters (summed over labels), read at one moment."""
+    script = "; ".join(f'echo "== {h}"; curl -s -m 5 http://{h}:8000/metrics' for h in hosts)
+    reader = next(c for c in map(site.container, hosts) if c.status == "running")
+    code, output = reader.exec_run(["sh", "-c", script])
+    assert code == 0, output
+    found: dict[str, dict[str, float]] = {}
+    for part in output.decode().split("== ")[1:]:
+        host, _, text = part.partition("\n")
+        values: dict[str, float] = {}
+        for name, value in METRIC.findall(text):
+            values[name] = values.get(name, 0.0) + float(value)
+        found[host.strip()] = values
+    return found
+
+
+def served(site: LiveSite, hosts: list[str], send) -> dict[str, int]:
+    """How many requests each replica finished while `send()` ran (every one answered 200)."""
+    before = metrics(site, hosts)
+    replies = send()
+    for status, body in replies if isinstance(replies, list) else [replies]:
+        assert status == 200, body
+    after = metrics(site, hosts)
+    done = "vllm:request_success_total"
+    return {h: round(after[h].get(done, 0) - before[h].get(done, 0)) for h in hosts}
+
+
+def test_every_replica_is_its_own_pinned_container_and_both_models_answer(site: LiveSite):
+    gpus = {h: site.container(h).attrs["HostConfig"]["DeviceRequests"][0]["DeviceIDs"]
+            for h in TINY_REPLICAS + DUO_REPLICAS}
+    assert gpus == {"tiny-r0": ["0"], "tiny-r1": ["1"], "tiny-r2": ["2"], "tiny-r3": ["3"],
+                    "duo-r0": ["4", "5"], "duo-r1": ["6", "7"]}
+    labels = site.container("tiny-r2").labels
+    assert (labels["io.kit.service"], labels["io.kit.replica"]) == (SERVICE, "2")
+    listed = site.gate().fetch("GET", "/v1/models", credentials=site.basic("ops")).json()
+    assert {m["id"] for m in listed["data"]} == {SERVED_NAME, SECOND_SERVED}
+    assert served(site, DUO_REPLICAS, lambda: post(site, chat(SECOND_SERVED, "hi")))  # duo only
+    for model, hosts in ((SERVED_NAME, TINY_REPLICAS), (SECOND_SERVED, DUO_REPLICAS)):
+        counts = served(site, hosts, lambda m=model: post(site, chat(m, "hi")))
+        assert sum(counts.values()) == 1, counts
+    # kit status and the probe see every replica
+    status = json.loads(checked(site.kit("status", "--json")).stdout)
+    assert status["replicas"] == {SERVICE: {"healthy": 4, "replicas": 4},
+                                  SECOND: {"healthy": 2, "replicas": 2}}
+    probe = json.loads(checked(site.kit("probe", "--json")).stdout)
+    replicas = {c["name"]: c["ok"] for c in probe["checks"] if c["name"].startswith("replica ")}
+    assert replicas == {f"replica {h}": True for h in TINY_REPLICAS + DUO_REPLICAS}
+
+
+def test_least_connections_keeps_16_streams_even_across_4_replicas(site: LiveSite):
+    key = site.add_key(f"even-{secrets.token_hex(2)}")
+    load = site.loadgen(f"Bearer {key}", streams=16, tokens=120, requests=50, duration=6,
+                        announce=True)
+    assert load.stderr.readline() == "streaming\n"
+    samples = []
+    while load.poll() is None and len(samples) < 20:
+        running = metrics(site, TINY_REPLICAS)
+        samples.append([running[h].get("vllm:num_requests_running", 0) for h in TINY_REPLICAS])
+        time.sleep(0.2)
+    figures = finished(load)
+    assert figures["failures"] == {} and figures["ok"] > 16, figures
+    means = [statistics.mean(column) for column in zip(*samples, strict=True)]
+    ratio = max(means) / min(means)
+    print(f"in flight per replica (mean of {len(samples)} samples): {means}, max/min {ratio:.3f}")
+    assert ratio <= 1.25, (means, samples)
+
+
+def test_the_same_session_header_lands_on_one_replica(site: LiveSite):
+    sessions = [f"session-{i}" for i in range(12)]
+    homes = {}
+    for session in sessions:
+        counts = served(site, TINY_REPLICAS, lambda s=session: [
+            post(site, chat(SERVED_NAME, f"turn {n}"), {SESSION_HEADER: s}) for n in range(100)
+        ] if s == sessions[0] else [
+            post(site, chat(SERVED_NAME, f"turn {n}"), {SESSION_HEADER: s}) for n in range(5)
+        ])
+        (home,) = [h for h, n in counts.items() if n]  # every request of it on one replica
+        homes[session] = home
+        assert counts[home] == (100 if session == sessions[0] else 5), counts
+    assert len(set(homes.values())) >= 3, homes  # sessions spread over the replicas
+
+
+def test_the_same_conversation_lands_on_one_replica(site: LiveSite):
+    def conversation(n: int, turns: int) -> dict:
+        messages = [{"role": "system", "content": "You are terse."},
+                    {"role": "user", "content": f"Question number {n}?"}]
+        for turn in range(turns):
+            messages += [{"role": "assistant", "content": f"Answer {turn}."},
+                         {"role": "user", "content": f"And then {turn}?"}]
+        return {"model": SECOND_SERVED, "max_tokens": 1, "messages": messages}
+
+    counts = served(site, DUO_REPLICAS, lambda: [
+        post(site, conversation(7, turn % 5)) for turn in range(100)])
+    assert sorted(counts.values()) == [0, 100], counts  # it grows, and keeps its replica
+    homes = set()
+    for n in range(8):
+        counts = served(site, DUO_REPLICAS, lambda n=n: post(site, conversation(n, 0)))
+        homes |= {h for h, c in counts.items() if c}
+    assert homes == set(DUO_REPLICAS)  # different conversations use both
+
+
+def test_a_session_moves_only_when_its_replica_leaves(site: LiveSite):
+    sessions = [f"move-{i}" for i in range(16)]
+
+    def homes() -> dict[str, str]:
+        found = {}
+        for session in sessions:
+            counts = served(site, TINY_REPLICAS, lambda s=session: post(
+                site, chat(SERVED_NAME, "hi"), {SESSION_HEADER: s}))
+            (found[session],) = [h for h, n in counts.items() if n]
+        return found
+
+    before = homes()
+    leaving = before[sessions[0]]
+    site.container(leaving).stop(timeout=5)
+    try:
+        during = {s: h for s, h in homes().items()}
+        assert leaving not in during.values()
+        assert all(during[s] == before[s] for s in sessions if before[s] != leaving), (before,
+                                                                                      during)
+    finally:
+        site.container(leaving).start()
+        deadline = time.monotonic() + 60
+        while site.container(leaving).attrs["State"].get("Health", {}).get("Status") != "healthy":
+            assert time.monotonic() < deadline, f"{leaving} did not come back"
+            time.sleep(0.5)
+    time.sleep(11)  # nginx tries it again after fail_timeout
+    assert homes() == before
+
+
+def test_a_killed_replica_costs_only_its_streams_and_rejoins(site: LiveSite):
+    key = site.add_key(f"kill-{secrets.token_hex(2)}")
+    load = site.loadgen(f"Bearer {key}", streams=16, tokens=250, announce=True)
+    assert load.stderr.readline() == "streaming\n"
+    victim = site.container("tiny-r1")
+    serving = metrics(site, ["tiny-r1"])["tiny-r1"].get("vllm:num_requests_running", 0)
+    victim.kill()
+    time.sleep(1)
+    # every request that starts 1 s after the kill succeeds (the kill is still fresh: nginx
+    # meets the dead replica, skips it and sends the request on)
+    after = site.loadgen(f"Bearer {key}", streams=16, tokens=20, requests=3)
+    figures, later = finished(load), finished(after)
+    print(f"killed tiny-r1 serving {serving:.0f}: {figures['failures']}, ok {figures['ok']}; "
+          f"started 1 s later: ok {later['ok']}, failed {later['failures']}")
+    assert 0 < figures["failed"] <= serving, figures
+    assert later["failures"] == {} and later["ok"] == 48, later
+    # kit status shows it; Docker counts `docker kill` as a manual stop (no restart policy), so
+    # the operator's `kit up` restarts it (a crash of vLLM itself restarts on its own)
+    status = json.loads(checked(site.kit("status", "--json")).stdout)
+    entry = next(c for c in status["containers"] if c["service"] == "tiny-r1")
+    assert entry["state"] == "exited" and status["replicas"][SERVICE]["healthy"] == 3, status
+    assert any("start container" in line and "tiny-r1" in line for line in status["drift"])
+    checked(site.kit("up"))
+    counts = served(site, TINY_REPLICAS, lambda: [
+        post(site, chat(SERVED_NAME, "back?"), {SESSION_HEADER: f"rejoin-{i}"})
+        for i in range(40)])
+    assert counts["tiny-r1"] > 0, counts  # it rejoined
+
+
+def test_a_replica_that_crashes_restarts_by_itself_and_rejoins(site: LiveSite):
+    """vLLM dying on its own (not `docker kill`): the restart policy brings it back, on the
+    address nginx knows, and nginx sends it requests again after fail_timeout."""
+    victim = site.container("tiny-r3")
+    restarts = victim.attrs["RestartCount"]
+    os.kill(victim.attrs["State"]["Pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while True:
+        victim.reload()
+        if (victim.attrs["RestartCount"] > restarts
+                and victim.attrs["State"].get("Health", {}).get("Status") == "healthy"):
+            break
+        assert time.monotonic() < deadline, victim.attrs["State"]
+        time.sleep(0.5)
+    time.sleep(11)  # passive health: nginx tries it again after fail_timeout
+    counts = served(site, TINY_REPLICAS, lambda: [
+        post(site, chat(SERVED_NAME, "back?")) for _ in range(40)])
+    assert counts["tiny-r3"] > 0, counts
+
+
+def test_with_no_replica_left_the_front_door_answers_503_json(site: LiveSite):
+    for host in DUO_REPLICAS:
+        site.container(host).stop(timeout=5)
+    try:
+        status, body = post(site, chat(SECOND_SERVED, "anyone?"))
+        assert status == 503 and body["error"]["type"] == "ServiceUnavailableError", body
+    finally:  # kit up starts them and reloads nginx, which forgets they had failed
+        checked(site.kit("up"))
+
+
+def test_a_rolling_update_under_64_streams_fails_none_and_keeps_3_in_service(site: LiveSite):
+    """Change the service (max_num_seqs) and `kit up` while batches of 64 streams run: each
+    replica leaves nginx, drains, is replaced and comes back; never fewer than 3 serve."""
+    key = site.add_key(f"roll-{secrets.token_hex(2)}")
+    spec = yaml.safe_load(site.spec_path.read_text())
+    spec["services"][0]["max_num_seqs"] = 200
+    write_spec(site.spec_path, spec)
+    before = {h: site.container(h).id for h in TINY_REPLICAS}
+    pool = site.layout.replica_pool(SERVICE)
+    in_service: list[int] = []
+    batches: list[dict] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            down = {line.split()[1].split(":")[0] for line in pool.read_text().splitlines()
+                    if line.endswith(" down;")}
+            healthy = {c.labels["com.docker.compose.service"] for c in site.client.containers.list(
+                filters={"label": [f"com.docker.compose.project={site.name}",
+                                   f"io.kit.service={SERVICE}"], "health": "healthy"})}
+            in_service.append(len(healthy - down))
+            time.sleep(0.2)
+
+    def load() -> None:
+        while not done.is_set():
+            batches.append(finished(site.loadgen(f"Bearer {key}", streams=64, tokens=60)))
+
+    threads = [threading.Thread(target=sample), threading.Thread(target=load)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(2)
+        started = time.monotonic()
+        rolled = site.kit("up")
+        took = time.monotonic() - started
+        time.sleep(2)
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join(timeout=120)
+    assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+    assert "roll tiny one replica at a time" in rolled.stdout, rolled.stdout
+    assert rolled.stdout.count("back in nginx") == 4, rolled.stdout
+    after = {h: site.container(h).id for h in TINY_REPLICAS}
+    assert all(after[h] != before[h] for h in TINY_REPLICAS)  # every replica was replaced
+    requests = sum(b["requests"] for b in batches)
+    failed = {k: v for b in batches for k, v in b["failures"].items()}
+    print(f"rolling update took {took:.0f}s: {requests} requests in {len(batches)} batches of "
+          f"64 streams, failed {failed}; replicas in service min {min(in_service)}, "
+          f"samples {len(in_service)}")
+    assert failed == {} and requests >= 64 * 5, batches
+    assert min(in_service) >= 3 and 4 in in_service, in_service
+    assert " down;" not in pool.read_text()
+
+
+def test_a_single_replica_service_is_503_json_while_it_restarts(
+    tmp_path, docker_client, test_images, free_port, cleanup_project
+):
+    """One replica cannot roll: kit up says so (with its last start time), and the gap is a
+    JSON 503 with Retry-After that a client may retry, never nginx's 502."""
+    site = LiveSite.create(tmp_path / "single", docker_client, free_port(), free_port(),
+                           prefix="one", env={"STANDIN_LOAD_SECONDS": "3"})
+    cleanup_project(site.name)
+    site.up()
+    spec = yaml.safe_load(site.spec_path.read_text())
+    spec["services"][0]["max_num_seqs"] = 200
+    write_spec(site.spec_path, spec)
+    answers: list[tuple[int, dict]] = []
+    done = threading.Event()
+
+    def ask() -> None:
+        while not done.is_set():
+            answers.append(post(site, chat(SERVED_NAME, "still there?")))
+            time.sleep(0.2)
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    try:
+        result = site.kit("up")
+    finally:
+        done.set()
+        asking.join(timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"tiny has one replica: it is down until its replacement is healthy "
+                     r"\(its last start took \d+s\)", result.stdout), result.stdout
+    statuses = {status for status, _ in answers}
+    assert statuses <= {200, 503} and 503 in statuses, answers
+    unavailable = [body for status, body in answers if status == 503]
+    assert all(body["error"]["type"] == "ServiceUnavailableError" and body["retry_after"] == "5"
+               for body in unavailable), unavailable
+    assert answers[-1][0] == 200
