@@ -18,7 +18,7 @@ CSV_COLUMNS = (
     "max_concurrency", "passed", "completed", "failed", "request_throughput",
     "output_throughput", "median_ttft_ms", "p95_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
     "p95_tpot_ms", "median_itl_ms", "p99_itl_ms", "median_e2el_ms", "p99_e2el_ms",
-    "client_lag_p99_ms",
+    "client_lag_p90_ms",
 )
 SERVER_COLUMNS = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc")
 DIRECT_COLUMNS = ("ratio_output_throughput", "ratio_median_ttft_ms", "ratio_median_tpot_ms")

@@ -26,7 +26,7 @@ def outcome(ttft_ms: float, tpot_ms: float, tokens: int = 11) -> Outcome:
 
 
 def record(outcomes: list[Outcome], concurrency: int = 4, lag: float = 0.5) -> StepRecord:
-    return StepRecord(concurrency, outcomes, duration_s=2.0, lag_p99_ms=lag, lag_max_ms=lag)
+    return StepRecord(concurrency, outcomes, duration_s=2.0, lag_p90_ms=lag, lag_max_ms=lag)
 
 
 def test_percentile_interpolates_like_numpy():

@@ -87,7 +87,7 @@ def test_a_client_that_cannot_keep_up_says_so(model):
     with serving(str(model), STANDIN_TOKEN_INTERVAL_MS="5") as (port, _):
         record = asyncio.run(run_step(endpoint(port, model), 4, 24, busy))
     step = summarize(record, SLO)
-    assert record.lag_p99_ms > LAG_LIMIT_MS and step.client_overloaded and not step.passed
+    assert record.lag_p90_ms > LAG_LIMIT_MS and step.client_overloaded and not step.passed
 
 
 def test_ctrl_c_keeps_the_finished_steps(site: Path, model, monkeypatch):
