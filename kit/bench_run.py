@@ -20,6 +20,7 @@ from pathlib import Path
 
 from kit import bench_client
 from kit.bench import (
+    LAG_LIMIT_MS,
     BoundarySearch,
     Recommendation,
     Slo,
@@ -61,6 +62,7 @@ class BenchOptions:
     requests_per_step: int | None  # None: max(100, 5 × concurrency)
     max_minutes: float
     compare_direct: bool
+    max_client_lag_ms: float = LAG_LIMIT_MS
     limit: int = SEARCH_LIMIT
 
 
@@ -305,7 +307,8 @@ def run_bench(site: Site, options: BenchOptions, say: Callable[[str], None],
             run.stopped = f"interrupted during the step at {concurrency} streams"
             break
         progress.end()
-        step = summarize(record, options.slo, {k: round(v, 3) for k, v in watch.peak.items()})
+        step = summarize(record, options.slo, {k: round(v, 3) for k, v in watch.peak.items()},
+                         options.max_client_lag_ms)
         if direct is not None:
             step = replace(step, direct=direct.compare(step, concurrency, total))
         run.steps.append(step)

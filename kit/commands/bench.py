@@ -42,6 +42,9 @@ def _concurrency_list(ctx: click.Context, param: click.Parameter, value: str | N
               show_default=True, help="Start no step after this long; what finished is kept.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Where bench.json/.csv/.png go [default: bench/ beside the spec].")
+@click.option("--max-client-lag-ms", type=click.FloatRange(min=0, min_open=True), default=10,
+              show_default=True, help="Stop when kit's own event loop runs this late (p90): "
+              "beyond it the client, not the server, would set the latencies.")
 @click.option("--compare-direct", is_flag=True,
               help="Also run each step straight at one replica inside the stack network, with "
               "front door / direct ratios.")
@@ -51,7 +54,8 @@ def _concurrency_list(ctx: click.Context, param: click.Parameter, value: str | N
 def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: float,
           slo_tpot_p95_ms: float, input_tokens: int, output_tokens: int,
           concurrency: tuple[int, ...] | None, requests_per_step: int | None,
-          max_minutes: float, out: Path | None, compare_direct: bool, write_spec: bool) -> None:
+          max_minutes: float, out: Path | None, max_client_lag_ms: float, compare_direct: bool,
+          write_spec: bool) -> None:
     """Find the most concurrent streams SPEC's service carries within the SLO, through the front
     door, and say what to set.
 
@@ -69,7 +73,7 @@ def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: 
         service=service, slo=Slo(slo_ttft_p95_ms, slo_tpot_p95_ms), input_tokens=input_tokens,
         output_tokens=output_tokens, concurrency=concurrency,
         requests_per_step=requests_per_step, max_minutes=max_minutes,
-        compare_direct=compare_direct,
+        compare_direct=compare_direct, max_client_lag_ms=max_client_lag_ms,
     )
     run = run_bench(site, options, click.echo)
     click.echo(table(run))

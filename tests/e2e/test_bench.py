@@ -12,8 +12,11 @@ from tests.e2e.stack import SERVICE, LiveSite
 pytestmark = pytest.mark.e2e
 
 K = 4
-UNLIMITED = {"rate_limit_per_ip": 100000, "rate_limit_per_credential": 100000}
-PACE = {"STANDIN_TTFT_MS": "30", "STANDIN_TOKEN_INTERVAL_MS": "10"}
+UNLIMITED = {"rate_limit_per_ip": 100000, "rate_limit_per_credential": 100000,
+             "max_connections_per_ip": 4096}
+# A stream lasts 100 + 32 x 20 = 740 ms: at 5 streams on 4 slots each request waits ~185 ms for
+# one, far over the SLO's 150 ms of slack, which is wider than a busy machine's jitter.
+PACE = {"STANDIN_TTFT_MS": "100", "STANDIN_TOKEN_INTERVAL_MS": "20"}
 
 
 def test_bench_finds_the_boundary_and_writes_the_spec(tmp_path, docker_client, test_images,
@@ -23,9 +26,10 @@ def test_bench_finds_the_boundary_and_writes_the_spec(tmp_path, docker_client, t
     cleanup_project(site.name)
     site.up()
     out = tmp_path / "out"
-    result = site.kit("bench", "--slo-ttft-p95-ms", "80", "--slo-tpot-p95-ms", "30",
-                      "--input-tokens", "64", "--output-tokens", "24", "--requests-per-step",
-                      "16", "--compare-direct", "--write-spec", "--out", str(out))
+    result = site.kit("bench", "--slo-ttft-p95-ms", "250", "--slo-tpot-p95-ms", "60",
+                      "--input-tokens", "64", "--output-tokens", "32", "--requests-per-step",
+                      "16", "--max-client-lag-ms", "50",  # the suite loads the 2 cores
+                      "--compare-direct", "--write-spec", "--out", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((out / "bench.json").read_text())
     assert report["service"] == SERVICE
@@ -41,7 +45,7 @@ def test_bench_finds_the_boundary_and_writes_the_spec(tmp_path, docker_client, t
         assert step["server"]["num_requests_running"] <= K  # the server's view, per step
         assert step["direct"]["failed"] == 0 and step["direct"]["ratio_output_throughput"] > 0
     assert steps[8]["server"]["num_requests_waiting"] > 0
-    assert 30 <= steps[1]["median_ttft_ms"] < 80
+    assert 100 <= steps[1]["median_ttft_ms"] < 250
     assert 60 <= steps[1]["mean_input_tokens"] <= 68
     for name in ("bench.csv", "bench.png", "bench-pareto.png"):
         assert (out / name).stat().st_size > 0
