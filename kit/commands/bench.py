@@ -63,6 +63,8 @@ def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: 
     request), then bisection until the boundary is known within 10 %. Metrics as `vllm bench
     serve` defines them. Exit 0 with an answer; 1 when the run stopped early (Ctrl-C, time, a
     client that could not keep up) — the finished steps are printed and written either way.
+    Requests go as kit's probe identity, or with `Authorization: Bearer $KIT_BENCH_API_KEY` when
+    that variable is set (a key from `kit keys add`).
     """
     from kit.bench_report import table, write_outputs
     from kit.bench_run import BenchOptions, run_bench

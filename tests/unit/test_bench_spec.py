@@ -1,4 +1,5 @@
-"""--write-spec: one value changes, the operator's comments, quoting and layout stay (golden)."""
+"""--write-spec: one value changes, the operator's comments, quoting and layout stay (golden);
+and `kit bench`'s bad input: exit 2, nothing written."""
 
 import json
 from pathlib import Path
@@ -7,7 +8,8 @@ import pytest
 
 from kit.bench_spec import with_max_num_seqs, write_max_num_seqs
 from kit.errors import BadInput
-from tests.conftest import LLAMA_8B, REPO
+from tests.conftest import LLAMA_8B, REPO, tree
+from tests.support.cli import run_kit
 
 DATA = REPO / "tests" / "data" / "bench"
 
@@ -41,3 +43,16 @@ def test_writes_the_file_only_when_the_spec_still_loads(tmp_path: Path):
         write_max_num_seqs(spec, "nope", 4)
     assert spec.read_text() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["models", "site.yaml"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--service", "nope"], "no service 'nope'"),
+    (["--concurrency", "4,x"], "positive integers separated by commas"),
+    (["--concurrency", "0"], "positive integers separated by commas"),
+    ([], "run kit render first"),  # no site CA yet: nothing to verify the front door with
+])
+def test_bad_input_is_exit_2_and_writes_nothing(site: Path, args, message):
+    before = tree(site)
+    result = run_kit("bench", site / "site.yaml", *args)
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert tree(site) == before
