@@ -14,7 +14,7 @@ from kit.bench import (
     recommend,
     summarize,
 )
-from kit.bench_client import Outcome, StepRecord
+from kit.bench_client import Outcome, StepRecord, has_choice
 
 SLO = Slo(ttft_p95_ms=200, tpot_p95_ms=30)
 
@@ -159,3 +159,13 @@ def test_recommendation_when_nothing_or_everything_passes():
     every = recommend(steps_for({64: (100, 20)}), SLO, 64, None, replicas=1,
                       configured_max_num_seqs=None)
     assert every.max_num_seqs == 64 and "above what was measured" in every.reason
+
+
+@pytest.mark.parametrize(("message", "choice"), [
+    (b'{"id":"x","choices":[{"index":0,"delta":{"content":"a"}}]}', True),
+    (b'{"id":"x","choices":[],"usage":{"completion_tokens":3}}', False),
+    (b'{"id": "x", "choices": [{"index": 0, "delta": {"content": "a"}}]}', True),  # spaced JSON
+    (b'{"id": "x", "choices": [], "usage": {"completion_tokens": 3}}', False),
+])
+def test_a_choice_is_recognised_with_or_without_parsing(message, choice):
+    assert has_choice(message) is choice
