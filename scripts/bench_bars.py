@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.e2e.conftest import BUILD, pick_free_port  # noqa: E402
-from tests.e2e.stack import running_site  # noqa: E402
+from tests.e2e.stack import kit, running_site  # noqa: E402
 
 PROXY = {"rate_limit_per_ip": 1000000, "rate_limit_per_credential": 1000000,
          "max_connections_per_ip": 4096}
@@ -42,7 +42,7 @@ def bench(site, *args: str) -> tuple[dict, float]:
     """`kit bench` on the site; its bench.json and how long it took."""
     out = site.root / f"out-{time.monotonic_ns()}"
     started = time.monotonic()
-    result = site.kit("bench", "--out", str(out), *args)
+    result = kit("bench", str(site.spec_path), "--out", str(out), *args, timeout=1200)
     took = time.monotonic() - started
     print(result.stdout.rstrip())
     if result.returncode != 0:
