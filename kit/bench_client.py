@@ -277,15 +277,18 @@ async def run_step(
 ) -> StepRecord:
     """`concurrency` streams: one warm-up request each (all at once, not counted: it also opens
     the connections), then `requests` counted requests, each stream sending its next as soon as
-    its previous one ended."""
+    its previous one ended. Stream i starts counting i/concurrency of a warm-up's duration later:
+    the streams overlap as on a busy server instead of arriving in one burst (which would time
+    the server's burst, not its steady state, and keep the streams in lockstep)."""
     context = tls_context(endpoint)
     streams = [Stream(endpoint, context) for _ in range(concurrency)]
     outcomes: list[Outcome] = []
     left = requests
     watch = LagWatch()
 
-    async def drive(stream: Stream) -> None:
+    async def drive(stream: Stream, delay: float) -> None:
         nonlocal left
+        await asyncio.sleep(delay)
         while left > 0:
             left -= 1
             outcome = await stream.send()
@@ -294,10 +297,12 @@ async def run_step(
                 on_outcome(outcome)
 
     try:
+        warming = time.perf_counter()
         await asyncio.gather(*(stream.send() for stream in streams))
+        spread = (time.perf_counter() - warming) / concurrency
         watch.start()
         started = time.perf_counter()
-        await asyncio.gather(*(drive(stream) for stream in streams))
+        await asyncio.gather(*(drive(stream, i * spread) for i, stream in enumerate(streams)))
         duration = time.perf_counter() - started
         lag_p90, lag_max = watch.stop()
     finally:
