@@ -35,7 +35,7 @@ from tests.e2e.stack import kit, running_site  # noqa: E402
 
 PROXY = {"rate_limit_per_ip": 1000000, "rate_limit_per_credential": 1000000,
          "max_connections_per_ip": 4096}
-FIDELITY_REQUESTS = {1: 20}  # else one request per stream (a stream at c=1 takes 1.7 s)
+FIDELITY_REQUESTS = {1: 20}  # else one request per stream (a stream at c=1 takes 3.3 s)
 
 
 def bench(site, *args: str) -> tuple[dict, float]:
@@ -112,7 +112,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="kit-bench-bars-") as tmp:
         root = Path(tmp)
         if "fidelity" in chosen:
-            results.append(fidelity(client, root / "f", (1, 256), 100, 50, "fidelity"))
+            results.append(fidelity(client, root / "f", (1, 256), 100, 100, "fidelity"))
         if "capacity" in chosen:
             results.append(fidelity(client, root / "c", (500,), 100, 100, "capacity"))
         if "boundary" in chosen:
