@@ -9,7 +9,7 @@ import click
 
 VERBS = [
     "init", "validate", "schema", "render", "plan", "up", "probe", "status", "down", "logs",
-    "users", "keys", "rotate-password", "tls", "export", "fleet",
+    "users", "keys", "rotate-password", "tls", "export", "fleet", "bench",
 ]
 
 

@@ -4,6 +4,12 @@ Like vLLM's engine it runs requests in batched steps: at most --max-num-seqs run
 as many as the simulated KV cache holds), the rest wait in FIFO order. Every step (one every
 STANDIN_TOKEN_INTERVAL_MS) gives each running request its next token. Metrics are real counts
 of what was served, exposed in Prometheus text as vLLM names them.
+
+The capacity model for benchmarks (both off by default): a programmed prefill time (`ttft_s`: a
+request admitted at t sends its first token at exactly t + ttft_s, and a request that finds room
+is admitted the moment it arrives; its second token comes with the first step at least half a
+step later, so its gaps average one step), and a pace that slows with the batch (`per_seq_s`: a step
+lasts interval + per_seq_s x running requests), so TPOT grows with load as on a real GPU.
 """
 
 from __future__ import annotations
@@ -170,9 +176,13 @@ class Engine:
         block_size: int,
         cache_info: dict[str, str],
         bounds: dict[str, tuple[float, ...]] | None = None,
+        ttft_s: float | None = None,
+        per_seq_s: float = 0.0,
     ):
         self.model_name = model_name
         self.interval = interval_s
+        self.ttft_s = ttft_s
+        self.per_seq_s = per_seq_s
         self.max_num_seqs = max_num_seqs
         self.block_size = block_size
         self.total_blocks = kv_tokens // block_size if kv_tokens else None
@@ -258,6 +268,8 @@ class Engine:
     def add(self, request: Request) -> None:
         self.waiting.append(request)
         self.hist["request_params_max_tokens"].observe(request.max_tokens)
+        if self.ttft_s is not None:
+            self._admit(time.monotonic())
         if self._timer is None:
             loop = asyncio.get_running_loop()
             self._next_tick = loop.time()
@@ -285,39 +297,64 @@ class Engine:
             self.used_blocks += blocks
             request.scheduled = now
             self.running.append(request)
+            if self.ttft_s is not None:
+                asyncio.get_running_loop().call_later(self.ttft_s, self._prefilled, request)
             prefill += request.prompt_tokens
             self.counters["prompt_tokens"] += request.prompt_tokens
             self.window["prompt"] += request.prompt_tokens
         return prefill
 
+    def _prefilled(self, request: Request) -> None:
+        """Programmed TTFT: the first token, on time; the next ones come with the steps."""
+        if request.finished:
+            return
+        now = time.monotonic()
+        self._emit(request, now)
+        self.counters["generation_tokens"] += 1
+        self.window["generation"] += 1
+        if request.finished:
+            self.running.remove(request)
+
+    def _emit(self, request: Request, now: float) -> None:
+        """One token to `request`; finishes it after its last."""
+        index = request.generated
+        request.generated += 1
+        last = request.generated >= request.max_tokens
+        if index == 0:
+            request.first_token = now
+        else:
+            self.hist["inter_token_latency_seconds"].observe(now - request.last_token)
+        request.last_token = now
+        request.on_token(index, VOCAB[request.rng.getrandbits(12)], last)
+        if last:
+            self.used_blocks -= request.blocks(self.block_size)
+            self._finish(request, "length", now)
+
     def _step(self) -> None:
         now = time.monotonic()
         tokens = self._admit(now)
         still_running = []
+        stepped = 0
         for request in self.running:
-            index = request.generated
-            request.generated += 1
-            last = request.generated >= request.max_tokens
-            if index == 0:
-                request.first_token = now
-            else:
-                self.hist["inter_token_latency_seconds"].observe(now - request.last_token)
-            request.last_token = now
-            request.on_token(index, VOCAB[request.rng.getrandbits(12)], last)
-            if last:
-                self.used_blocks -= request.blocks(self.block_size)
-                self._finish(request, "length", now)
-            else:
+            if self.ttft_s is not None and (
+                request.generated == 0 or now - request.last_token < self.interval / 2
+            ):  # still in its programmed prefill, or its first token came under half a step ago
                 still_running.append(request)
-        tokens += len(self.running)
-        self.counters["generation_tokens"] += len(self.running)
-        self.window["generation"] += len(self.running)
-        if self.running:
+                continue
+            stepped += 1
+            self._emit(request, now)
+            if not request.finished:
+                still_running.append(request)
+        tokens += stepped
+        self.counters["generation_tokens"] += stepped
+        self.window["generation"] += stepped
+        if stepped:
             self.hist["iteration_tokens_total"].observe(tokens)
         self.running = still_running
         if self.running or self.waiting:
             loop = asyncio.get_running_loop()
-            self._next_tick = max(self._next_tick + self.interval, loop.time())
+            step = self.interval + self.per_seq_s * len(self.running)
+            self._next_tick = max(self._next_tick + step, loop.time())
             self._timer = loop.call_at(self._next_tick, self._step)
         else:
             self._timer = None

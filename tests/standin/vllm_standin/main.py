@@ -432,6 +432,9 @@ class Standin:
         self.engine = Engine(
             model_name=names[0],
             interval_s=_env_float("STANDIN_TOKEN_INTERVAL_MS", 20) / 1000,
+            ttft_s=_env_float("STANDIN_TTFT_MS", 0) / 1000 if "STANDIN_TTFT_MS" in os.environ
+            else None,
+            per_seq_s=_env_float("STANDIN_TOKEN_INTERVAL_PER_SEQ_MS", 0) / 1000,
             max_num_seqs=self.max_num_seqs,
             kv_tokens=kv.tokens if kv else None,
             block_size=a.block_size or model.BLOCK_SIZE,

@@ -1,0 +1,325 @@
+"""The load client of `kit bench`: N concurrent streamed chat completions, timed chunk by chunk.
+
+Stdlib only and free of kit imports on purpose: the very same file runs in kit's process against
+the front door and, for `--compare-direct`, as `python3 -` inside a container on the stack's
+network against one replica, so both sides of the comparison are measured by the same code.
+
+Timing follows `vllm bench serve` (vllm/benchmarks/lib/endpoint_request_func.py): the clock
+starts when the request is sent; TTFT ends at the first SSE message that has a choice; each later
+message adds the gap since the previous one to ITL; latency ends at the last data message; the
+output token count is the `usage.completion_tokens` the server reports. One asyncio loop carries
+every stream, and a watchdog task measures how late the loop wakes up (p90 and max): when it
+lags, timestamps are late by as much, so the step is flagged instead of reported as the server's
+latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import ssl
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+NUMBERS = itertools.count(1)
+LAG_TICK_S = 0.005  # the watchdog's sleep: how often the loop's punctuality is sampled
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where to send, how to trust it and what to ask (plain values: it crosses into a container
+    as JSON)."""
+
+    address: str  # connect here
+    port: int
+    host: str  # Host header, and SNI + certificate name with TLS
+    tls: bool
+    ca_file: str | None
+    authorization: str | None
+    model: str
+    prompt: str
+    output_tokens: int
+    timeout_s: float = 300.0
+
+
+@dataclass
+class Outcome:
+    """One request as the client saw it; `cause` is empty when it succeeded."""
+
+    cause: str = ""
+    ttft: float = 0.0
+    latency: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.cause
+
+
+@dataclass
+class StepRecord:
+    """Everything one step measured: the requests after the warm-up, the wall time they took
+    and how late the client's event loop ran meanwhile."""
+
+    concurrency: int
+    outcomes: list[Outcome]
+    duration_s: float
+    lag_p90_ms: float
+    lag_max_ms: float
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> StepRecord:
+        return cls(**{**data, "outcomes": [Outcome(**o) for o in data["outcomes"]]})
+
+
+class RequestFailed(Exception):
+    """A request ended without a whole stream; the message is its cause, as counted."""
+
+
+def numbered(number: int, prompt: str) -> str:
+    """Each request's prompt starts with its own number: a prefix cache cannot serve one
+    request's prefill from another's."""
+    return f"{number} {prompt}"
+
+
+def request_body(endpoint: Endpoint, number: int) -> bytes:
+    return json.dumps({
+        "model": endpoint.model,
+        "messages": [{"role": "user", "content": numbered(number, endpoint.prompt)}],
+        "max_tokens": endpoint.output_tokens,
+        "ignore_eos": True,  # vLLM: exactly max_tokens, as `vllm bench serve` asks
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }).encode()
+
+
+class Stream:
+    """One keep-alive connection that sends requests one after the other."""
+
+    def __init__(self, endpoint: Endpoint, context: ssl.SSLContext | None) -> None:
+        self.endpoint = endpoint
+        self.context = context
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        headers = ["POST /v1/chat/completions HTTP/1.1", f"Host: {endpoint.host}",
+                   "User-Agent: kit-bench", "Content-Type: application/json",
+                   "Accept: text/event-stream"]
+        if endpoint.authorization:
+            headers.append(f"Authorization: {endpoint.authorization}")
+        self.head = "\r\n".join(headers)
+
+    def request(self) -> bytes:
+        body = request_body(self.endpoint, next(NUMBERS))
+        return f"{self.head}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = self.reader = None
+
+    async def send(self) -> Outcome:
+        """One request; network trouble and bad answers become the Outcome's cause."""
+        try:
+            return await asyncio.wait_for(self._exchange(), self.endpoint.timeout_s)
+        except TimeoutError:
+            cause = f"timeout after {self.endpoint.timeout_s:g} s"
+        except RequestFailed as failure:
+            cause = str(failure)
+        except ssl.SSLError as error:
+            cause = f"tls: {error.reason or error}"
+        except (ConnectionError, asyncio.IncompleteReadError, OSError) as error:
+            cause = f"connection: {type(error).__name__}"
+        await self.close()
+        return Outcome(cause=cause)
+
+    async def _exchange(self) -> Outcome:
+        if self.writer is None:
+            e = self.endpoint
+            self.reader, self.writer = await asyncio.open_connection(
+                e.address, e.port, ssl=self.context,
+                server_hostname=e.host if self.context else None,
+            )
+        reader = self.reader
+        started = time.perf_counter()
+        self.writer.write(self.request())
+        status_line = await reader.readline()
+        if not status_line:
+            raise RequestFailed("connection: closed before an answer")
+        status = int(status_line.split()[1])
+        headers = await _headers(reader)
+        if status != 200:
+            await _body(reader, headers)  # read it so the connection stays usable
+            raise RequestFailed(f"http {status}")
+        outcome = Outcome()
+        last = started
+        done = False
+        pending = b""
+        async for data in _body_chunks(reader, headers):
+            pending += data
+            *events, pending = pending.split(b"\n\n")
+            for event in events:
+                message = event.strip().removeprefix(b"data: ")
+                if not message:
+                    continue
+                if message == b"[DONE]":
+                    done = True
+                    continue
+                now = time.perf_counter()
+                if has_choice(message):
+                    if outcome.ttft == 0.0:
+                        outcome.ttft = now - started
+                    else:
+                        outcome.itl.append(now - last)
+                elif usage := json.loads(message).get("usage"):
+                    outcome.output_tokens = usage.get("completion_tokens") or 0
+                    outcome.prompt_tokens = usage.get("prompt_tokens") or 0
+                last = now
+        if headers.get("connection", "").lower() == "close":
+            await self.close()
+        if not done:
+            raise RequestFailed("stream ended without [DONE]")
+        if outcome.output_tokens != self.endpoint.output_tokens:
+            raise RequestFailed("fewer tokens than asked" if outcome.output_tokens else
+                                "no usage in the stream")
+        outcome.latency = last - started
+        return outcome
+
+
+def has_choice(message: bytes) -> bool:
+    """Whether an SSE message carries a choice. vLLM writes compact JSON, so a content chunk is
+    recognised without parsing it (at 500 streams parsing every chunk made the client late);
+    anything else is parsed."""
+    if b'"choices":[{' in message:
+        return True
+    if b'"choices":[]' in message:
+        return False
+    return bool(json.loads(message).get("choices"))
+
+
+async def _headers(reader: asyncio.StreamReader) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return headers
+
+
+async def _body_chunks(reader: asyncio.StreamReader, headers: dict[str, str]):
+    """The body as it arrives: chunked transfer decoded, or up to Content-Length."""
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        while True:
+            size = int((await reader.readline()).split(b";")[0], 16)
+            if size == 0:
+                await reader.readline()  # the empty trailer
+                return
+            yield await reader.readexactly(size)
+            await reader.readexactly(2)
+    else:
+        yield await reader.readexactly(int(headers.get("content-length", "0")))
+
+
+async def _body(reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
+    return b"".join([part async for part in _body_chunks(reader, headers)])
+
+
+class LagWatch:
+    """How late the event loop wakes a task that asked to sleep LAG_TICK_S."""
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+        self._task: asyncio.Task | None = None
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            asked = loop.time()
+            await asyncio.sleep(LAG_TICK_S)
+            self.lags.append(loop.time() - asked - LAG_TICK_S)
+
+    def start(self) -> None:
+        self.lags.clear()
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    def stop(self) -> tuple[float, float]:
+        """p90 and max lag in ms since start: a loop that is behind one wake-up in ten cannot
+        keep up; a rarer late wake-up is the OS scheduling another process (seen as the max)."""
+        if self._task is not None:
+            self._task.cancel()
+        if not self.lags:
+            return 0.0, 0.0
+        ordered = sorted(self.lags)
+        p90 = ordered[int(0.9 * (len(ordered) - 1))]
+        return round(max(0.0, p90) * 1000, 2), round(max(0.0, ordered[-1]) * 1000, 2)
+
+
+def tls_context(endpoint: Endpoint) -> ssl.SSLContext | None:
+    if not endpoint.tls:
+        return None
+    context = ssl.create_default_context(cafile=endpoint.ca_file)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
+
+
+async def run_step(
+    endpoint: Endpoint,
+    concurrency: int,
+    requests: int,
+    on_outcome: Callable[[Outcome], None] | None = None,
+) -> StepRecord:
+    """`concurrency` streams: one warm-up request each (all at once, not counted: it also opens
+    the connections), then `requests` counted requests, each stream sending its next as soon as
+    its previous one ended. Stream i starts counting i/concurrency of a warm-up's duration later:
+    the streams overlap as on a busy server instead of arriving in one burst (which would time
+    the server's burst, not its steady state, and keep the streams in lockstep)."""
+    context = tls_context(endpoint)
+    streams = [Stream(endpoint, context) for _ in range(concurrency)]
+    outcomes: list[Outcome] = []
+    left = requests
+    watch = LagWatch()
+
+    async def drive(stream: Stream, delay: float) -> None:
+        nonlocal left
+        await asyncio.sleep(delay)
+        while left > 0:
+            left -= 1
+            outcome = await stream.send()
+            outcomes.append(outcome)
+            if on_outcome is not None:
+                on_outcome(outcome)
+
+    try:
+        warming = time.perf_counter()
+        await asyncio.gather(*(stream.send() for stream in streams))
+        spread = (time.perf_counter() - warming) / concurrency
+        watch.start()
+        started = time.perf_counter()
+        await asyncio.gather(*(drive(stream, i * spread) for i, stream in enumerate(streams)))
+        duration = time.perf_counter() - started
+        lag_p90, lag_max = watch.stop()
+    finally:
+        watch.stop()
+        for stream in streams:
+            await stream.close()
+    return StepRecord(concurrency, outcomes, duration, lag_p90, lag_max)
+
+
+def main() -> None:
+    """In a container: argv[1] is {"endpoint": {...}, "concurrency": C, "requests": N}; prints
+    the StepRecord as JSON."""
+    job = json.loads(sys.argv[1])
+    record = asyncio.run(run_step(Endpoint(**job["endpoint"]), job["concurrency"],
+                                  job["requests"]))
+    print(json.dumps(record.to_json()))
+
+
+if __name__ == "__main__":
+    main()

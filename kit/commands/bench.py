@@ -1,0 +1,97 @@
+"""kit bench: the highest load a service carries within its SLO, through the front door."""
+
+from pathlib import Path
+
+import click
+
+from kit.bench import DEFAULT_SLO
+from kit.commands.options import spec_argument
+from kit.errors import ExitCode
+from kit.site import Site
+
+
+def _concurrency_list(ctx: click.Context, param: click.Parameter, value: str | None):
+    if value is None:
+        return None
+    try:
+        levels = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        levels = ()
+    if not levels or min(levels) < 1:
+        raise click.BadParameter(f"{value!r}: give positive integers separated by commas, "
+                                 "e.g. 1,4,16,64")
+    return tuple(sorted(set(levels)))
+
+
+@click.command()
+@spec_argument
+@click.option("--service", help="The service to measure (needed when the spec has several).")
+@click.option("--slo-ttft-p95-ms", type=click.FloatRange(min=0, min_open=True),
+              help="A step passes when p95 time to first token is at most this "
+              f"[default: the service's slo.ttft_p95_ms, else {DEFAULT_SLO.ttft_p95_ms:g}].")
+@click.option("--slo-tpot-p95-ms", type=click.FloatRange(min=0, min_open=True),
+              help="... and p95 time per output token is at most this "
+              f"[default: the service's slo.tpot_p95_ms, else {DEFAULT_SLO.tpot_p95_ms:g}].")
+@click.option("--input-tokens", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="Prompt length, as the server counts it (sized from its usage answer).")
+@click.option("--output-tokens", type=click.IntRange(min=2), default=128, show_default=True,
+              help="Tokens generated per request (ignore_eos: exactly this many).")
+@click.option("--concurrency", callback=_concurrency_list, metavar="LIST",
+              help="Run this grid (e.g. 1,4,16,64) instead of searching for the boundary.")
+@click.option("--requests-per-step", type=click.IntRange(min=1),
+              help="Counted requests per step [default: max(100, 5 x concurrency)].")
+@click.option("--max-minutes", type=click.FloatRange(min=0, min_open=True), default=10,
+              show_default=True, help="Start no step after this long; what finished is kept.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Where bench.json/.csv/.png go [default: bench/ beside the spec].")
+@click.option("--max-client-lag-ms", type=click.FloatRange(min=0, min_open=True), default=10,
+              show_default=True, help="Stop when kit's own event loop runs this late (p90): "
+              "beyond it the client, not the server, would set the latencies.")
+@click.option("--compare-direct", is_flag=True,
+              help="Also run each step straight at one replica inside the stack network, with "
+              "front door / direct ratios.")
+@click.option("--write-spec", is_flag=True,
+              help="Write the recommended max_num_seqs into the spec, keeping its comments.")
+@click.pass_context
+def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: float | None,
+          slo_tpot_p95_ms: float | None, input_tokens: int, output_tokens: int,
+          concurrency: tuple[int, ...] | None, requests_per_step: int | None,
+          max_minutes: float, out: Path | None, max_client_lag_ms: float, compare_direct: bool,
+          write_spec: bool) -> None:
+    """Find the most concurrent streams SPEC's service carries within the SLO, through the front
+    door, and say what to set.
+
+    Concurrency 1, 2, 4, ... until a step misses the SLO (p95 TTFT, p95 TPOT, or any failed
+    request), then bisection until the boundary is known within 10 %. Metrics as `vllm bench
+    serve` defines them. Exit 0 with an answer; 1 when the run stopped early (Ctrl-C, time, a
+    client that could not keep up) — the finished steps are printed and written either way.
+    Requests go as kit's probe identity, or with `Authorization: Bearer $KIT_BENCH_API_KEY` when
+    that variable is set (a key from `kit keys add`).
+    """
+    from kit.bench_report import table, write_outputs
+    from kit.bench_run import BenchOptions, pick_service, run_bench, slo_for
+    from kit.bench_spec import write_max_num_seqs
+
+    site = Site.load(spec, check_host=False)
+    options = BenchOptions(
+        service=service,
+        slo=slo_for(pick_service(site, service), slo_ttft_p95_ms, slo_tpot_p95_ms),
+        input_tokens=input_tokens,
+        output_tokens=output_tokens, concurrency=concurrency,
+        requests_per_step=requests_per_step, max_minutes=max_minutes,
+        compare_direct=compare_direct, max_client_lag_ms=max_client_lag_ms,
+    )
+    run = run_bench(site, options, click.echo)
+    click.echo(table(run))
+    for path in write_outputs(run, out or site.layout.root / "bench"):
+        click.echo(f"wrote {path}")
+    if not run.answered:
+        ctx.exit(ExitCode.FAILED)
+    seqs = run.recommendation.max_num_seqs if run.recommendation else None
+    if write_spec and seqs is not None:
+        write_max_num_seqs(site.spec_path, run.service, seqs)
+        click.echo(f"{site.spec_path}: max_num_seqs {seqs} for {run.service}; now run "
+                   "kit render && kit up")
+    elif write_spec:
+        click.echo("nothing written to the spec: no max_num_seqs meets the SLO")
+        ctx.exit(ExitCode.FAILED)
