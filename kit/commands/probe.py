@@ -34,7 +34,7 @@ def probe(
     """
     site = Site.load(spec, check_host=False)  # the model folders are vLLM's concern here
     result = run_probe(site.spec, site.layout, address=address, timeout=timeout,
-                       replicas=lambda: replica_checks(site, connect))
+                       replicas=lambda: replica_checks(site, lambda: connect(site.engine_url)))
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=1, ensure_ascii=False))
     else:

@@ -388,3 +388,27 @@ def test_stream_stats_count_bursts_not_events() -> None:
 def test_stream_verdict(stats: StreamStats, ok: bool, says: str) -> None:
     verdict, detail = judge_stream(stats)
     assert verdict is ok and says in detail
+
+
+def test_kit_probe_checks_replicas_on_the_sites_own_engine(example_site: Path, monkeypatch,
+                                                           capsys) -> None:
+    """`engine:` names where the replicas run: the per-replica checks go there, not to
+    DOCKER_HOST or the local socket."""
+    from kit.commands import probe as probe_command
+    from kit.errors import KitError
+
+    spec = example_site / "site.yaml"
+    spec.write_text(spec.read_text().replace(
+        "# engine: ssh://ops@gpu01.example.com", "engine: unix:///run/kit-test-engine.sock"))
+    reached: list[str | None] = []
+    monkeypatch.setattr(probe_command, "connect", lambda url=None: reached.append(url))
+    monkeypatch.setattr(probe_command, "replica_checks", lambda site, connect: connect() or [])
+
+    def gate_up_to_the_replicas(spec, layout, *, replicas, **_):
+        replicas()
+        raise KitError("the gate stops here", fix="none needed: a test")
+
+    monkeypatch.setattr(probe_command, "run_probe", gate_up_to_the_replicas)
+    code, _, err = run_kit(monkeypatch, capsys, "probe", str(spec))
+    assert code == 1, err
+    assert reached == ["unix:///run/kit-test-engine.sock"]
