@@ -20,6 +20,7 @@ from kit.files import Output
 from kit.files import read_existing as read_if_present
 from kit.layout import PROBE_USER, SiteLayout
 from kit.names import USER_NAME, is_name
+from kit.state import read_state
 
 BCRYPT_COST = 12
 MIN_PASSWORD_LENGTH = 12
@@ -213,19 +214,18 @@ class AuthFiles:
 
 def _spec_users(layout: SiteLayout) -> set[str] | None:
     """auth.users of the last render; None before the first render that recorded them."""
-    content = read_if_present(layout.spec_users)
-    if content is None:
-        return None
-    try:
-        users = json.loads(content)
-        if isinstance(users, list) and all(isinstance(user, str) for user in users):
-            return set(users)
-    except ValueError:
-        pass
-    raise BadInput(
-        f"{layout.spec_users} (the auth.users of the last render) is unusable",
+    return read_state(
+        layout.spec_users, _user_names,
         fix="delete it: render then keeps every htpasswd user and lists those not in the spec",
     )
+
+
+def _user_names(text: str) -> set[str]:
+    """The JSON list of user names a render recorded."""
+    users = json.loads(text)
+    if not (isinstance(users, list) and all(isinstance(user, str) for user in users)):
+        raise ValueError("expected a JSON list of user names")
+    return set(users)
 
 
 def auth_outputs(layout: SiteLayout, users: list[str]) -> AuthFiles:
@@ -288,16 +288,11 @@ def auth_outputs(layout: SiteLayout, users: list[str]) -> AuthFiles:
 def unshown_passwords(layout: SiteLayout) -> list[NewPassword]:
     """Passwords an earlier render generated but did not get to print, while htpasswd still
     holds them (a later `kit rotate-password` or `kit users remove` makes them void)."""
-    content = read_if_present(layout.new_passwords)
-    if content is None:
-        return []
-    try:
-        saved = [NewPassword(**entry) for entry in json.loads(content)]
-    except (ValueError, TypeError) as error:
-        raise BadInput(
-            f"{layout.new_passwords} (passwords not yet shown) is unusable: {error}",
-            fix="delete it and set new passwords with `kit rotate-password USER`",
-        ) from None
+    saved = read_state(
+        layout.new_passwords,
+        lambda text: [NewPassword(**entry) for entry in json.loads(text)],
+        fix="delete it and set new passwords with `kit rotate-password USER`",
+    ) or []
     current = parse_htpasswd((read_if_present(layout.htpasswd) or b"").decode(), layout.htpasswd)
     return [entry for entry in saved if current.get(entry.user) == entry.hashed]
 

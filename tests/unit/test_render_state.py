@@ -231,11 +231,12 @@ def test_a_user_listed_again_gets_a_new_password(site: Path) -> None:
     assert "password for alice: " in render(spec).output
 
 
-def test_a_corrupt_record_of_spec_users_is_refused_with_the_fix(site: Path) -> None:
+@pytest.mark.parametrize("content", ["{not json", '{"ops": 1}', '["ops", 3]', "\"ops\""])
+def test_a_corrupt_record_of_spec_users_is_refused_with_the_fix(site: Path, content: str) -> None:
     spec = site / "site.yaml"
     assert render(spec).exit_code == 0
     layout = SiteLayout(site)
-    layout.spec_users.write_text("{not json")
+    layout.spec_users.write_text(content)
     refused(spec, f"{layout.spec_users}", "fix: delete it")
     os.unlink(layout.spec_users)
     assert render(spec).exit_code == 0
@@ -250,3 +251,16 @@ def test_a_corrupt_last_probe_record_is_named_with_the_fix(tmp_path: Path, conte
     assert str(record) in raised.value.message and "kit probe" in str(raised.value.fix)
     record.write_text('{"ok": true, "checks": [{"name": "tls", "ok": true}]}')
     assert _last_probe(record)["ok"] is True
+
+
+@pytest.mark.parametrize("content", ["[{", '{"user": "ops"}', '[{"user": "ops"}]', "[3]"])
+def test_a_corrupt_record_of_unshown_passwords_is_refused_with_the_fix(
+    site: Path, content: str
+) -> None:
+    spec = site / "site.yaml"
+    assert render(spec).exit_code == 0
+    layout = SiteLayout(site)
+    layout.new_passwords.write_text(content)
+    refused(spec, f"{layout.new_passwords} is corrupt", "kit rotate-password USER")
+    os.unlink(layout.new_passwords)
+    assert render(spec).exit_code == 0
