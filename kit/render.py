@@ -29,6 +29,7 @@ from kit.credentials import (
 )
 from kit.dashboards import dashboard_files, dashboard_provisioning, datasource_provisioning
 from kit.desired import (
+    ACME_SERVICE,
     PROMETHEUS_SERVICE,
     PROXY_SERVICE,
     REPLICA_INDEX_LABEL,
@@ -180,7 +181,9 @@ def template_context(plan: Plan, spec_name: str) -> dict:
         "nginx_mount": NGINX_MOUNT,
         "verifier_mount": VERIFIER_MOUNT,
         "verifier_auth_mount": VERIFIER_AUTH_MOUNT,
+        "proxy_service": PROXY_SERVICE,
         "verifier_service": VERIFIER_SERVICE,
+        "acme_service": ACME_SERVICE,
         "replica_service_label": REPLICA_SERVICE_LABEL,
         "replica_index_label": REPLICA_INDEX_LABEL,
         "replica_fail_timeout": REPLICA_FAIL_TIMEOUT,
