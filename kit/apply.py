@@ -20,11 +20,12 @@ from kit.reconcile import (
     RemoveContainer,
     RemoveNetwork,
     RemoveVolume,
+    RetireReplica,
     RollReplicas,
     StartContainer,
     WaitHealthy,
 )
-from kit.rollout import Rollout
+from kit.rollout import Rollout, drain
 
 
 @dataclass(frozen=True)
@@ -67,12 +68,22 @@ class Executor:
                 self.wait(services)
             case RollReplicas():
                 self._roll(action)
+            case RetireReplica(container=container):
+                self._retire(container)
 
     def _roll(self, action: RollReplicas) -> None:
         if self.layout is None:
             raise KitError("a rolling update needs the site folder", fix="run it through kit up")
         Rollout(self.engine, self.layout, self.project, self._remove, self._create, self.wait,
                 self.report).run(action)
+
+    def _retire(self, container: ContainerState) -> None:
+        """nginx no longer routes to it (reloaded earlier in the plan): let its streams end."""
+        left = drain(self.engine, container)
+        self.report(f"  {container.name}: drained" if left == 0 else
+                    f"  {container.name}: {left} request(s) still running after the drain "
+                    "deadline; stopping it (vLLM's --shutdown-timeout lets them finish)")
+        self._remove(container)
 
     def _remove(self, container: ContainerState) -> None:
         if container.running or container.state == "restarting":

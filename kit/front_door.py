@@ -24,6 +24,9 @@ RELOAD_SIGNAL = "SIGHUP"  # nginx re-reads its config and replaces its workers g
 WORKER_PROCESS = "nginx: worker process"  # how a serving nginx worker shows in the process list
 RELOAD_CONFIRM_SECONDS = 10
 RELOAD_POLL_SECONDS = 0.2
+# nginx's alert when a worker cannot take worker_rlimit_nofile: it is above the hard limit the
+# engine gives the container (raising it needs CAP_SYS_RESOURCE, which containers lack).
+OPEN_FILES_REFUSED = "setrlimit(RLIMIT_NOFILE"
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,26 @@ def reload(engine: Engine, service: ServiceState, container: ContainerState, app
                 fix=f"restart it to load the config afresh: docker restart {container.name}",
             )
         time.sleep(RELOAD_POLL_SECONDS)
+    check_open_files(engine, container, signalled)
     record_loaded(applied, service, container.id)
+
+
+def check_open_files(engine: Engine, container: ContainerState, since: float) -> None:
+    """Workers that could not raise their open-files limit to the rendered worker_rlimit_nofile
+    would refuse connections (EMFILE) long before the site's streams are reached: a failure,
+    named with its fix, not a front door that silently carries less than planned."""
+    refused = [line.strip() for line in engine.log_since(container.id, since).splitlines()
+               if OPEN_FILES_REFUSED in line]
+    if refused:
+        raise KitError(
+            f"{container.name} cannot open the connections the site's streams need; nginx says:"
+            f"\n{refused[-1]}\nThe Docker engine gives its containers a lower open-files hard "
+            "limit than the worker_rlimit_nofile kit rendered from the streams (2 per stream).",
+            fix="raise the engine's limit for containers (`\"default-ulimits\": {\"nofile\": "
+            "{\"Name\": \"nofile\", \"Soft\": 1048576, \"Hard\": 1048576}}` in "
+            "/etc/docker/daemon.json, with LimitNOFILE at least as high in docker.service), "
+            "restart Docker and run kit up again; or lower max_num_seqs or the replicas",
+        )
 
 
 def record_loaded(applied: Path, service: ServiceState, container_id: str) -> None:

@@ -80,6 +80,9 @@ class ServicePlan:
         return (self.max_num_seqs or STREAMS_WHEN_UNKNOWN) * max(1, len(self.replicas))
 
 
+MAX_WORKER_CONNECTIONS = 65536
+
+
 @dataclass(frozen=True)
 class NginxPlan:
     bind: str
@@ -89,6 +92,9 @@ class NginxPlan:
     read_timeout: int
     connect_timeout: int
     worker_connections: int
+    # Set by nginx.conf alone (a reload applies it, up to the engine's hard limit: checked by
+    # kit/front_door.py), never by the container's config: that would recreate the front door,
+    # cutting every stream, whenever replicas or max_num_seqs change.
     worker_rlimit_nofile: int
     upstream_keepalive: int
     rate_per_ip: int
@@ -216,7 +222,7 @@ def build_plan(spec: Spec) -> Plan:
     services = [_service_plan(spec, service) for service in spec.services]
     streams = sum(s.streams for s in services)
     # Each stream holds a client and an upstream connection; leave room for queued clients.
-    worker_connections = min(65536, max(4096, _next_power_of_two(streams * 4)))
+    worker_connections = min(MAX_WORKER_CONNECTIONS, max(4096, _next_power_of_two(streams * 4)))
     per_minute = streams * REQUESTS_PER_SLOT_PER_MINUTE
     warnings = [w for s in services for w in (s.capacity or {}).get("warnings", [])]
     return Plan(

@@ -113,6 +113,19 @@ class RollReplicas:
 
 
 @dataclass(frozen=True)
+class RetireReplica:
+    """Remove a replica the spec no longer has once nginx reloaded without it and it drained
+    (kit/rollout.py), so shrinking a service cuts none of the streams it still carries."""
+
+    container: ContainerState
+    reason: str
+    is_change = True
+
+    def __str__(self) -> str:
+        return f"retire replica {self.container.name}: {self.reason}"
+
+
+@dataclass(frozen=True)
 class StartContainer:
     service: ServiceState
     container: ContainerState
@@ -152,7 +165,7 @@ class WaitHealthy:
 Action = (
     RemoveContainer | RemoveNetwork | CreateNetwork | CreateVolume | RemoveVolume
     | CreateContainer | RecreateContainer | StartContainer | ReloadProxy | WaitHealthy
-    | RollReplicas
+    | RollReplicas | RetireReplica
 )
 
 
@@ -165,9 +178,7 @@ def up_actions(desired: DesiredState, observed: ObservedState) -> list[Action]:
     """The actions that make the running stack what the rendered compose file describes."""
     removals: list[Action] = []
     kept: dict[str, ContainerState] = {}
-    for container in observed.containers:
-        if container.service not in {s.name for s in desired.services}:
-            removals.append(RemoveContainer(container, "service no longer in the compose file"))
+    gone = [c for c in observed.containers if c.service not in {s.name for s in desired.services}]
     for service in desired.services:
         first, *extra = sorted(
             observed.of(service.name),
@@ -205,13 +216,35 @@ def up_actions(desired: DesiredState, observed: ObservedState) -> list[Action]:
         PROXY_SERVICE
     ).config_hash:
         services = rolled(services)
+    retiring = [] if rebuilt_networks else _retiring(gone, services)
+    removals[:0] = [RemoveContainer(c, "service no longer in the compose file")
+                    for c in gone if c not in retiring]
+    retired: list[Action] = [
+        RetireReplica(c, f"{c.replica_of} has fewer replicas; nginx reloads without it first")
+        for c in retiring
+    ]
     declared = {n.name for n in desired.networks}
     leftovers: list[Action] = [
         RemoveNetwork(n.name, "no longer in the compose file")
         for n in observed.networks
         if n.name not in declared
     ]
-    return removals + infrastructure + services + leftovers
+    return removals + infrastructure + services + retired + leftovers
+
+
+def _retiring(gone: list[ContainerState], services: list[Action]) -> list[ContainerState]:
+    """Replicas the spec dropped that may serve on until nginx reloaded without them: only when
+    the plan reloads the front door in place (a recreated one cuts every stream anyway) and
+    nothing this plan starts needs their GPUs (a vLLM holds its GPU memory until removed)."""
+    if not any(isinstance(action, ReloadProxy) for action in services):
+        return []
+    starting = [action.service for action in services
+                if isinstance(action, CreateContainer | RecreateContainer | StartContainer)]
+    starting += [step.service for action in services if isinstance(action, RollReplicas)
+                 for step in action.replicas]
+    claimed = {gpu for service in starting for gpu in service.gpu_ids}
+    return [c for c in gone
+            if c.replica_of is not None and c.running and not claimed.intersection(c.gpu_ids)]
 
 
 def _service_actions(

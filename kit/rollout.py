@@ -65,7 +65,7 @@ class Rollout:
         host = step.service.name
         self._serve(service, host, serving=False)
         self.report(f"  {host}: out of nginx; draining")
-        left = self._drain(step.old)
+        left = drain(self.engine, step.old, self.drain_seconds)
         self.report(f"  {host}: drained" if left == 0 else
                     f"  {host}: {left} request(s) still running after {self.drain_seconds:.0f}s; "
                     "stopping it (vLLM's --shutdown-timeout lets them finish)")
@@ -80,22 +80,6 @@ class Rollout:
         self._serve(service, host, serving=True)
         self.report(f"  {host}: back in nginx ({verdict.detail})")
 
-    def _drain(self, old: ContainerState) -> int:
-        """Requests the old replica still runs or queues once it was idle for the quiet time,
-        or when the deadline hit. When it cannot tell (vLLM run with --disable-log-stats has no
-        vllm:* metrics) it waits for the deadline."""
-        now = time.monotonic()
-        deadline, idle_since = now + self.drain_seconds, None
-        while True:
-            left = in_flight(self.engine, old) if old.running else 0
-            now = time.monotonic()
-            idle_since = (idle_since or now) if left == 0 else None
-            if idle_since is not None and now - idle_since >= DRAIN_QUIET_SECONDS:
-                return 0
-            if now > deadline:
-                return left or 0
-            time.sleep(DRAIN_POLL_SECONDS)
-
     def _serve(self, service: str, host: str, *, serving: bool) -> None:
         """Mark `host` in (or out of) the service's server list, then reload nginx."""
         path = self.layout.replica_pool(service)
@@ -107,6 +91,23 @@ class Rollout:
         # the digest of what nginx now loads: the next kit up reloads it unless it is the render
         current = load_desired(self.layout, self.project).service(PROXY_SERVICE)
         reload(self.engine, current, proxy, self.layout.applied)
+
+
+def drain(engine: Engine, old: ContainerState, seconds: float = DRAIN_SECONDS) -> int:
+    """Requests a replica out of nginx still runs or queues: 0 once it was idle for the quiet
+    time, else what is left when `seconds` passed. When it cannot tell (vLLM run with
+    --disable-log-stats has no vllm:* metrics) it waits for the deadline."""
+    now = time.monotonic()
+    deadline, idle_since = now + seconds, None
+    while True:
+        left = in_flight(engine, old) if old.running else 0
+        now = time.monotonic()
+        idle_since = (idle_since or now) if left == 0 else None
+        if idle_since is not None and now - idle_since >= DRAIN_QUIET_SECONDS:
+            return 0
+        if now > deadline:
+            return left or 0
+        time.sleep(DRAIN_POLL_SECONDS)
 
 
 def mark(pool: str, host: str, *, serving: bool) -> str:

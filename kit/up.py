@@ -11,12 +11,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kit.apply import Executor
+from kit.desired import PROXY_SERVICE
 from kit.docker_api import Engine
 from kit.docker_api import connect as connect_to
+from kit.front_door import check_open_files, running_proxy
 from kit.multinode import refuse_up
 from kit.preflight import preflight
 from kit.reconcile import (
     Action,
+    CreateContainer,
+    RecreateContainer,
+    StartContainer,
     changes,
     up_actions,
 )
@@ -121,7 +126,19 @@ def converge(
             layout=site.layout,
             project=site.project,
         ).run(actions)
+        _check_started_proxy(engine, site.project, actions)
     return UpResult(actions, time.monotonic() - started)
+
+
+def _check_started_proxy(engine: Engine, project: str, actions: list[Action]) -> None:
+    """A front door this plan (re)started took its worker limits at start: check them (a
+    reload checks its own in kit/front_door.py)."""
+    started = [action for action in actions
+               if isinstance(action, CreateContainer | RecreateContainer | StartContainer)
+               and action.service.name == PROXY_SERVICE]
+    proxy = running_proxy(engine, project) if started else None
+    if proxy is not None and proxy.started_at is not None:
+        check_open_files(engine, proxy, proxy.started_at.timestamp())
 
 
 def _report_healthy(

@@ -113,3 +113,29 @@ def test_metrics_only_per_service_and_only_with_credentials(make_site) -> None:
     assert site.status(f"/metrics/{SERVICE}") == 401
     reply = site.gate().fetch("GET", f"/metrics/{SERVICE}", credentials=ops)
     assert reply.status == 200 and b"vllm:num_requests_running" in reply.body
+
+
+def test_open_files_above_the_engines_limit_fail_up_and_a_smaller_site_reloads_in_place(
+    tmp_path, docker_client, test_images, free_port, cleanup_project
+) -> None:
+    """nginx's workers take worker_rlimit_nofile (2 per connection) themselves; above the
+    engine's hard limit for containers the real nginx logs an alert and serves with less:
+    kit up fails naming it. Fewer streams then apply by a reload, in the same container."""
+    hard = int(docker_client.containers.run(
+        test_images["nginx"], ["sh", "-c", "ulimit -Hn"], remove=True).decode())
+    # worker_connections = the next power of two of 4 x streams; worker_rlimit_nofile twice that
+    seqs = next((n for n in (1024, 2048, 4096, 8192, 16384) if 8 * n > hard), None)
+    if seqs is None:
+        pytest.skip(f"this engine's containers may open {hard} files: above any site's need")
+    site = LiveSite.create(tmp_path / "site", docker_client, free_port(), free_port(),
+                           prefix="nof", max_num_seqs=seqs)
+    cleanup_project(site.name)
+    failed = site.kit("up")
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "cannot open the connections the site's streams need" in failed.stderr, failed.stderr
+    assert "setrlimit(RLIMIT_NOFILE" in failed.stderr and "default-ulimits" in failed.stderr
+    front_door = site.container("nginx").id
+    spec = site.spec_path.read_text()
+    site.spec_path.write_text(spec.replace(f"max_num_seqs: {seqs}", "max_num_seqs: 64"))
+    site.up()
+    assert site.container("nginx").id == front_door  # reloaded in place, not recreated

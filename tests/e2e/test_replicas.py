@@ -332,6 +332,44 @@ def test_a_rolling_update_under_64_streams_fails_none_and_keeps_3_in_service(sit
     assert " down;" not in pool.read_text()
 
 
+def test_fewer_replicas_under_32_streams_fail_none(site: LiveSite):
+    """Drop two of the four replicas while batches of 32 streams run: nginx reloads without
+    them, each drains, and only then is it removed; no request fails. (Runs after the other
+    tests of this site: it leaves two replicas.)"""
+    key = site.add_key(f"fewer-{secrets.token_hex(2)}")
+    spec = yaml.safe_load(site.spec_path.read_text())
+    spec["services"][0]["gpus"] = [0, 1]
+    write_spec(site.spec_path, spec)
+    batches: list[dict] = []
+    done = threading.Event()
+
+    def load() -> None:
+        while not done.is_set():
+            batches.append(finished(site.loadgen(f"Bearer {key}", streams=32, tokens=60)))
+
+    loading = threading.Thread(target=load)
+    loading.start()
+    try:
+        time.sleep(2)
+        result = site.kit("up")
+        time.sleep(2)
+    finally:
+        done.set()
+        loading.join(timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("retire replica") == 2, result.stdout
+    assert "remove container" not in result.stdout, result.stdout
+    requests = sum(b["requests"] for b in batches)
+    failed = {k: v for b in batches for k, v in b["failures"].items()}
+    print(f"two replicas retired: {requests} requests in {len(batches)} batches of 32 streams, "
+          f"failed {failed}")
+    assert failed == {} and requests >= 32 * 3, batches
+    left = {c.labels["com.docker.compose.service"] for c in site.client.containers.list(
+        all=True, filters={"label": [f"com.docker.compose.project={site.name}",
+                                     f"io.kit.service={SERVICE}"]})}
+    assert left == set(TINY_REPLICAS[:2])
+
+
 def test_a_single_replica_service_is_503_json_while_it_restarts(
     tmp_path, docker_client, test_images, free_port, cleanup_project
 ):

@@ -41,7 +41,7 @@ class _Container:
 
 class FakeEngine:
     """kit.docker_api.Engine over dicts. Scripting: `images`, `exec_results`, `reload_errors`,
-    `fail(method, error)`, `schedule(container, after=n, **state)`, `write_log`."""
+    `worker_log`, `fail(method, error)`, `schedule(container, after=n, **state)`, `write_log`."""
 
     def __init__(self, images: dict[str, str] | None = None, *, local: bool = True) -> None:
         self.address = "unix:///fake.sock" if local else "ssh://ops@fake-host"
@@ -52,6 +52,7 @@ class FakeEngine:
         self.calls: list[tuple[str, str]] = []  # (method, what it was about), in order
         self.exec_results: dict[tuple[str, ...], list[tuple[int, str]]] = {}  # used in turn
         self.reload_errors: list[str] = []  # [emerg] lines nginx logs instead of reloading
+        self.worker_log: list[str] = []  # lines nginx's new workers log (at start, each reload)
         self._failures: dict[str, KitError] = {}
         self._local = local
         self._containers: dict[str, _Container] = {}
@@ -204,6 +205,7 @@ class FakeEngine:
         if container.argv and container.argv[0].rsplit("/", 1)[-1] == "nginx":
             container.processes = [(next(self._pids), "nginx: master process " +
                                     " ".join(container.argv)), (next(self._pids), NGINX_WORKER)]
+            container.log += [(time.time(), line) for line in self.worker_log]
         else:
             container.processes = [(next(self._pids), " ".join(container.argv))]
 
@@ -236,6 +238,7 @@ class FakeEngine:
         master = container.processes[0]
         container.processes = [master, (next(self._pids), NGINX_WORKER)]
         container.log.append((time.time(), "signal process started"))
+        container.log += [(time.time(), line) for line in self.worker_log]
 
     def processes(self, container_id: str) -> list[tuple[int, str]]:
         self._call("processes", container_id)

@@ -376,3 +376,71 @@ def test_a_single_replica_status_report_keeps_its_keys(site: Path) -> None:
     assert not any("replica" in key for c in report["containers"] for key in c)
     assert "replicas healthy" not in render_text(
         StackStatus("test01", observed.containers, (), (), None), datetime.now(UTC))
+
+
+def fewer_llama(site: Site, gpus: str, tensor_parallel: int = 1) -> Site:
+    """The example with llama8b on other GPUs (and tensor_parallel): fewer replicas."""
+    text = site.spec_path.read_text().replace("gpus: [0, 1, 2, 3]\n    tensor_parallel: 1",
+                                              f"gpus: {gpus}\n    tensor_parallel: "
+                                              f"{tensor_parallel}")
+    site.spec_path.write_text(text)
+    assert run_kit("render", str(site.spec_path)).exit_code == 0
+    return Site.load(site.spec_path, check_host=False)
+
+
+def test_a_dropped_replica_leaves_nginx_and_drains_before_it_is_removed(
+    replicas_site: Path,
+) -> None:
+    engine = ReplicaEngine({})
+    site = fewer_llama(brought_up(replicas_site, engine), "[0, 1]")
+    engine.calls.clear()
+    reported: list[str] = []
+    result = up_site(site, timeout=5, probe=False, report=reported.append,
+                     warn=reported.append, connect=lambda: engine)
+    plan = [str(a) for a in result.converged.actions]
+    reload_at = next(i for i, line in enumerate(plan) if line.startswith("reload "))
+    retired = [i for i, line in enumerate(plan) if line.startswith("retire replica ")]
+    assert [plan[i].split(":")[0] for i in retired] == [
+        "retire replica gpu02-llama8b-r2-1", "retire replica gpu02-llama8b-r3-1"]
+    assert reload_at < min(retired), plan
+    assert not any(line.startswith("remove container") for line in plan), plan
+    # nginx reloads without them, each is polled until idle, and only then stopped
+    steps = [method if method != "signal" else about for method, about in engine.calls
+             if method in ("signal", "stop") or (method == "exec" and about.endswith("/metrics"))]
+    assert steps[0] == "SIGHUP" and steps.count("stop") == 2, steps
+    assert steps.index("stop") > steps.index("exec"), steps
+    assert sum("drained" in line for line in reported) == 2
+    left = {c.service for c in site.observe(engine).containers}
+    assert {"llama8b-r0", "llama8b-r1"} <= left and not {"llama8b-r2", "llama8b-r3"} & left
+
+
+def test_a_dropped_replica_whose_gpus_are_reused_is_removed_first(replicas_site: Path) -> None:
+    """Fewer, wider replicas on the same GPUs: the new ones need the old ones' GPU memory."""
+    engine = ReplicaEngine({})
+    site = fewer_llama(brought_up(replicas_site, engine), "[0, 1, 2, 3]", 2)
+    actions = up_actions(site.desired, site.observe(engine))
+    plan = [str(a) for a in actions]
+    assert not any(line.startswith("retire replica") for line in plan), plan
+    removed = [line for line in plan if line.startswith("remove container")]
+    assert removed == [
+        "remove container gpu02-llama8b-r2-1: service no longer in the compose file",
+        "remove container gpu02-llama8b-r3-1: service no longer in the compose file"], plan
+    assert plan.index(removed[-1]) < next(i for i, line in enumerate(plan) if "llama8b-r0" in
+                                          line and not line.startswith("remove")), plan
+
+
+def test_the_front_door_container_does_not_change_with_the_streams(replicas_site: Path) -> None:
+    """More or fewer replicas (or max_num_seqs) reload nginx with its new worker limits
+    (worker_rlimit_nofile); its container config stays, so it is never recreated under the
+    streams it carries."""
+    spec = replicas_site / "site.yaml"
+    spec.write_text(spec.read_text().replace("max_num_seqs: 128", "max_num_seqs: 1024"))
+    site = Site.load(spec, check_host=False)
+    assert run_kit("render", str(site.spec_path)).exit_code == 0
+    before, limits_before = site.desired.service("nginx"), build_plan(site.spec).nginx
+    fewer = fewer_llama(site, "[0]")
+    after, limits_after = fewer.desired.service("nginx"), build_plan(fewer.spec).nginx
+    assert limits_after.worker_rlimit_nofile < limits_before.worker_rlimit_nofile
+    assert f"worker_rlimit_nofile {limits_after.worker_rlimit_nofile};" in (
+        fewer.layout.nginx_conf.read_text())
+    assert before.config_hash == after.config_hash and not after.config.ulimits

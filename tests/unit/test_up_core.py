@@ -2,6 +2,9 @@
 
 from pathlib import Path
 
+import pytest
+
+from kit.errors import KitError
 from kit.site import Site
 from kit.up import up_site
 from tests.support.fake_engine import FakeEngine
@@ -32,3 +35,35 @@ def test_up_renders_converges_and_an_unchanged_site_is_a_no_op(tmp_path: Path) -
     again = up_site(Site.load(site.spec_path), timeout=5, probe=False, report=reported.append,
                     warn=reported.append, connect=lambda: engine)
     assert again.converged.actions == [] and again.summary().startswith("no change")
+
+
+NOFILE_ALERT = "2026/11/30 22:00:00 [alert] 29#29: setrlimit(RLIMIT_NOFILE, 32768) failed " \
+               "(1: Operation not permitted)"
+
+
+def test_a_front_door_that_cannot_take_its_open_files_limit_fails_up(tmp_path: Path) -> None:
+    """At start and at a reload nginx's workers set worker_rlimit_nofile; above the engine's
+    hard limit they log an alert and keep serving with far fewer connections: kit up names it."""
+    site = Site.load(write_site(tmp_path))
+    engine = HealthyEngine(local=False)
+    for image in ("vllm/vllm-openai:v0.33.0", "nginx:1.27-alpine"):
+        engine.images[image] = f"sha256:{len(engine.images)}"
+    engine.worker_log.append(NOFILE_ALERT)
+    with pytest.raises(KitError) as at_start:
+        up_site(site, timeout=5, probe=False, report=lambda _: None, warn=lambda _: None,
+                connect=lambda: engine)
+    assert "cannot open the connections the site's streams need" in at_start.value.message
+    assert NOFILE_ALERT in at_start.value.message and "default-ulimits" in str(at_start.value.fix)
+    engine.worker_log.clear()
+    seqs = site.spec_path.read_text()
+    site.spec_path.write_text(seqs.replace("max_num_seqs: 8", "max_num_seqs: 16"))
+    reloaded = up_site(Site.load(site.spec_path), timeout=5, probe=False,
+                       report=lambda _: None, warn=lambda _: None, connect=lambda: engine)
+    assert any(str(a).startswith("reload ") for a in reloaded.converged.actions)  # and passes:
+    # the alert of the first start is not read again
+    engine.worker_log.append(NOFILE_ALERT)
+    site.spec_path.write_text(seqs.replace("max_num_seqs: 8", "max_num_seqs: 32"))
+    with pytest.raises(KitError) as at_reload:
+        up_site(Site.load(site.spec_path), timeout=5, probe=False, report=lambda _: None,
+                warn=lambda _: None, connect=lambda: engine)
+    assert NOFILE_ALERT in at_reload.value.message
