@@ -31,7 +31,7 @@ from pydantic import (
 
 from kit import names
 from kit.desired import KIT_SERVICES
-from kit.engine_url import spec_engine
+from kit.engine_url import is_local, resolve, spec_engine
 from kit.errors import BadInput
 from kit.names import (
     ACME_SERVER,
@@ -769,11 +769,12 @@ class Parts:
     gpu_memory_gib: float | dict[int, float] | None
     site: str | None = None
     observability: Observability | None = None
+    engine: str | None = None
 
     @classmethod
     def of(cls, spec: Spec) -> "Parts":
         return cls(list(enumerate(spec.services)), spec.domain, spec.tls, spec.models_root,
-                   spec.gpu_memory_gib, spec.site, spec.observability)
+                   spec.gpu_memory_gib, spec.site, spec.observability, spec.engine)
 
     @classmethod
     def salvage(cls, data: dict) -> "Parts":
@@ -789,6 +790,7 @@ class Parts:
             _valid(GpuMemory, data.get("gpu_memory_gib")),
             _valid(Annotated[str, Field(pattern=SITE_NAME)], data.get("site")),
             _valid(Observability, data.get("observability", {})),
+            _valid(EngineAddress, data.get("engine")),
         )
 
 
@@ -813,8 +815,8 @@ def cross_checks(
     problems += _tls_files(parts, spec_dir)
     problems += _acme_domain(parts)
     problems += _multi_node(parts)
-    if check_host and parts.models_root is not None:
-        problems += _model_dirs(parts, check_capacity)
+    if check_host and parts.models_root is not None and is_local(resolve(parts.engine)):
+        problems += _model_dirs(parts, check_capacity)  # elsewhere: the engine's preflight
     return problems
 
 

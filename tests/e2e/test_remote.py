@@ -164,6 +164,23 @@ def test_ssh_without_docker_there_is_named(remote: RemoteHost, rendered: LiveSit
     assert "docker is not installed there" in result.stderr
 
 
+def test_a_model_folder_missing_on_that_host_is_refused_before_anything_starts(
+    tmp_path: Path, remote: RemoteHost
+) -> None:
+    """The models are on the remote host's disk, not the working folder's: a spec naming a
+    model that is not there is refused (exit 2) by a look through that host's engine."""
+    spec = remote_spec(tmp_path / "site", remote, "remote2")
+    text = spec.read_text()
+    spec.write_text(text.replace(f"model: {SERVICE}", "model: not-copied-there"))
+    result = kit("up", str(spec))
+    assert result.returncode == 2, result.stdout + result.stderr
+    missing = f"{remote.root / 'models' / 'not-copied-there'} does not exist on the engine's host"
+    assert missing in result.stderr and remote.url in result.stderr, result.stderr
+    assert "fix: copy the model to" in result.stderr, result.stderr
+    assert not remote.client.containers.list(
+        all=True, filters={"label": "com.docker.compose.project=remote2"})
+
+
 @pytest.fixture(scope="module")
 def up(rendered: LiveSite, remote: RemoteHost) -> Iterator[str]:
     """`kit up` of the rendered site on the remote host (its output); `kit down` at the end."""

@@ -234,3 +234,20 @@ def test_at_most_8_calls_are_in_flight_per_host() -> None:
     for thread in threads:
         thread.join()
     assert most == ssh_engine.MAX_CONCURRENT_CALLS
+
+
+@pytest.mark.parametrize("engine", [None, "ssh://ops@gpu01.example.com"])
+def test_model_folders_are_checked_on_this_host_only_when_the_engine_is_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str | None
+) -> None:
+    """A folder of the same path on the operator's machine says nothing about the GPU
+    server's disk: with a remote engine, the engine's preflight checks the model there."""
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    spec = spec_with_engine(tmp_path, engine) if engine else write_site(tmp_path)
+    spec.write_text(spec.read_text().replace("model: qwen", "model: only-on-the-server"))
+    result = run_kit("validate", spec)
+    if engine:
+        assert result.exit_code == 0, result.output
+    else:
+        assert result.exit_code == ExitCode.BAD_INPUT, result.output
+        assert "model directory" in result.output and "only-on-the-server" in result.output
