@@ -4,7 +4,7 @@ the ACME CA's), what certbot's last run said and, when it failed, why in the ope
 `kit up` waits here for certbot's first run before its gate (a first deployment is not a
 failure while the certificate is on its way), and `kit status` shows the same facts.
 The certbot loop (plan.AcmePlan.loop) writes each run's outcome to nginx/tls/acme-last-run:
-a line `exit=N at=EPOCH`, then certbot's output.
+a line `exit=N at=EPOCH next=SECONDS` (until its next run), then certbot's output.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 RENEW_DAYS_LEFT = 30  # certbot's renew_before_expiry default: --keep-until-expiring renews then
 FIRST_RUN_WAIT_S = 180.0  # certbot's first run takes seconds; a CA that stalls longer is named
 SERVED_WAIT_S = 3 * AcmePlan.watch_every + 5.0  # nginx's watcher reloads within watch_every
-_HEADER = re.compile(r"exit=(\d+) at=(\d+)")
+_HEADER = re.compile(r"exit=(\d+) at=(\d+)(?: next=(\d+))?")  # an older loop wrote no next=
 
 
 @dataclass(frozen=True)
@@ -49,10 +49,15 @@ class Cause:
 
 
 def _detail(output: str) -> str:
-    """The CA's own words (certbot's `Detail:` line), else certbot's last error line."""
+    """The CA's own words (certbot's `Detail:` line, or the detail of an ACME problem
+    `urn:ietf:params:acme:error:TYPE :: DESCRIPTION :: DETAIL`), else certbot's last error line."""
     details = re.findall(r"^\s*Detail:\s*(.+)$", output, re.MULTILINE)
     if details:
         return details[-1].strip()
+    problems = re.findall(r"urn:ietf:params:acme:error:\w+ :: [^\n]*? :: (.+)$", output,
+                          re.MULTILINE)
+    if problems:
+        return problems[-1].strip()
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     errors = [line for line in lines if "rror" in line] or lines
     return errors[-1] if errors else "no output"
@@ -98,10 +103,17 @@ class LastRun:
     exit_code: int
     at: dt.datetime
     output: str
+    next_in: int | None = None  # seconds from `at` to certbot's next run, when the file says
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0
+
+    @property
+    def next_at(self) -> dt.datetime | None:
+        """When certbot runs again: after a failure 1 min later, doubling up to 1 h, so a CA
+        that refuses (a rate limit) sees one order per retry, never a loop."""
+        return None if self.next_in is None else self.at + dt.timedelta(seconds=self.next_in)
 
 
 def parse_last_run(text: str) -> LastRun | None:
@@ -111,7 +123,7 @@ def parse_last_run(text: str) -> LastRun | None:
     if match is None:
         return None
     at = dt.datetime.fromtimestamp(int(match[2]), dt.UTC)
-    return LastRun(int(match[1]), at, output)
+    return LastRun(int(match[1]), at, output, None if match[3] is None else int(match[3]))
 
 
 @dataclass(frozen=True)
@@ -190,8 +202,17 @@ class AcmeStatus:
         else:
             lines.append(f"tls: last certbot run FAILED at {_at(run.at)} "
                          f"({self.cause.name}): {self.cause.message}")
-            lines.append(f"  fix: {self.cause.fix}; certbot retries within minutes")
+            lines.append(f"  fix: {self.cause.fix}")
+            lines.append(f"  {self._retry(run)}")
         return lines
+
+    @staticmethod
+    def _retry(run: LastRun) -> str:
+        if run.next_at is None:
+            return "certbot retries within minutes"
+        return (f"next attempt: certbot runs again at {_at(run.next_at)} ({run.next_in}s after "
+                f"this run; after a failed run it waits {AcmePlan.retry_first}s, doubling up to "
+                f"{AcmePlan.retry_max}s)")
 
     def to_json(self) -> dict:
         def iso(at: dt.datetime | None) -> str | None:
@@ -206,6 +227,7 @@ class AcmeStatus:
             "expires": iso(self.cert.not_after) if self.cert else None,
             "renewal_due": iso(self.renewal_due),
             "next_renewal": iso(self.next_renewal),
+            "next_attempt": iso(run.next_at) if run else None,  # certbot's next run
             "last_run": None if run is None else {
                 "ok": run.ok, "at": iso(run.at), "exit_code": run.exit_code,
                 "cause": self.cause.name if self.cause else None,

@@ -134,6 +134,7 @@ class AcmePlan:
     webroot: str = "/var/www/acme"
     cert_name: str = "kit"
     tls_mount: str = "/kit-tls"  # nginx/tls of the site, writable for certbot only
+    certbot_log: str = "/var/log/letsencrypt/letsencrypt.log"  # certbot's log of its last run
 
     @property
     def install(self) -> str:
@@ -153,8 +154,11 @@ class AcmePlan:
     @property
     def loop(self) -> str:
         """certbot obtains the certificate, then keeps renewing it (a no-op until 30 days left);
-        each run's outcome lands in nginx/tls for `kit up`/`kit status`, a failure is retried
-        within minutes (doubling), not at the next 12-hourly run."""
+        each run's outcome lands in nginx/tls for `kit up`/`kit status` (with the seconds until
+        the next run), a failure is retried within minutes (doubling), not at the next 12-hourly
+        run. A failed run's outcome ends with the CA's problem from certbot's log: certbot before
+        2.2 on Python 3.11+ (Debian 12's 2.1) prints only "AttributeError: can't set attribute"
+        for an error the CA answered, a rate limit among them (certbot/certbot#9539)."""
         argv = [
             "certbot", "certonly", "--webroot", "-w", self.webroot, "-d", self.domain,
             "--cert-name", self.cert_name, "--email", self.email, "--agree-tos",
@@ -168,7 +172,10 @@ class AcmePlan:
         return (
             f"trap exit TERM; rm -f {result}; delay={self.retry_first}; while :; do "
             f"{shlex.join(argv)} >{tls}/.acme-run 2>&1 && {{ {self.install}; }} >>{tls}/.acme-run "
-            f"2>&1; rc=$?; {{ echo \"exit=$rc at=$(date +%s)\"; cat {tls}/.acme-run; }} "
+            f"2>&1; rc=$?; [ $rc = 0 ] || grep -m 1 -F 'acme.messages.Error: ' "
+            f"{self.certbot_log} >>{tls}/.acme-run 2>/dev/null; "
+            f"next=$delay; [ $rc = 0 ] && next={self.renew_every}; "
+            f"{{ echo \"exit=$rc at=$(date +%s) next=$next\"; cat {tls}/.acme-run; }} "
             f">{result}.new && mv -f {result}.new {result}; "
             f"if [ $rc = 0 ]; then delay={self.retry_first}; sleep {self.renew_every} & wait; "
             f"else sleep $delay & wait; delay=$((delay * 2 > {self.retry_max} ? "

@@ -1,5 +1,6 @@
 """A real ACME CA for the e2e tests: Debian's pebble (kit-test/pebble:2.4, tests/images/build.sh)
-in the engine's network namespace, with its mock DNS answering every name with ACME_ADDRESS.
+in the engine's network namespace, with its mock DNS answering every name with ACME_ADDRESS;
+and, since pebble has no rate limits, a rate limiter in front of it (Debian's nginx, limit_req).
 
 ACME_ADDRESS is an extra address of the namespace's loopback: sites publish on it (proxy.bind
 0.0.0.0), certbot's containers reach pebble on it through their bridge's gateway, and pebble
@@ -12,11 +13,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
+import shutil
 import ssl
 import subprocess
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import docker
@@ -27,6 +31,10 @@ ACME_ADDRESS = "10.77.0.1"  # also in tests/images/build.sh: pebble's HTTPS cert
 ACME_PORT = 14000  # pebble's directory; its management API (the roots) on the next port
 # build.sh made it: it signs pebble's HTTPS certificate
 PEBBLE_CA = Path(os.environ.get("KIT_TEST_CACHE", "/var/cache/kit-test")) / "acme-ca" / "ca.crt"
+
+
+LIMITER = Path(__file__).parent / "acme_limiter"  # the rate limiter's nginx.conf and njs
+_ORDER = re.compile(r'^([\d.]+) "POST /order-plz HTTP/[\d.]+" (\d+) "([^"]*)" "([^"]*)"$', re.M)
 
 
 def directory(port: int) -> str:
@@ -42,7 +50,44 @@ def add_acme_address() -> None:
         subprocess.run(["ip", "addr", "add", f"{ACME_ADDRESS}/32", "dev", "lo"], check=True)
 
 
-class Pebble:
+class _AcmeContainer:
+    """A container on the host network of the engine's namespace serving an ACME directory."""
+
+    container: docker.models.containers.Container
+    port: int
+
+    @property
+    def directory(self) -> str:
+        return directory(self.port)
+
+    def wait_ready(self, timeout: float = 20) -> None:
+        context = ssl.create_default_context(cafile=str(PEBBLE_CA))
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                urllib.request.urlopen(self.directory, context=context, timeout=2).read()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    logs = self.container.logs().decode(errors="replace")
+                    why = f"{self.container.name} did not answer {self.directory}:\n{logs}"
+                    raise AssertionError(why) from None
+                time.sleep(0.2)
+
+    def started(self) -> None:
+        """Ready, or removed and the reason raised."""
+        try:
+            self.wait_ready()
+        except AssertionError:
+            self.remove()
+            raise
+
+    def remove(self) -> None:
+        with contextlib.suppress(docker.errors.NotFound):
+            self.container.remove(force=True)
+
+
+class Pebble(_AcmeContainer):
     """One pebble (and its mock DNS) on the host network of the engine's namespace; several
     run side by side on different `port`s."""
 
@@ -64,29 +109,7 @@ class Pebble:
             environment={"CHALLTESTSRV_IPV4": dns_answer, "CHALLTESTSRV_PORT": str(port + 2)},
             volumes={str(config): {"bind": "/etc/pebble/pebble-config.json", "mode": "ro"}},
         )
-        try:
-            self.wait_ready()
-        except AssertionError:
-            self.remove()
-            raise
-
-    @property
-    def directory(self) -> str:
-        return directory(self.port)
-
-    def wait_ready(self, timeout: float = 20) -> None:
-        context = ssl.create_default_context(cafile=str(PEBBLE_CA))
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                urllib.request.urlopen(self.directory, context=context, timeout=2).read()
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    logs = self.container.logs().decode(errors="replace")
-                    why = f"pebble did not answer {self.directory}:\n{logs}"
-                    raise AssertionError(why) from None
-                time.sleep(0.2)
+        self.started()
 
     def root(self) -> bytes:
         """The root pebble issues under (made at its start): what the test alone trusts."""
@@ -94,6 +117,39 @@ class Pebble:
         url = f"https://{ACME_ADDRESS}:{self.port + 1}/roots/0"
         return urllib.request.urlopen(url, context=context, timeout=5).read()
 
-    def remove(self) -> None:
-        with contextlib.suppress(docker.errors.NotFound):
-            self.container.remove(force=True)
+
+@dataclass(frozen=True)
+class Order:
+    """One new-order request the rate limiter saw, and what it answered."""
+
+    at: float  # epoch seconds
+    status: int
+    content_type: str
+    retry_after: str
+
+
+class RateLimiter(_AcmeContainer):
+    """A rate-limited CA: Debian's nginx in front of `pebble`, granting one new order a minute
+    and answering others as Let's Encrypt does (tests/e2e/acme_limiter/nginx.conf)."""
+
+    def __init__(self, client: docker.DockerClient, folder: Path, pebble: Pebble, *,
+                 port: int) -> None:
+        self.port = port
+        folder.mkdir(parents=True, exist_ok=True)
+        conf = (LIMITER / "nginx.conf").read_text().replace("@LISTEN@", f"{ACME_ADDRESS}:{port}")
+        conf = conf.replace("@PEBBLE@", f"{ACME_ADDRESS}:{pebble.port}")
+        (folder / "nginx.conf").write_text(conf)
+        shutil.copy(LIMITER / "limiter.js", folder)
+        self.container = client.containers.run(
+            IMAGES["nginx_debian"], ["nginx", "-c", "/etc/acme-limiter/nginx.conf", "-g",
+                                     "daemon off;"],
+            detach=True, network_mode="host", name=f"acme-limiter-{secrets.token_hex(3)}",
+            volumes={str(folder): {"bind": "/etc/acme-limiter", "mode": "ro"},
+                     str(PEBBLE_CA.parent): {"bind": "/etc/acme-limiter-tls", "mode": "ro"}},
+        )
+        self.started()
+
+    def orders(self) -> list[Order]:
+        """Every new-order request so far, oldest first (from the limiter's access log)."""
+        logs = self.container.logs(stderr=False).decode(errors="replace")
+        return [Order(float(m[1]), int(m[2]), m[3], m[4]) for m in _ORDER.finditer(logs)]

@@ -5,11 +5,13 @@ tls.acme_server and Debian's certbot as the spec's certbot image (tests/images/b
 installed, nginx reloads in place, and the gate verifies the chain against pebble's root, which
 only the test trusts (SSL_CERT_FILE for the kit process, --ca for the load client). Then a
 renewal under 50 streams, a site re-created with its letsencrypt volume kept, and each way the
-first certificate can fail, provoked for real and named by `kit up` and `kit status`.
+first certificate can fail, provoked for real and named by `kit up` and `kit status` (a rate
+limit by a real rate limiter in front of pebble, which has none: tests/e2e/acme_limiter).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import shutil
@@ -23,7 +25,7 @@ import pytest
 from cryptography import x509
 
 from kit.plan import AcmePlan
-from tests.e2e.acme import ACME_ADDRESS, Pebble, add_acme_address, directory
+from tests.e2e.acme import ACME_ADDRESS, Pebble, RateLimiter, add_acme_address, directory
 from tests.e2e.conftest import pick_free_port, remove_project
 from tests.e2e.stack import DOMAIN, LiveSite, checked, finished, kit
 
@@ -34,6 +36,7 @@ LIKE_LETS_ENCRYPT_S = 90 * 86400  # certbot's run finds such a certificate not y
 STREAMS = 50
 STREAM_TOKENS = 750
 RETRIED_PORT = 14100  # the CA-unreachable case: pebble comes up there after kit up
+LIMITED_PORT = 14040  # the rate-limited case: the limiter in front of its pebble
 PROMPT_S = AcmePlan.watch_every + 2  # a new certificate is served this soon after installation
 
 
@@ -206,6 +209,25 @@ def test_recreated_site_with_kept_letsencrypt_volume_installs_its_certificate(
         ca.remove()
 
 
+def named_by_up_and_status(case: str, site: LiveSite) -> tuple[str, str, dict]:
+    """`kit up` on a first deployment whose certificate fails for `case`: it exits 1 naming the
+    cause while the site serves the kit-CA certificate, and `kit status` names it too;
+    (kit up's output, kit status's text, its tls facts)."""
+    result, seconds = up(site, None)
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert f"no certificate from the ACME CA yet ({case})" in out, out
+    assert "tls: waiting for the first certificate" in out, out
+    assert "verified against the kit CA" in out and "all checks passed" in out, out
+    assert f"CN=kit local CA for {site.name}" in issuer(served(site.https_port))
+    text, tls = status(site)
+    assert "FAILED at" in text and f"({case})" in text, text
+    assert tls["waiting_for_first_certificate"] and tls["last_run"]["cause"] == case, tls
+    print(f"\n{case}: kit up named it after {seconds:.1f}s: "
+          + next(line for line in out.splitlines() if "no certificate" in line))
+    return out, text, tls
+
+
 @pytest.mark.parametrize("case", ["ca-unreachable", "http-port-unreachable", "dns-not-here"])
 def test_a_failed_first_certificate_is_named_by_up_and_status(
         case, docker_client, test_images, tmp_path) -> None:
@@ -222,18 +244,7 @@ def test_a_failed_first_certificate_is_named_by_up_and_status(
         server = ca.directory
     site = acme_site(tmp_path / "site", docker_client, server, http_port)
     try:
-        result, seconds = up(site, None)
-        out = result.stdout + result.stderr
-        assert result.returncode == 1, out
-        assert f"no certificate from the ACME CA yet ({case})" in out, out
-        assert "tls: waiting for the first certificate" in out, out
-        assert "verified against the kit CA" in out and "all checks passed" in out, out
-        assert f"CN=kit local CA for {site.name}" in issuer(served(site.https_port))
-        text, tls = status(site)
-        assert "FAILED at" in text and f"({case})" in text, text
-        assert tls["waiting_for_first_certificate"] and tls["last_run"]["cause"] == case, tls
-        print(f"\n{case}: kit up named it after {seconds:.1f}s: "
-              + next(line for line in out.splitlines() if "no certificate" in line))
+        named_by_up_and_status(case, site)
         if case == "ca-unreachable":  # no 12-hour silence: a CA that comes up is used at once
             ca = Pebble(docker_client, tmp_path / "pebble", port=RETRIED_PORT,
                         http_port=http_port, validity_s=SHORT_LIVED_S)
@@ -248,3 +259,64 @@ def test_a_failed_first_certificate_is_named_by_up_and_status(
         remove_project(docker_client, site.name)
         if ca:
             ca.remove()
+
+
+def test_a_rate_limited_first_certificate_is_named_and_retried_without_hammering(
+        docker_client, test_images, tmp_path) -> None:
+    """The common way into Let's Encrypt's limits: a site re-created with its letsencrypt volume
+    deleted orders the certificate it already got. The CA here grants one order a minute
+    (tests/e2e/acme_limiter): the first deployment's order is granted, the re-created site's is
+    refused with a real 429, and certbot's next run, at the time `kit status` gives, is granted."""
+    add_acme_address()
+    http_port = pick_free_port()
+    ca = Pebble(docker_client, tmp_path / "pebble", http_port=http_port, port=14030,
+                validity_s=SHORT_LIVED_S)
+    limiter = RateLimiter(docker_client, tmp_path / "limiter", ca, port=LIMITED_PORT)
+    first = acme_site(tmp_path / "first", docker_client, limiter.directory, http_port)
+    try:
+        root_pem = tmp_path / "pebble-root.pem"
+        root_pem.write_bytes(ca.root())
+        result, _ = up(first, root_pem)
+        assert result.returncode == 0, result.stdout + result.stderr
+        checked(first.kit("down", "--volumes"))  # the letsencrypt volume (its certificate) too
+        again = LiveSite(tmp_path / "again", first.name, docker_client, first.https_port)
+        again.root.mkdir()
+        shutil.copy(first.spec_path, again.spec_path)
+        out, text, tls = named_by_up_and_status("rate-limited", again)
+        # certbot got the CA's problem (its log has it; Debian's certbot 2.1 prints only
+        # "AttributeError: can't set attribute", certbot/certbot#9539)
+        run = again.layout.acme_last_run.read_text()
+        assert "acme.messages.Error: urn:ietf:params:acme:error:rateLimited" in run, run
+        granted, refused = limiter.orders()
+        assert granted.status == 201 and refused.status == 429, limiter.orders()
+        # answered as Let's Encrypt answers, and certbot's output carried the CA's own words
+        assert refused.content_type == "application/problem+json" and refused.retry_after
+        assert "too many certificates (1) already issued for this exact set of identifiers" in out
+        assert "tls.staging: true" in out and "--volumes" in out, out  # the fix
+        run_at = dt.datetime.fromisoformat(tls["last_run"]["at"])
+        next_at = dt.datetime.fromisoformat(tls["next_attempt"])
+        assert next_at - run_at == dt.timedelta(seconds=AcmePlan.retry_first), tls
+        shown = f"certbot runs again at {next_at:%Y-%m-%d %H:%M:%S}Z"
+        assert shown in out and shown in text, text
+        print("\n".join(line for line in text.splitlines()
+                        if line.startswith(("tls:", "  fix:", "  next attempt:"))))
+        # no hammering: nothing more reaches the CA until that moment, then exactly one order,
+        # granted (the limit has refilled), and the certificate is installed and served
+        deadline = time.monotonic() + AcmePlan.retry_first + 30
+        while "Pebble" not in issuer(served(again.https_port)) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert "Pebble" in issuer(served(again.https_port)), status(again)[0]
+        orders = limiter.orders()
+        assert [o.status for o in orders] == [201, 429, 201], orders
+        retried = dt.datetime.fromtimestamp(orders[2].at, dt.UTC)
+        assert next_at <= retried < next_at + dt.timedelta(seconds=15), (next_at, retried)
+        text, tls = status(again)
+        assert "last certbot run succeeded" in text and tls["last_run"]["ok"], text
+        print(f"  the CA saw {len(orders)} orders: granted, refused "
+              f"{refused.at - granted.at:.1f}s later (Retry-After {refused.retry_after}), "
+              f"granted {orders[2].at - refused.at:.1f}s after the refusal, at the announced "
+              f"{next_at:%H:%M:%S}Z; served pebble's certificate without any operator action")
+    finally:
+        remove_project(docker_client, first.name)
+        limiter.remove()
+        ca.remove()

@@ -220,3 +220,44 @@ def test_an_outcome_older_than_the_certbot_container_is_not_waited_on(tmp_path: 
     assert clock.now >= 10 and status.last_run is None and status.cause is None
     write_run(site, 1, OUTPUTS["dns-not-here"], at=1_700_000_059)  # within the start's second
     assert await_certificate(site, lambda _: None, since=since, timeout=10).cause is not None
+
+
+# What Debian's certbot 2.1 (Python 3.11) printed when the rate limiter of tests/e2e/test_acme.py
+# refused its order, and the CA's problem the certbot loop added from certbot's log.
+CERTBOT_21_RATE_LIMITED = """Saving debug log to /var/log/letsencrypt/letsencrypt.log
+Account registered.
+Requesting a certificate for llm.test
+An unexpected error occurred:
+AttributeError: can't set attribute
+Ask for help or search for solutions at https://community.letsencrypt.org. See the logfile \
+/var/log/letsencrypt/letsencrypt.log or re-run Certbot with -v for more details.
+acme.messages.Error: urn:ietf:params:acme:error:rateLimited :: There were too many requests of \
+a given type :: too many certificates (1) already issued for this exact set of identifiers in \
+the last 1m0s, retry after 2026-11-30 21:52:17 UTC: see \
+https://letsencrypt.org/docs/rate-limits/#new-certificates-per-exact-set-of-identifiers
+"""
+
+
+def test_a_rate_limit_hidden_by_certbot_21_is_named_from_the_cas_problem() -> None:
+    cause = classify(CERTBOT_21_RATE_LIMITED, DOMAIN, "https://acme.test/dir")
+    assert cause.name == "rate-limited"
+    assert cause.message == (
+        "the ACME CA rate-limits this account or name: too many certificates (1) already issued "
+        "for this exact set of identifiers in the last 1m0s, retry after 2026-11-30 21:52:17 "
+        "UTC: see https://letsencrypt.org/docs/rate-limits/"
+        "#new-certificates-per-exact-set-of-identifiers")
+
+
+def test_a_failed_run_says_when_certbot_tries_again(tmp_path: Path) -> None:
+    site = acme_site(tmp_path)
+    site.layout.acme_last_run.write_text(f"exit=1 at=1800000000 next=120\n"
+                                         f"{CERTBOT_21_RATE_LIMITED}")
+    failed = acme_status(site)
+    assert failed.last_run is not None and failed.last_run.next_in == 120
+    assert failed.lines()[3] == ("  next attempt: certbot runs again at 2027-01-15 08:02:00Z "
+                                 "(120s after this run; after a failed run it waits 60s, "
+                                 "doubling up to 3600s)")
+    assert failed.to_json()["next_attempt"] == "2027-01-15T08:02:00+00:00"
+    write_run(site, 1, CERTBOT_21_RATE_LIMITED)  # a file without next=: no time to give
+    assert acme_status(site).lines()[3] == "  certbot retries within minutes"
+    assert acme_status(site).to_json()["next_attempt"] is None

@@ -231,6 +231,11 @@ def test_acme_mode_renders_certbot_and_the_challenge(rendered: dict[str, Path]) 
                  "mv -f /kit-tls/.server.crt.new /kit-tls/server.crt",
                  "sleep 43200 & wait", "sleep $delay & wait", ">/kit-tls/acme-last-run.new"):
         assert part in loop, part
+    # a failed run's outcome: when the next run is, and the CA's problem from certbot's log
+    for part in ("next=$delay; [ $rc = 0 ] && next=43200;", 'echo "exit=$rc at=$(date +%s) '
+                 'next=$next"', "[ $rc = 0 ] || grep -m 1 -F 'acme.messages.Error: ' "
+                 "/var/log/letsencrypt/letsencrypt.log >>/kit-tls/.acme-run"):
+        assert part in loop, part
     mounts = {m["target"]: m for m in certbot["volumes"]}
     assert mounts["/kit-tls"]["source"] == "../nginx/tls"
     nginx = compose["services"]["nginx"]
