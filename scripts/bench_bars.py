@@ -11,8 +11,11 @@
 
     python3 scripts/bench_bars.py [--only fidelity,capacity,boundary]
 
-Needs a Docker engine (scripts/dockerd.sh start) and builds the test images when needed. Prints
-each bar's figures and verdict; exit status 1 when one is not met.
+Needs a Docker engine (scripts/dockerd.sh start) and builds the test images when needed. For the
+fidelity and capacity bars, with 2 CPUs, the stand-in's server runs on one and the load (kit
+bench, its direct client, the front door's nginx and verifier) on the other
+(tests/support/cpus.py). Prints each bar's figures and verdict; exit status 1 when one is not
+met.
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ import docker
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from kit.desired import PROJECT_LABEL, SERVICE_LABEL  # noqa: E402
 from tests.e2e.conftest import BUILD, pick_free_port  # noqa: E402
-from tests.e2e.stack import kit, running_site  # noqa: E402
+from tests.e2e.stack import SERVICE, kit, running_site  # noqa: E402
+from tests.support.cpus import ContainerSplit  # noqa: E402
 
 PROXY = {"rate_limit_per_ip": 1000000, "rate_limit_per_credential": 1000000,
          "max_connections_per_ip": 4096}
@@ -48,6 +53,12 @@ def bench(site, *args: str) -> tuple[dict, float]:
     if result.returncode != 0:
         print(result.stderr.rstrip())
     return json.loads((out / "bench.json").read_text()), took
+
+
+def front_door(site) -> list:
+    """The site's containers other than the stand-in's: nginx and the credential verifier."""
+    found = site.client.containers.list(filters={"label": f"{PROJECT_LABEL}={site.name}"})
+    return [c for c in found if c.labels.get(SERVICE_LABEL) != SERVICE]
 
 
 def within(measured: float, expected: float) -> bool:
@@ -74,7 +85,8 @@ def fidelity(client, root: Path, levels: tuple[int, ...], ttft: int, interval: i
     env = {"STANDIN_TTFT_MS": str(ttft), "STANDIN_TOKEN_INTERVAL_MS": str(interval)}
     ok = True
     with running_site(root, client, pick_free_port(), pick_free_port(), prefix="bars",
-                      proxy=PROXY, env=env, max_num_seqs=1024) as site:
+                      proxy=PROXY, env=env, max_num_seqs=1024) as site, \
+            ContainerSplit(site.container(SERVICE), front_door(site)):
         for level in levels:
             report, _ = bench(site, "--concurrency", str(level), "--input-tokens", "128",
                               "--output-tokens", "32", "--requests-per-step",

@@ -8,7 +8,9 @@
 #    $KIT_TEST_CACHE (default /var/cache/kit-test) and imported as kit-test/base:<hash>.
 # 2. The vLLM stand-in image (tests/standin: NOT vLLM, it imitates vLLM 0.33.0's CLI and HTTP
 #    surface), ENTRYPOINT ["vllm", "serve"], tagged with every --vllm-tag (default
-#    vllm/vllm-openai:v0.33.0) and kit-test/vllm-standin:latest.
+#    vllm/vllm-openai:v0.33.0) and kit-test/vllm-standin:latest. Its root filesystem is the
+#    base's plus python3-uvloop (vLLM serves on uvloop; so does the stand-in when it has it),
+#    built and cached the same way.
 # 3. An nginx image laid out like the official one (/etc/nginx/conf.d, /etc/nginx/modules with
 #    ngx_http_js_module.so, user/group nginx 101:101, /var/cache/nginx, CMD nginx -g 'daemon off;',
 #    STOPSIGNAL SIGQUIT), tagged with every --nginx-tag (default nginx:1.27-alpine) and
@@ -36,6 +38,7 @@ PACKAGES="python3,curl,ca-certificates,nginx-light,libnginx-mod-http-js"
 LABEL="kit.test.inputs"
 ACME_PACKAGES="pebble,certbot,ca-certificates"
 ACME_TEST_ADDRESS="10.77.0.1" # where tests/e2e/test_acme.py puts pebble (tests/e2e/acme.py)
+STANDIN_PACKAGES="$PACKAGES,python3-uvloop"
 
 # Official-image layout on top of Debian's nginx (run inside mmdebstrap on the new root "$1").
 CUSTOMIZE=(
@@ -195,7 +198,9 @@ cp "$REPO/tests/standin/vllm" "$REPO/tests/standin/README.md" \
 mkdir "$work/vllm/standin/vllm_standin"
 cp "$REPO"/tests/standin/vllm_standin/*.py "$work/vllm/standin/vllm_standin/"
 ln -s /opt/vllm-standin/vllm "$work/vllm/bin/vllm"
-build vllm-standin "$HERE/vllm-standin.Dockerfile" "$work/vllm" "$VLLM_IMAGE" "${vllm_tags[@]}"
+STANDIN_BASE="$(rootfs_image standin-base "$STANDIN_PACKAGES" "${CUSTOMIZE[@]}")"
+BASE="$STANDIN_BASE" build vllm-standin "$HERE/vllm-standin.Dockerfile" "$work/vllm" \
+    "$VLLM_IMAGE" "${vllm_tags[@]}"
 
 mkdir -p "$work/nginx"
 cp "$HERE/nginx/nginx.conf" "$HERE/nginx/default.conf" "$work/nginx/"

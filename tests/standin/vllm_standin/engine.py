@@ -134,7 +134,8 @@ class Histogram:
 
 
 class Request:
-    """One generation. `on_token(index, text, last)` is called once per step it runs."""
+    """One generation. `on_token(index, text, last)` is called once per step it runs; `arrival`
+    (time.monotonic's clock) is when the server read it, now if not given."""
 
     __slots__ = (
         "prompt_tokens",
@@ -150,12 +151,16 @@ class Request:
     )
 
     def __init__(
-        self, prompt_tokens: int, max_tokens: int, on_token: Callable[[int, str, bool], None]
+        self,
+        prompt_tokens: int,
+        max_tokens: int,
+        on_token: Callable[[int, str, bool], None],
+        arrival: float | None = None,
     ):
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
         self.on_token = on_token
-        self.arrival = time.monotonic()
+        self.arrival = time.monotonic() if arrival is None else arrival
         self.scheduled = self.first_token = self.last_token = 0.0
         self.generated = 0
         self.rng = random.Random()
@@ -268,8 +273,8 @@ class Engine:
     def add(self, request: Request) -> None:
         self.waiting.append(request)
         self.hist["request_params_max_tokens"].observe(request.max_tokens)
-        if self.ttft_s is not None:
-            self._admit(time.monotonic())
+        if self.ttft_s is not None:  # admitted as it arrived, if there is room
+            self._admit(request.arrival)
         if self._timer is None:
             loop = asyncio.get_running_loop()
             self._next_tick = loop.time()
@@ -298,7 +303,8 @@ class Engine:
             request.scheduled = now
             self.running.append(request)
             if self.ttft_s is not None:
-                asyncio.get_running_loop().call_later(self.ttft_s, self._prefilled, request)
+                # the deadline from the admission, not from whenever this line runs
+                asyncio.get_running_loop().call_at(now + self.ttft_s, self._prefilled, request)
             prefill += request.prompt_tokens
             self.counters["prompt_tokens"] += request.prompt_tokens
             self.window["prompt"] += request.prompt_tokens

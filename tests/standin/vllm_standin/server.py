@@ -129,6 +129,7 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = ("", 0)
         self.idle: asyncio.TimerHandle | None = None
+        self.received = 0.0  # when the pending request's first bytes were read (monotonic)
 
     # --- asyncio protocol ------------------------------------------------------------------
 
@@ -157,6 +158,8 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._stop_idle_timer()
+        if not self.buffer:
+            self.received = time.monotonic()
         self.buffer += data
         if not self.busy:
             self._next()
@@ -242,18 +245,17 @@ class Connection(asyncio.Protocol):
         self.transport.write(self._head(200, head))
         self.app.access(self, request, 200)
 
-    def write_event(self, payload: bytes) -> None:
-        if self.transport.is_closing():
-            return
-        if self.chunked:
-            self.transport.write(b"%x\r\n%b\r\n" % (len(payload), payload))
-        else:
-            self.transport.write(payload)
-
-    def end_stream(self) -> None:
-        if self.chunked and not self.transport.is_closing():
-            self.transport.write(b"0\r\n\r\n")
-        self._finish()
+    def write_events(self, *payloads: bytes, end: bool = False) -> None:
+        """The SSE messages of one engine step in one write (one send), `end` closing the body:
+        at hundreds of streams a step's sends are the stand-in's hot path."""
+        if not self.transport.is_closing():
+            if self.chunked:
+                data = b"".join([b"%x\r\n%b\r\n" % (len(p), p) for p in payloads])
+                self.transport.write(data + b"0\r\n\r\n" if end else data)
+            else:
+                self.transport.write(b"".join(payloads))
+        if end:
+            self._finish()
 
 
 class App:
@@ -625,7 +627,7 @@ class App:
                 model=model,
                 prompt_tokens=prompt_tokens,
             )
-        job = Request(prompt_tokens, max_tokens, sink.on_token)
+        job = Request(prompt_tokens, max_tokens, sink.on_token, conn.received)
         conn.active = job
         self.engine.add(job)
 
@@ -676,19 +678,17 @@ class StreamSink:
         self.tail = f'data: {head},"choices":[],"usage":' if usage else None
 
     def on_token(self, index: int, text: str, last: bool) -> None:
-        conn = self.conn
-        if index == 0 and self.first:
-            conn.write_event(self.first)
-        conn.write_event(self.prefix + text.encode() + (self.last if last else self.middle))
+        event = self.prefix + text.encode() + (self.last if last else self.middle)
+        events = [self.first, event] if index == 0 and self.first else [event]
         if last:
             if self.tail is not None:
                 done = index + 1
-                conn.write_event(
+                events.append(
                     f'{self.tail}{{"prompt_tokens":{self.prompt_tokens},"total_tokens":'
                     f'{self.prompt_tokens + done},"completion_tokens":{done}}}}}\n\n'.encode()
                 )
-            conn.write_event(b"data: [DONE]\n\n")
-            conn.end_stream()
+            events.append(b"data: [DONE]\n\n")
+        self.conn.write_events(*events, end=last)
 
 
 class CollectSink:
