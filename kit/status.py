@@ -36,6 +36,7 @@ class StackStatus:
     figures: LiveFigures | None = None  # observability on: Prometheus's live view
     acme: AcmeStatus | None = None  # tls.mode acme: the certificate and certbot's last run
     nodes: tuple[NodeContainers, ...] = ()  # a multi-node service's workers (kit/worker_nodes.py)
+    node_problems: tuple[str, ...] = ()  # why the multi-node service does not serve, if not
 
     def replicas_in_service(self) -> dict[str, dict[str, int]]:
         """Per multi-replica service: how many replicas run healthy, of how many containers."""
@@ -58,7 +59,8 @@ class StackStatus:
             **({"replicas": replicas} if replicas else {}),
             **({"nodes": [{"node": n.node, "engine": n.engine,
                            "containers": [_container_json(c, now) for c in n.containers]}
-                          for n in self.nodes]} if self.nodes else {}),
+                          for n in self.nodes],
+                "multi_node_problems": list(self.node_problems)} if self.nodes else {}),
             "drift": list(self.drift),
             "render_pending": list(self.render_pending),
             "last_probe": self.last_probe,
@@ -98,6 +100,9 @@ def gather(site: Site, engine: Engine,
             c for node, c in nodes.containers() if node == w)) for w in workers) if nodes else (),
         drift=tuple(str(action) for action in changes(up_actions(site.desired, observed)))
         + tuple(nodes.drift() if nodes else ()),
+        node_problems=tuple(nodes.diagnosis(engine, [
+            c for name in dict.fromkeys(w.service for w in workers) for c in observed.of(name)
+        ]) if nodes else ()),
         render_pending=tuple(str(change.output.path) for change in pending),
         last_probe=_last_probe(site.layout.last_probe),
         figures=_figures(site, engine, observed.containers),
@@ -166,6 +171,7 @@ def render_text(status: StackStatus, now: datetime) -> str:
         running = sum(c.running for c in n.containers)
         lines.append(f"node {n.node} ({n.engine}): {running} of {len(n.containers)} worker "
                      "container(s) running" + ("" if n.containers else ": run kit up"))
+    lines += status.node_problems
     for service, count in status.replicas_in_service().items():
         lines.append(f"{service}: {count['healthy']} of {count['replicas']} replicas healthy")
     if status.drift:

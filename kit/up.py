@@ -49,14 +49,16 @@ class SiteUp:
     containers: int
     probe: ProbeResult | None
     acme: AcmeStatus | None = None  # tls.mode acme: the certificate's state when the gate ran
+    workers: int = 0  # a multi-node service's worker containers, on their nodes' engines
 
     def summary(self) -> str:
         changed = changes(self.converged.actions)
         seconds = self.converged.seconds
+        nodes = f" + {self.workers} on worker node(s)" if self.workers else ""
         if changed:
             return (f"stack {self.rendered.spec.site}: {len(changed)} change(s) applied, "
-                    f"{self.containers} container(s) healthy ({seconds:.1f}s)")
-        return f"no change: {self.containers} container(s) up to date ({seconds:.1f}s)"
+                    f"{self.containers} container(s) healthy{nodes} ({seconds:.1f}s)")
+        return f"no change: {self.containers} container(s){nodes} up to date ({seconds:.1f}s)"
 
 
 def up_site(
@@ -98,7 +100,7 @@ def up_site(
 
         gate = run_probe(site.spec, site.layout,
                          replicas=lambda: replica_checks(site, lambda: engine))
-    return SiteUp(rendered, converged, len(site.desired.services) + len(workers), gate, acme)
+    return SiteUp(rendered, converged, len(site.desired.services), gate, acme, len(workers))
 
 
 def converge(

@@ -185,6 +185,26 @@ class WorkerEngines:
             raise KitError(f"worker node(s) {', '.join(sorted(missing))} have no container",
                            fix="something removed it; run kit up again (kit status shows nodes)")
 
+    def diagnosis(self, head: Engine, head_containers: list[ContainerState]) -> list[str]:
+        """`kit status`: when the head is not healthy or a worker is not running, why (the
+        first cause a rule finds in the head's log, then in the workers')."""
+        workers = self.containers()
+        if all(c.running and c.health == "healthy" for c in head_containers) and all(
+                c.running for _, c in workers) and len(workers) >= len(self.nodes):
+            return []
+        logs = [(f"head {c.name}", head.log_tail(c.id, LOG_TAIL_LINES)) for c in head_containers]
+        engines = dict((w.name, e) for w, e in self.nodes)
+        logs += [(f"node {w.name} {c.name}", engines[w.name].log_tail(c.id, LOG_TAIL_LINES))
+                 for w, c in workers]
+        for where, log in logs:
+            found = diagnose(log)
+            if found is not None:
+                return [f"multi-node: not serving; cause: {found.cause}",
+                        f"  (from {where}: {found.evidence})",
+                        f"  spec key: {found.spec_key}; fix: {found.fix}",
+                        "  kit up restarts what stopped"]
+        return ["multi-node: not serving yet (no known cause in the logs): kit logs, kit up"]
+
     def explain(self, error: KitError) -> KitError:
         """`error` with every worker's log tail, and the first cause a rule finds in them when
         the error has none of its own (the head's log may only say that a node is missing)."""

@@ -1,5 +1,5 @@
 """A multi-node service on a real engine with the vLLM stand-in, the rendered files run as they
-are with Docker Compose v2 (kit up cannot start worker nodes yet: docs/multinode.md).
+are with plain Docker Compose v2 (kit up over two engines: tests/e2e/test_multinode_up.py).
 
 Both nodes are compose projects on one engine with host networking, each on its own address of
 a veth interface the test creates (the spec's network_interface): the head waits until the

@@ -98,7 +98,8 @@ def test_up_starts_the_worker_on_its_engine_then_the_head_waits_for_it(
         "big healthy after",
     )]
     assert order == sorted(order)
-    assert result.containers == len(Site.load(multi).desired.services) + 1
+    assert result.containers == len(Site.load(multi).desired.services) and result.workers == 1
+    assert "container(s) healthy + 1 on worker node(s)" in result.summary()
     listener = [c for c in head.calls if c == ("helper_start", LISTENER)]
     probe = [c for c in worker.calls if c == ("helper_start", PROBE)]
     assert listener and probe and head.helpers == {} and worker.helpers == {}
@@ -119,9 +120,17 @@ def test_status_shows_the_workers_per_node_and_down_removes_them(
     assert "drift: none" in text
     (node,) = status.to_json(now)["nodes"]
     assert node["node"] == "gpu02" and node["containers"][0]["name"] == WORKER_CONTAINER
+    assert status.node_problems == ()
+    head.write_log(HEAD_CONTAINER, "RuntimeError: NCCL error: remote process exited or there "
+                   "was a network error")
     worker.stop(worker.inspect(WORKER_CONTAINER)["Id"])
-    drift = gather(site, head, connect_node=lambda url: worker).drift
-    assert drift == (f"node gpu02: start container {WORKER_CONTAINER}: exited (exit code 0)",)
+    stopped = gather(site, head, connect_node=lambda url: worker)
+    assert stopped.drift == (
+        f"node gpu02: start container {WORKER_CONTAINER}: exited (exit code 0)",)
+    text = render_text(stopped, now)
+    assert f"node gpu02 ({WORKER_URL}): 0 of 1 worker container(s) running" in text
+    assert "multi-node: not serving; cause:" in text
+    assert "spec key: services[].nodes" in text
     removed = WorkerEngines.connect(site, worker_nodes(site), lambda url: worker).stop(
         False, lambda line: None)
     assert removed == 1 and worker.names() == [] and HEAD_CONTAINER in head.names()
