@@ -10,7 +10,6 @@ brings the service back, and `kit down` removes the containers on both engines.
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections.abc import Iterator
@@ -18,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import LLAMA_8B
 from tests.e2e.conftest import PROJECT_LABEL, remove_project
 from tests.e2e.remote_host import LOCAL_IP, REMOTE_IP, RemoteHost, remote_host
-from tests.e2e.stack import DOMAIN, SERVICE, kit, write_spec
+from tests.e2e.stack import kit
+from tests.e2e.test_multinode import write_multinode_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -45,25 +44,13 @@ def test_kit_up_starts_both_nodes_gates_diagnoses_a_lost_worker_and_down_removes
     tmp_path: Path, docker_client, worker_host: RemoteHost, free_port
 ) -> None:
     site = f"mn{secrets.token_hex(3)}"
-    models = tmp_path / "models"  # both "hosts" share the disk: the same path on each node
-    (models / SERVICE).mkdir(parents=True)
-    (models / SERVICE / "config.json").write_text(json.dumps(LLAMA_8B))
     folder = tmp_path / site
     folder.mkdir()
     spec = folder / "site.yaml"
-    write_spec(spec, {
-        "site": site, "domain": DOMAIN, "models_root": str(models), "healthcheck_interval": 1,
-        "auth": {"users": ["ops"], "api_keys": True},
-        "proxy": {"bind": "127.0.0.1", "https_port": free_port(), "http_port": free_port()},
-        "services": [{
-            "name": "big", "model": SERVICE, "served_name": "big-chat", "gpus": [0],
-            "tensor_parallel": 1, "pipeline_parallel": 2, "max_model_len": 4096,
-            "nodes": [{"name": site, "address": LOCAL_IP},
-                      {"name": "gpu02", "address": REMOTE_IP, "engine": worker_host.url}],
-            "master_port": free_port(LOCAL_IP),
-            "env": {"STANDIN_LOAD_SECONDS": "1", "STANDIN_JOIN_TIMEOUT_S": "120"},
-        }],
-    })
+    write_multinode_spec(spec, tmp_path / "models", site, free_port, nodes=[
+        {"name": site, "address": LOCAL_IP},
+        {"name": "gpu02", "address": REMOTE_IP, "engine": worker_host.url},
+    ], master_port=free_port(LOCAL_IP))
     worker_project = f"{site}-gpu02"
     try:
         started = time.monotonic()
@@ -84,6 +71,9 @@ def test_kit_up_starts_both_nodes_gates_diagnoses_a_lost_worker_and_down_removes
         log = head.logs().decode()
         assert log.index("All 2 nodes joined") < log.index("Application startup complete")
         assert worker_host.mounts_under(folder) == []  # nothing of the site folder over there
+        logs = kit("logs", str(spec), "big")
+        assert logs.returncode == 0, logs.stderr
+        assert "big       | " in logs.stdout and "big@gpu02 | " in logs.stdout
 
         worker.kill()
         deadline = time.monotonic() + 60

@@ -12,6 +12,8 @@ import pytest
 
 from kit.desired import PROJECT_LABEL
 from kit.errors import BadInput, KitError
+from kit.logs import log_lines
+from kit.observe import observe
 from kit.site import Site
 from kit.status import gather, render_text
 from kit.up import up_site
@@ -161,18 +163,24 @@ def test_each_cross_node_preflight_refusal_starts_nothing(
     assert head.helpers == {} and worker.helpers == {}  # every helper collected
 
 
+def fails_on_start(engine: Node, name: str, log: str) -> None:
+    """Once started, the container `name` writes `log` and exits soon after (as vLLM does)."""
+    original = engine.start
+
+    def start_then_exit(container_id: str) -> None:
+        original(container_id)
+        if engine.inspect(container_id)["Name"] == f"/{name}":
+            engine.write_log(container_id, log)
+            engine.schedule(container_id, after=3, Status="exited", Running=False, ExitCode=1)
+
+    engine.start = start_then_exit  # type: ignore[method-assign]
+
+
 def test_a_worker_that_exits_ends_the_heads_wait_with_its_diagnosis(
         multi: Path, engines: tuple[Node, Node]) -> None:
     head, worker = engines
-    original = worker.start
-
-    def start_then_fail(container_id: str) -> None:
-        original(container_id)
-        worker.write_log(container_id, "RuntimeError: [enforce fail at device.cc:83] "
-                         "ifa != nullptr. Unable to find address for: veth-kit0")
-        worker.schedule(container_id, after=2, Status="exited", Running=False, ExitCode=1)
-
-    worker.start = start_then_fail  # type: ignore[method-assign]
+    fails_on_start(worker, WORKER_CONTAINER, "RuntimeError: [enforce fail at device.cc:83] "
+                   "ifa != nullptr. Unable to find address for: veth-kit0")
     head.worker = None  # alone, the head never turns healthy
     with pytest.raises(WorkerFailed) as raised:
         up(multi, engines)
@@ -185,16 +193,8 @@ def test_a_worker_that_exits_ends_the_heads_wait_with_its_diagnosis(
 def test_a_head_that_fails_is_shown_with_the_workers_logs(
         multi: Path, engines: tuple[Node, Node]) -> None:
     head, worker = engines
-    original = head.start
-
-    def start_then_time_out(container_id: str) -> None:
-        original(container_id)
-        if head.inspect(container_id)["Name"] == f"/{HEAD_CONTAINER}":
-            head.write_log(container_id, "torch.distributed.DistStoreError: Timed out after "
-                           "601 seconds waiting for clients. 1/2 clients joined.")
-            head.schedule(container_id, after=2, Status="exited", Running=False, ExitCode=1)
-
-    head.start = start_then_time_out  # type: ignore[method-assign]
+    fails_on_start(head, HEAD_CONTAINER, "torch.distributed.DistStoreError: Timed out after "
+                   "601 seconds waiting for clients. 1/2 clients joined.")
     head.worker = None
     with pytest.raises(KitError) as raised:
         up(multi, engines)
@@ -231,3 +231,18 @@ def test_a_nodes_engine_is_checked_like_the_sites(site: Path) -> None:
     assert result.exit_code == 2
     assert "services[1].nodes[1].engine" in result.output
     assert "plain tcp:// engine is unauthenticated" in result.output
+
+
+def test_logs_merge_the_head_and_the_workers_each_from_its_engine(
+        multi: Path, engines: tuple[Node, Node]) -> None:
+    head, worker = engines
+    up(multi, engines)
+    head.write_log(HEAD_CONTAINER, "All 2 nodes joined (world size 4)")
+    worker.write_log(WORKER_CONTAINER, "joined the head as rank 1")
+    sources = [(head, c, c.service) for c in observe(head, "test01").containers
+               if c.service == "big"]
+    sources += [(worker, c, f"{c.service}@gpu02")
+                for c in observe(worker, "test01-gpu02").containers]
+    lines = set(log_lines(sources, follow=False, tail="all"))
+    assert lines == {"big       | All 2 nodes joined (world size 4)",
+                     "big@gpu02 | joined the head as rank 1"}
