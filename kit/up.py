@@ -115,7 +115,7 @@ def converge(
     observed = site.observe(engine)
     actions = up_actions(site.desired, observed)
     plans = nodes.plans() if nodes else []
-    node_actions = [action for *_, planned in plans for action in planned]
+    node_actions = [action for plan in plans for action in plan.actions]
     if actions or node_actions:
         preflight(engine, site, observed, actions, report)
         if nodes:

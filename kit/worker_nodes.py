@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kit.desired import DesiredState, load_desired
+from kit.desired import DesiredState, ServiceState, load_desired
 from kit.diagnose import diagnose
 from kit.errors import BadInput, KitError
 from kit.node_preflight import check_nodes
@@ -47,8 +47,6 @@ class WorkerNode:
 
     service: str
     name: str
-    address: str
-    rank: int
     engine_url: str
     project: str  # its compose project: <site>-<name>
     compose_file: Path  # compose/node-<name>.yml of the site folder
@@ -61,7 +59,7 @@ def worker_nodes(site: Site) -> list[WorkerNode]:
     for i, service in enumerate(site.spec.services):
         for rank, node in list(enumerate(service.nodes or []))[1:]:
             workers.append(WorkerNode(
-                service=service.name, name=node.name, address=node.address, rank=rank,
+                service=service.name, name=node.name,
                 engine_url=node.engine or _sibling_engine(site, f"services[{i}].nodes[{rank}]",
                                                           node.name),
                 project=f"{site.project}-{node.name}",
@@ -94,6 +92,20 @@ def node_desired(site: Site, worker: WorkerNode) -> DesiredState:
     return load_desired(site.layout, worker.project, worker.compose_file)
 
 
+@dataclass(frozen=True)
+class WorkerPlan:
+    """What `kit up` does on one worker's engine."""
+
+    worker: WorkerNode
+    engine: Engine
+    observed: ObservedState
+    actions: list[Action]
+
+    @property
+    def starting(self) -> list[ServiceState]:
+        return starting_services(self.actions)
+
+
 @dataclass
 class WorkerEngines:
     """The workers of a site, each with its engine connected (kit up, down, status)."""
@@ -107,45 +119,43 @@ class WorkerEngines:
                 connect: Callable[[str], Engine]) -> WorkerEngines:
         return cls(site, [(worker, connect(worker.engine_url)) for worker in workers])
 
-    def observed(self) -> list[tuple[WorkerNode, Engine, DesiredState, ObservedState]]:
-        found = []
+    def plans(self) -> list[WorkerPlan]:
+        """What `kit up` would do on each worker's engine."""
+        plans = []
         for worker, engine in self.nodes:
             desired = node_desired(self.site, worker)
             images = tuple(s.config.image for s in desired.services)
-            found.append((worker, engine, desired, observe(engine, worker.project, images)))
-        return found
-
-    def plans(self) -> list[tuple[WorkerNode, Engine, DesiredState, ObservedState, list[Action]]]:
-        """What `kit up` would do on each worker's engine."""
-        return [(w, e, d, o, up_actions(d, o)) for w, e, d, o in self.observed()]
+            observed = observe(engine, worker.project, images)
+            plans.append(WorkerPlan(worker, engine, observed, up_actions(desired, observed)))
+        return plans
 
     def drift(self) -> list[str]:
-        return [f"node {worker.name}: {action}" for worker, _, _, _, actions in self.plans()
-                for action in changes(actions)]
+        return [f"node {plan.worker.name}: {action}" for plan in self.plans()
+                for action in changes(plan.actions)]
 
-    def preflight(self, plans: list, head: Engine, head_actions: list[Action],
+    def preflight(self, plans: list[WorkerPlan], head: Engine, head_actions: list[Action],
                   report: Callable[[str], None]) -> None:
         """Each worker's own preflight on its engine, then what the nodes must share."""
-        starting = [(w, e, o, starting_services(a)) for w, e, _, o, a in plans]
-        for worker, engine, observed, services in starting:
-            if services:
-                check_services(engine, self.site.spec, worker.project, services, observed, report)
+        for plan in plans:
+            if plan.starting:
+                check_services(plan.engine, self.site.spec, plan.worker.project, plan.starting,
+                               plan.observed, report)
         head_starts = {s.name for s in starting_services(head_actions)}
         for name in dict.fromkeys(w.service for w, _ in self.nodes):
-            if name in head_starts or any(s for w, _, _, s in starting if w.service == name):
+            if name in head_starts or any(p.starting for p in plans if p.worker.service == name):
                 check_nodes((self.site.spec.site, head),
                             [(w, e) for w, e in self.nodes if w.service == name],
                             self.site.desired.service(name), head_starts=name in head_starts,
                             report=report)
 
-    def start(self, plans: list, report: Callable[[str], None]) -> None:
+    def start(self, plans: list[WorkerPlan], report: Callable[[str], None]) -> None:
         """Apply each worker's plan on its engine (checked by preflight first, in kit up)."""
         from kit.apply import Executor
 
-        for worker, engine, _, _, actions in plans:
-            Executor(engine=engine, applied=self.site.layout.applied, wait=lambda _: None,
-                     report=lambda line, name=worker.name: report(f"node {name}: {line}")
-                     ).run(actions)
+        for plan in plans:
+            Executor(engine=plan.engine, applied=self.site.layout.applied, wait=lambda _: None,
+                     report=lambda line, name=plan.worker.name: report(f"node {name}: {line}")
+                     ).run(plan.actions)
         self.baseline = {c.id: c.restart_count for _, c in self.containers()}
 
     def stop(self, volumes: bool, report: Callable[[str], None]) -> int:
