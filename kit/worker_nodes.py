@@ -197,15 +197,16 @@ class WorkerEngines:
 
     def diagnosis(self, head: Engine, head_containers: list[ContainerState]) -> list[str]:
         """`kit status`: when the head is not healthy or a worker is not running, why (the
-        first cause a rule finds in the head's log, then in the workers')."""
+        first cause a rule finds in the workers' logs, the root cause when one failed, then in
+        the head's)."""
         workers = self.containers()
         if all(c.running and c.health == "healthy" for c in head_containers) and all(
                 c.running for _, c in workers) and len(workers) >= len(self.nodes):
             return []
-        logs = [(f"head {c.name}", head.log_tail(c.id, LOG_TAIL_LINES)) for c in head_containers]
         engines = dict((w.name, e) for w, e in self.nodes)
-        logs += [(f"node {w.name} {c.name}", engines[w.name].log_tail(c.id, LOG_TAIL_LINES))
-                 for w, c in workers]
+        logs = [(f"node {w.name} {c.name}", engines[w.name].log_tail(c.id, LOG_TAIL_LINES))
+                for w, c in workers]
+        logs += [(f"head {c.name}", head.log_tail(c.id, LOG_TAIL_LINES)) for c in head_containers]
         for where, log in logs:
             found = diagnose(log)
             if found is not None:
@@ -216,20 +217,22 @@ class WorkerEngines:
         return ["multi-node: not serving yet (no known cause in the logs): kit logs, kit up"]
 
     def explain(self, error: KitError) -> KitError:
-        """`error` with every worker's log tail, and the first cause a rule finds in them when
-        the error has none of its own (the head's log may only say that a node is missing)."""
-        message, fix = error.message, error.fix
+        """`error` with every worker's log tail and the cause a rule finds there: a worker's
+        is the root cause (the head's log may only say that a node is missing), so its fix
+        comes first."""
+        message, fix, rooted = error.message, error.fix, False
         for worker, engine in self.nodes:
             for container in observe(engine, worker.project).containers:
                 log = engine.log_tail(container.id, LOG_TAIL_LINES)
                 message += (f"\n--- last {LOG_TAIL_LINES} log lines of {container.name} on node "
                             f"{worker.name} ({worker.engine_url}) ---\n{log.rstrip()}\n---")
                 found = diagnose(log)
-                if found is not None and "\ncause: " not in message:
-                    message += (f"\ncause: {found.cause}\n  (from: {found.evidence} on node "
-                                f"{worker.name})\n  spec key: {found.spec_key} "
+                if found is not None:
+                    message += (f"\ncause on node {worker.name}: {found.cause}\n  (from: "
+                                f"{found.evidence})\n  spec key: {found.spec_key} "
                                 f"(service {worker.service})")
-                    fix = found.fix
+                    fix = fix if rooted else found.fix
+                    rooted = True
         return KitError(message, fix=fix or "read the logs: kit logs, and on the node: "
                         "docker logs <container> (kit status lists them)")
 

@@ -163,15 +163,18 @@ def test_each_cross_node_preflight_refusal_starts_nothing(
     assert head.helpers == {} and worker.helpers == {}  # every helper collected
 
 
-def fails_on_start(engine: Node, name: str, log: str) -> None:
-    """Once started, the container `name` writes `log` and exits soon after (as vLLM does)."""
+def fails_on_start(engine: Node, name: str, log: str, *, exits: bool = True) -> None:
+    """Once started, the container `name` writes `log` and (`exits`) exits soon after, as
+    vLLM does."""
     original = engine.start
 
     def start_then_exit(container_id: str) -> None:
         original(container_id)
         if engine.inspect(container_id)["Name"] == f"/{name}":
             engine.write_log(container_id, log)
-            engine.schedule(container_id, after=3, Status="exited", Running=False, ExitCode=1)
+            if exits:
+                engine.schedule(container_id, after=3, Status="exited", Running=False,
+                                ExitCode=1)
 
     engine.start = start_then_exit  # type: ignore[method-assign]
 
@@ -195,13 +198,18 @@ def test_a_head_that_fails_is_shown_with_the_workers_logs(
     head, worker = engines
     fails_on_start(head, HEAD_CONTAINER, "torch.distributed.DistStoreError: Timed out after "
                    "601 seconds waiting for clients. 1/2 clients joined.")
+    fails_on_start(worker, WORKER_CONTAINER, "[W socket.cpp:755] [c10d] The client socket "
+                   "has timed out after 600s while trying to connect to (10.213.0.1, 29600).",
+                   exits=False)
     head.worker = None
     with pytest.raises(KitError) as raised:
         up(multi, engines)
     message = str(raised.value)
     assert "service big did not become healthy" in message
-    assert "spec key: services[].nodes" in message
+    assert "spec key: services[].nodes" in message  # the head's view: a node is missing
     assert f"log lines of {WORKER_CONTAINER} on node gpu02" in message
+    assert "cause on node gpu02: this node could not reach 10.213.0.1:29600" in message
+    assert raised.value.fix is not None and "open TCP 29600 on the head" in raised.value.fix
 
 
 def test_a_nodes_engine_comes_from_its_sibling_spec_in_the_fleet(site: Path) -> None:
