@@ -66,6 +66,8 @@ def test_kit_up_starts_both_nodes_gates_diagnoses_a_lost_worker_and_down_removes
         (head,) = [c for c in containers(docker_client, site) if c.name == f"{site}-big-1"]
         (worker,) = containers(worker_host.client, worker_project)
         assert head.attrs["HostConfig"]["NetworkMode"] == "host"
+        (nginx,) = [c for c in containers(docker_client, site) if c.name == f"{site}-nginx-1"]
+        assert nginx.attrs["HostConfig"]["ExtraHosts"] == [f"big:{LOCAL_IP}"]
         assert worker.attrs["HostConfig"]["NetworkMode"] == "host"
         assert worker.attrs["HostConfig"]["IpcMode"] == "host"
         log = head.logs().decode()
@@ -82,6 +84,7 @@ def test_kit_up_starts_both_nodes_gates_diagnoses_a_lost_worker_and_down_removes
             time.sleep(0.5)
         status = kit("status", str(spec))
         assert status.returncode == 0, status.stderr
+        print(status.stdout)
         assert f"node gpu02 ({worker_host.url}): 0 of 1 worker container(s) running" \
             in status.stdout, status.stdout
         assert "multi-node: not serving; cause:" in status.stdout
