@@ -70,7 +70,9 @@ SERVICE_KEYS = {
     "image", "entrypoint", "command", "environment", "env_file", "volumes", "ipc", "deploy",
     "healthcheck", "restart", "stop_grace_period", "stop_signal", "logging", "networks", "ports",
     "tmpfs", "read_only", "security_opt", "ulimits", "depends_on", "labels",
+    "network_mode", "extra_hosts",
 }
+HOST_NETWORK = "host"  # network_mode of every node of a multi-node service (kit/multinode.py)
 DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|ns)")
 DURATION_SECONDS = {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
@@ -135,6 +137,10 @@ class ContainerConfig:
     log_options: tuple[tuple[str, str], ...]
     networks: tuple[str, ...]  # engine network names; the first is attached at create
     ports: tuple[PortBinding, ...]
+    # A multi-node service's nodes share their host's network (HOST_NETWORK, then no
+    # networks); the front door reaches its head by extra_hosts ("name:address").
+    network_mode: str | None = None
+    extra_hosts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -186,9 +192,10 @@ def project_filter(project: str) -> list[str]:
     return [f"{PROJECT_LABEL}={project}"]
 
 
-def load_desired(layout: SiteLayout, project: str) -> DesiredState:
-    """Parse the rendered compose file of a site into its desired state."""
-    path = layout.compose_file
+def load_desired(layout: SiteLayout, project: str, path: Path | None = None) -> DesiredState:
+    """Parse the rendered compose file of a site (or `path`, a worker node's compose file in
+    its compose folder) into its desired state."""
+    path = path or layout.compose_file
     try:
         document = yaml.safe_load(path.read_text())
     except FileNotFoundError:
@@ -258,13 +265,8 @@ def _literal(value: str) -> str:
 
 def _service(name: str, body: dict, context: _Context) -> ServiceState:
     where = f"services.{name}"
-    if body.get("network_mode") == "host":  # kit renders it for one service kind only
-        raise KitError(
-            f"{context.config_file} {where} is the head of a multi-node service (host "
-            "networking), which kit does not run on the engine yet",
-            fix="start, stop and inspect it with docker compose as docs/multinode.md shows; "
-            "`kit probe` checks its front door",
-        )
+    _expect(body.get("network_mode") in (None, HOST_NETWORK), context.config_file,
+            f"{where}.network_mode is not {HOST_NETWORK!r}, the only one kit renders")
     unknown = sorted(set(body) - SERVICE_KEYS)
     _expect(not unknown, context.config_file,
             f"{where} uses {', '.join(unknown)}, which kit up does not apply")
@@ -299,6 +301,8 @@ def _service(name: str, body: dict, context: _Context) -> ServiceState:
         log_options=_pairs(logging.get("options")),
         networks=_networks(body.get("networks") or [], context, where),
         ports=tuple(_port(spec, context, where) for spec in body.get("ports") or ()),
+        network_mode=body.get("network_mode"),
+        extra_hosts=tuple(str(entry) for entry in body.get("extra_hosts") or ()),
     )
     reloadable = name == PROXY_SERVICE
     files_digest = digest_paths(site_sources) if site_sources else None
@@ -336,8 +340,15 @@ def _service(name: str, body: dict, context: _Context) -> ServiceState:
 def config_hash(
     config: ContainerConfig, labels: dict[str, str], site_files_digest: str | None
 ) -> str:
-    """sha256 of the canonical JSON of the engine config and labels (+ mounted site files)."""
-    document = {"config": asdict(config), "labels": labels, "site_files": site_files_digest}
+    """sha256 of the canonical JSON of the engine config and labels (+ mounted site files).
+
+    The multi-node keys count only when set, so a stack created before kit knew them keeps
+    its hashes (no recreate on upgrade)."""
+    fields = asdict(config)
+    for key in ("network_mode", "extra_hosts"):
+        if not fields[key]:
+            del fields[key]
+    document = {"config": fields, "labels": labels, "site_files": site_files_digest}
     canonical = json.dumps(document, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -251,8 +251,11 @@ class Engine:
         """Create (not start) a container exactly as `config` says; returns its id.
 
         Engine API 1.41 attaches one network at create; the others are connected before start.
+        On host networking (a multi-node service's node) there is no network to attach.
         """
-        first, *others = config.networks
+        first, *others = config.networks or [config.network_mode]
+        endpoints = {} if config.network_mode else {
+            first: self._api.create_endpoint_config(aliases=aliases)}
         with self._errors(f"creating container {name}"):
             response = self._api.create_container(
                 image=config.image,
@@ -266,9 +269,7 @@ class Engine:
                 stop_signal=config.stop_signal,
                 stop_timeout=config.stop_timeout,
                 host_config=self._api.create_host_config(**_host_config(config, first)),
-                networking_config=self._api.create_networking_config(
-                    {first: self._api.create_endpoint_config(aliases=aliases)}
-                ),
+                networking_config=self._api.create_networking_config(endpoints),
             )
             container_id = response["Id"]
             for network in others:
@@ -374,6 +375,31 @@ class Engine:
                 )
                 self._api.put_archive(name, "/", archive)
                 self._api.start(name)
+                code = self._api.wait(name, timeout=timeout)["StatusCode"]
+                return code, self._api.logs(name).decode(errors="replace")
+        finally:
+            self.remove(name)
+
+    def helper_start(self, name: str, image: str, argv: list[str], *,
+                     binds: tuple[MountState, ...] = (), host_network: bool = False) -> None:
+        """Start `argv` in a throwaway container (a fixed name: a leftover is replaced) with
+        read-only `binds`, on the host's network or none; `helper_wait` collects it."""
+        self.remove(name)
+        with self._errors(f"starting a helper container {name}"):
+            self._api.create_container(
+                image=image, name=name, entrypoint=argv[:1], command=argv[1:],
+                host_config=self._api.create_host_config(
+                    network_mode="host" if host_network else "none",
+                    mounts=[Mount(m.target, m.source, type="bind", read_only=True)
+                            for m in binds],
+                ),
+            )
+            self._api.start(name)
+
+    def helper_wait(self, name: str, timeout: float) -> tuple[int, str]:
+        """(exit code, log) of a helper once it ends; it is removed either way."""
+        try:
+            with self._errors(f"waiting for the helper container {name}"):
                 code = self._api.wait(name, timeout=timeout)["StatusCode"]
                 return code, self._api.logs(name).decode(errors="replace")
         finally:
@@ -497,4 +523,5 @@ def _host_config(config: ContainerConfig, network: str) -> dict[str, Any]:
             f"{p.container_port}/{p.protocol}": (p.host_ip, p.host_port) for p in config.ports
         },
         "network_mode": network,
+        "extra_hosts": list(config.extra_hosts) or None,
     }

@@ -25,19 +25,21 @@ def containers_of(site: Site, engine: Engine, service: str | None) -> list[Conta
     return chosen
 
 
-def log_lines(
-    engine: Engine, containers: list[ContainerState], *, follow: bool, tail: int | str
-) -> Iterator[str]:
-    """Every log at once, as lines (prefixed by service when there are several).
+Source = tuple[Engine, ContainerState, str]  # a container, its engine, its name in the prefix
+
+
+def log_lines(sources: list[Source], *, follow: bool, tail: int | str) -> Iterator[str]:
+    """Every log at once, as lines (prefixed by service when there are several; a worker
+    node's container, on its own engine, as service@node).
 
     One reader thread per container feeds a queue, so a quiet container never holds back a
     chatty one; a reader's KitError is raised here, in the caller's thread.
     """
     lines: queue.Queue[str | KitError | None] = queue.Queue()  # None: one log ended
-    width = max((len(c.service) for c in containers), default=0)
+    width = max((len(name) for _, _, name in sources), default=0)
 
-    def pump(container: ContainerState) -> None:
-        prefix = f"{container.service:<{width}} | " if len(containers) > 1 else ""
+    def pump(engine: Engine, container: ContainerState, name: str) -> None:
+        prefix = f"{name:<{width}} | " if len(sources) > 1 else ""
         pending = b""
         try:
             for chunk in engine.log_stream(container.id, follow=follow, tail=tail):
@@ -52,9 +54,9 @@ def log_lines(
         finally:
             lines.put(None)
 
-    for container in containers:
-        threading.Thread(target=pump, args=(container,), daemon=True).start()
-    running = len(containers)
+    for source in sources:
+        threading.Thread(target=pump, args=source, daemon=True).start()
+    running = len(sources)
     while running:
         line = lines.get()
         if line is None:

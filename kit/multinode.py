@@ -9,8 +9,6 @@ the API once every node has joined. Every flag here is in vLLM 0.33.0's `vllm se
 
 from dataclasses import dataclass
 
-from kit.errors import BadInput
-
 HEAD_RANK = 0
 # Environment vLLM, NCCL and Gloo read: the node's own address and the interface they bind.
 HOST_IP_ENV = "VLLM_HOST_IP"
@@ -85,16 +83,3 @@ def multinode_plan(service, serve_args: list[str], serve_env: dict[str, str]
         serve_env=serve_env,
     )
 
-
-def refuse_up(spec) -> None:
-    """`kit up` starts the containers of this server only; a multi-node service needs every
-    node's engine (the fleet), so it is refused before anything is written."""
-    spanning = [service.name for service in spec.services if service.nodes]
-    if spanning:
-        raise BadInput(
-            f"service {', '.join(spanning)} spans several servers, and kit up cannot start its "
-            "worker nodes yet (that needs each fleet member's engine)",
-            fix="kit render, then on each worker node run its compose/node-<name>.yml (the "
-            "command is in the file's first lines), then on this server: docker compose -p "
-            f"{spec.site} -f compose/docker-compose.yml up -d",
-        )

@@ -27,7 +27,7 @@ from kit.spec import Spec
 PULL_REPORT_SECONDS = 5  # how often a non-terminal pull display prints a line
 
 
-def _starting_services(actions: list[Action]) -> list[ServiceState]:
+def starting_services(actions: list[Action]) -> list[ServiceState]:
     return [
         action.service
         for action in actions
@@ -42,17 +42,22 @@ def preflight(
     actions: list[Action],
     report: Callable[[str], None],
 ) -> None:
-    services = _starting_services(actions)
-    if not services:
-        return
+    services = starting_services(actions)
+    if services:
+        check_services(engine, site.spec, site.desired.project, services, observed, report)
+
+
+def check_services(engine: Engine, spec: Spec, project: str, services: list[ServiceState],
+                   observed: ObservedState, report: Callable[[str], None]) -> None:
+    """The checks for `services` about to start on `engine` (a site's, or a worker node's)."""
     if engine.is_local:
-        check_bind_sources(site.spec, services)
+        check_bind_sources(spec, services)
     ensure_images(engine, services, observed, report)
     if not engine.is_local:
-        check_remote_bind_sources(engine, site.spec, services)
-    check_gpus(engine, site.desired.project, services)
+        check_remote_bind_sources(engine, spec, services)
+    check_gpus(engine, project, services)
     if engine.is_local:
-        check_ports(engine, site.spec, services, observed)
+        check_ports(engine, spec, services, observed)
 
 
 def check_bind_sources(spec: Spec, services: list[ServiceState]) -> None:
@@ -78,7 +83,7 @@ def check_remote_bind_sources(engine: Engine, spec: Spec, services: list[Service
         for mount in service.config.mounts:
             if mount.type != "bind":
                 continue
-            model = _model_below(service, mount.target)
+            model = model_below(service, mount.target)
             for source in [mount.source, *([f"{mount.source}/{model}"] if model else [])]:
                 checked = Mount("bind", source, mount.target, True)
                 if engine.bind_source_missing(f"{service.container_name}-kit-check",
@@ -94,7 +99,7 @@ def check_remote_bind_sources(engine: Engine, spec: Spec, services: list[Service
                     )
 
 
-def _model_below(service: ServiceState, target: str) -> str | None:
+def model_below(service: ServiceState, target: str) -> str | None:
     """The folder under `target` that the service's `--model` argument names, if any."""
     argv = service.config.command
     for flag, value in zip(argv, argv[1:], strict=False):

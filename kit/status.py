@@ -1,18 +1,29 @@
 """What a site is doing: its containers, drift from the spec, and the last gate result."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from kit.acme import AcmeStatus, acme_status
 from kit.desired import PROMETHEUS_SERVICE
-from kit.docker_api import Engine
+from kit.docker_api import Engine, connect
 from kit.live_figures import LiveFigures, live_figures
 from kit.observe import ContainerState
 from kit.reconcile import changes, up_actions
 from kit.render import render_site
 from kit.site import Site
 from kit.state import json_object, read_state
+from kit.worker_nodes import WorkerEngines, worker_nodes
+
+
+@dataclass(frozen=True)
+class NodeContainers:
+    """The containers of a multi-node service's worker node, on that node's engine."""
+
+    node: str
+    engine: str
+    containers: tuple[ContainerState, ...]
 
 
 @dataclass(frozen=True)
@@ -24,6 +35,8 @@ class StackStatus:
     last_probe: dict | None
     figures: LiveFigures | None = None  # observability on: Prometheus's live view
     acme: AcmeStatus | None = None  # tls.mode acme: the certificate and certbot's last run
+    nodes: tuple[NodeContainers, ...] = ()  # a multi-node service's workers (kit/worker_nodes.py)
+    node_problems: tuple[str, ...] = ()  # why the multi-node service does not serve, if not
 
     def replicas_in_service(self) -> dict[str, dict[str, int]]:
         """Per multi-replica service: how many replicas run healthy, of how many containers."""
@@ -42,23 +55,12 @@ class StackStatus:
         extra = {"observability": self.figures.to_json()} if self.figures else {}
         return {
             "site": self.site,
-            "containers": [
-                {
-                    "service": c.service,
-                    **({"replica_of": c.replica_of, "replica": c.replica}
-                       if c.replica_of is not None else {}),
-                    "name": c.name,
-                    "state": c.state,
-                    "health": c.health,
-                    "gpus": list(c.gpu_ids),
-                    "uptime_seconds": _uptime(c, now),
-                    "restarts": c.restart_count,
-                    "image": c.image,
-                    "id": c.id,
-                }
-                for c in self.containers
-            ],
+            "containers": [_container_json(c, now) for c in self.containers],
             **({"replicas": replicas} if replicas else {}),
+            **({"nodes": [{"node": n.node, "engine": n.engine,
+                           "containers": [_container_json(c, now) for c in n.containers]}
+                          for n in self.nodes],
+                "multi_node_problems": list(self.node_problems)} if self.nodes else {}),
             "drift": list(self.drift),
             "render_pending": list(self.render_pending),
             "last_probe": self.last_probe,
@@ -67,14 +69,40 @@ class StackStatus:
         }
 
 
-def gather(site: Site, engine: Engine) -> StackStatus:
-    """The running stack against the spec: containers, drift, pending render, last gate."""
+def _container_json(c: ContainerState, now: datetime) -> dict:
+    return {
+        "service": c.service,
+        **({"replica_of": c.replica_of, "replica": c.replica}
+           if c.replica_of is not None else {}),
+        "name": c.name,
+        "state": c.state,
+        "health": c.health,
+        "gpus": list(c.gpu_ids),
+        "uptime_seconds": _uptime(c, now),
+        "restarts": c.restart_count,
+        "image": c.image,
+        "id": c.id,
+    }
+
+
+def gather(site: Site, engine: Engine,
+           connect_node: Callable[[str], Engine] | None = None) -> StackStatus:
+    """The running stack against the spec: containers, drift, pending render, last gate; with
+    a multi-node service, its workers' containers and drift, asked of each node's engine."""
     pending = render_site(site, dry_run=True).changes
     observed = site.observe(engine)
+    workers = worker_nodes(site)
+    nodes = WorkerEngines.connect(site, workers, connect_node or connect) if workers else None
     return StackStatus(
         site=site.desired.project,
         containers=observed.containers,
-        drift=tuple(str(action) for action in changes(up_actions(site.desired, observed))),
+        nodes=tuple(NodeContainers(w.name, w.engine_url, tuple(
+            c for node, c in nodes.containers() if node == w)) for w in workers) if nodes else (),
+        drift=tuple(str(action) for action in changes(up_actions(site.desired, observed)))
+        + tuple(nodes.drift() if nodes else ()),
+        node_problems=tuple(nodes.diagnosis(engine, [
+            c for name in dict.fromkeys(w.service for w in workers) for c in observed.of(name)
+        ]) if nodes else ()),
         render_pending=tuple(str(change.output.path) for change in pending),
         last_probe=_last_probe(site.layout.last_probe),
         figures=_figures(site, engine, observed.containers),
@@ -129,11 +157,21 @@ def render_text(status: StackStatus, now: datetime) -> str:
         )
         for c in status.containers
     ]
+    rows += [
+        (f"{c.service} (node {n.node})", "-", c.state, c.health or "-", ",".join(c.gpu_ids) or "-",
+         _duration(_uptime(c, now)), str(c.restart_count), c.image)
+        for n in status.nodes for c in n.containers
+    ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
              for row in rows]
     if not status.containers:
         lines.append(f"(no containers of project {status.site})")
+    for n in status.nodes:
+        running = sum(c.running for c in n.containers)
+        lines.append(f"node {n.node} ({n.engine}): {running} of {len(n.containers)} worker "
+                     "container(s) running" + ("" if n.containers else ": run kit up"))
+    lines += status.node_problems
     for service, count in status.replicas_in_service().items():
         lines.append(f"{service}: {count['healthy']} of {count['replicas']} replicas healthy")
     if status.drift:

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kit.apply import Executor
-from kit.desired import PROXY_SERVICE
+from kit.desired import PROXY_SERVICE, ServiceState
 from kit.docker_api import Engine
 from kit.docker_api import connect as connect_to
+from kit.errors import KitError
 from kit.front_door import check_open_files, running_proxy
-from kit.multinode import refuse_up
 from kit.preflight import preflight
 from kit.reconcile import (
     Action,
@@ -30,6 +30,7 @@ from kit.render import RenderResult, render_site
 from kit.rollout import downtime_notes, record_start_times
 from kit.site import Site
 from kit.wait import wait_healthy
+from kit.worker_nodes import WorkerEngines, WorkerFailed, worker_nodes
 
 if TYPE_CHECKING:
     from kit.acme import AcmeStatus
@@ -52,14 +53,16 @@ class SiteUp:
     containers: int
     probe: ProbeResult | None
     acme: AcmeStatus | None = None  # tls.mode acme: the certificate's state when the gate ran
+    workers: int = 0  # a multi-node service's worker containers, on their nodes' engines
 
     def summary(self) -> str:
         changed = changes(self.converged.actions)
         seconds = self.converged.seconds
+        nodes = f" + {self.workers} on worker node(s)" if self.workers else ""
         if changed:
             return (f"stack {self.rendered.spec.site}: {len(changed)} change(s) applied, "
-                    f"{self.containers} container(s) healthy ({seconds:.1f}s)")
-        return f"no change: {self.containers} container(s) up to date ({seconds:.1f}s)"
+                    f"{self.containers} container(s) healthy{nodes} ({seconds:.1f}s)")
+        return f"no change: {self.containers} container(s){nodes} up to date ({seconds:.1f}s)"
 
 
 def up_site(
@@ -70,12 +73,14 @@ def up_site(
     report: Callable[[str], None],
     warn: Callable[[str], None],
     connect: Callable[[], Engine] | None = None,
+    connect_node: Callable[[str], Engine] | None = None,
 ) -> SiteUp:
     """Render what the spec changed, converge the stack, then run the gate through nginx.
 
     The engine is reached after the render (`connect`: a test's fake; by default the site's
-    engine, kit/engine_url.py)."""
-    refuse_up(site.spec)
+    engine, kit/engine_url.py); a multi-node service's worker nodes by their engine addresses
+    (`connect_node`, kit/worker_nodes.py)."""
+    workers = worker_nodes(site)  # a node whose engine is unknown: refused before writing
     rendered = render_site(site)
     for warning in rendered.warnings:
         warn(warning)
@@ -83,7 +88,8 @@ def up_site(
         report(line)
     rendered.passwords_shown()
     engine = connect() if connect is not None else connect_to(site.engine_url)
-    converged = converge(site, engine, timeout=timeout, report=report)
+    nodes = WorkerEngines.connect(site, workers, connect_node or connect_to) if workers else None
+    converged = converge(site, engine, timeout=timeout, report=report, nodes=nodes)
     acme = None
     if site.spec.tls.mode == "acme":
         from kit.acme import await_certificate, certbot_started
@@ -98,36 +104,58 @@ def up_site(
 
         gate = run_probe(site.spec, site.layout,
                          replicas=lambda: replica_checks(site, lambda: engine))
-    return SiteUp(rendered, converged, len(site.desired.services), gate, acme)
+    return SiteUp(rendered, converged, len(site.desired.services), gate, acme, len(workers))
 
 
 def converge(
-    site: Site, engine: Engine, *, timeout: float | None, report: Callable[[str], None]
+    site: Site, engine: Engine, *, timeout: float | None, report: Callable[[str], None],
+    nodes: WorkerEngines | None = None,
 ) -> UpResult:
-    """Bring the running stack to the rendered compose file; KitError when it cannot."""
+    """Bring the running stack to the rendered compose file; KitError when it cannot.
+
+    With worker `nodes`, every node is checked before anything starts, the workers start
+    first (they wait for the head), and the head's wait watches them."""
     started = time.monotonic()
     observed = site.observe(engine)
     actions = up_actions(site.desired, observed)
-    if actions:
+    plans = nodes.plans() if nodes else []
+    node_actions = [action for plan in plans for action in plan.actions]
+    if actions or node_actions:
         preflight(engine, site, observed, actions, report)
+        if nodes:
+            nodes.preflight(plans, engine, actions, report)
         if site_volumes(site.desired):
             delivered = deliver(engine, site.desired, site.layout.root)
             report(f"site files delivered through the engine: {', '.join(delivered)}")
         for note in downtime_notes(actions, site.layout.start_times):
             report(note)
+        if nodes:
+            nodes.start(plans, report)
         Executor(
             engine=engine,
             applied=site.layout.applied,
             wait=lambda services: _report_healthy(
-                wait_healthy(engine, site.desired, services, timeout=timeout),
-                report, site.layout.start_times,
+                _wait(engine, site, services, timeout, nodes), report, site.layout.start_times,
             ),
             report=report,
             layout=site.layout,
             project=site.project,
         ).run(actions)
         _check_started_proxy(engine, site.project, actions)
-    return UpResult(actions, time.monotonic() - started)
+    return UpResult(node_actions + actions, time.monotonic() - started)
+
+
+def _wait(engine: Engine, site: Site, services: tuple[ServiceState, ...],
+          timeout: float | None, nodes: WorkerEngines | None) -> dict[str, float]:
+    """The health wait; with worker nodes, watched, and a head's failure shown with their logs."""
+    if nodes is None:
+        return wait_healthy(engine, site.desired, services, timeout=timeout)
+    try:
+        return wait_healthy(engine, site.desired, services, timeout=timeout, watch=nodes.watch)
+    except WorkerFailed:
+        raise
+    except KitError as error:
+        raise nodes.explain(error) from None
 
 
 def _check_started_proxy(engine: Engine, project: str, actions: list[Action]) -> None:

@@ -9,6 +9,7 @@ with the container's log tail and, when a rule recognises it, the cause and the 
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kit.desired import SERVICE_LABEL, DesiredState, ServiceState, project_filter
@@ -70,8 +71,11 @@ def wait_healthy(
     services: tuple[ServiceState, ...],
     *,
     timeout: float | None = None,
+    watch: Callable[[], None] | None = None,
 ) -> dict[str, float]:
-    """Block until every service is healthy; seconds each took. KitError on the first failure."""
+    """Block until every service is healthy; seconds each took. KitError on the first failure
+    (`watch`, called every poll, raises one for what the services' health depends on: the
+    worker nodes of a multi-node head, kit/worker_nodes.py)."""
     progress = Progress()
     limit = timeout if timeout is not None else wait_timeout(services)
     start = time.monotonic()
@@ -84,6 +88,8 @@ def wait_healthy(
         for item in tracked:
             if item.healthy_after is None:
                 _poll(engine, item, now, limit)
+        if watch is not None:
+            watch()
         lines = {t.service.name: _line(t, now) for t in tracked}
         status = {t.service.name: _status(t) for t in tracked}
         progress.show(lines, status, now)

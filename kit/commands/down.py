@@ -10,6 +10,7 @@ from kit.docker_api import connect
 from kit.reconcile import RemoveVolume, down_actions
 from kit.remote_files import site_volumes
 from kit.site import Site
+from kit.worker_nodes import WorkerEngines, worker_nodes
 
 
 @click.command()
@@ -18,6 +19,7 @@ from kit.site import Site
 def down(spec: Path, volumes: bool) -> None:
     """Stop and remove the containers and networks of SPEC's stack (default ./site.yaml)."""
     site = Site.load(spec, check_host=False)
+    workers = worker_nodes(site)  # a multi-node service's workers, each on its node's engine
     engine = connect(site.engine_url)
     observed = site.observe(engine, with_images=False)
     plan = down_actions(observed, volumes)
@@ -25,6 +27,8 @@ def down(spec: Path, volumes: bool) -> None:
         plan += [RemoveVolume(v.name, "kit down: a copy of the site files")
                  for v in site_volumes(site.desired) if v.name in observed.volumes]
     Executor(engine, site.layout.applied, wait=lambda _: None, report=click.echo).run(plan)
+    removed = len(plan) + WorkerEngines.connect(site, workers, connect).stop(volumes, click.echo)
     kept = "" if volumes else " (volumes kept; --volumes removes them)"
-    click.echo(f"stack {site.project}: nothing left running{kept}" if plan else
-               f"stack {site.project}: nothing to remove")
+    nodes = f" and on node(s) {', '.join(w.name for w in workers)}" if workers else ""
+    click.echo(f"stack {site.project}: nothing left running{nodes}{kept}" if removed else
+               f"stack {site.project}: nothing to remove{nodes}")

@@ -8,8 +8,10 @@ from kit.commands.options import spec_argument
 from kit.docker_api import connect
 from kit.errors import BadInput
 from kit.logs import containers_of, log_lines
+from kit.observe import observe
 from kit.site import Site
 from kit.spec import DEFAULT_SPEC
+from kit.worker_nodes import WorkerEngines, worker_nodes
 
 
 @click.command()
@@ -19,7 +21,8 @@ from kit.spec import DEFAULT_SPEC
 @click.option("-n", "--tail", default="all", metavar="N",
               help="Lines from the end of each log (default: all).")
 def logs(spec: Path, service: str | None, follow: bool, tail: str) -> None:
-    """Print the logs of SPEC's containers, or of SERVICE only.
+    """Print the logs of SPEC's containers, or of SERVICE only (a multi-node service's worker
+    nodes included, as SERVICE@NODE).
 
     In the site folder `kit logs SERVICE` works too (SPEC defaults to ./site.yaml).
     """
@@ -28,7 +31,13 @@ def logs(spec: Path, service: str | None, follow: bool, tail: str) -> None:
     if tail != "all" and not tail.isdigit():
         raise BadInput(f"--tail {tail!r} is not a number of lines", fix="use e.g. -n 100")
     site = Site.load(spec, check_host=False)
+    workers = worker_nodes(site)  # a multi-node service's workers: their logs on their engines
     engine = connect(site.engine_url)
     lines = int(tail) if tail.isdigit() else "all"
-    for line in log_lines(engine, containers_of(site, engine, service), follow=follow, tail=lines):
+    sources = [(engine, c, c.service) for c in containers_of(site, engine, service)]
+    sources += [(node_engine, c, f"{c.service}@{worker.name}")
+                for worker, node_engine in WorkerEngines.connect(site, workers, connect).nodes
+                for c in observe(node_engine, worker.project).containers
+                if service in (None, c.service)]
+    for line in log_lines(sources, follow=follow, tail=lines):
         click.echo(line)

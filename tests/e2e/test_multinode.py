@@ -1,5 +1,5 @@
 """A multi-node service on a real engine with the vLLM stand-in, the rendered files run as they
-are with Docker Compose v2 (kit up cannot start worker nodes yet: docs/multinode.md).
+are with plain Docker Compose v2 (kit up over two engines: tests/e2e/test_multinode_up.py).
 
 Both nodes are compose projects on one engine with host networking, each on its own address of
 a veth interface the test creates (the spec's network_interface): the head waits until the
@@ -46,6 +46,23 @@ def node_addresses() -> str:
         subprocess.run(["ip", "link", "del", INTERFACE], check=False)
 
 
+def write_multinode_spec(spec: Path, models: Path, site: str, free_port, **service) -> None:
+    """A site whose service `big` runs the stand-in over the given nodes (1 GPU each);
+    `models` holds its config.json (the same path on every node: the hosts share a disk)."""
+    (models / SERVICE).mkdir(parents=True)
+    (models / SERVICE / "config.json").write_text(json.dumps(LLAMA_8B))
+    write_spec(spec, {
+        "site": site, "domain": DOMAIN, "models_root": str(models), "healthcheck_interval": 1,
+        "auth": {"users": ["ops"], "api_keys": True},
+        "proxy": {"bind": "127.0.0.1", "https_port": free_port(), "http_port": free_port()},
+        "services": [{
+            "name": "big", "model": SERVICE, "served_name": "big-chat", "gpus": [0],
+            "tensor_parallel": 1, "pipeline_parallel": 2, "max_model_len": 4096, **service,
+            "env": {"STANDIN_LOAD_SECONDS": "1", "STANDIN_JOIN_TIMEOUT_S": "120"},
+        }],
+    })
+
+
 def compose(project: str, file: str, *args: str, cwd: Path) -> subprocess.Popen:
     return subprocess.Popen([str(COMPOSE_V2), "-p", project, "-f", file, *args], cwd=cwd,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -57,22 +74,10 @@ def test_two_nodes_join_serve_through_the_head_and_a_lost_worker_is_diagnosed(
     if not COMPOSE_V2.exists():
         pytest.skip(f"{COMPOSE_V2} is missing (scripts/dockerd.sh installs it)")
     site = f"mn{secrets.token_hex(3)}"
-    models = tmp_path / "models"
-    (models / SERVICE).mkdir(parents=True)
-    (models / SERVICE / "config.json").write_text(json.dumps(LLAMA_8B))
     spec = tmp_path / "site.yaml"
-    write_spec(spec, {
-        "site": site, "domain": DOMAIN, "models_root": str(models), "healthcheck_interval": 1,
-        "auth": {"users": ["ops"], "api_keys": True},
-        "proxy": {"bind": "127.0.0.1", "https_port": free_port(), "http_port": free_port()},
-        "services": [{
-            "name": "big", "model": SERVICE, "served_name": "big-chat", "gpus": [0],
-            "tensor_parallel": 1, "pipeline_parallel": 2, "max_model_len": 4096,
-            "nodes": [{"name": site, "address": HEAD}, {"name": "gpu02", "address": WORKER}],
-            "network_interface": node_addresses, "master_port": free_port(),
-            "env": {"STANDIN_LOAD_SECONDS": "1", "STANDIN_JOIN_TIMEOUT_S": "120"},
-        }],
-    })
+    write_multinode_spec(spec, tmp_path / "models", site, free_port, nodes=[
+        {"name": site, "address": HEAD}, {"name": "gpu02", "address": WORKER}],
+        network_interface=node_addresses, master_port=free_port())
     rendered = kit("render", str(spec))
     assert rendered.returncode == 0, rendered.stderr
     worker_project = f"{site}-gpu02"

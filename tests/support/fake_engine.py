@@ -53,6 +53,8 @@ class FakeEngine:
         self.exec_results: dict[tuple[str, ...], list[tuple[int, str]]] = {}  # used in turn
         self.reload_errors: list[str] = []  # [emerg] lines nginx logs instead of reloading
         self.worker_log: list[str] = []  # lines nginx's new workers log (at start, each reload)
+        self.helpers: dict[str, tuple[list[str], tuple[Mount, ...], bool]] = {}  # running ones
+        self.helper_results: dict[str, tuple[int, str]] = {}  # helper name → (code, log)
         self._failures: dict[str, KitError] = {}
         self._local = local
         self._containers: dict[str, _Container] = {}
@@ -185,6 +187,9 @@ class FakeEngine:
                         for p in config.ports
                     },
                     "RestartPolicy": {"Name": config.restart},
+                    "NetworkMode": config.network_mode or next(iter(config.networks), "default"),
+                    "IpcMode": config.ipc_mode or "private",
+                    "ExtraHosts": list(config.extra_hosts) or None,
                 },
                 "NetworkSettings": {"Networks": {n: {"Aliases": list(aliases)}
                                                  for n in config.networks}},
@@ -286,6 +291,19 @@ class FakeEngine:
             return done.returncode, done.stdout + done.stderr
         finally:
             shutil.rmtree(root)
+
+    def helper_start(self, name: str, image: str, argv: list[str], *,
+                     binds: tuple[Mount, ...] = (), host_network: bool = False) -> None:
+        self._call("helper_start", name)
+        if image not in self.images:
+            raise _api_error(f"creating container {name}", f"No such image: {image}")
+        self.helpers[name] = (argv, binds, host_network)
+
+    def helper_wait(self, name: str, timeout: float) -> tuple[int, str]:
+        """The scripted result for this helper (`helper_results`), else exit 0, no output."""
+        self._call("helper_wait", name)
+        self.helpers.pop(name)
+        return self.helper_results.get(name, (0, ""))
 
     def bind_source_missing(self, name: str, image: str, mount: Mount) -> bool:
         self._call("bind_source_missing", mount.source)

@@ -2,14 +2,16 @@
 multi-node flags, host networking, the node's address and interface), accepted by compose and
 nginx; every flag kit renders is one `vllm serve` 0.33.0 has."""
 
+import hashlib
+import json
 import subprocess
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 import yaml
 
-from kit.desired import load_desired
-from kit.errors import KitError
+from kit.desired import CONFIG_HASH_LABEL, load_desired
 from kit.layout import SiteLayout
 from kit.vllm_flags import flag_table
 from tests.conftest import tree
@@ -127,19 +129,33 @@ def test_bad_multi_node_specs_exit_2_and_write_nothing(multi: Path, edit, fragme
     assert tree(multi) == before
 
 
-def test_kit_up_refuses_a_multi_node_service_before_writing(multi: Path) -> None:
+def test_kit_up_refuses_a_worker_whose_engine_is_unknown_before_writing(multi: Path) -> None:
+    """kit up reaches each worker on its node's engine: with neither the node's engine nor a
+    sibling spec it cannot tell which one, so it stops before rendering anything."""
     before = tree(multi)
     result = run_kit("up", multi / "site.yaml")
     assert result.exit_code == 2
-    assert "kit up cannot start its worker nodes yet" in result.output
-    assert "compose/node-<name>.yml" in result.output
+    assert "services[1].nodes[1] (gpu02): kit cannot tell which Docker engine" in result.output
+    assert "set services[1].nodes[1].engine" in result.output
     assert tree(multi) == before
 
 
-def test_engine_verbs_say_a_multi_node_head_is_not_theirs_yet(multi: Path) -> None:
-    """status, logs and live credential changes read the desired state first (no engine)."""
+def test_the_head_runs_on_host_networking_and_nginx_reaches_it_by_extra_hosts(
+        multi: Path) -> None:
+    """The engine path applies what the rendered head asks (kit/desired.py → docker_api)."""
     assert run_kit("render", multi / "site.yaml").exit_code == 0
-    with pytest.raises(KitError) as raised:
-        load_desired(SiteLayout(multi), "test01")
-    assert "services.big is the head of a multi-node service" in raised.value.message
-    assert "docs/multinode.md" in str(raised.value.fix)
+    desired = load_desired(SiteLayout(multi), "test01")
+    head = desired.service("big").config
+    assert (head.network_mode, head.ipc_mode, head.networks) == ("host", "host", ())
+    assert desired.service("nginx").config.extra_hosts == ("big:10.213.0.1",)
+    other = desired.service("llama8b").config
+    assert other.network_mode is None and other.extra_hosts == ()
+    # Unset, the new keys leave the hash as before them (no recreate on upgrade).
+    plain = asdict(other)
+    del plain["network_mode"], plain["extra_hosts"]
+    labels = {k: v for k, v in desired.service("llama8b").labels.items()
+              if k != CONFIG_HASH_LABEL}
+    canonical = json.dumps({"config": plain, "labels": labels,
+                            "site_files": desired.service("llama8b").site_files_digest},
+                           sort_keys=True, separators=(",", ":"))
+    assert desired.service("llama8b").config_hash == hashlib.sha256(canonical.encode()).hexdigest()
