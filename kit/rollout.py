@@ -1,7 +1,7 @@
 """A rolling update: the changed replicas of a service replaced one at a time, never more than
 one out of service, no request dropped.
 
-For each replica: mark it `down` in the service's server list (nginx/replicas/<service>.conf)
+For each replica: take it out of the service's server list (nginx/replicas/<service>.conf)
 and reload nginx (old workers finish the streams they carry); wait until vLLM runs and queues
 nothing (vllm:num_requests_running + waiting) or the drain deadline passes; stop it (vLLM's
 --shutdown-timeout, the engine's matching stop_grace_period); create the new one on the same
@@ -35,6 +35,7 @@ DRAIN_POLL_SECONDS = 0.5
 # arrived on connections they accepted before the reload.
 DRAIN_QUIET_SECONDS = 2.0
 DOWN = " down;"
+OUT_OF_SERVICE = "# out of service: "  # a replica's server line while kit up replaces it
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,11 @@ class Rollout:
 def drain(engine: Engine, old: ContainerState, seconds: float = DRAIN_SECONDS) -> int:
     """Requests a replica out of nginx still runs or queues: 0 once it was idle for the quiet
     time, else what is left when `seconds` passed. When it cannot tell (vLLM run with
-    --disable-log-stats has no vllm:* metrics) it waits for the deadline."""
+    --disable-log-stats has no vllm:* metrics) it waits for the deadline. A replica that is not
+    healthy (crash-looping, still loading) carries no streams: nothing to wait for."""
+    current = container_state(engine.inspect(old.id))
+    if not current.running or current.health not in (None, "healthy"):
+        return 0
     now = time.monotonic()
     deadline, idle_since = now + seconds, None
     while True:
@@ -111,11 +116,15 @@ def drain(engine: Engine, old: ContainerState, seconds: float = DRAIN_SECONDS) -
 
 
 def mark(pool: str, host: str, *, serving: bool) -> str:
-    """The server list with `host` in service, or marked down."""
+    """The server list with `host` in service, or out of it: commented out as well as `down`,
+    because nginx resolves every server name it loads, and a replica that is not running
+    (crash-looping, or being replaced) has no name in Docker's DNS: `nginx -t` would fail."""
     lines = []
     for line in pool.splitlines():
-        if line.startswith(f"server {host}:"):
-            line = line.removesuffix(DOWN).removesuffix(";") + (";" if serving else DOWN)
+        server = line.removeprefix(OUT_OF_SERVICE)
+        if server.startswith(f"server {host}:"):
+            server = server.removesuffix(DOWN).removesuffix(";")
+            line = f"{server};" if serving else f"{OUT_OF_SERVICE}{server}{DOWN}"
         lines.append(line)
     return "\n".join(lines) + "\n"
 

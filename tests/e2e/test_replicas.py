@@ -292,8 +292,8 @@ def test_a_rolling_update_under_64_streams_fails_none_and_keeps_3_in_service(sit
 
     def sample() -> None:
         while not done.is_set():
-            down = {line.split()[1].split(":")[0] for line in pool.read_text().splitlines()
-                    if line.endswith(" down;")}
+            down = {line.split("server ")[1].split(":")[0]
+                    for line in pool.read_text().splitlines() if line.endswith(" down;")}
             healthy = {c.labels["com.docker.compose.service"] for c in site.client.containers.list(
                 filters={"label": [f"com.docker.compose.project={site.name}",
                                    f"io.kit.service={SERVICE}"], "health": "healthy"})}
@@ -330,6 +330,52 @@ def test_a_rolling_update_under_64_streams_fails_none_and_keeps_3_in_service(sit
     assert failed == {} and requests >= 64 * 5, batches
     assert min(in_service) >= 3 and 4 in in_service, in_service
     assert " down;" not in pool.read_text()
+
+
+def test_a_replica_that_fails_mid_rollout_stops_it_with_the_others_serving(site: LiveSite):
+    """A change that breaks vLLM's start (its GPU is too small for the weights: CUDA out of
+    memory at load) reaches only the first replica: the rollout stops there, kit up exits 1
+    with the diagnosis, the three old replicas serve on without a failed request; the spec
+    put back, the next kit up brings the first one back."""
+    key = site.add_key(f"broken-{secrets.token_hex(2)}")
+    original = site.spec_path.read_text()
+    spec = yaml.safe_load(original)
+    spec["services"][0]["env"]["STANDIN_GPU_MEMORY_GIB"] = "1"
+    write_spec(site.spec_path, spec)
+    before = {h: site.container(h).id for h in TINY_REPLICAS}
+    batches: list[dict] = []
+    done = threading.Event()
+
+    def load() -> None:
+        while not done.is_set():
+            batches.append(finished(site.loadgen(f"Bearer {key}", streams=16, tokens=60)))
+
+    loading = threading.Thread(target=load)
+    loading.start()
+    try:
+        time.sleep(2)
+        broken = site.kit("up")
+        time.sleep(2)
+    finally:
+        done.set()
+        loading.join(timeout=120)
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    assert "rolling update of tiny stopped at tiny-r0 (0 of 4 replaced)" in broken.stderr, (
+        broken.stderr)
+    assert "CUDA out of memory" in broken.stderr, broken.stderr
+    pool = site.layout.replica_pool(SERVICE).read_text()
+    assert f"server {TINY_REPLICAS[0]}:8000 max_fails=1 fail_timeout=10s down;" in pool
+    assert all(site.container(h).id == before[h] for h in TINY_REPLICAS[1:])
+    requests = sum(b["requests"] for b in batches)
+    failed = {k: v for b in batches for k, v in b["failures"].items()}
+    print(f"rollout stopped at the first replica: {requests} requests in {len(batches)} "
+          f"batches of 16 streams, failed {failed}")
+    assert failed == {} and requests >= 16 * 3, batches
+    site.spec_path.write_text(original)
+    repaired = site.kit("up")
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    assert " down;" not in site.layout.replica_pool(SERVICE).read_text()
+    assert site.container(TINY_REPLICAS[0]).status == "running"
 
 
 def test_fewer_replicas_under_32_streams_fail_none(site: LiveSite):

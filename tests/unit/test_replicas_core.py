@@ -341,7 +341,7 @@ def test_without_a_running_front_door_replicas_are_recreated_at_once(replicas_si
 def test_marking_a_replica_down_and_back() -> None:
     pool = "# header\nserver a:8000 x;\nserver b:8000 x;\n"
     out = mark(pool, "a", serving=False)
-    assert out == "# header\nserver a:8000 x down;\nserver b:8000 x;\n"
+    assert out == "# header\n# out of service: server a:8000 x down;\nserver b:8000 x;\n"
     assert mark(out, "a", serving=False) == out  # marking twice changes nothing
     assert mark(out, "a", serving=True) == pool
 
@@ -444,3 +444,18 @@ def test_the_front_door_container_does_not_change_with_the_streams(replicas_site
     assert f"worker_rlimit_nofile {limits_after.worker_rlimit_nofile};" in (
         fewer.layout.nginx_conf.read_text())
     assert before.config_hash == after.config_hash and not after.config.ulimits
+
+
+def test_only_a_healthy_replica_is_drained(replicas_site: Path) -> None:
+    """A crash-looping or loading replica carries no streams: its rollout (a broken change put
+    back) does not wait out the drain deadline polling metrics it cannot answer."""
+    engine = ReplicaEngine({})
+    site = brought_up(replicas_site, engine)
+    healthy, broken = (next(c for c in site.observe(engine).containers if c.service == name)
+                       for name in ("llama8b-r0", "llama8b-r1"))
+    engine.set_health(broken.id, "unhealthy")
+    engine.calls.clear()
+    assert kit.rollout.drain(engine, broken, 5) == 0
+    assert not [call for call in engine.calls if call[0] == "exec"]
+    assert kit.rollout.drain(engine, healthy, 5) == 0
+    assert ("exec", "http://127.0.0.1:8000/metrics") in engine.calls
