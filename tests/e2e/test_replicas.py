@@ -17,6 +17,7 @@ import signal
 import socket
 import ssl
 import statistics
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -332,33 +333,42 @@ def test_a_rolling_update_under_64_streams_fails_none_and_keeps_3_in_service(sit
     assert " down;" not in pool.read_text()
 
 
-def test_a_replica_that_fails_mid_rollout_stops_it_with_the_others_serving(site: LiveSite):
-    """A change that breaks vLLM's start (its GPU is too small for the weights: CUDA out of
-    memory at load) reaches only the first replica: the rollout stops there, kit up exits 1
-    with the diagnosis, the three old replicas serve on without a failed request; the spec
-    put back, the next kit up brings the first one back."""
-    key = site.add_key(f"broken-{secrets.token_hex(2)}")
-    original = site.spec_path.read_text()
-    spec = yaml.safe_load(original)
-    spec["services"][0]["env"]["STANDIN_GPU_MEMORY_GIB"] = "1"
-    write_spec(site.spec_path, spec)
-    before = {h: site.container(h).id for h in TINY_REPLICAS}
+def kit_up_under_load(site: LiveSite, streams: int
+                      ) -> tuple[subprocess.CompletedProcess, int, dict]:
+    """`kit up` while batches of `streams` streams (a fresh key) run back to back from 2 s
+    before until 2 s after it: its result, the requests sent and the failures by cause."""
+    key = site.add_key(f"load-{secrets.token_hex(2)}")
     batches: list[dict] = []
     done = threading.Event()
 
     def load() -> None:
         while not done.is_set():
-            batches.append(finished(site.loadgen(f"Bearer {key}", streams=16, tokens=60)))
+            batches.append(finished(site.loadgen(f"Bearer {key}", streams=streams, tokens=60)))
 
     loading = threading.Thread(target=load)
     loading.start()
     try:
         time.sleep(2)
-        broken = site.kit("up")
+        result = site.kit("up")
         time.sleep(2)
     finally:
         done.set()
         loading.join(timeout=120)
+    failed = {k: v for b in batches for k, v in b["failures"].items()}
+    return result, sum(b["requests"] for b in batches), failed
+
+
+def test_a_replica_that_fails_mid_rollout_stops_it_with_the_others_serving(site: LiveSite):
+    """A change that breaks vLLM's start (its GPU is too small for the weights: CUDA out of
+    memory at load) reaches only the first replica: the rollout stops there, kit up exits 1
+    with the diagnosis, the three old replicas serve on without a failed request; the spec
+    put back, the next kit up brings the first one back."""
+    original = site.spec_path.read_text()
+    spec = yaml.safe_load(original)
+    spec["services"][0]["env"]["STANDIN_GPU_MEMORY_GIB"] = "1"
+    write_spec(site.spec_path, spec)
+    before = {h: site.container(h).id for h in TINY_REPLICAS}
+    broken, requests, failed = kit_up_under_load(site, 16)
     assert broken.returncode == 1, broken.stdout + broken.stderr
     assert "rolling update of tiny stopped at tiny-r0 (0 of 4 replaced)" in broken.stderr, (
         broken.stderr)
@@ -366,11 +376,9 @@ def test_a_replica_that_fails_mid_rollout_stops_it_with_the_others_serving(site:
     pool = site.layout.replica_pool(SERVICE).read_text()
     assert f"server {TINY_REPLICAS[0]}:8000 max_fails=1 fail_timeout=10s down;" in pool
     assert all(site.container(h).id == before[h] for h in TINY_REPLICAS[1:])
-    requests = sum(b["requests"] for b in batches)
-    failed = {k: v for b in batches for k, v in b["failures"].items()}
-    print(f"rollout stopped at the first replica: {requests} requests in {len(batches)} "
-          f"batches of 16 streams, failed {failed}")
-    assert failed == {} and requests >= 16 * 3, batches
+    print(f"rollout stopped at the first replica: {requests} requests (16 streams), "
+          f"failed {failed}")
+    assert failed == {} and requests >= 16 * 3
     site.spec_path.write_text(original)
     repaired = site.kit("up")
     assert repaired.returncode == 0, repaired.stdout + repaired.stderr
@@ -382,34 +390,15 @@ def test_fewer_replicas_under_32_streams_fail_none(site: LiveSite):
     """Drop two of the four replicas while batches of 32 streams run: nginx reloads without
     them, each drains, and only then is it removed; no request fails. (Runs after the other
     tests of this site: it leaves two replicas.)"""
-    key = site.add_key(f"fewer-{secrets.token_hex(2)}")
     spec = yaml.safe_load(site.spec_path.read_text())
     spec["services"][0]["gpus"] = [0, 1]
     write_spec(site.spec_path, spec)
-    batches: list[dict] = []
-    done = threading.Event()
-
-    def load() -> None:
-        while not done.is_set():
-            batches.append(finished(site.loadgen(f"Bearer {key}", streams=32, tokens=60)))
-
-    loading = threading.Thread(target=load)
-    loading.start()
-    try:
-        time.sleep(2)
-        result = site.kit("up")
-        time.sleep(2)
-    finally:
-        done.set()
-        loading.join(timeout=120)
+    result, requests, failed = kit_up_under_load(site, 32)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("retire replica") == 2, result.stdout
     assert "remove container" not in result.stdout, result.stdout
-    requests = sum(b["requests"] for b in batches)
-    failed = {k: v for b in batches for k, v in b["failures"].items()}
-    print(f"two replicas retired: {requests} requests in {len(batches)} batches of 32 streams, "
-          f"failed {failed}")
-    assert failed == {} and requests >= 32 * 3, batches
+    print(f"two replicas retired: {requests} requests (32 streams), failed {failed}")
+    assert failed == {} and requests >= 32 * 3
     left = {c.labels["com.docker.compose.service"] for c in site.client.containers.list(
         all=True, filters={"label": [f"com.docker.compose.project={site.name}",
                                      f"io.kit.service={SERVICE}"]})}

@@ -231,17 +231,6 @@ def test_a_user_listed_again_gets_a_new_password(site: Path) -> None:
     assert "password for alice: " in render(spec).output
 
 
-@pytest.mark.parametrize("content", ["{not json", '{"ops": 1}', '["ops", 3]', "\"ops\""])
-def test_a_corrupt_record_of_spec_users_is_refused_with_the_fix(site: Path, content: str) -> None:
-    spec = site / "site.yaml"
-    assert render(spec).exit_code == 0
-    layout = SiteLayout(site)
-    layout.spec_users.write_text(content)
-    refused(spec, f"{layout.spec_users}", "fix: delete it")
-    os.unlink(layout.spec_users)
-    assert render(spec).exit_code == 0
-
-
 @pytest.mark.parametrize("content", ["{", "[]", '{"checks": 3}', '{"checks": [1]}', "{}"])
 def test_a_corrupt_last_probe_record_is_named_with_the_fix(tmp_path: Path, content: str) -> None:
     record = tmp_path / "last-probe.json"
@@ -253,14 +242,22 @@ def test_a_corrupt_last_probe_record_is_named_with_the_fix(tmp_path: Path, conte
     assert _last_probe(record)["ok"] is True
 
 
-@pytest.mark.parametrize("content", ["[{", '{"user": "ops"}', '[{"user": "ops"}]', "[3]"])
-def test_a_corrupt_record_of_unshown_passwords_is_refused_with_the_fix(
-    site: Path, content: str
+CORRUPT_RECORDS = [  # (the record, what a render finds in it, the fix it is told)
+    *(("spec_users", content, "fix: delete it")
+      for content in ["{not json", '{"ops": 1}', '["ops", 3]', '"ops"']),
+    *(("new_passwords", content, "kit rotate-password USER")
+      for content in ["[{", '{"user": "ops"}', '[{"user": "ops"}]', "[3]"]),
+]
+
+
+@pytest.mark.parametrize(("record", "content", "fix"), CORRUPT_RECORDS)
+def test_a_corrupt_credential_record_is_refused_with_the_fix(
+    site: Path, record: str, content: str, fix: str
 ) -> None:
     spec = site / "site.yaml"
     assert render(spec).exit_code == 0
-    layout = SiteLayout(site)
-    layout.new_passwords.write_text(content)
-    refused(spec, f"{layout.new_passwords} is corrupt", "kit rotate-password USER")
-    os.unlink(layout.new_passwords)
+    path = getattr(SiteLayout(site), record)
+    path.write_text(content)
+    refused(spec, f"{path} is corrupt", fix)
+    os.unlink(path)
     assert render(spec).exit_code == 0
