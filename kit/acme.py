@@ -111,8 +111,9 @@ class LastRun:
 
     @property
     def next_at(self) -> dt.datetime | None:
-        """When certbot runs again: after a failure 1 min later, doubling up to 1 h, so a CA
-        that refuses (a rate limit) sees one order per retry, never a loop."""
+        """When certbot runs again: after a failure 1 min later, doubling up to 1 h, or at the
+        time the CA named if that is later, so a CA that refuses (a rate limit) sees one order
+        per retry, never a loop, and none before it said."""
         return None if self.next_in is None else self.at + dt.timedelta(seconds=self.next_in)
 
 
@@ -212,7 +213,7 @@ class AcmeStatus:
             return "certbot retries within minutes"
         return (f"next attempt: certbot runs again at {_at(run.next_at)} ({run.next_in}s after "
                 f"this run; after a failed run it waits {AcmePlan.retry_first}s, doubling up to "
-                f"{AcmePlan.retry_max}s)")
+                f"{AcmePlan.retry_max}s, or until the time the CA named)")
 
     def to_json(self) -> dict:
         def iso(at: dt.datetime | None) -> str | None:

@@ -174,12 +174,22 @@ class AcmePlan:
             f"{shlex.join(argv)} >{tls}/.acme-run 2>&1 && {{ {self.install}; }} >>{tls}/.acme-run "
             f"2>&1; rc=$?; [ $rc = 0 ] || grep -m 1 -F 'acme.messages.Error: ' "
             f"{self.certbot_log} >>{tls}/.acme-run 2>/dev/null; "
-            f"next=$delay; [ $rc = 0 ] && next={self.renew_every}; "
+            f"next=$delay; [ $rc = 0 ] && next={self.renew_every}; {self._ca_retry_after}"
             f"{{ echo \"exit=$rc at=$(date +%s) next=$next\"; cat {tls}/.acme-run; }} "
             f">{result}.new && mv -f {result}.new {result}; "
-            f"if [ $rc = 0 ]; then delay={self.retry_first}; sleep {self.renew_every} & wait; "
-            f"else sleep $delay & wait; delay=$((delay * 2 > {self.retry_max} ? "
-            f"{self.retry_max} : delay * 2)); fi; done"
+            f"if [ $rc = 0 ]; then delay={self.retry_first}; else delay=$((delay * 2 > "
+            f"{self.retry_max} ? {self.retry_max} : delay * 2)); fi; sleep $next & wait; done"
+        )
+
+    @property
+    def _ca_retry_after(self) -> str:
+        """A failed run waits at least until the time the CA named: Let's Encrypt's rate-limit
+        problem says "retry after 2026-12-01 09:00:00 UTC", and asking earlier is refused again."""
+        return (
+            f"[ $rc = 0 ] || {{ ra=$(grep -o 'retry after [0-9-]* [0-9:]* UTC' "
+            f"{self.tls_mount}/.acme-run | tail -n 1 | cut -d ' ' -f 3,4); [ -n \"$ra\" ] && "
+            "ra=$(date -u -d \"$ra\" +%s 2>/dev/null) && "
+            "[ $((ra - $(date +%s) + 1)) -gt $next ] && next=$((ra - $(date +%s) + 1)); }; "
         )
 
     @property

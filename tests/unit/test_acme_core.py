@@ -5,6 +5,9 @@ wait for the first certificate (the fake engine; certbot's runs written by hand)
 from __future__ import annotations
 
 import datetime as dt
+import os
+import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from kit.acme import (
     installed,
     parse_last_run,
 )
+from kit.plan import AcmePlan
 from kit.probe import target_for
 from kit.render import render_site
 from kit.site import Site
@@ -256,8 +260,44 @@ def test_a_failed_run_says_when_certbot_tries_again(tmp_path: Path) -> None:
     assert failed.last_run is not None and failed.last_run.next_in == 120
     assert failed.lines()[3] == ("  next attempt: certbot runs again at 2027-01-15 08:02:00Z "
                                  "(120s after this run; after a failed run it waits 60s, "
-                                 "doubling up to 3600s)")
+                                 "doubling up to 3600s, or until the time the CA named)")
     assert failed.to_json()["next_attempt"] == "2027-01-15T08:02:00+00:00"
     write_run(site, 1, CERTBOT_21_RATE_LIMITED)  # a file without next=: no time to give
     assert acme_status(site).lines()[3] == "  certbot retries within minutes"
     assert acme_status(site).to_json()["next_attempt"] is None
+
+
+def run_certbot_loop(tmp_path: Path, ca_problem: str) -> tuple[int, str]:
+    """The rendered certbot loop under /bin/sh for one failed run: `certbot` fails and logs
+    `ca_problem` as certbot does, `sleep` records how long the loop waits and ends it."""
+    tls, stubs = tmp_path / "tls", tmp_path / "bin"
+    tls.mkdir(parents=True)
+    stubs.mkdir()
+    log = tmp_path / "letsencrypt.log"
+    (stubs / "certbot").write_text(f"#!/bin/sh\nprintf '%s\\n' {shlex.quote(ca_problem)} > {log}"
+                                   "\necho \"AttributeError: can't set attribute\"\nexit 1\n")
+    (stubs / "sleep").write_text(f"#!/bin/sh\necho $1 > {tmp_path}/slept\nkill -TERM $PPID\n")
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    plan = AcmePlan("certbot", "ops@test.example", DOMAIN, None, False, tls_mount=str(tls),
+                    certbot_log=str(log))
+    subprocess.run(["/bin/sh", "-c", plan.loop], env={**os.environ, "PATH": f"{stubs}:"
+                   f"{os.environ['PATH']}"}, timeout=20, check=False)
+    return int((tmp_path / "slept").read_text()), (tls / "acme-last-run").read_text()
+
+
+def test_a_failed_run_waits_until_the_time_the_ca_names(tmp_path: Path) -> None:
+    """Let's Encrypt's rate-limit problem names when to retry: asking earlier is refused again,
+    so the loop waits at least that long (and says so in its run record)."""
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=3)
+    problem = ("acme.messages.Error: urn:ietf:params:acme:error:rateLimited :: There were too "
+               "many requests of a given type :: too many certificates (5) already issued for "
+               f"this exact set of identifiers in the last 168h0m0s, retry after "
+               f"{later:%Y-%m-%d %H:%M:%S} UTC: see https://letsencrypt.org/docs/rate-limits/")
+    slept, record = run_certbot_loop(tmp_path / "limited", problem)
+    assert 3 * 3600 - 5 <= slept <= 3 * 3600 + 2, slept
+    assert record.startswith("exit=1 ") and f" next={slept}\n" in record.splitlines()[0] + "\n"
+    assert problem in record
+    other = "acme.messages.Error: urn:ietf:params:acme:error:connection :: Timeout"
+    slept, _ = run_certbot_loop(tmp_path / "other", other)
+    assert slept == AcmePlan.retry_first  # no time named: the loop's own backoff

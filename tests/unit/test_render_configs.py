@@ -229,7 +229,7 @@ def test_acme_mode_renders_certbot_and_the_challenge(rendered: dict[str, Path]) 
                  "--email ops@test.example", "--keep-until-expiring", "--staging",
                  "cmp -s /etc/letsencrypt/live/kit/fullchain.pem /kit-tls/server.crt || ",
                  "mv -f /kit-tls/.server.crt.new /kit-tls/server.crt",
-                 "sleep 43200 & wait", "sleep $delay & wait", ">/kit-tls/acme-last-run.new"):
+                 "[ $rc = 0 ] && next=43200;", "sleep $next & wait", ">/kit-tls/acme-last-run.new"):
         assert part in loop, part
     # a failed run's outcome: when the next run is, and the CA's problem from certbot's log
     for part in ("next=$delay; [ $rc = 0 ] && next=43200;", 'echo "exit=$rc at=$(date +%s) '
