@@ -20,19 +20,11 @@ from kit.desired import GpuRequest, Mount, ServiceState
 from kit.docker_api import Engine
 from kit.errors import BadInput, KitError
 from kit.observe import ObservedState
-from kit.reconcile import Action, CreateContainer, RecreateContainer, StartContainer
+from kit.reconcile import Action, starting_services
 from kit.site import Site
 from kit.spec import Spec
 
 PULL_REPORT_SECONDS = 5  # how often a non-terminal pull display prints a line
-
-
-def starting_services(actions: list[Action]) -> list[ServiceState]:
-    return [
-        action.service
-        for action in actions
-        if isinstance(action, CreateContainer | RecreateContainer | StartContainer)
-    ]
 
 
 def preflight(

@@ -238,11 +238,7 @@ def _retiring(gone: list[ContainerState], services: list[Action]) -> list[Contai
     nothing this plan starts needs their GPUs (a vLLM holds its GPU memory until removed)."""
     if not any(isinstance(action, ReloadProxy) for action in services):
         return []
-    starting = [action.service for action in services
-                if isinstance(action, CreateContainer | RecreateContainer | StartContainer)]
-    starting += [step.service for action in services if isinstance(action, RollReplicas)
-                 for step in action.replicas]
-    claimed = {gpu for service in starting for gpu in service.gpu_ids}
+    claimed = {gpu for service in starting_services(services) for gpu in service.gpu_ids}
     return [c for c in gone
             if c.replica_of is not None and c.running and not claimed.intersection(c.gpu_ids)]
 
@@ -281,6 +277,18 @@ def _service_actions(
         pending = tuple(desired.service(name) for name in unhealthy)
         actions.append(WaitHealthy(pending, "; ".join(sorted(set(unhealthy.values())))))
     return actions
+
+
+def starting_services(actions: list[Action]) -> list[ServiceState]:
+    """The services these actions create, recreate or start, the replicas of a rolling update
+    among them (preflight checks them all before anything changes)."""
+    services: list[ServiceState] = []
+    for action in actions:
+        if isinstance(action, CreateContainer | RecreateContainer | StartContainer):
+            services.append(action.service)
+        elif isinstance(action, RollReplicas):
+            services += [step.service for step in action.replicas]
+    return services
 
 
 def rolled(actions: list[Action]) -> list[Action]:

@@ -105,7 +105,7 @@ def drain(engine: Engine, old: ContainerState, seconds: float = DRAIN_SECONDS) -
     now = time.monotonic()
     deadline, idle_since = now + seconds, None
     while True:
-        left = in_flight(engine, old) if old.running else 0
+        left = in_flight(engine, current)
         now = time.monotonic()
         idle_since = (idle_since or now) if left == 0 else None
         if idle_since is not None and now - idle_since >= DRAIN_QUIET_SECONDS:

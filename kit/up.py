@@ -19,10 +19,8 @@ from kit.front_door import check_open_files, running_proxy
 from kit.preflight import preflight
 from kit.reconcile import (
     Action,
-    CreateContainer,
-    RecreateContainer,
-    StartContainer,
     changes,
+    starting_services,
     up_actions,
 )
 from kit.remote_files import deliver, site_volumes
@@ -161,9 +159,7 @@ def _wait(engine: Engine, site: Site, services: tuple[ServiceState, ...],
 def _check_started_proxy(engine: Engine, project: str, actions: list[Action]) -> None:
     """A front door this plan (re)started took its worker limits at start: check them (a
     reload checks its own in kit/front_door.py)."""
-    started = [action for action in actions
-               if isinstance(action, CreateContainer | RecreateContainer | StartContainer)
-               and action.service.name == PROXY_SERVICE]
+    started = any(service.name == PROXY_SERVICE for service in starting_services(actions))
     proxy = running_proxy(engine, project) if started else None
     if proxy is not None and proxy.started_at is not None:
         check_open_files(engine, proxy, proxy.started_at.timestamp())

@@ -26,8 +26,8 @@ from kit.diagnose import diagnose
 from kit.errors import BadInput, KitError
 from kit.node_preflight import check_nodes
 from kit.observe import ContainerState, ObservedState, observe
-from kit.preflight import check_services, starting_services
-from kit.reconcile import Action, changes, down_actions, up_actions
+from kit.preflight import check_services
+from kit.reconcile import Action, changes, down_actions, starting_services, up_actions
 from kit.spec import DEFAULT_SPEC, load_spec
 
 if TYPE_CHECKING:

@@ -459,3 +459,22 @@ def test_only_a_healthy_replica_is_drained(replicas_site: Path) -> None:
     assert not [call for call in engine.calls if call[0] == "exec"]
     assert kit.rollout.drain(engine, healthy, 5) == 0
     assert ("exec", "http://127.0.0.1:8000/metrics") in engine.calls
+
+
+def test_a_rolling_update_to_a_missing_image_is_refused_before_a_replica_leaves(
+    replicas_site: Path,
+) -> None:
+    """Preflight covers the replicas of a rolling update like any recreated container: an image
+    the engine cannot pull stops kit up before the first replica is taken out of service."""
+    engine = ReplicaEngine({})
+    running = brought_up(replicas_site, engine)
+    running.spec_path.write_text(running.spec_path.read_text() + "images:\n  vllm: "
+                                 "vllm/vllm-openai:v0.99.0\n")
+    site = Site.load(running.spec_path, check_host=False)
+    engine.calls.clear()
+    with pytest.raises(KitError) as refused:
+        up_site(site, timeout=5, probe=False, report=lambda _: None, warn=lambda _: None,
+                connect=lambda: engine)
+    assert "pulling image vllm/vllm-openai:v0.99.0 failed" in refused.value.message
+    assert not [call for call in engine.calls if call[0] in ("signal", "stop", "remove")]
+    assert " down;" not in site.layout.replica_pool("llama8b").read_text()
