@@ -108,6 +108,16 @@ def _find(engine: Engine, desired: DesiredState, service: ServiceState) -> Conta
     return container_state(found[0])
 
 
+def stopped(container: ContainerState, baseline_restarts: int) -> str | None:
+    """How a container stopped since the wait began (it exited, or its restart policy
+    restarted it), or None: the failure a wait must not sit out until its timeout."""
+    if container.state in ("exited", "dead"):
+        return f"its container exited (code {container.exit_code})"
+    if container.restart_count > baseline_restarts or container.state == "restarting":
+        return f"its container exited and was restarted ({container.restart_count} restarts)"
+    return None
+
+
 def _poll(engine: Engine, item: _Tracked, now: float, limit: float) -> None:
     attrs = engine.inspect(item.container.id)
     item.container = container_state(attrs)
@@ -116,19 +126,20 @@ def _poll(engine: Engine, item: _Tracked, now: float, limit: float) -> None:
     if container.health == "healthy":
         item.healthy_after = now
         return
-    failure = None
-    if container.state in ("exited", "dead"):
-        failure = f"its container exited (code {container.exit_code})"
-    elif container.restart_count > item.baseline_restarts or container.state == "restarting":
-        failure = f"its container exited and was restarted ({container.restart_count} restarts)"
-    elif container.health == "unhealthy":
-        failure = "its healthcheck failed (unhealthy)"
-    elif container.health is None:
-        failure = "it has no healthcheck to wait for"
-    elif now > limit:
-        failure = f"it was not healthy after {limit:.0f}s (override with --timeout)"
+    failure = stopped(container, item.baseline_restarts) or _not_healthy(container, now, limit)
     if failure:
         raise _failure(engine, item, failure, now)
+
+
+def _not_healthy(container: ContainerState, now: float, limit: float) -> str | None:
+    """Why a running container will not turn healthy in this wait, or None: keep waiting."""
+    if container.health == "unhealthy":
+        return "its healthcheck failed (unhealthy)"
+    if container.health is None:
+        return "it has no healthcheck to wait for"
+    if now > limit:
+        return f"it was not healthy after {limit:.0f}s (override with --timeout)"
+    return None
 
 
 def _failure(engine: Engine, item: _Tracked, failure: str, now: float) -> KitError:

@@ -29,6 +29,7 @@ from kit.observe import ContainerState, ObservedState, observe
 from kit.preflight import check_services
 from kit.reconcile import Action, changes, down_actions, starting_services, up_actions
 from kit.spec import DEFAULT_SPEC, load_spec
+from kit.wait import stopped
 
 if TYPE_CHECKING:
     from kit.docker_api import Engine
@@ -180,12 +181,7 @@ class WorkerEngines:
         (the head would only time out waiting for it)."""
         containers = self.containers()
         for worker, container in containers:
-            failure = None
-            if container.state in ("exited", "dead"):
-                failure = f"its container exited (code {container.exit_code})"
-            elif (container.state == "restarting"
-                  or container.restart_count > self.baseline.get(container.id, 0)):
-                failure = f"its container restarted ({container.restart_count} restarts)"
+            failure = stopped(container, self.baseline.get(container.id, 0))
             if failure:
                 explained = self.explain(KitError(
                     f"worker node {worker.name} of service {worker.service} failed: {failure}"))
