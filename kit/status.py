@@ -9,12 +9,12 @@ from kit.acme import AcmeStatus, acme_status
 from kit.desired import PROMETHEUS_SERVICE
 from kit.docker_api import Engine, connect
 from kit.live_figures import LiveFigures, live_figures
-from kit.observe import ContainerState
+from kit.observe import ContainerState, ObservedState
 from kit.reconcile import changes, up_actions
 from kit.render import render_site
 from kit.site import Site
 from kit.state import json_object, read_state
-from kit.worker_nodes import WorkerEngines, worker_nodes
+from kit.worker_nodes import WorkerEngines, node_drift, worker_nodes
 
 
 @dataclass(frozen=True)
@@ -91,22 +91,38 @@ def gather(site: Site, engine: Engine,
     a multi-node service, its workers' containers and drift, asked of each node's engine."""
     pending = render_site(site, dry_run=True).changes
     observed = site.observe(engine)
-    workers = worker_nodes(site)
-    nodes = WorkerEngines.connect(site, workers, connect_node or connect) if workers else None
+    nodes, node_drift, node_problems = _worker_view(site, engine, observed, connect_node)
     return StackStatus(
         site=site.desired.project,
         containers=observed.containers,
-        nodes=tuple(NodeContainers(w.name, w.engine_url, tuple(
-            c for node, c in nodes.containers() if node == w)) for w in workers) if nodes else (),
+        nodes=nodes,
         drift=tuple(str(action) for action in changes(up_actions(site.desired, observed)))
-        + tuple(nodes.drift() if nodes else ()),
-        node_problems=tuple(nodes.diagnosis(engine, [
-            c for name in dict.fromkeys(w.service for w in workers) for c in observed.of(name)
-        ]) if nodes else ()),
+        + node_drift,
+        node_problems=node_problems,
         render_pending=tuple(str(change.output.path) for change in pending),
         last_probe=_last_probe(site.layout.last_probe),
         figures=_figures(site, engine, observed.containers),
         acme=acme_status(site) if site.spec.tls.mode == "acme" else None,
+    )
+
+
+def _worker_view(site: Site, engine: Engine, observed: ObservedState,
+                 connect_node: Callable[[str], Engine] | None
+                 ) -> tuple[tuple[NodeContainers, ...], tuple[str, ...], tuple[str, ...]]:
+    """A multi-node service's worker nodes, each engine observed once: their containers, what
+    kit up would change there, and why the service does not serve (if it does not)."""
+    workers = worker_nodes(site)
+    if not workers:
+        return (), (), ()
+    engines = WorkerEngines.connect(site, workers, connect_node or connect)
+    plans = engines.plans()
+    found = [(plan.worker, c) for plan in plans for c in plan.observed.containers]
+    heads = [c for name in dict.fromkeys(w.service for w in workers) for c in observed.of(name)]
+    return (
+        tuple(NodeContainers(w.name, w.engine_url, tuple(c for node, c in found if node == w))
+              for w in workers),
+        tuple(node_drift(plans)),
+        tuple(engines.diagnosis(engine, heads, found)),
     )
 
 

@@ -107,6 +107,12 @@ class WorkerPlan:
         return starting_services(self.actions)
 
 
+def node_drift(plans: list[WorkerPlan]) -> list[str]:
+    """What `kit up` would change on the worker nodes (`kit status`)."""
+    return [f"node {plan.worker.name}: {action}" for plan in plans
+            for action in changes(plan.actions)]
+
+
 @dataclass
 class WorkerEngines:
     """The workers of a site, each with its engine connected (kit up, down, status)."""
@@ -130,9 +136,6 @@ class WorkerEngines:
             plans.append(WorkerPlan(worker, engine, observed, up_actions(desired, observed)))
         return plans
 
-    def drift(self) -> list[str]:
-        return [f"node {plan.worker.name}: {action}" for plan in self.plans()
-                for action in changes(plan.actions)]
 
     def preflight(self, plans: list[WorkerPlan], head: Engine, head_actions: list[Action],
                   report: Callable[[str], None]) -> None:
@@ -191,11 +194,11 @@ class WorkerEngines:
             raise KitError(f"worker node(s) {', '.join(sorted(missing))} have no container",
                            fix="something removed it; run kit up again (kit status shows nodes)")
 
-    def diagnosis(self, head: Engine, head_containers: list[ContainerState]) -> list[str]:
+    def diagnosis(self, head: Engine, head_containers: list[ContainerState],
+                  workers: list[tuple[WorkerNode, ContainerState]]) -> list[str]:
         """`kit status`: when the head is not healthy or a worker is not running, why (the
         first cause a rule finds in the workers' logs, the root cause when one failed, then in
         the head's)."""
-        workers = self.containers()
         if all(c.running and c.health == "healthy" for c in head_containers) and all(
                 c.running for _, c in workers) and len(workers) >= len(self.nodes):
             return []
