@@ -210,7 +210,7 @@ class Node(StrictModel):
     name: Annotated[str, Field(pattern=SITE_NAME)]
     address: Annotated[str, AfterValidator(names.ip)]
     # The node's Docker engine, as a site's `engine:` (kit/engine_url.py); unset: the engine of
-    # the sibling spec <fleet>/<name>/site.yaml (kit/node_engines.py).
+    # the sibling spec <fleet>/<name>/site.yaml (kit/worker_nodes.py).
     engine: EngineAddress | None = None
 
 
