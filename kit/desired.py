@@ -158,6 +158,12 @@ class ServiceState:
     def gpu_ids(self) -> tuple[str, ...]:
         return tuple(i for request in self.config.gpus for i in request.device_ids)
 
+    def argument(self, flag: str) -> str | None:
+        """The value its command gives `flag` (vLLM's `--flag value` form), None without it."""
+        argv = self.config.command
+        return next((value for name, value in zip(argv, argv[1:], strict=False)
+                     if name == flag), None)
+
 
 @dataclass(frozen=True)
 class NetworkState:

@@ -164,5 +164,6 @@ def check_master_port(head: Node, workers: list[tuple[WorkerNode, Engine]], imag
 
 def _master(service: ServiceState) -> tuple[str, int]:
     """--master-addr and --master-port of the head's argv (one source: what vLLM is given)."""
-    argv = list(service.config.command)
-    return argv[argv.index("--master-addr") + 1], int(argv[argv.index("--master-port") + 1])
+    address, port = service.argument("--master-addr"), service.argument("--master-port")
+    assert address is not None and port is not None, "kit renders both for every node"
+    return address, int(port)

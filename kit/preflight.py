@@ -93,11 +93,8 @@ def check_remote_bind_sources(engine: Engine, spec: Spec, services: list[Service
 
 def model_below(service: ServiceState, target: str) -> str | None:
     """The folder under `target` that the service's `--model` argument names, if any."""
-    argv = service.config.command
-    for flag, value in zip(argv, argv[1:], strict=False):
-        if flag == "--model" and value.startswith(f"{target}/"):
-            return value.removeprefix(f"{target}/")
-    return None
+    model = service.argument("--model") or ""
+    return model.removeprefix(f"{target}/") if model.startswith(f"{target}/") else None
 
 
 def ensure_images(

@@ -131,8 +131,9 @@ def mark(pool: str, host: str, *, serving: bool) -> str:
 
 def served_name(service: ServiceState) -> str:
     """The model name the replica's vLLM serves (its --served-model-name)."""
-    command = list(service.config.command)
-    return command[command.index("--served-model-name") + 1]
+    name = service.argument("--served-model-name")
+    assert name is not None, "kit renders --served-model-name for every vLLM service"
+    return name
 
 
 def downtime_notes(actions: list[Action], start_times: Path) -> list[str]:
