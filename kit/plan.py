@@ -188,8 +188,8 @@ class AcmePlan:
         return (
             f"[ $rc = 0 ] || {{ ra=$(grep -o 'retry after [0-9-]* [0-9:]* UTC' "
             f"{self.tls_mount}/.acme-run | tail -n 1 | cut -d ' ' -f 3,4); [ -n \"$ra\" ] && "
-            "ra=$(date -u -d \"$ra\" +%s 2>/dev/null) && "
-            "[ $((ra - $(date +%s) + 1)) -gt $next ] && next=$((ra - $(date +%s) + 1)); }; "
+            "ra=$(date -u -d \"$ra\" +%s 2>/dev/null) && wait_s=$((ra - $(date +%s) + 1)) && "
+            "[ $wait_s -gt $next ] && next=$wait_s; }; "
         )
 
     @property
