@@ -46,13 +46,17 @@ def site(tmp_path: Path) -> Path:
     return spec.parent
 
 
+def spec_in_folder(spec: Path, folder: Path) -> Path:
+    """`folder` (made here) holding a copy of `spec` as its site.yaml."""
+    folder.mkdir(parents=True)
+    shutil.copy(spec, folder / "site.yaml")
+    return folder
+
+
 @pytest.fixture
 def example_site(tmp_path: Path) -> Path:
     """A copy of the bundled example spec in an empty folder."""
-    target = tmp_path / "example"
-    target.mkdir()
-    shutil.copy(REPO / "site.yaml", target / "site.yaml")
-    return target
+    return spec_in_folder(REPO / "site.yaml", tmp_path / "example")
 
 
 def tree(root: Path) -> dict[str, bytes]:

@@ -11,7 +11,7 @@ import yaml
 from kit.desired import VERIFIER_SERVICE, load_desired
 from kit.layout import SiteLayout
 from kit.tls import new_ca, new_server_cert
-from tests.conftest import BASE_SPEC, LLAMA_8B, REPO
+from tests.conftest import BASE_SPEC, LLAMA_8B, REPO, spec_in_folder
 from tests.support import nginx_ns
 from tests.support.cli import run_kit
 
@@ -51,9 +51,7 @@ def variants(root: Path) -> dict[str, Path]:
     site = root / "site"
     site.mkdir()
     (site / "site.yaml").write_text(BASE_SPEC.format(models_root=models))
-    example_site = root / "example"
-    example_site.mkdir()
-    shutil.copy(REPO / "site.yaml", example_site / "site.yaml")
+    example_site = spec_in_folder(REPO / "site.yaml", root / "example")
     big = root / "big"
     big.mkdir()
     (big / "site.yaml").write_text(BIG.format(models=models, tls="{mode: self-signed}"))
@@ -76,9 +74,7 @@ def variants(root: Path) -> dict[str, Path]:
             "tls: {mode: acme, email: ops@test.example, staging: true}",
         )
     )
-    replicas = root / "replicas"
-    replicas.mkdir()
-    shutil.copy(REPO / "tests" / "data" / "replicas" / "site.yaml", replicas / "site.yaml")
+    replicas = spec_in_folder(REPO / "tests" / "data" / "replicas" / "site.yaml", root / "replicas")
     return {"base": site, "example": example_site, "big": big, "files": files, "acme": acme,
             "replicas": replicas}
 

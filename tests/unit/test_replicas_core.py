@@ -3,7 +3,6 @@ container, behind one least-connections upstream (with optional affinity); statu
 probe see every replica. The example spec in tests/data/replicas renders to golden files."""
 
 import json
-import shutil
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,7 +21,7 @@ from kit.site import Site
 from kit.spec import load_spec
 from kit.status import StackStatus, render_text
 from kit.up import up_site
-from tests.conftest import REPO
+from tests.conftest import REPO, spec_in_folder
 from tests.support import nginx_ns
 from tests.support.cli import run_kit
 from tests.support.nginx_structure import parse
@@ -37,10 +36,7 @@ GOLDEN = {"compose/docker-compose.yml": "docker-compose.yml", "nginx/nginx.conf"
 @pytest.fixture
 def replicas_site(tmp_path: Path) -> Path:
     """The replicas example in its own folder (models_root need not exist: bare names)."""
-    folder = tmp_path / "replicas"
-    folder.mkdir()
-    shutil.copy(EXAMPLE / "site.yaml", folder / "site.yaml")
-    return folder
+    return spec_in_folder(EXAMPLE / "site.yaml", tmp_path / "replicas")
 
 
 def test_the_example_renders_its_golden_files(replicas_site: Path) -> None:
