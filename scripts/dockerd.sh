@@ -2,6 +2,7 @@
 # Start, stop or inspect a Docker engine for kit's end-to-end tests on a machine without GPUs.
 #
 #   scripts/dockerd.sh start    # no-op if an engine already answers `docker info`
+#   scripts/dockerd.sh start --engine-only   # the same without the compose tools (kit needs none)
 #   scripts/dockerd.sh stop     # stops only an engine this script started (its pid file)
 #   scripts/dockerd.sh status   # exit 0 if an engine answers
 #   scripts/dockerd.sh hook     # writes the NVIDIA hook stub; prints the folder that holds it
@@ -45,7 +46,7 @@ apt_install() {
 ensure_packages() {
     local missing=()
     command -v dockerd >/dev/null || missing+=(docker.io)
-    command -v docker-compose >/dev/null || missing+=(docker-compose)
+    [ "$with_compose" = 0 ] || command -v docker-compose >/dev/null || missing+=(docker-compose)
     if [ "${#missing[@]}" -gt 0 ]; then
         log "installing ${missing[*]}"
         apt_install "${missing[@]}"
@@ -149,6 +150,7 @@ start() {
         done
         log "engine ready"
     fi
+    [ "$with_compose" = 1 ] || return 0
     command -v docker-compose >/dev/null || apt_install docker-compose
     if ensure_compose_v2; then
         log "compose v2: $COMPOSE_V2"
@@ -192,8 +194,12 @@ status() {
     return 1
 }
 
+with_compose=1
 case "${1:-}" in
-start) start ;;
+start)
+    [ "${2:-}" != --engine-only ] || with_compose=0
+    start
+    ;;
 stop) stop ;;
 status) status ;;
 hook)

@@ -19,6 +19,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "tests" / "images" / "build.sh"
+DOCKERD = REPO / "scripts" / "dockerd.sh"
 PROJECT_LABEL = "com.docker.compose.project"
 
 # What build.sh tags by default: the names the rendered compose file references, plus its own.
@@ -48,12 +49,18 @@ def docker_client():
 
 @pytest.fixture(scope="session")
 def test_images(docker_client) -> dict[str, str]:
-    """Builds (or re-tags, when nothing changed) the stand-in and nginx images once a session."""
+    """Builds (or re-tags, when nothing changed) the test images once a session, and proves that
+    the engine gives containers GPUs (every kit service reserves some): an engine someone else
+    started may lack even the test stub of the NVIDIA hook, and the fix is named once, here."""
     result = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True, timeout=900)
     if result.returncode != 0:
         pytest.fail(f"tests/images/build.sh failed:\n{result.stderr}", pytrace=False)
     for name in IMAGES.values():
         docker_client.images.get(name)
+    gpus = subprocess.run(["bash", str(DOCKERD), "gpus", IMAGES["vllm_standin"]],
+                          capture_output=True, text=True, timeout=120)
+    if gpus.returncode != 0:
+        pytest.fail(f"the end-to-end tests need GPU reservations:\n{gpus.stderr}", pytrace=False)
     return dict(IMAGES)
 
 

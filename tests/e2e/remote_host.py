@@ -4,11 +4,12 @@ reached only over ssh:// with a generated key and a known_hosts entry.
 Built from nothing (CI: a clean Debian machine, root): openssh-server is installed when sshd is
 missing; `ip netns` + a veth pair give the host an address (REMOTE_IP) that only this test's
 namespace routes to; dockerd runs inside it (`nsenter --net`, its own data-root, exec-root,
-pidfile and socket, iptables off) with the GPU hook stub of scripts/dockerd.sh on its PATH; the
-test images reach it by `docker save | docker load`; sshd runs inside it too, and its
-ForceCommand points `docker system dial-stdio` (what docker-py's SSH transport runs) at that
-engine. Both "hosts" share one filesystem, so the tests assert that no remote container mounts
-anything under the local site folder.
+pidfile and socket, iptables off) with the GPU hook stub of `scripts/dockerd.sh hook` on its
+PATH (written here, whoever started the engine that answers); the test images reach it by
+`docker save | docker load`; sshd runs inside it too, and its ForceCommand points
+`docker system dial-stdio` (what docker-py's SSH transport runs) at that engine. Both "hosts"
+share one filesystem, so the tests assert that no remote container mounts anything under the
+local site folder.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ from pathlib import Path
 import docker
 import requests
 
+from tests.e2e.conftest import DOCKERD
+
 REMOTE_IP = "10.213.13.2"
 LOCAL_IP = "10.213.13.1"
 SSH_PORT = 2222
-HOOK_DIR = Path("/usr/local/lib/kit-test/bin")  # scripts/dockerd.sh's nvidia hook stub
 READY_S = 30
 
 
@@ -82,6 +84,12 @@ class RemoteHost:
 
 def _run(*argv: str, **options) -> subprocess.CompletedProcess:
     return subprocess.run(argv, check=True, capture_output=True, text=True, **options)
+
+
+def nvidia_hook_dir() -> str:
+    """The folder of scripts/dockerd.sh's NVIDIA hook stub, written now: the engine that answers
+    may have been started by someone else, and dockerd.sh writes it only when it starts one."""
+    return _run("bash", str(DOCKERD), "hook").stdout.strip()
 
 
 def _answers(namespace: str, host: str, port: int) -> bool:
@@ -146,7 +154,8 @@ def remote_host(base: Path, local_client: docker.DockerClient,
         for command in (["ip", "addr", "add", f"{REMOTE_IP}/24", "dev", f"{veth}b"],
                         ["ip", "link", "set", f"{veth}b", "up"], ["ip", "link", "set", "lo", "up"]):
             _run("ip", "-n", namespace, *command[1:])
-        env = {"PATH": f"{HOOK_DIR}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+        env = {"PATH": f"{nvidia_hook_dir()}:"
+                       "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
         dockerd = subprocess.Popen(
             ["nsenter", f"--net=/run/netns/{namespace}", "dockerd", "--iptables=false",
              "--ip6tables=false", "--data-root", str(root / "data"), "--exec-root",

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Try kit on a machine without a GPU: a real serving stack (the rendered compose file, nginx front
+# door, TLS, keys) on a Docker engine, with the vLLM STAND-IN in place of vLLM (tests/standin: NOT
+# vLLM; it loads no model and streams random word pieces, through vLLM 0.33.0's CLI and HTTP API).
+#
+#   scripts/try-without-gpu.sh [FOLDER]    # default ./kit-try; as root on Debian 12
+#
+# 1. An engine: the one that answers (DOCKER_HOST or the default socket), else one started by
+#    scripts/dockerd.sh with its NVIDIA hook stub (left running; `scripts/dockerd.sh stop`).
+# 2. The stand-in and nginx images, built here without a registry (tests/images/build.sh
+#    --serving) and tagged as the images the spec names (vllm/vllm-openai:v0.33.0,
+#    nginx:1.27-alpine): remove them when you are done, they are not what those names mean.
+# 3. Proof that the engine gives containers GPUs (kit's services reserve them): one throw-away
+#    container; an engine without an NVIDIA runtime or the stub is refused with the fix.
+# 4. FOLDER/site.yaml, kept when it exists: one service on "GPU 0", the front door on
+#    https://localhost:$KIT_TRY_PORT (default 8443; plain HTTP redirect on $KIT_TRY_HTTP_PORT,
+#    default 8080), models_root FOLDER/models holding a small model's config.json (all the
+#    stand-in reads).
+# 5. `kit up` (prints the generated password of user ops once), then an API key named `try` kept
+#    in FOLDER/api-key (0600) for the README's examples; kit itself prints a key once and stores
+#    only its SHA-256. Stop the stack with `kit down FOLDER/site.yaml`.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+FOLDER="${1:-kit-try}"
+HTTPS_PORT="${KIT_TRY_PORT:-8443}"
+HTTP_PORT="${KIT_TRY_HTTP_PORT:-8080}"
+MODEL="qwen2.5-0.5b-instruct" # its published config.json: tests/data/models
+SERVED_NAME="qwen2.5-0.5b"
+STANDIN_IMAGE="kit-test/vllm-standin:latest"
+
+log() { echo "try-without-gpu.sh: $*" >&2; }
+die() {
+    log "$*"
+    exit 1
+}
+started=$SECONDS
+step() { log "[$((SECONDS - started)) s] $*"; }
+
+[ $# -le 1 ] || die "usage: $0 [FOLDER]"
+[ "$(id -u)" = 0 ] || die "run it as root: it installs Debian packages and builds root filesystems"
+python3 -c 'import kit' 2>/dev/null || die "kit is not installed: python3 -m pip install $REPO"
+kit() { python3 -m kit "$@"; }
+
+step "1/5 a Docker engine"
+bash "$REPO/scripts/dockerd.sh" start --engine-only
+
+step "2/5 the stand-in and nginx images (tests/images/build.sh --serving)"
+bash "$REPO/tests/images/build.sh" --serving
+
+step "3/5 GPU reservations on this engine"
+bash "$REPO/scripts/dockerd.sh" gpus "$STANDIN_IMAGE"
+
+spec="$FOLDER/site.yaml"
+if [ -e "$spec" ]; then
+    step "4/5 $spec exists: kept as it is"
+else
+    step "4/5 $spec"
+    mkdir -p "$FOLDER/models/$MODEL"
+    cp "$REPO/tests/data/models/$MODEL/config.json" "$FOLDER/models/$MODEL/"
+    models="$(cd "$FOLDER/models" && pwd)"
+    cat >"$spec.part" <<EOF
+# Made by scripts/try-without-gpu.sh: the vLLM stand-in serves "$SERVED_NAME" (no weights: it
+# reads config.json only). On a GPU server, start from \`kit init\` instead.
+site: kit-try
+domain: localhost
+models_root: $models
+healthcheck_interval: 2
+tls: {mode: self-signed}
+auth: {users: [ops], api_keys: true}
+proxy: {bind: 127.0.0.1, https_port: $HTTPS_PORT, http_port: $HTTP_PORT}
+services:
+  - name: qwen
+    model: $MODEL
+    served_name: $SERVED_NAME
+    gpus: [0]
+    max_model_len: 4096
+EOF
+    mv "$spec.part" "$spec"
+fi
+
+step "5/5 kit up $spec"
+kit up "$spec"
+if [ ! -s "$FOLDER/api-key" ]; then
+    added="$(kit keys add "$spec" try)"
+    key="$(sed -n 's/^key try: //p' <<<"$added")"
+    [ -n "$key" ] || die "kit keys add printed no key: $added"
+    (umask 077 && printf '%s\n' "$key" >"$FOLDER/api-key")
+fi
+step "serving: $spec (key: $FOLDER/api-key, CA: \$(kit tls ca $spec)); stop: kit down $spec"
