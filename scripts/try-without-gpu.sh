@@ -21,7 +21,7 @@
 #    only its SHA-256. Stop the stack with `kit down FOLDER/site.yaml`.
 set -euo pipefail
 
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+REPO="$(cd -P "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)" # a symlinked scripts/ too
 FOLDER="${1:-kit-try}"
 HTTPS_PORT="${KIT_TRY_PORT:-8443}"
 HTTP_PORT="${KIT_TRY_HTTP_PORT:-8080}"
