@@ -2,6 +2,9 @@
 # The whole test suite on a fresh Debian 12 machine (the README's test command; CI runs it).
 # Installs what the tests need (Debian packages, Python deps), starts a Docker engine when none
 # answers (and stops only that one), builds the local test images, then runs unit + e2e tests.
+# An engine that already answers (started by someone else) must give containers GPUs: the NVIDIA
+# runtime, or the hook stub of `scripts/dockerd.sh hook` on its dockerd's PATH; the e2e tests check
+# it once and name the fix. Engines the tests start themselves get the stub from dockerd.sh.
 #   scripts/test.sh            everything
 #   scripts/test.sh -m 'not e2e'   without the engine-backed tests (any pytest arguments work)
 set -euo pipefail

@@ -44,8 +44,17 @@ kit() { python3 -m kit "$@"; }
 
 step "1/5 a Docker engine"
 bash "$REPO/scripts/dockerd.sh" start --engine-only
+if [[ "$(bash "$REPO/scripts/dockerd.sh" status)" == *"started by this script"* ]]; then
+    log "the engine keeps running after this script: scripts/dockerd.sh stop"
+fi
 
 step "2/5 the stand-in and nginx images (tests/images/build.sh --serving)"
+for image in vllm/vllm-openai:v0.33.0 nginx:1.27-alpine; do # the tags build.sh gives them
+    labels="$(docker image inspect --format '{{json .Config.Labels}}' "$image" 2>/dev/null)" ||
+        continue
+    [[ "$labels" == *'"kit.test.image"'* ]] || die "this engine already has a real $image; the stand-in would take its" \
+        "name. Try kit on another engine, or remove that image first (docker rmi $image)"
+done
 bash "$REPO/tests/images/build.sh" --serving
 
 step "3/5 GPU reservations on this engine"
