@@ -3,8 +3,8 @@
 #
 #   tests/images/build.sh [--serving] [--vllm-tag NAME]... [--nginx-tag NAME]... [--certbot-tag NAME]...
 #
-# --serving builds only steps 1-3 (what a site without observability or ACME runs; about a minute
-# on a fresh machine, scripts/try-without-gpu.sh uses it).
+# --serving builds only steps 1-3 (what a site without observability or ACME runs; 4 minutes
+# on a fresh, busy 2-core machine; scripts/try-without-gpu.sh uses it).
 #
 # 1. A Debian bookworm root filesystem (python3, curl, nginx-light, libnginx-mod-http-js) made by
 #    mmdebstrap from the Debian mirror apt already uses, cached as a tarball under
