@@ -101,6 +101,7 @@ gpus() {
     if output="$(docker run --rm --network none --gpus device=0 --entrypoint true "$image" 2>&1)"; then
         return 0
     fi
+    output="$(grep -v "^Run 'docker run --help'" <<<"$output" | grep -v '^$' || true)"
     log "the Docker engine at ${DOCKER_HOST:-unix:///var/run/docker.sock} cannot start a" \
         "container that reserves a GPU: $output"
     if [[ "$output" == *"could not select device driver"* ]]; then
