@@ -97,8 +97,9 @@ ensure_compose_v2() {
 # The engine must give containers GPUs (kit's services reserve them): a throw-away container of
 # IMAGE with a GPU device request proves it, since the engine lists no device drivers.
 gpus() {
-    local image="$1" output
-    if output="$(docker run --rm --network none --gpus device=0 --entrypoint true "$image" 2>&1)"; then
+    local image="$1" output system_path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+    if output="$(docker run --rm --network none --gpus device=0 --entrypoint true "$image" \
+        2>&1)"; then
         return 0
     fi
     output="$(grep -v "^Run 'docker run --help'" <<<"$output" | grep -v '^$' || true)"
@@ -109,7 +110,7 @@ gpus() {
         log "fix: with GPUs, install the NVIDIA container toolkit. Without GPUs, restart that" \
             "engine's dockerd with kit's test stub of the NVIDIA hook first on its PATH:" \
             "PATH=$HOOK_DIR:\$PATH (systemd: \`systemctl edit docker\`, add [Service]" \
-            "Environment=PATH=$HOOK_DIR:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin," \
+            "Environment=PATH=$HOOK_DIR:$system_path," \
             "then \`systemctl restart docker\`); or stop it and run \`scripts/dockerd.sh start\`," \
             "which starts an engine with the stub"
     fi

@@ -54,8 +54,9 @@ step "2/5 the stand-in and nginx images (tests/images/build.sh --serving)"
 for image in vllm/vllm-openai:v0.33.0 nginx:1.27-alpine; do # the tags build.sh gives them
     labels="$(docker image inspect --format '{{json .Config.Labels}}' "$image" 2>/dev/null)" ||
         continue
-    [[ "$labels" == *'"kit.test.image"'* ]] || die "this engine already has a real $image; the stand-in would take its" \
-        "name. Try kit on another engine, or remove that image first (docker rmi $image)"
+    [[ "$labels" == *'"kit.test.image"'* ]] ||
+        die "this engine already has a real $image; the stand-in would take its name." \
+            "Try kit on another engine, or remove that image first (docker rmi $image)"
 done
 bash "$REPO/tests/images/build.sh" --serving
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the local images kit's end-to-end tests run, without any container registry.
 #
-#   tests/images/build.sh [--serving] [--vllm-tag NAME]... [--nginx-tag NAME]... [--certbot-tag NAME]...
+#   tests/images/build.sh [--serving] [--vllm-tag NAME]... [--nginx-tag NAME]...
+#                         [--certbot-tag NAME]...
 #
 # --serving builds only steps 1-3 (what a site without observability or ACME runs; 4 minutes
 # on a fresh, busy 2-core machine; scripts/try-without-gpu.sh uses it).
@@ -56,7 +57,7 @@ CUSTOMIZE=(
 )
 
 usage() {
-    sed -n '2,4p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
