@@ -1,6 +1,7 @@
 """kit bench: the highest load a service carries within its SLO, through the front door."""
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -8,6 +9,9 @@ from kit.bench import DEFAULT_SLO
 from kit.commands.options import spec_argument
 from kit.errors import ExitCode
 from kit.site import Site
+
+if TYPE_CHECKING:
+    from kit.bench_run import BenchRun
 
 
 def _concurrency_list(ctx: click.Context, param: click.Parameter, value: str | None):
@@ -70,7 +74,6 @@ def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: 
     """
     from kit.bench_report import table, write_outputs
     from kit.bench_run import BenchOptions, pick_service, run_bench, slo_for
-    from kit.bench_spec import write_max_num_seqs
 
     site = Site.load(spec, check_host=False)
     options = BenchOptions(
@@ -87,11 +90,25 @@ def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: 
         click.echo(f"wrote {path}")
     if not run.answered:
         ctx.exit(ExitCode.FAILED)
-    seqs = run.recommendation.max_num_seqs if run.recommendation else None
-    if write_spec and seqs is not None:
-        write_max_num_seqs(site.spec_path, run.service, seqs)
-        click.echo(f"{site.spec_path}: max_num_seqs {seqs} for {run.service}; now run "
-                   "kit render && kit up")
-    elif write_spec:
-        click.echo("nothing written to the spec: no max_num_seqs meets the SLO")
-        ctx.exit(ExitCode.FAILED)
+    if write_spec:
+        _write_spec(ctx, site, run)
+
+
+def _write_spec(ctx: click.Context, site: Site, run: "BenchRun") -> None:
+    """max_num_seqs into the spec only when a failing step bounds it; otherwise say why nothing
+    was written and exit 1 (the command could not do what --write-spec asks)."""
+    from kit.bench_spec import write_max_num_seqs
+
+    recommendation = run.recommendation
+    if recommendation is None or recommendation.max_num_seqs is None:
+        why = "no max_num_seqs meets the SLO"
+    elif not recommendation.measured:
+        why = (f"no step failed, so no boundary was measured (every step up to "
+               f"{run.max_passing} streams met the SLO); raise --concurrency to find it")
+    else:
+        written = write_max_num_seqs(site.spec_path, run.service, recommendation.max_num_seqs)
+        click.echo(f"{written}: max_num_seqs {recommendation.max_num_seqs} for {run.service}; "
+                   "now run kit render && kit up")
+        return
+    click.echo(f"nothing written to the spec: {why}")
+    ctx.exit(ExitCode.FAILED)
