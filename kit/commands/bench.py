@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 import click
 
 from kit.bench import DEFAULT_SLO
-from kit.commands.options import spec_argument
+from kit.commands.options import holding, spec_argument, wait_lock_option
 from kit.errors import ExitCode
 from kit.site import Site
 
@@ -56,12 +56,13 @@ def _concurrency_list(ctx: click.Context, param: click.Parameter, value: str | N
               "front door / direct ratios.")
 @click.option("--write-spec", is_flag=True,
               help="Write the recommended max_num_seqs into the spec, keeping its comments.")
+@wait_lock_option
 @click.pass_context
 def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: float | None,
           slo_tpot_p95_ms: float | None, input_tokens: int, output_tokens: int,
           concurrency: tuple[int, ...] | None, requests_per_step: int | None,
           max_minutes: float, out: Path | None, max_client_lag_ms: float, compare_direct: bool,
-          write_spec: bool) -> None:
+          write_spec: bool, wait_lock: float) -> None:
     """Find the most concurrent streams SPEC's service carries within the SLO, through the front
     door, and say what to set.
 
@@ -91,7 +92,8 @@ def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: 
     if not run.answered:
         ctx.exit(ExitCode.FAILED)
     if write_spec:
-        _write_spec(ctx, site, run)
+        with holding(site.layout.root, "bench --write-spec", wait_lock):
+            _write_spec(ctx, site, run)
 
 
 def _write_spec(ctx: click.Context, site: Site, run: "BenchRun") -> None:
