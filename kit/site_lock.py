@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from kit.errors import KitError
+from kit.files import write_failure
 
 DEFAULT_WAIT_SECONDS = 60.0
 POLL_SECONDS = 0.2
@@ -138,7 +139,10 @@ def _one_lock(key: LockKey, verb: str, deadline: float, wait: float,
         finally:
             _held[name] -= 1
         return
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as error:
+        raise write_failure(error, path) from None
     try:
         told = False
         while True:
@@ -147,7 +151,7 @@ def _one_lock(key: LockKey, verb: str, deadline: float, wait: float,
                 break
             except OSError as error:
                 if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    raise
+                    raise write_failure(error, path) from None
             if time.monotonic() >= deadline:
                 raise KitError(
                     f"{key.what} is in use by {_holder_text(path)}"
@@ -159,13 +163,17 @@ def _one_lock(key: LockKey, verb: str, deadline: float, wait: float,
                        f"{wait:g} s for it (--wait-lock)")
                 told = True
             time.sleep(POLL_SECONDS)
-        _write_holder(descriptor, verb)
+        try:
+            _write_holder(descriptor, verb)
+        except OSError as error:
+            raise write_failure(error, path) from None
         _held[name] = 1
         try:
             yield
         finally:
             del _held[name]
-            os.ftruncate(descriptor, 0)
+            with contextlib.suppress(OSError):  # who held it; the lock goes with the close
+                os.ftruncate(descriptor, 0)
     finally:
         os.close(descriptor)  # releases the flock
 
