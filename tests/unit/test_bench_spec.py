@@ -97,6 +97,16 @@ def test_the_spec_keeps_its_mode_and_owner(tmp_path: Path, mode: int):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["models", "site.yaml"]
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another owner")
+def test_a_spec_owned_by_another_user_keeps_its_owner(tmp_path: Path):
+    spec = spec_file(tmp_path)
+    os.chown(spec, 4321, 4322)
+    spec.chmod(0o640)
+    write_max_num_seqs(spec, "llama8b", 24)
+    after = spec.stat()
+    assert (after.st_uid, after.st_gid, after.st_mode & 0o7777) == (4321, 4322, 0o640)
+
+
 def finished_run(first_failing: int | None) -> BenchRun:
     """A run where every step up to 32 streams passed and, when given, `first_failing` failed;
     with no failure the recommendation is the real `recommend`'s."""
