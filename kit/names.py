@@ -43,7 +43,6 @@ SYSTEM_TREES = (
 )
 # Refused themselves (every user's files, other processes' sockets); a folder below is fine.
 SHARED_FOLDERS = ("/home", "/tmp", "/var/tmp")
-DOCKER_SOCKET = "/var/run/docker.sock"  # the engine's default socket (also /run/docker.sock)
 
 
 def is_name(pattern: str, value: str) -> bool:

@@ -32,7 +32,7 @@ from pydantic import (
 
 from kit import names
 from kit.desired import KIT_SERVICES
-from kit.engine_url import is_local, resolve, spec_engine
+from kit.engine_url import DEFAULT_HOST, is_local, resolve, spec_engine
 from kit.errors import BadInput
 from kit.names import (
     ACME_SERVER,
@@ -839,8 +839,8 @@ def cross_checks(
 def _bind_sources(parts: Parts, engine: str) -> list[SpecProblem]:
     """The folders vLLM's containers bind, as this host resolves them (symlinks followed): no
     system folder, nor one holding the engine's socket (its default one, and `engine:`'s)."""
-    sockets = tuple(dict.fromkeys(os.path.realpath(socket) for socket in (
-        names.DOCKER_SOCKET, engine.removeprefix("unix://")) if socket.startswith("/")))
+    sockets = tuple(dict.fromkeys(os.path.realpath(socket.removeprefix("unix://")) for socket in (
+        DEFAULT_HOST, engine) if socket.startswith("unix:///")))
     problems = []
     for key, path in (("models_root", parts.models_root), ("hf_cache", parts.hf_cache)):
         if path is None:

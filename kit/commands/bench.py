@@ -55,7 +55,9 @@ def _concurrency_list(ctx: click.Context, param: click.Parameter, value: str | N
               help="Also run each step straight at one replica inside the stack network, with "
               "front door / direct ratios.")
 @click.option("--write-spec", is_flag=True,
-              help="Write the recommended max_num_seqs into the spec, keeping its comments.")
+              help="Write the recommended max_num_seqs into the spec (only a measured "
+              "boundary: some step must have missed the SLO; else nothing is written, exit 1), "
+              "changing no other byte; through a symlink, keeping mode and owner.")
 @wait_lock_option
 @click.pass_context
 def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: float | None,

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from kit.site_lock import DEFAULT_WAIT_SECONDS
 from kit.spec import DEFAULT_SPEC
 
 if TYPE_CHECKING:  # imported when a credential verb runs, not by every verb
@@ -31,7 +32,8 @@ offline_option = click.option(
 )
 
 wait_lock_option = click.option(
-    "--wait-lock", type=click.FloatRange(min=0), default=60, show_default=True, metavar="SECONDS",
+    "--wait-lock", type=click.FloatRange(min=0), default=DEFAULT_WAIT_SECONDS, show_default=True,
+    metavar="SECONDS",
     help="When another kit command is changing this site (or its stack on the same engine), "
     "wait this long for it to finish, then give up (exit 1) naming it; 0 gives up at once.",
 )
