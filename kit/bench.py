@@ -165,6 +165,9 @@ def binding_constraint(steps: list[StepResult], slo: Slo, first_failing: int | N
 class Recommendation:
     max_num_seqs: int | None
     reason: str
+    # whether a failing step bounds it: without one the limit is only known to be higher, and
+    # writing max_num_seqs would cap the service below what it carried (`--write-spec` refuses)
+    measured: bool = True
 
 
 def recommend(
@@ -188,7 +191,7 @@ def recommend(
     if first_failing is None:
         return Recommendation(per_replica, f"every step up to {max_passing} concurrent streams "
                               "met the SLO: the limit is above what was measured; raise "
-                              "--concurrency or the search limit to find it")
+                              "--concurrency or the search limit to find it", measured=False)
     failing = next(s for s in steps if s.max_concurrency == first_failing)
     kind = failing.violation(slo)
     kv = failing.server.get("kv_cache_usage_perc")

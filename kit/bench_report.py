@@ -57,7 +57,8 @@ def table(run: BenchRun) -> str:
                  f"{result['binding_constraint'] or '-'}")
     if run.recommendation:
         seqs = run.recommendation.max_num_seqs
-        lines.append(f"recommendation: max_num_seqs {_value(seqs)} per replica — "
+        at_least = "" if run.recommendation.measured else "at least "
+        lines.append(f"recommendation: max_num_seqs {at_least}{_value(seqs)} per replica — "
                      f"{run.recommendation.reason}")
     if run.stopped:
         lines.append(f"stopped early: {run.stopped}")

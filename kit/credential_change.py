@@ -19,7 +19,6 @@ from kit.credential_files import (
     Credentials,
     Snapshot,
     check_current,
-    credential_lock,
     restore,
     snapshot,
     with_new_key,
@@ -30,6 +29,7 @@ from kit.credential_files import (
 from kit.credential_files import write as write_files
 from kit.desired import PROXY_SERVICE
 from kit.docker_api import Engine
+from kit.engine_url import resolve
 from kit.errors import KitError
 from kit.front_door import Connection, reload, running_proxy
 from kit.layout import SiteLayout
@@ -37,6 +37,7 @@ from kit.observe import ContainerState
 from kit.probe import basic_header
 from kit.remote_files import deliver
 from kit.site import desired_for
+from kit.site_lock import site_lock
 from kit.spec import Spec
 
 OFFLINE = "--offline"
@@ -160,7 +161,8 @@ def live_change(
     spec: Spec, layout: SiteLayout, connection: Connection | None
 ) -> Iterator[LiveChange]:
     """The body computes and `write`s the new files; on leaving, they go live or are undone."""
-    with credential_lock(layout):
+    stack = None if connection is None else (resolve(spec.engine), spec.site)
+    with site_lock(layout.root, "credential change", stack=stack):
         change = LiveChange(spec, layout, connection, snapshot(layout))
         try:
             yield change

@@ -1,17 +1,13 @@
 """The credential files of a site: who may get in (Basic-auth users, Bearer keys).
 
 Every change is first computed as new file contents (all checks before anything is written),
-then written atomically under an exclusive lock (two racing commands serialise instead of
-merging), with the previous credential files kept as 0600 backups, so the file on disk is
+then written atomically under the site's lock (kit/site_lock.py: two racing commands serialise
+instead of merging), with the previous credential files kept as 0600 backups, so the file on disk is
 always either the old or the new one. Making a change live is kit/credential_change.py's job.
 """
 
 import datetime as dt
-import fcntl
 import json
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,18 +58,6 @@ def require_rendered(layout: SiteLayout) -> None:
             f"{layout.root} has no credential files yet",
             fix="run `kit render` on the spec first",
         )
-
-
-@contextmanager
-def credential_lock(layout: SiteLayout) -> Iterator[None]:
-    """One credential change at a time per site: flock on the state folder itself (no lock
-    file to leave behind; the kernel releases it even on kill -9)."""
-    descriptor = os.open(layout.state_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(descriptor)
 
 
 @dataclass(frozen=True)

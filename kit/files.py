@@ -85,13 +85,15 @@ def _fsync_dir(folder: Path) -> None:
         os.close(descriptor)
 
 
-def _staged_file(path: Path, content: bytes, mode: int, group: int | None) -> Path:
-    """`content` in a fsynced temp file beside `path`, with its mode and group: ready to rename."""
+def _staged_file(path: Path, content: bytes, mode: int, group: int | None,
+                 owner: int | None = None) -> Path:
+    """`content` in a fsynced temp file beside `path`, with its mode, group and owner (0600
+    from creation until then): ready to rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        if group is not None:
-            os.fchown(descriptor, -1, group)
+        if group is not None or owner is not None:
+            os.fchown(descriptor, -1 if owner is None else owner, -1 if group is None else group)
         os.fchmod(descriptor, mode)
         _write_fd(descriptor, content)
     except BaseException:
@@ -102,8 +104,9 @@ def _staged_file(path: Path, content: bytes, mode: int, group: int | None) -> Pa
     return Path(name)
 
 
-def atomic_write(path: Path, content: bytes, mode: int = 0o644, group: int | None = None) -> None:
-    staged = _staged_file(path, content, mode, group)
+def atomic_write(path: Path, content: bytes, mode: int = 0o644, group: int | None = None,
+                 owner: int | None = None) -> None:
+    staged = _staged_file(path, content, mode, group, owner)
     try:
         os.replace(staged, path)
     except BaseException:

@@ -53,6 +53,36 @@ def fleet_specs(folder: Path) -> list[Path]:
     return specs
 
 
+def one_writer_per_stack(specs: list[Path]) -> None:
+    """BadInput, before anything runs, when two servers' specs resolve to one stack (same engine,
+    same site name: a copied folder without its own `engine:`), naming both folders; run in
+    parallel they would drive one set of containers. A spec that does not load is left to its
+    own row."""
+    from kit.engine_url import resolve
+    from kit.site_lock import stack_key
+    from kit.spec import load_spec
+
+    stacks: dict[str, list[Path]] = {}
+    described: dict[str, str] = {}
+    for spec_path in specs:
+        try:
+            spec = load_spec(spec_path, check_host=False, check_capacity=False)
+        except KitError:
+            continue
+        key = stack_key(resolve(spec.engine), spec.site)
+        stacks.setdefault(key.identity, []).append(spec_path)
+        described[key.identity] = key.what
+    clashes = [(described[identity], paths) for identity, paths in stacks.items()
+               if len(paths) > 1]
+    if clashes:
+        raise BadInput(
+            "two or more servers are one stack (same engine, same site name); run together they "
+            "would drive the same containers:\n" + "\n".join(
+                f"  {what}: {', '.join(str(p.parent) for p in paths)}" for what, paths in clashes),
+            fix="give each folder the `engine:` of the server it is for (a copied folder has "
+            "none, so it runs on DOCKER_HOST), or its own `site:` name; nothing was run")
+
+
 def server_name(spec: Path) -> str:
     return spec.parent.name
 

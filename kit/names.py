@@ -30,6 +30,20 @@ SSH_USER = r"^[a-z_][a-z0-9._-]{0,31}$"  # the login of an `engine: ssh://user@h
 
 SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
+# Host folders kit never binds into a container (models_root, hf_cache: vLLM runs a model's code
+# there). Each tree is refused with everything below it, and so is every folder above one (a
+# bind of /var holds /var/run): the host's configuration and secrets, kernel interfaces,
+# devices, binaries and libraries, root's home, the engine's data, and the runtime folders that
+# hold the Docker socket (a read-only bind does not stop connect(): the socket is root on the
+# host). docs/operations.md lists them.
+SYSTEM_TREES = (
+    "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/root",
+    "/run", "/sbin", "/snap", "/sys", "/usr", "/var/lib/containerd", "/var/lib/docker",
+    "/var/lock", "/var/run",
+)
+# Refused themselves (every user's files, other processes' sockets); a folder below is fine.
+SHARED_FOLDERS = ("/home", "/tmp", "/var/tmp")
+
 
 def is_name(pattern: str, value: str) -> bool:
     """Whether `value` is wholly of the kind `pattern` describes (a trailing newline is not)."""
@@ -62,6 +76,42 @@ def ip(value: str) -> str:
         except ValueError:
             pass
     raise ValueError(f"{value!r} is not an IP address without a %zone (e.g. 0.0.0.0 or ::)")
+
+
+def normal_path(path: str) -> str:
+    """An absolute path in its lexical normal form: no `.`, `..`, doubled or trailing `/`."""
+    parts: list[str] = []
+    for part in path.split("/"):
+        if part == "..":
+            parts = parts[:-1]
+        elif part not in ("", "."):
+            parts.append(part)
+    return "/" + "/".join(parts)
+
+
+def _within(path: str, tree: str) -> bool:
+    return path == tree or path.startswith(tree.rstrip("/") + "/")
+
+
+def bind_refusal(path: str, sockets: tuple[str, ...] = ()) -> str | None:
+    """Why `path` may not be a bind source (None: it may): a system tree or what lies below it,
+    a folder above one, a shared folder, or the `sockets` (the engine's) or a folder above them.
+    Lexical: callers that can see the disk pass the path with symlinks resolved as well."""
+    normal = normal_path(path)
+    if normal == "/":
+        return "is the host's whole file system"
+    for tree in SYSTEM_TREES:
+        if _within(normal, tree):
+            return f"is {tree}" + ("" if normal == tree else " or below it") + \
+                ", a system folder"
+        if _within(tree, normal):
+            return f"holds the system folder {tree}"
+    if normal in SHARED_FOLDERS:
+        return "is a folder every user or process shares"
+    for socket in sockets:
+        if _within(normal_path(socket), normal):
+            return f"holds the Docker engine's socket {socket}"
+    return None
 
 
 def size_bytes(value: str) -> int:

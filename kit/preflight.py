@@ -25,6 +25,57 @@ from kit.site import Site
 from kit.spec import Spec
 
 PULL_REPORT_SECONDS = 5  # how often a non-terminal pull display prints a line
+SYSTEM_CHECK_SECONDS = 60
+SYSTEM_CHECK_MOUNT = "/kit-bind-check"
+# Run on a remote engine's host in a throwaway container of the service's image (python3 is in
+# vLLM's) with the bind source mounted read-only at argv[1]: whether it is a system folder or
+# holds a socket, known by what it holds, since kit cannot see that host's disk or resolve its
+# symlinks. Exit 3 and one line saying why when it is; 0 otherwise.
+SYSTEM_FOLDER_CHECK = """import os, stat, sys
+root = sys.argv[1]
+KERNEL = {"proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "securityfs", "debugfs",
+          "tracefs", "bpf", "mqueue", "hugetlbfs", "configfs", "fusectl", "pstore", "efivarfs",
+          "binfmt_misc", "nsfs"}
+def refuse(why):
+    print(why); sys.exit(3)
+try:
+    for line in open("/proc/self/mountinfo"):
+        fields = line.split()
+        if fields[4] == root and fields[fields.index("-") + 1] in KERNEL:
+            refuse("is a kernel file system (" + fields[fields.index("-") + 1] + ")")
+except OSError:
+    pass
+def has(*names):
+    return all(os.path.lexists(os.path.join(root, name)) for name in names)
+top = os.listdir(root)
+if has("etc/passwd"):
+    refuse("is the root of a system (it holds etc/passwd)")
+if has("passwd", "shadow") or has("passwd", "group", "hostname"):
+    refuse("is a system's /etc (it holds passwd)")
+if has("containers", "image", "volumes") or has("docker/containers"):
+    refuse("holds the Docker engine's data (containers, image, volumes)")
+if has("bin", "lib", "share") or has("sh", "ls") or any(n.startswith(("ld-linux", "libc.so"))
+                                                       for n in top):
+    refuse("is a folder of the system's programs or libraries")
+if any(n.startswith("vmlinuz") for n in top):
+    refuse("is the system's /boot")
+if has(".ssh"):
+    refuse("is a home folder (it holds .ssh)")
+seen = 0
+def walk(folder, depth):
+    global seen
+    for entry in os.scandir(folder):
+        seen += 1
+        if seen > 20000:
+            return
+        mode = entry.stat(follow_symlinks=False).st_mode
+        if stat.S_ISSOCK(mode):
+            refuse("holds a socket, " + os.path.relpath(entry.path, root)
+                   + " (a socket there could be the Docker engine's: root on the host)")
+        if stat.S_ISDIR(mode) and depth < 3:
+            walk(entry.path, depth + 1)
+walk(root, 1)
+"""
 
 
 def preflight(
@@ -47,6 +98,7 @@ def check_services(engine: Engine, spec: Spec, project: str, services: list[Serv
     ensure_images(engine, services, observed, report)
     if not engine.is_local:
         check_remote_bind_sources(engine, spec, services)
+    check_not_system_folders(engine, spec, services)
     check_gpus(engine, project, services)
     if engine.is_local:
         check_ports(engine, spec, services, observed)
@@ -73,22 +125,60 @@ def check_remote_bind_sources(engine: Engine, spec: Spec, services: list[Service
     keys = {str(spec.models_root): "models_root", str(spec.hf_cache): "hf_cache"}
     for service in services:
         for mount in service.config.mounts:
-            if mount.type != "bind":
-                continue
-            model = model_below(service, mount.target)
-            for source in [mount.source, *([f"{mount.source}/{model}"] if model else [])]:
-                checked = Mount("bind", source, mount.target, True)
-                if engine.bind_source_missing(f"{service.container_name}-kit-check",
-                                              service.config.image, checked):
-                    key = keys.get(mount.source)
-                    raise BadInput(
-                        f"{source} does not exist on the engine's host {engine.address} "
-                        f"(service {service.name} mounts it at {mount.target})",
-                        fix=f"create it there and put the model folders in it, or set {key} "
-                        "in the spec to that host's folder" if key and source == mount.source
-                        else f"copy the model to {source} on that host, or fix "
-                        "services[].model / models_root in the spec",
-                    )
+            if mount.type == "bind":
+                _check_present(engine, service, mount, keys)
+
+
+def check_not_system_folders(engine: Engine, spec: Spec, services: list[ServiceState]) -> None:
+    """The folders vLLM's containers bind (models_root, hf_cache), each once, as the engine's
+    host sees them: the spec's checks (kit/names.py) see only paths, and this host's disk when
+    the engine is local; a symlink or a socket on a remote host they cannot."""
+    keys = {str(spec.models_root): "models_root", str(spec.hf_cache): "hf_cache"}
+    checked: set[str] = set()
+    for service in services:
+        for mount in service.config.mounts:
+            if mount.type == "bind" and mount.source in keys and mount.source not in checked:
+                _check_not_system_folder(engine, service, mount.source, keys[mount.source])
+                checked.add(mount.source)
+
+
+def _check_not_system_folder(engine: Engine, service: ServiceState, source: str,
+                             key: str) -> None:
+    """BadInput when the engine's host says `source` is a system folder or holds a socket."""
+    helper = f"{service.container_name}-kit-bind-check"
+    engine.helper_start(helper, service.config.image,
+                        ["python3", "-c", SYSTEM_FOLDER_CHECK, SYSTEM_CHECK_MOUNT],
+                        binds=(Mount("bind", source, SYSTEM_CHECK_MOUNT, True),))
+    code, log = engine.helper_wait(helper, SYSTEM_CHECK_SECONDS)
+    why = log.strip().splitlines()[-1] if log.strip() else f"exit {code}"
+    if code == 3:
+        raise BadInput(f"{key} {source} on the engine's host {engine.address} {why}",
+                       fix=f"set {key} to a folder of its own on that host, e.g. /srv/models "
+                       "(kit never mounts a system folder into a container)")
+    if code != 0:
+        raise KitError(f"checking {key} {source} on the engine's host {engine.address} failed "
+                       f"(exit {code}): {why[-300:]}",
+                       fix=f"make sure {service.config.image} has python3 and {source} is "
+                       "readable there")
+
+
+def _check_present(engine: Engine, service: ServiceState, mount: Mount,
+                   keys: dict[str, str]) -> None:
+    """The bind source, and the model folder below it, exist on the engine's host."""
+    model = model_below(service, mount.target)
+    for source in [mount.source, *([f"{mount.source}/{model}"] if model else [])]:
+        checked = Mount("bind", source, mount.target, True)
+        if engine.bind_source_missing(f"{service.container_name}-kit-check",
+                                      service.config.image, checked):
+            key = keys.get(mount.source)
+            raise BadInput(
+                f"{source} does not exist on the engine's host {engine.address} "
+                f"(service {service.name} mounts it at {mount.target})",
+                fix=f"create it there and put the model folders in it, or set {key} "
+                "in the spec to that host's folder" if key and source == mount.source
+                else f"copy the model to {source} on that host, or fix "
+                "services[].model / models_root in the spec",
+            )
 
 
 def model_below(service: ServiceState, target: str) -> str | None:

@@ -8,8 +8,8 @@ every output, refuse to clobber hand edits, then write every change as one trans
 import json
 import os
 import re
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -17,7 +17,6 @@ from pathlib import Path
 import jinja2
 
 from kit import __version__
-from kit.credential_files import credential_lock
 from kit.credentials import (
     SECRET,
     AuthFiles,
@@ -50,7 +49,6 @@ from kit.files import (
     read_manifest,
     recover,
     remove_stale_temps,
-    write_failure,
 )
 from kit.layout import NGINX_MOUNT, VERIFIER_AUTH_MOUNT, VERIFIER_MOUNT, SiteLayout
 from kit.node_files import worker_outputs
@@ -68,6 +66,7 @@ from kit.plan import (
     build_plan,
 )
 from kit.site import Site
+from kit.site_lock import site_lock
 from kit.spec import Spec, spec_warnings
 from kit.tls import acme_files, self_signed_files, tls_outputs, user_files
 
@@ -322,19 +321,6 @@ def site_outputs(
     return plan, outputs + auth.outputs, auth
 
 
-@contextmanager
-def _locked(layout: SiteLayout) -> Iterator[None]:
-    """Render and the credential commands take turns (neither overwrites the other's htpasswd);
-    before the first render there is no state folder and nothing to race with."""
-    with ExitStack() as stack:
-        if layout.state_dir.is_dir():
-            try:
-                stack.enter_context(credential_lock(layout))
-            except OSError as error:
-                raise write_failure(error, layout.state_dir) from None
-        yield
-
-
 def _unlisted(users: list[str]) -> list[str]:
     """Users in htpasswd that the spec never listed are kept, and said so on every render."""
     if not users:
@@ -347,7 +333,9 @@ def _unlisted(users: list[str]) -> list[str]:
 def render_site(site: Site, *, force: bool = False, dry_run: bool = False) -> RenderResult:
     """The whole `kit render` of a loaded site (`dry_run`: compute the changes, write nothing)."""
     spec, spec_path, layout = site.spec, site.spec_path, site.layout
-    with _locked(layout):
+    # one writer per site (kit/site_lock.py; re-entered when the verb holds it already); a dry
+    # run writes nothing and waits for no one
+    with nullcontext() if dry_run else site_lock(layout.root, "render"):
         recovered = None if dry_run else recover(layout.root, layout.state_dir)
         plan, outputs, auth = site_outputs(spec, layout, spec_path.parent, spec_path.name)
         unshown = [] if dry_run else unshown_passwords(layout)

@@ -12,6 +12,7 @@ Every problem is reported with file:line:col, not only the first.
 """
 
 import difflib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -31,7 +32,7 @@ from pydantic import (
 
 from kit import names
 from kit.desired import KIT_SERVICES
-from kit.engine_url import is_local, resolve, spec_engine
+from kit.engine_url import DEFAULT_HOST, is_local, resolve, spec_engine
 from kit.errors import BadInput
 from kit.names import (
     ACME_SERVER,
@@ -107,7 +108,14 @@ def _absolute_safe_path(path: Path) -> Path:
         raise ValueError(f"{str(path)!r} has spaces, quotes, ':' ',' '$' ';' or braces")
     if len(str(path)) > 4096 or any(len(part.encode()) > 255 for part in path.parts):
         raise ValueError("a path of at most 4096 characters, 255 bytes per folder name")
+    refusal = names.bind_refusal(str(path))
+    if refusal:
+        raise ValueError(f"{str(path)!r} {refusal}: {BIND_FIX}")
     return path
+
+
+BIND_FIX = ("kit never mounts it into a container, where a model's code runs; put the models "
+            "(or the cache) in a folder of their own, e.g. /srv/models")
 
 
 def _file_path(path: Path) -> Path:
@@ -773,11 +781,13 @@ class Parts:
     site: str | None = None
     observability: Observability | None = None
     engine: str | None = None
+    hf_cache: Path | None = None
 
     @classmethod
     def of(cls, spec: Spec) -> "Parts":
         return cls(list(enumerate(spec.services)), spec.domain, spec.tls, spec.models_root,
-                   spec.gpu_memory_gib, spec.site, spec.observability, spec.engine)
+                   spec.gpu_memory_gib, spec.site, spec.observability, spec.engine,
+                   spec.hf_cache)
 
     @classmethod
     def salvage(cls, data: dict) -> "Parts":
@@ -794,6 +804,7 @@ class Parts:
             _valid(Annotated[str, Field(pattern=SITE_NAME)], data.get("site")),
             _valid(Observability, data.get("observability", {})),
             _valid(EngineAddress, data.get("engine")),
+            _valid(HostPath, data.get("hf_cache")),
         )
 
 
@@ -818,8 +829,28 @@ def cross_checks(
     problems += _tls_files(parts, spec_dir)
     problems += _acme_domain(parts)
     problems += _multi_node(parts)
-    if check_host and parts.models_root is not None and is_local(resolve(parts.engine)):
-        problems += _model_dirs(parts, check_capacity)  # elsewhere: the engine's preflight
+    if check_host and is_local(resolve(parts.engine)):  # elsewhere: the engine's preflight
+        problems += _bind_sources(parts, resolve(parts.engine))
+        if parts.models_root is not None:
+            problems += _model_dirs(parts, check_capacity)
+    return problems
+
+
+def _bind_sources(parts: Parts, engine: str) -> list[SpecProblem]:
+    """The folders vLLM's containers bind, as this host resolves them (symlinks followed): no
+    system folder, nor one holding the engine's socket (its default one, and `engine:`'s)."""
+    sockets = tuple(dict.fromkeys(os.path.realpath(socket.removeprefix("unix://")) for socket in (
+        DEFAULT_HOST, engine) if socket.startswith("unix:///")))
+    problems = []
+    for key, path in (("models_root", parts.models_root), ("hf_cache", parts.hf_cache)):
+        if path is None:
+            continue
+        real = os.path.realpath(path)
+        refusal = names.bind_refusal(real, sockets)
+        if refusal:
+            shown = str(path) if real == names.normal_path(str(path)) else \
+                f"{path} (a symlink to {real})"
+            problems.append(SpecProblem((key,), f"{shown} {refusal}", BIND_FIX))
     return problems
 
 

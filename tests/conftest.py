@@ -34,6 +34,15 @@ LLAMA_8B = {
 }
 
 
+@pytest.fixture(autouse=True)
+def private_lock_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch) -> Path:
+    """Each test's site locks (kit/site_lock.py) in a folder of its own, inherited by the kit
+    processes it starts: tests never wait on each other, nor on an operator's kit."""
+    folder = tmp_path_factory.mktemp("locks")
+    monkeypatch.setenv("KIT_LOCK_DIR", str(folder))
+    return folder
+
+
 @pytest.fixture
 def site(tmp_path: Path) -> Path:
     """A site folder with a valid spec; models_root holds llama-8b/config.json."""

@@ -1,13 +1,17 @@
 """kit bench: the highest load a service carries within its SLO, through the front door."""
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from kit.bench import DEFAULT_SLO
-from kit.commands.options import spec_argument
+from kit.commands.options import holding, spec_argument, wait_lock_option
 from kit.errors import ExitCode
 from kit.site import Site
+
+if TYPE_CHECKING:
+    from kit.bench_run import BenchRun
 
 
 def _concurrency_list(ctx: click.Context, param: click.Parameter, value: str | None):
@@ -51,13 +55,16 @@ def _concurrency_list(ctx: click.Context, param: click.Parameter, value: str | N
               help="Also run each step straight at one replica inside the stack network, with "
               "front door / direct ratios.")
 @click.option("--write-spec", is_flag=True,
-              help="Write the recommended max_num_seqs into the spec, keeping its comments.")
+              help="Write the recommended max_num_seqs into the spec (only a measured "
+              "boundary: some step must have missed the SLO; else nothing is written, exit 1), "
+              "changing no other byte; through a symlink, keeping mode and owner.")
+@wait_lock_option
 @click.pass_context
 def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: float | None,
           slo_tpot_p95_ms: float | None, input_tokens: int, output_tokens: int,
           concurrency: tuple[int, ...] | None, requests_per_step: int | None,
           max_minutes: float, out: Path | None, max_client_lag_ms: float, compare_direct: bool,
-          write_spec: bool) -> None:
+          write_spec: bool, wait_lock: float) -> None:
     """Find the most concurrent streams SPEC's service carries within the SLO, through the front
     door, and say what to set.
 
@@ -70,7 +77,6 @@ def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: 
     """
     from kit.bench_report import table, write_outputs
     from kit.bench_run import BenchOptions, pick_service, run_bench, slo_for
-    from kit.bench_spec import write_max_num_seqs
 
     site = Site.load(spec, check_host=False)
     options = BenchOptions(
@@ -87,11 +93,26 @@ def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: 
         click.echo(f"wrote {path}")
     if not run.answered:
         ctx.exit(ExitCode.FAILED)
-    seqs = run.recommendation.max_num_seqs if run.recommendation else None
-    if write_spec and seqs is not None:
-        write_max_num_seqs(site.spec_path, run.service, seqs)
-        click.echo(f"{site.spec_path}: max_num_seqs {seqs} for {run.service}; now run "
-                   "kit render && kit up")
-    elif write_spec:
-        click.echo("nothing written to the spec: no max_num_seqs meets the SLO")
-        ctx.exit(ExitCode.FAILED)
+    if write_spec:
+        with holding(site.layout.root, "bench --write-spec", wait_lock):
+            _write_spec(ctx, site, run)
+
+
+def _write_spec(ctx: click.Context, site: Site, run: "BenchRun") -> None:
+    """max_num_seqs into the spec only when a failing step bounds it; otherwise say why nothing
+    was written and exit 1 (the command could not do what --write-spec asks)."""
+    from kit.bench_spec import write_max_num_seqs
+
+    recommendation = run.recommendation
+    if recommendation is None or recommendation.max_num_seqs is None:
+        why = "no max_num_seqs meets the SLO"
+    elif not recommendation.measured:
+        why = (f"no step failed, so no boundary was measured (every step up to "
+               f"{run.max_passing} streams met the SLO); raise --concurrency to find it")
+    else:
+        written = write_max_num_seqs(site.spec_path, run.service, recommendation.max_num_seqs)
+        click.echo(f"{written}: max_num_seqs {recommendation.max_num_seqs} for {run.service}; "
+                   "now run kit render && kit up")
+        return
+    click.echo(f"nothing written to the spec: {why}")
+    ctx.exit(ExitCode.FAILED)

@@ -5,7 +5,7 @@ from pathlib import Path
 import click
 
 from kit.apply import Executor
-from kit.commands.options import spec_argument
+from kit.commands.options import holding, spec_argument, wait_lock_option
 from kit.docker_api import connect
 from kit.reconcile import RemoveVolume, down_actions
 from kit.remote_files import site_volumes
@@ -16,9 +16,16 @@ from kit.worker_nodes import WorkerEngines, worker_nodes
 @click.command()
 @spec_argument
 @click.option("--volumes", is_flag=True, help="Also remove the named volumes (the HF cache).")
-def down(spec: Path, volumes: bool) -> None:
+@wait_lock_option
+def down(spec: Path, volumes: bool, wait_lock: float) -> None:
     """Stop and remove the containers and networks of SPEC's stack (default ./site.yaml)."""
     site = Site.load(spec, check_host=False)
+    with holding(site.layout.root, "down", wait_lock, (site.engine_url, site.project)):
+        _down(site, volumes)
+
+
+def _down(site: Site, volumes: bool) -> None:
+    """The head's stack on the site's engine, then each worker node's on its own."""
     workers = worker_nodes(site)  # a multi-node service's workers, each on its node's engine
     engine = connect(site.engine_url)
     observed = site.observe(engine, with_images=False)

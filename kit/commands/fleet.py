@@ -9,6 +9,7 @@ from kit.fleet import (
     ServerResult,
     failed_summary,
     fleet_specs,
+    one_writer_per_stack,
     results_table,
     run_all,
     run_verb,
@@ -36,7 +37,8 @@ def fleet(words: tuple[str, ...]) -> None:
     with its result, time and cause. Exit 1 when any server failed (the others still ran).
     rotate-password and users add set the SAME password everywhere (asked, read with
     --password-stdin, or generated and printed once) and say where it is live and where the old
-    one still is.
+    one still is. Every verb but status refuses (exit 2, before anything runs) two folders that
+    are one stack: the same engine and the same site name.
     """
     folder, verb, args = _parse(list(words))
     specs = fleet_specs(folder)
@@ -45,6 +47,7 @@ def fleet(words: tuple[str, ...]) -> None:
         click.echo(status_table(statuses))
         failed = [s.server for s in statuses if not s.ok]
     else:
+        one_writer_per_stack(specs)
         stdin, secret = None, None
         if verb in NEW_PASSWORD:
             stdin_flag, generate = "--password-stdin" in args, "--generate" in args

@@ -2,7 +2,14 @@
 
 import click
 
-from kit.commands.options import credential_site, offline_option, report, spec_argument
+from kit.commands.options import (
+    credential_holding,
+    credential_site,
+    offline_option,
+    report,
+    spec_argument,
+    wait_lock_option,
+)
 from kit.credential_change import add_key, revoke_key
 from kit.credentials import read_keys
 from kit.layout import SiteLayout
@@ -16,12 +23,14 @@ def keys_group() -> None:
 @keys_group.command("add")
 @click.argument("args", nargs=-1, metavar="[SPEC] NAME")
 @offline_option
-def add(args: tuple[str, ...], offline: bool) -> None:
+@wait_lock_option
+def add(args: tuple[str, ...], offline: bool, wait_lock: float) -> None:
     """Create key NAME and print it once (live: nginx reloads and the key is proven)."""
     spec, layout, name, connection = credential_site(args, "NAME", offline)
     if not spec.auth.api_keys:
         click.echo("warning: auth.api_keys is false: nginx ignores keys until it is true", err=True)
-    key, outcome = add_key(spec, layout, name, connection)
+    with credential_holding(spec, layout, "keys add", wait_lock, offline):
+        key, outcome = add_key(spec, layout, name, connection)
     click.echo(f"key {name}: {key}\n  (shown once; only its SHA-256 is stored)")
     report(outcome)
 
@@ -29,10 +38,12 @@ def add(args: tuple[str, ...], offline: bool) -> None:
 @keys_group.command("revoke")
 @click.argument("args", nargs=-1, metavar="[SPEC] NAME")
 @offline_option
-def revoke(args: tuple[str, ...], offline: bool) -> None:
+@wait_lock_option
+def revoke(args: tuple[str, ...], offline: bool, wait_lock: float) -> None:
     """Revoke key NAME: its next request gets 401."""
     spec, layout, name, connection = credential_site(args, "NAME", offline)
-    outcome = revoke_key(spec, layout, name, connection)
+    with credential_holding(spec, layout, "keys revoke", wait_lock, offline):
+        outcome = revoke_key(spec, layout, name, connection)
     click.echo(f"revoked {name}")
     report(outcome)
 

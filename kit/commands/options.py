@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from kit.site_lock import DEFAULT_WAIT_SECONDS
 from kit.spec import DEFAULT_SPEC
 
 if TYPE_CHECKING:  # imported when a credential verb runs, not by every verb
@@ -29,6 +30,30 @@ offline_option = click.option(
     "change takes effect at the next `kit up`. Without it, a change that cannot be made live "
     "and proven fails (exit 1) and leaves the files as they were.",
 )
+
+wait_lock_option = click.option(
+    "--wait-lock", type=click.FloatRange(min=0), default=DEFAULT_WAIT_SECONDS, show_default=True,
+    metavar="SECONDS",
+    help="When another kit command is changing this site (or its stack on the same engine), "
+    "wait this long for it to finish, then give up (exit 1) naming it; 0 gives up at once.",
+)
+
+
+def holding(root: Path, verb: str, wait: float, stack: "tuple[str, str] | None" = None):
+    """The site lock (kit/site_lock.py) for a verb, its waiting said on stderr."""
+    from kit.site_lock import site_lock
+
+    return site_lock(root, verb, stack=stack, wait=wait,
+                     report=lambda line: click.echo(line, err=True))
+
+
+def credential_holding(spec: "Spec", layout: "SiteLayout", verb: str, wait: float,
+                       offline: bool):
+    """A credential verb's site lock: the folder's, and the stack's when it reloads nginx."""
+    from kit.engine_url import resolve
+
+    return holding(layout.root, verb, wait, None if offline else (resolve(spec.engine), spec.site))
+
 
 password_options: list[Callable] = [
     click.option("--password-stdin", is_flag=True,

@@ -3,10 +3,12 @@
 import click
 
 from kit.commands.options import (
+    credential_holding,
     credential_site,
     offline_option,
     read_passwords,
     report,
+    wait_lock_option,
     with_password_options,
 )
 from kit.credential_change import rotate_password as rotate
@@ -16,8 +18,9 @@ from kit.credential_change import rotate_password as rotate
 @click.argument("args", nargs=-1, metavar="[SPEC] USER")
 @with_password_options
 @offline_option
+@wait_lock_option
 def rotate_password(
-    args: tuple[str, ...], password_stdin: bool, generate: bool, offline: bool
+    args: tuple[str, ...], password_stdin: bool, generate: bool, offline: bool, wait_lock: float
 ) -> None:
     """Change USER's password: atomic swap, in-place nginx reload, proof through the front door.
 
@@ -28,7 +31,8 @@ def rotate_password(
     """
     spec, layout, user, connection = credential_site(args, "USER", offline)
     password, current, generated = read_passwords(password_stdin, generate, ask_current=True)
-    outcome = rotate(spec, layout, user, password, current, connection)
+    with credential_holding(spec, layout, "rotate-password", wait_lock, offline):
+        outcome = rotate(spec, layout, user, password, current, connection)
     click.echo(f"password of {user} changed (previous file kept in {layout.state_dir}/backup/)")
     if generated:
         click.echo(f"new password for {user}: {password}  (shown once)")

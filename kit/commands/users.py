@@ -3,11 +3,13 @@
 import click
 
 from kit.commands.options import (
+    credential_holding,
     credential_site,
     offline_option,
     read_passwords,
     report,
     spec_argument,
+    wait_lock_option,
     with_password_options,
 )
 from kit.credential_change import add_user, remove_user
@@ -24,7 +26,9 @@ def users_group() -> None:
 @click.argument("args", nargs=-1, metavar="[SPEC] USER")
 @with_password_options
 @offline_option
-def add(args: tuple[str, ...], password_stdin: bool, generate: bool, offline: bool) -> None:
+@wait_lock_option
+def add(args: tuple[str, ...], password_stdin: bool, generate: bool, offline: bool,
+        wait_lock: float) -> None:
     """Add USER with a new password, live (nginx reloads in place and the login is proven).
 
     The password is asked for twice on a terminal; without one (a script), it is generated and
@@ -32,7 +36,8 @@ def add(args: tuple[str, ...], password_stdin: bool, generate: bool, offline: bo
     """
     spec, layout, user, connection = credential_site(args, "USER", offline)
     password, _, generated = read_passwords(password_stdin, generate, ask_current=False)
-    outcome = add_user(spec, layout, user, password, connection)
+    with credential_holding(spec, layout, "users add", wait_lock, offline):
+        outcome = add_user(spec, layout, user, password, connection)
     click.echo(f"added {user}")
     if generated:
         click.echo(f"password for {user}: {password}  (shown once)")
@@ -42,10 +47,12 @@ def add(args: tuple[str, ...], password_stdin: bool, generate: bool, offline: bo
 @users_group.command("remove")
 @click.argument("args", nargs=-1, metavar="[SPEC] USER")
 @offline_option
-def remove(args: tuple[str, ...], offline: bool) -> None:
+@wait_lock_option
+def remove(args: tuple[str, ...], offline: bool, wait_lock: float) -> None:
     """Remove USER; their next request gets 401."""
     spec, layout, user, connection = credential_site(args, "USER", offline)
-    outcome = remove_user(spec, layout, user, connection)
+    with credential_holding(spec, layout, "users remove", wait_lock, offline):
+        outcome = remove_user(spec, layout, user, connection)
     click.echo(f"removed {user}")
     report(outcome)
 

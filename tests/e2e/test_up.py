@@ -315,6 +315,22 @@ def test_a_missing_models_root_is_bad_input(make_site, tmp_path: Path) -> None:
     assert site.containers() == {}
 
 
+def test_a_models_folder_holding_a_socket_is_refused_on_the_engines_host(make_site) -> None:
+    """What no path check sees: a socket inside the folder (e.g. an engine's socket bound into
+    it). A throwaway container of the vLLM image looks on the engine's host, before anything
+    starts (kit/preflight.py)."""
+    site = make_site()
+    socket_path = Path(site.spec["models_root"]) / "run" / "engine.sock"
+    socket_path.parent.mkdir()
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(socket_path))
+        result = site.kit("up", "--no-probe")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"models_root {site.spec['models_root']} on the engine's host" in result.stderr
+    assert "holds a socket, run/engine.sock" in result.stderr
+    assert site.containers() == {}
+
+
 def test_an_image_that_is_absent_and_cannot_be_pulled(make_site) -> None:
     site = make_site()
     site.spec["images"] = {"vllm": f"kit-test/absent-{site.name}:0"}

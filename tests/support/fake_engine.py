@@ -55,6 +55,7 @@ class FakeEngine:
         self.worker_log: list[str] = []  # lines nginx's new workers log (at start, each reload)
         self.helpers: dict[str, tuple[list[str], tuple[Mount, ...], bool]] = {}  # running ones
         self.helper_results: dict[str, tuple[int, str]] = {}  # helper name → (code, log)
+        self.run_helpers = False  # True: an unscripted helper really runs here, binds rebased
         self._failures: dict[str, KitError] = {}
         self._local = local
         self._containers: dict[str, _Container] = {}
@@ -300,10 +301,18 @@ class FakeEngine:
         self.helpers[name] = (argv, binds, host_network)
 
     def helper_wait(self, name: str, timeout: float) -> tuple[int, str]:
-        """The scripted result for this helper (`helper_results`), else exit 0, no output."""
+        """The scripted result for this helper (`helper_results`); else, with `run_helpers`, its
+        argv run on this host as the engine's host (each bind's target read as its source);
+        else exit 0, no output."""
         self._call("helper_wait", name)
-        self.helpers.pop(name)
-        return self.helper_results.get(name, (0, ""))
+        argv, binds, _ = self.helpers.pop(name)
+        if name in self.helper_results or not self.run_helpers:
+            return self.helper_results.get(name, (0, ""))
+        rebased = [next((m.source + arg.removeprefix(m.target) for m in binds
+                         if arg == m.target or arg.startswith(m.target + "/")), arg)
+                   for arg in argv]
+        done = subprocess.run(rebased, capture_output=True, text=True, timeout=timeout)
+        return done.returncode, done.stdout + done.stderr
 
     def bind_source_missing(self, name: str, image: str, mount: Mount) -> bool:
         self._call("bind_source_missing", mount.source)

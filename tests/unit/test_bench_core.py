@@ -159,6 +159,7 @@ def test_recommendation_when_nothing_or_everything_passes():
     every = recommend(steps_for({64: (100, 20)}), SLO, 64, None, replicas=1,
                       configured_max_num_seqs=None)
     assert every.max_num_seqs == 64 and "above what was measured" in every.reason
+    assert not every.measured  # --write-spec writes only a measured boundary
 
 
 @pytest.mark.parametrize(("message", "choice"), [

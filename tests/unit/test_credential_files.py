@@ -9,9 +9,10 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from kit.credential_files import credential_lock, with_password, write
+from kit.credential_files import with_password, write
 from kit.credentials import key_digest, parse_htpasswd
 from kit.layout import SiteLayout
+from kit.site_lock import site_lock
 from tests.conftest import tree
 from tests.support import nginx_ns
 from tests.support.cli import run_kit
@@ -125,7 +126,7 @@ def test_commands_before_render_say_what_to_do(site: Path) -> None:
 def _rotate_in_child(site: Path, password: str) -> None:
     """A forked child doing what `kit rotate-password` does to the files (no reload: no engine)."""
     layout = SiteLayout(site)
-    with credential_lock(layout):
+    with site_lock(site, "rotate-password"):
         write(layout, with_password(layout, "ops", password, must_exist=True))
     os._exit(0)
 

@@ -103,3 +103,30 @@ def test_a_rotation_says_where_the_new_password_is_live_and_where_the_old_one_is
 def test_an_unknown_verb_is_a_usage_error(tmp_path: Path) -> None:
     result = run_kit("fleet", tmp_path, "explode")
     assert result.exit_code == 2 and "VERB one of status" in result.output
+
+
+@pytest.mark.parametrize("verb", [["up"], ["render"], ["users", "add", "zed"]])
+def test_two_folders_of_one_stack_are_refused_before_anything_runs(tmp_path: Path, verb) -> None:
+    """A copied folder (same `site:`, no `engine:`) is the same stack on the same engine."""
+    fleet = tmp_path / "fleet"
+    first = server(fleet, "gpu01")
+    copy = fleet / "gpu01-copy"
+    copy.mkdir()
+    (copy / "site.yaml").write_text(first.read_text())
+    server(fleet, "gpu02")
+    result = run_kit("fleet", fleet, *verb, env=NO_ENGINE)
+    assert result.exit_code == ExitCode.BAD_INPUT, result.output
+    assert (f"stack gpu01 on unix:///nonexistent/docker.sock: {fleet / 'gpu01'}, {copy}"
+            in result.output)
+    assert "give each folder the `engine:` of the server it is for" in result.output
+    assert not any((fleet / name / "compose").exists() for name in ("gpu01", "gpu01-copy", "gpu02"))
+
+
+def test_one_site_name_on_two_engines_is_two_stacks(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet"
+    first = server(fleet, "gpu01", engine="ssh://ops@gpu01.example.com")
+    other = fleet / "gpu02"
+    other.mkdir()
+    (other / "site.yaml").write_text(first.read_text().replace("gpu01.example", "gpu02.example"))
+    result = run_kit("fleet", fleet, "render")
+    assert result.exit_code == 0, result.output
