@@ -152,7 +152,7 @@ def test_the_head_runs_on_host_networking_and_nginx_reaches_it_by_extra_hosts(
     assert other.network_mode is None and other.extra_hosts == ()
     # Unset, the new keys leave the hash as before them (no recreate on upgrade).
     plain = asdict(other)
-    del plain["network_mode"], plain["extra_hosts"]
+    del plain["network_mode"], plain["extra_hosts"], plain["addresses"]
     labels = {k: v for k, v in desired.service("llama8b").labels.items()
               if k != CONFIG_HASH_LABEL}
     canonical = json.dumps({"config": plain, "labels": labels,

@@ -38,6 +38,12 @@ SECOND_SERVICE = """\
 """
 
 
+def door_address(site: Path) -> str:
+    """The front door's fixed address on the metrics network, as the compose file sets it."""
+    compose = yaml.safe_load((site / "compose" / "docker-compose.yml").read_text())
+    return compose["services"]["nginx"]["networks"]["metrics"]["ipv4_address"]
+
+
 def enable(site: Path, extra: str = OBSERVABILITY, services: str = SECOND_SERVICE) -> Path:
     spec = site / "site.yaml"
     text = spec.read_text().replace("services:\n", extra + "services:\n")
@@ -66,20 +72,30 @@ def test_off_by_default_renders_nothing_of_it(site: Path) -> None:
     assert run_kit("render", site / "site.yaml").exit_code == 0
     assert not (site / "observability").exists()
     compose = yaml.safe_load((site / "compose" / "docker-compose.yml").read_text())
-    assert PROMETHEUS_SERVICE not in compose["services"] and "metrics" not in compose["networks"]
-    assert "/grafana/" not in (site / "nginx" / "nginx.conf").read_text()
+    assert PROMETHEUS_SERVICE not in compose["services"]
+    # the front door alone on the metrics network, ready for observability to be turned on
+    assert [name for name, body in compose["services"].items()
+            if "metrics" in (body.get("networks") or [])] == ["nginx"]
+    conf = (site / "nginx" / "nginx.conf").read_text()
+    assert "/grafana/" not in conf and "/kit-scrape/" not in conf
 
 
 def test_prometheus_scrapes_every_service_and_the_door(observed: Path) -> None:
     config = yaml.safe_load((observed / "observability/prometheus/prometheus.yml").read_text())
     assert config["global"]["scrape_interval"] == "5s"
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    door = door_address(observed) + ":9113"  # Prometheus reads everything from the door
     targets = [(c["targets"], c["labels"]) for c in jobs["vllm"]["static_configs"]]
-    assert targets == [(["llama8b:8000"], {"service": "llama8b", "replica": "0"}),
-                       (["small:8000"], {"service": "small", "replica": "0"})]
-    assert jobs["front-door"]["static_configs"] == [{"targets": ["nginx:9113"]}]
+    assert targets == [
+        ([door], {"service": "llama8b", "replica": "0", "instance": "llama8b",
+                  "__metrics_path__": "/kit-scrape/llama8b"}),
+        ([door], {"service": "small", "replica": "0", "instance": "small",
+                  "__metrics_path__": "/kit-scrape/small"})]
+    assert jobs["front-door"]["static_configs"] == [{"targets": [door]}]
     assert jobs["front-door"]["metrics_path"] == "/kit-figures"
-    assert jobs["front-door-requests"]["static_configs"] == [{"targets": ["door-figures:9114"]}]
+    assert jobs["front-door-requests"]["static_configs"] == [
+        {"targets": [door], "labels": {"instance": "door-figures"}}]
+    assert jobs["front-door-requests"]["metrics_path"] == "/kit-scrape/door-figures"
 
 
 def test_promtool_accepts_the_config_and_rules(observed: Path, promtool: str,
@@ -183,15 +199,16 @@ def test_compose_keeps_both_private(observed: Path) -> None:
     compose = yaml.safe_load((observed / "compose" / "docker-compose.yml").read_text())
     services = compose["services"]
     for name in (PROMETHEUS_SERVICE, GRAFANA_SERVICE, DOOR_FIGURES_SERVICE):
-        assert "ports" not in services[name] and services[name]["networks"] == ["metrics"]
-        assert "deploy" not in services[name]  # no GPU
-    assert compose["networks"]["metrics"] == {"internal": True}
-    assert "metrics" in services["nginx"]["networks"] and "metrics" in services["small"][
-        "networks"]
+        assert "ports" not in services[name] and "deploy" not in services[name]  # no GPU
+    assert list(services[PROMETHEUS_SERVICE]["networks"]) == ["metrics"]
+    assert list(services[GRAFANA_SERVICE]["networks"]) == ["metrics"]
+    assert services[DOOR_FIGURES_SERVICE]["networks"] == ["backend"]
+    assert compose["networks"]["metrics"]["internal"] is True
     assert "--storage.tsdb.retention.time=7d" in services[PROMETHEUS_SERVICE]["command"]
     grafana = services[GRAFANA_SERVICE]["environment"]
     assert grafana["GF_SERVER_ROOT_URL"] == "https://llm.test.internal:8443/grafana/"
     assert grafana["GF_AUTH_PROXY_HEADER_NAME"] == "X-Kit-User"
+    assert grafana["GF_AUTH_PROXY_WHITELIST"] == door_address(observed)
     figures = services[DOOR_FIGURES_SERVICE]
     assert figures["image"] == services["small"]["image"]  # the vLLM image's python3
     upstreams = json.loads(figures["command"][figures["command"].index("--upstreams") + 1])
@@ -226,8 +243,10 @@ def test_nginx_grafana_route_is_authenticated(observed: Path) -> None:
     assert "location = /metrics " not in conf  # /metrics itself stays 404 at the door
     assert ("access_log syslog:server=unix:/var/kit-figures/access.sock,nohostname,tag=kit "
             "kit_figures;") in conf
-    figures = conf[conf.index("listen 9113;") - 40:]
-    assert "listen 9113;" in figures and "ssl" not in figures[:figures.index("}")]
+    listen = f"listen {door_address(observed)}:9113;"  # the metrics address only
+    figures = conf[conf.index(listen) - 40:]
+    assert "ssl" not in figures[:figures.index("}")]
+    assert "listen 9113" not in conf
 
 
 @pytest.mark.parametrize(("extra", "services", "message"), [
