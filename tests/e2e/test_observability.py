@@ -5,7 +5,9 @@ NOT Grafana) so the front door's routing and authentication are proven, not Graf
 One site for the module, checked in order: every target up; after a short load every PromQL
 expression of every dashboard panel and every alert rule's signal returns data; promtool
 accepts the files in the container; from outside only Grafana answers, behind authentication;
-a stopped replica fires KitReplicaDown within its short `for:`.
+from inside a replica (hostile model code) neither Grafana nor Prometheus can be reached, and
+Grafana takes the user header from the front door only; a stopped replica fires KitReplicaDown
+within its short `for:`.
 """
 
 from __future__ import annotations
@@ -19,9 +21,18 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from kit.desired import GRAFANA_SERVICE, PROMETHEUS_SERVICE
+from kit.desired import DOOR_FIGURES_SERVICE, GRAFANA_SERVICE, PROMETHEUS_SERVICE
 from tests.e2e.conftest import pick_free_port, remove_project
-from tests.e2e.stack import SERVICE, LiveSite, checked, write_spec
+from tests.e2e.stack import (
+    SERVICE,
+    UNREACHABLE,
+    LiveSite,
+    checked,
+    curl,
+    query,
+    wait_for,
+    write_spec,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -47,28 +58,6 @@ def site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
         yield live
     finally:
         remove_project(docker_client, live.name)
-
-
-def query(site: LiveSite, path: str, **params: str) -> dict:
-    """Prometheus's HTTP API, asked from inside its container (it publishes no port)."""
-    args = [arg for name, value in params.items()
-            for arg in ("--data-urlencode", f"{name}={value}")]
-    code, out = site.container(PROMETHEUS_SERVICE).exec_run(
-        ["curl", "-fsS", "--get", *args, f"http://127.0.0.1:9090{path}"])
-    assert code == 0, out.decode(errors="replace")
-    answer = json.loads(out)
-    assert answer["status"] == "success", answer
-    return answer["data"]
-
-
-def wait_for(what: str, check, timeout: float) -> float:
-    """Seconds until check() is true; fails after `timeout`."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if check():
-            return time.monotonic() - started
-        time.sleep(0.25)
-    raise AssertionError(f"{what}: not within {timeout} s")
 
 
 def test_every_target_is_up(site: LiveSite) -> None:
@@ -172,6 +161,55 @@ def test_from_outside_only_grafana_answers_and_only_with_credentials(site: LiveS
         with socket.socket() as probe:
             probe.settimeout(1)
             assert probe.connect_ex(("127.0.0.1", port)) != 0, port
+
+
+def metrics_addresses(site: LiveSite) -> dict[str, str]:
+    """service → its fixed address on the metrics network, as the rendered compose file says."""
+    compose = yaml.safe_load((site.root / "compose" / "docker-compose.yml").read_text())
+    return {name: body["networks"]["metrics"]["ipv4_address"]
+            for name, body in compose["services"].items()
+            if isinstance(body.get("networks"), dict) and "metrics" in body["networks"]}
+
+
+def test_a_replica_reaches_neither_grafana_nor_prometheus(site: LiveSite) -> None:
+    """The attack of issue 22: code in a model folder runs in the replica's container and asks
+    Grafana for its admin account with the header the front door would send, or Prometheus's
+    API, by name and by address, directly and through the door's metrics listener. None of it
+    connects; door-figures (the same image) is held the same way. Meanwhile the door still
+    serves Grafana to a signed-in user and Prometheus still scrapes every replica."""
+    def ips(service: str) -> list[str]:  # every address the engine gave it, on any network
+        networks = site.container(service).attrs["NetworkSettings"]["Networks"]
+        return [n["IPAddress"] for n in networks.values() if n["IPAddress"]]
+
+    admin = "X-Kit-User: admin"
+    attempts = [(f"http://{host}:3000/grafana/api/user", admin)
+                for host in (GRAFANA_SERVICE, *ips(GRAFANA_SERVICE))]
+    attempts += [(f"http://{host}:9090/api/v1/{path}", None)
+                 for host in (PROMETHEUS_SERVICE, *ips(PROMETHEUS_SERVICE))
+                 for path in ("query?query=up", "targets")]
+    attempts += [(f"http://{host}:9113/kit-scrape/{SERVICE}", None)  # the door's listener
+                 for host in ("nginx", *ips("nginx"))]
+    for inside in (SERVICE, DOOR_FIGURES_SERVICE):
+        container = site.container(inside)
+        for url, header in attempts:
+            code, said = curl(container, url, *([header] if header else []))
+            assert code in UNREACHABLE, f"from {inside}: {url} answered {said} (curl {code})"
+            print(f"from {inside}: {url}: {UNREACHABLE[code]}")
+    reply = site.gate().fetch("GET", "/grafana/api/user", credentials=site.basic("ops"))
+    assert reply.status == 200 and reply.json()["user"] == "user:ops", reply.body
+    targets = query(site, "/api/v1/targets")["activeTargets"]
+    replicas = [t for t in targets if t["labels"]["job"] == "vllm"]
+    assert replicas and all(t["health"] == "up" for t in targets), targets
+
+
+def test_grafana_takes_the_user_header_from_the_front_door_only(site: LiveSite) -> None:
+    """Prometheus shares the metrics network with Grafana (its data source): the header sent
+    from there is not taken (the whitelist holds the door's address alone)."""
+    code, said = curl(site.container(PROMETHEUS_SERVICE),
+                      f"http://{GRAFANA_SERVICE}:3000/grafana/api/user", "X-Kit-User: admin")
+    assert code == 0 and said == "401", (code, said)
+    grafana = site.container(GRAFANA_SERVICE).attrs["Config"]["Env"]
+    assert f"GF_AUTH_PROXY_WHITELIST={metrics_addresses(site)['nginx']}" in grafana
 
 
 def test_a_stopped_replica_fires_replica_down(site: LiveSite) -> None:

@@ -2,7 +2,9 @@
 dashboards, checked by the real tools (promtool, nginx -t, docker-compose) and the dashboard
 library's own model."""
 
+import ipaddress
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from kit.observability import (
     TTFT_DEFAULT_BOUNDS,
     ServiceSlo,
     histogram_args,
+    metrics_network,
 )
 from tests.conftest import REPO, tree
 from tests.standin.vllm_standin import buckets
@@ -233,6 +236,55 @@ def test_real_tools_accept_the_files(observed: Path) -> None:
         assert result.returncode == 0, f"{binary}: {result.stderr}"
 
 
+def test_networks_by_need(observed: Path) -> None:
+    """Who shares a network with whom, read from the rendered compose file: no replica (nor
+    door-figures, the same image) with Prometheus or Grafana; those two with the front door
+    alone; fixed, distinct addresses inside the subnet; Grafana trusts the door's only, and
+    Prometheus reads nothing but the door's listener, which is bound to that address."""
+    compose = yaml.safe_load((observed / "compose" / "docker-compose.yml").read_text())
+    services = compose["services"]
+    member = {name: set(body.get("networks") or []) for name, body in services.items()}
+    reach = {name: {other for other in services if other != name and nets & member[other]}
+             for name, nets in member.items()}
+    assert reach[GRAFANA_SERVICE] == {"nginx", PROMETHEUS_SERVICE}
+    assert reach[PROMETHEUS_SERVICE] == {"nginx", GRAFANA_SERVICE}
+    for contained in ("llama8b", "small", DOOR_FIGURES_SERVICE):
+        assert member[contained] == {"backend"}, contained
+    metrics = compose["networks"]["metrics"]
+    pool = metrics["ipam"]["config"][0]
+    subnet = ipaddress.ip_network(pool["subnet"])
+    fixed = {name: body["networks"]["metrics"]["ipv4_address"] for name, body in services.items()
+             if "metrics" in member[name]}
+    assert set(fixed) == {"nginx", PROMETHEUS_SERVICE, GRAFANA_SERVICE}
+    assert len({*fixed.values(), pool["gateway"]}) == 4
+    assert all(ipaddress.ip_address(a) in subnet for a in (*fixed.values(), pool["gateway"]))
+    assert metrics["internal"] is True
+    door = fixed["nginx"]
+    assert services[GRAFANA_SERVICE]["environment"]["GF_AUTH_PROXY_WHITELIST"] == door
+    config = yaml.safe_load((observed / "observability/prometheus/prometheus.yml").read_text())
+    targets = {t for job in config["scrape_configs"] if job["job_name"] != "prometheus"
+               for c in job["static_configs"] for t in c["targets"]}
+    assert targets == {f"{door}:9113"}
+    conf = (observed / "nginx" / "nginx.conf").read_text()
+    assert re.findall(r"listen (\S+?);", conf).count(f"{door}:9113") == 1
+    assert ":9113" not in conf.replace(f"listen {door}:9113;", "")
+    for host in ("llama8b", "small"):
+        assert (f"location = /kit-scrape/{host} {{\n            set $kit_scrape {host}:8000;"
+                in conf), host
+
+
+def test_the_subnet_is_the_spec_s_or_one_picked_by_the_site_name(site: Path) -> None:
+    spec = enable(site, OBSERVABILITY.replace("}", ", subnet: 10.89.7.0/29}"))
+    assert run_kit("render", spec).exit_code == 0
+    compose = yaml.safe_load((site / "compose" / "docker-compose.yml").read_text())
+    assert compose["networks"]["metrics"]["ipam"]["config"] == [
+        {"subnet": "10.89.7.0/29", "gateway": "10.89.7.1"}]
+    assert compose["services"]["nginx"]["networks"]["metrics"] == {"ipv4_address": "10.89.7.2"}
+    picked = {metrics_network(name, None).subnet for name in ("a", "b", "c", "d")}
+    assert len(picked) == 4 and all(
+        ipaddress.ip_network(s).subnet_of(ipaddress.ip_network("198.18.0.0/15")) for s in picked)
+
+
 def test_nginx_grafana_route_is_authenticated(observed: Path) -> None:
     conf = (observed / "nginx" / "nginx.conf").read_text()
     block = conf[conf.index("location ^~ /grafana/"):]
@@ -258,6 +310,12 @@ def test_nginx_grafana_route_is_authenticated(observed: Path) -> None:
      "--disable-log-stats conflicts with observability.enabled"),
     ("observability: {enabled: true, scrape_interval: 0}\n", "", "observability.scrape_interval"),
     ("observability: {enable: true}\n", "", "did you mean 'enabled'?"),
+    ("observability: {subnet: 8.8.8.0/28}\n", "", "8.8.8.0/28 is not a private network"),
+    ("observability: {subnet: 10.0.0.1/28}\n", "", "is not an IPv4 network with zero host"),
+    ("observability: {subnet: 10.0.0.0/30}\n", "", "the prefix must be /16 to /29"),
+    ("observability: {subnet: 10.0.0.0/8}\n", "", "the prefix must be /16 to /29"),
+    ("observability: {subnet: 127.0.0.0/28}\n", "", "is not a private network"),
+    ("observability: {subnet: 'fd00::/64'}\n", "", "is not an IPv4 network"),
 ])
 def test_bad_observability_input_is_refused(site: Path, extra: str, services: str,
                                             message: str) -> None:
