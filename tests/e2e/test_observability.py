@@ -21,7 +21,13 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from kit.desired import DOOR_FIGURES_SERVICE, GRAFANA_SERVICE, PROMETHEUS_SERVICE
+from kit.desired import (
+    DOOR_FIGURES_SERVICE,
+    GRAFANA_SERVICE,
+    PROMETHEUS_SERVICE,
+    VERIFIER_SERVICE,
+)
+from kit.plan import VERIFIER_PORT
 from tests.e2e.conftest import pick_free_port, remove_project
 from tests.e2e.stack import (
     SERVICE,
@@ -171,35 +177,61 @@ def metrics_addresses(site: LiveSite) -> dict[str, str]:
             if isinstance(body.get("networks"), dict) and "metrics" in body["networks"]}
 
 
-def test_a_replica_reaches_neither_grafana_nor_prometheus(site: LiveSite) -> None:
+def addresses(site: LiveSite, service: str) -> list[str]:
+    """Every address the engine gave a service's container, on any network."""
+    networks = site.container(service).attrs["NetworkSettings"]["Networks"]
+    return [n["IPAddress"] for n in networks.values() if n["IPAddress"]]
+
+
+def test_a_replica_cannot_sign_in_to_grafana_nor_find_prometheus(site: LiveSite) -> None:
     """The attack of issue 22: code in a model folder runs in the replica's container and asks
     Grafana for its admin account with the header the front door would send, or Prometheus's
-    API, by name and by address, directly and through the door's metrics listener. None of it
-    connects; door-figures (the same image) is held the same way. Meanwhile the door still
-    serves Grafana to a signed-in user and Prometheus still scrapes every replica."""
-    def ips(service: str) -> list[str]:  # every address the engine gave it, on any network
-        networks = site.container(service).attrs["NetworkSettings"]["Networks"]
-        return [n["IPAddress"] for n in networks.values() if n["IPAddress"]]
-
+    API. By name neither exists on any network a replica (or door-figures, the same image) is
+    on; at any of Grafana's addresses the header is not taken (the whitelist holds the door's
+    only). Meanwhile the door still serves Grafana to a signed-in user and Prometheus still
+    scrapes every replica."""
     admin = "X-Kit-User: admin"
-    attempts = [(f"http://{host}:3000/grafana/api/user", admin)
-                for host in (GRAFANA_SERVICE, *ips(GRAFANA_SERVICE))]
-    attempts += [(f"http://{host}:9090/api/v1/{path}", None)
-                 for host in (PROMETHEUS_SERVICE, *ips(PROMETHEUS_SERVICE))
-                 for path in ("query?query=up", "targets")]
-    attempts += [(f"http://{host}:9113/kit-scrape/{SERVICE}", None)  # the door's listener
-                 for host in ("nginx", *ips("nginx"))]
+    by_name = [(f"http://{GRAFANA_SERVICE}:3000/grafana/api/user", admin),
+               (f"http://{PROMETHEUS_SERVICE}:9090/api/v1/query?query=up", None),
+               (f"http://{PROMETHEUS_SERVICE}:9090/api/v1/targets", None),
+               (f"http://nginx:9113/kit-scrape/{SERVICE}", None)]  # the door's listener
     for inside in (SERVICE, DOOR_FIGURES_SERVICE):
         container = site.container(inside)
-        for url, header in attempts:
+        for url, header in by_name:
             code, said = curl(container, url, *([header] if header else []))
             assert code in UNREACHABLE, f"from {inside}: {url} answered {said} (curl {code})"
             print(f"from {inside}: {url}: {UNREACHABLE[code]}")
+        for address in addresses(site, GRAFANA_SERVICE):
+            url = f"http://{address}:3000/grafana/api/user"
+            code, said = curl(container, url, admin)
+            assert code in UNREACHABLE or said == "401", f"from {inside}: {url} answered {said}"
+            print(f"from {inside}: {url}: {UNREACHABLE.get(code, said)}")
     reply = site.gate().fetch("GET", "/grafana/api/user", credentials=site.basic("ops"))
     assert reply.status == 200 and reply.json()["user"] == "user:ops", reply.body
     targets = query(site, "/api/v1/targets")["activeTargets"]
     replicas = [t for t in targets if t["labels"]["job"] == "vllm"]
     assert replicas and all(t["health"] == "up" for t in targets), targets
+
+
+def test_a_replica_has_no_route_to_prometheus_s_api(site: LiveSite) -> None:
+    """By address, a replica reaches Prometheus's API (or the door's metrics listener) only if
+    the engine forwards between its networks: Docker isolates networks (and keeps internal ones
+    internal) with its iptables rules, which an engine run with `--iptables=false` (this test
+    suite's own engines) does not have. There the check cannot be made: the replica reaching
+    the verifier, on a network it is not on, shows it."""
+    replica = site.container(SERVICE)
+    verifier = addresses(site, VERIFIER_SERVICE)[0]
+    code, _ = curl(replica, f"http://{verifier}:{VERIFIER_PORT}/")
+    if code not in UNREACHABLE:
+        pytest.skip("this engine does not isolate its networks (dockerd --iptables=false): a "
+                    f"replica reaches the verifier at {verifier}, on a network it is not on")
+    targets = [f"http://{address}:9090/api/v1/targets"
+               for address in addresses(site, PROMETHEUS_SERVICE)]
+    targets += [f"http://{address}:9113/kit-scrape/{SERVICE}"
+                for address in addresses(site, "nginx")]
+    for url in targets:
+        code, said = curl(replica, url)
+        assert code in UNREACHABLE, f"{url} answered {said} (curl {code})"
 
 
 def test_grafana_takes_the_user_header_from_the_front_door_only(site: LiveSite) -> None:
