@@ -193,7 +193,7 @@ class Engine:
 
     def networks(self, labels: list[str]) -> list[dict]:
         with self._errors("listing networks"):
-            return self._api.networks(filters={"label": labels})
+            return self._api.networks(filters={"label": labels} if labels else None)
 
     def volumes(self, labels: list[str]) -> list[dict]:
         with self._errors("listing volumes"):
