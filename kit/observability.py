@@ -74,11 +74,11 @@ class ServiceSlo:
 
 @dataclass(frozen=True)
 class Target:
-    """One scrape target: a replica of a service (or the front door) on the private network."""
+    """One scrape target: a replica of a service, read through the front door's listener."""
 
     service: str
     replica: int
-    address: str  # the replica's compose host (the door's scrape listener forwards to it)
+    host: str  # the replica's compose host (the door's scrape listener forwards to it)
 
 
 @dataclass(frozen=True)
@@ -199,8 +199,8 @@ def prometheus_config(plan: Plan) -> str:
                 "static_configs": [
                     {"targets": [door],
                      "labels": {"service": target.service, "replica": str(target.replica),
-                                "instance": target.address,
-                                "__metrics_path__": SCRAPE_PATH + target.address}}
+                                "instance": target.host,
+                                "__metrics_path__": SCRAPE_PATH + target.host}}
                     for target in scrape_targets(plan)
                 ],
             },
