@@ -141,6 +141,12 @@ class ContainerConfig:
     # networks); the front door reaches its head by extra_hosts ("name:address").
     network_mode: str | None = None
     extra_hosts: tuple[str, ...] = ()
+    # Fixed addresses (engine network name, IPv4) on networks with a subnet of their own: the
+    # front door's is the one Grafana's auth proxy trusts.
+    addresses: tuple[tuple[str, str], ...] = ()
+
+    def address(self, network: str) -> str | None:
+        return dict(self.addresses).get(network)
 
 
 @dataclass(frozen=True)
@@ -171,6 +177,8 @@ class NetworkState:
     name: str  # the engine's name: <project>_<key>
     internal: bool
     labels: dict[str, str]
+    subnet: str | None = None  # compose's ipam: one IPv4 subnet and its gateway, or the engine's
+    gateway: str | None = None
 
 
 @dataclass(frozen=True)
@@ -226,7 +234,7 @@ def parse_compose(
     networks = tuple(
         NetworkState(
             key, f"{project}_{key}", bool((body or {}).get("internal", False)),
-            {**owner, NETWORK_LABEL: key},
+            {**owner, NETWORK_LABEL: key}, *_ipam(body or {}, key, config_file),
         )
         for key, body in (document.get("networks") or {}).items()
     )
@@ -306,6 +314,7 @@ def _service(name: str, body: dict, context: _Context) -> ServiceState:
         log_driver=str(logging.get("driver", "json-file")),
         log_options=_pairs(logging.get("options")),
         networks=_networks(body.get("networks") or [], context, where),
+        addresses=_addresses(body.get("networks") or [], context, where),
         ports=tuple(_port(spec, context, where) for spec in body.get("ports") or ()),
         network_mode=body.get("network_mode"),
         extra_hosts=tuple(str(entry) for entry in body.get("extra_hosts") or ()),
@@ -351,7 +360,7 @@ def config_hash(
     The multi-node keys count only when set, so a stack created before kit knew them keeps
     its hashes (no recreate on upgrade)."""
     fields = asdict(config)
-    for key in ("network_mode", "extra_hosts"):
+    for key in ("network_mode", "extra_hosts", "addresses"):
         if not fields[key]:
             del fields[key]
     document = {"config": fields, "labels": labels, "site_files": site_files_digest}
@@ -468,6 +477,32 @@ def _networks(keys: list | dict, context: _Context, where: str) -> tuple[str, ..
         _expect(key in names, context.config_file,
                 f"{where}.networks names {key!r}, which is not declared")
     return tuple(names[key] for key in keys)
+
+
+def _ipam(body: dict, key: str, config_file: Path) -> tuple[str | None, str | None]:
+    """(subnet, gateway) of a network's `ipam.config` (one pool, as kit renders), or Nones."""
+    pools = (body.get("ipam") or {}).get("config") or []
+    _expect(len(pools) <= 1, config_file, f"networks.{key}.ipam has more than one pool")
+    if not pools:
+        return None, None
+    return str(pools[0]["subnet"]), (str(pools[0]["gateway"]) if "gateway" in pools[0] else None)
+
+
+def _addresses(keys: list | dict, context: _Context, where: str) -> tuple[tuple[str, str], ...]:
+    """The `ipv4_address` a service's long-form `networks:` fixes on each network; the network
+    must have a subnet of its own (the engine refuses a fixed address otherwise)."""
+    if not isinstance(keys, dict):
+        return ()
+    subnets = {n.key: n for n in context.networks}
+    found = []
+    for key, body in keys.items():
+        address = (body or {}).get("ipv4_address")
+        if address is None:
+            continue
+        _expect(subnets[key].subnet is not None, context.config_file,
+                f"{where}.networks.{key}.ipv4_address needs networks.{key}.ipam")
+        found.append((subnets[key].name, str(address)))
+    return tuple(found)
 
 
 def _port(spec: str, context: _Context, where: str) -> PortBinding:

@@ -18,7 +18,7 @@ from typing import Any
 import docker
 import docker.errors
 import requests
-from docker.types import DeviceRequest, LogConfig, Mount, Ulimit
+from docker.types import DeviceRequest, IPAMConfig, IPAMPool, LogConfig, Mount, Ulimit
 
 from kit import engine_url, ssh_engine
 from kit.desired import ContainerConfig, GpuRequest, NetworkState, VolumeState
@@ -193,7 +193,7 @@ class Engine:
 
     def networks(self, labels: list[str]) -> list[dict]:
         with self._errors("listing networks"):
-            return self._api.networks(filters={"label": labels})
+            return self._api.networks(filters={"label": labels} if labels else None)
 
     def volumes(self, labels: list[str]) -> list[dict]:
         with self._errors("listing volumes"):
@@ -227,8 +227,10 @@ class Engine:
 
     def create_network(self, network: NetworkState) -> None:
         with self._errors(f"creating network {network.name}"):
+            pools = [IPAMPool(subnet=network.subnet, gateway=network.gateway)]
             self._api.create_network(
-                network.name, driver="bridge", internal=network.internal, labels=network.labels
+                network.name, driver="bridge", internal=network.internal, labels=network.labels,
+                ipam=IPAMConfig(pool_configs=pools) if network.subnet else None,
             )
 
     def remove_network(self, name: str) -> None:
@@ -255,7 +257,8 @@ class Engine:
         """
         first, *others = config.networks or [config.network_mode]
         endpoints = {} if config.network_mode else {
-            first: self._api.create_endpoint_config(aliases=aliases)}
+            first: self._api.create_endpoint_config(
+                aliases=aliases, ipv4_address=config.address(first))}
         with self._errors(f"creating container {name}"):
             response = self._api.create_container(
                 image=config.image,
@@ -273,7 +276,8 @@ class Engine:
             )
             container_id = response["Id"]
             for network in others:
-                self._api.connect_container_to_network(container_id, network, aliases=aliases)
+                self._api.connect_container_to_network(
+                    container_id, network, aliases=aliases, ipv4_address=config.address(network))
             return container_id
 
     def start(self, container_id: str) -> None:

@@ -114,6 +114,26 @@ def bind_refusal(path: str, sockets: tuple[str, ...] = ()) -> str | None:
     return None
 
 
+PRIVATE_SUBNET_PREFIXES = (16, 29)  # the metrics network: room for the 4 addresses kit fixes
+
+
+def private_subnet(value: str) -> str:
+    """A private IPv4 network in its normal form (`10.9.8.0/28`), host bits zero, its prefix
+    within PRIVATE_SUBNET_PREFIXES; raises ValueError saying what it is not."""
+    low, high = PRIVATE_SUBNET_PREFIXES
+    try:
+        network = ipaddress.IPv4Network(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IPv4 network with zero host bits "
+                         "(e.g. 10.89.7.0/28)") from None
+    if not network.is_private or network.is_loopback or network.is_link_local:
+        raise ValueError(f"{value} is not a private network (use one of 10.0.0.0/8, "
+                         "172.16.0.0/12, 192.168.0.0/16, 198.18.0.0/15)")
+    if not low <= network.prefixlen <= high:
+        raise ValueError(f"{value}: the prefix must be /{low} to /{high}")
+    return str(network)
+
+
 def size_bytes(value: str) -> int:
     """`512k` → 524288; the value must already match SIZE."""
     unit = value[-1] if value[-1] in SIZE_UNITS else ""

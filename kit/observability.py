@@ -1,12 +1,18 @@
 """Observability: what Prometheus scrapes, the alert rules, and the vLLM histogram bounds an SLO
 needs. Pure: the plan in, file text out (Grafana's side is kit/dashboards.py).
 
-Everything runs on the private `metrics` network: Prometheus publishes no port, and Grafana is
-reached only through the front door's `/grafana/` (the same users and keys as the API).
+Networks by need (docs/observability.md): Prometheus and Grafana sit on the private `metrics`
+network with the front door alone, at fixed addresses. No vLLM replica is on it: Prometheus
+scrapes the replicas through a listener of the front door bound to its metrics address, so a
+replica (whose model code may be hostile) reaches neither Prometheus's API nor Grafana, and
+Grafana trusts its user header from the front door's address only. The front door is on the
+network whether observability is on or not, so turning it on or off reloads nginx in place.
 """
 
 from __future__ import annotations
 
+import hashlib
+import ipaddress
 import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -24,6 +30,10 @@ GRAFANA_PORT = 3000
 GRAFANA_PATH = "/grafana/"  # at the front door, behind its authentication
 DOOR_FIGURES_PORT = 9113  # nginx's own connection figures, on the private networks only
 DOOR_FIGURES_PATH = "/kit-figures"
+SCRAPE_PATH = "/kit-scrape/"  # + a replica's host: its /metrics, through the door's listener
+METRICS_NETWORK = "metrics"  # the compose file's key of the network above
+DEFAULT_SUBNETS = ipaddress.IPv4Network("198.18.0.0/15")  # benchmarking space: not on LANs
+DEFAULT_PREFIX = 28
 DOOR_LOG_PORT = 9114  # door-figures: nginx's access log counted (requests by status, times)
 DOOR_LOG_MOUNT = "/var/kit-figures"  # the volume nginx and door-figures share (unix socket)
 DOOR_LOG_SOCKET = f"{DOOR_LOG_MOUNT}/access.sock"
@@ -64,11 +74,37 @@ class ServiceSlo:
 
 @dataclass(frozen=True)
 class Target:
-    """One scrape target: a replica of a service (or the front door) on the private network."""
+    """One scrape target: a replica of a service, read through the front door's listener."""
 
     service: str
     replica: int
-    address: str  # host:port
+    host: str  # the replica's compose host (the door's scrape listener forwards to it)
+
+
+@dataclass(frozen=True)
+class MetricsNetwork:
+    """The metrics network's subnet and the fixed addresses on it: the gateway (first), the
+    front door (the one address Grafana's auth proxy trusts), Prometheus and Grafana."""
+
+    subnet: str
+    gateway: str
+    door: str
+    prometheus: str
+    grafana: str
+
+
+def metrics_network(site: str, subnet: str | None) -> MetricsNetwork:
+    """`observability.subnet` (already allow-listed), else one /28 of DEFAULT_SUBNETS picked by
+    the site's name, so sites sharing an engine rarely pick the same one."""
+    if subnet is None:
+        blocks = 2 ** (DEFAULT_PREFIX - DEFAULT_SUBNETS.prefixlen)
+        index = int.from_bytes(hashlib.sha256(site.encode()).digest()[:4], "big") % blocks
+        first = int(DEFAULT_SUBNETS.network_address) + index * 2 ** (32 - DEFAULT_PREFIX)
+        network = ipaddress.IPv4Network((first, DEFAULT_PREFIX))
+    else:
+        network = ipaddress.IPv4Network(subnet)
+    base = network.network_address
+    return MetricsNetwork(str(network), *(str(base + offset) for offset in (1, 2, 3, 4)))
 
 
 @dataclass(frozen=True)
@@ -136,18 +172,19 @@ def replica_hosts(service: ServicePlan) -> list[tuple[int, str]]:
 
 
 def scrape_targets(plan: Plan) -> list[Target]:
-    from kit.plan import VLLM_PORT
-
-    return [Target(service.name, index, f"{host}:{VLLM_PORT}")
+    """Every replica, by the host the front door's scrape listener forwards its path to."""
+    return [Target(service.name, index, host)
             for service in plan.services for index, host in replica_hosts(service)]
 
 
-def prometheus_config(plan: Plan, proxy_host: str) -> str:
-    """prometheus.yml: every replica's /metrics and the front door's figures, on the private
-    network, with `service` and `replica` labels that the dashboards and rules group by."""
+def prometheus_config(plan: Plan) -> str:
+    """prometheus.yml: every replica's /metrics and the front door's figures, all read from the
+    front door's listener on the metrics network (Prometheus reaches nothing else), with
+    `service` and `replica` labels that the dashboards and rules group by."""
     obs = plan.observability
     assert obs is not None
     interval = f"{obs.scrape_interval}s"
+    door = f"{plan.metrics.door}:{DOOR_FIGURES_PORT}"
     config = {
         "global": {
             "scrape_interval": interval,
@@ -160,19 +197,23 @@ def prometheus_config(plan: Plan, proxy_host: str) -> str:
                 "job_name": VLLM_JOB,
                 "metrics_path": "/metrics",
                 "static_configs": [
-                    {"targets": [target.address],
-                     "labels": {"service": target.service, "replica": str(target.replica)}}
+                    {"targets": [door],
+                     "labels": {"service": target.service, "replica": str(target.replica),
+                                "instance": target.host,
+                                "__metrics_path__": SCRAPE_PATH + target.host}}
                     for target in scrape_targets(plan)
                 ],
             },
             {
                 "job_name": DOOR_JOB,
                 "metrics_path": DOOR_FIGURES_PATH,
-                "static_configs": [{"targets": [f"{proxy_host}:{DOOR_FIGURES_PORT}"]}],
+                "static_configs": [{"targets": [door]}],
             },
             {
                 "job_name": DOOR_LOG_JOB,
-                "static_configs": [{"targets": [f"{DOOR_FIGURES_SERVICE}:{DOOR_LOG_PORT}"]}],
+                "metrics_path": SCRAPE_PATH + DOOR_FIGURES_SERVICE,
+                "static_configs": [{"targets": [door], "labels": {
+                    "instance": DOOR_FIGURES_SERVICE}}],
             },
             {
                 "job_name": "prometheus",
@@ -292,9 +333,11 @@ def template_facts(plan: Plan) -> dict:
         "prometheus_ready": f"http://127.0.0.1:{PROMETHEUS_PORT}/-/ready",
         "grafana_health": f"http://127.0.0.1:{GRAFANA_PORT}{GRAFANA_PATH}api/health",
         "door_figures_port": DOOR_FIGURES_PORT,
+        "scrape_path": SCRAPE_PATH,
         "door_figures_path": DOOR_FIGURES_PATH,
         "door_states": DOOR_STATES,
         "door_figures_service": DOOR_FIGURES_SERVICE,
+        "door_log_port": DOOR_LOG_PORT,
         "door_log_mount": DOOR_LOG_MOUNT,
         "door_log_socket": DOOR_LOG_SOCKET,
         "door_script_mount": DOOR_SCRIPT_MOUNT,
@@ -319,6 +362,7 @@ def template_facts(plan: Plan) -> dict:
             "GF_AUTH_PROXY_ENABLED": "true",
             "GF_AUTH_PROXY_HEADER_NAME": GRAFANA_USER_HEADER,
             "GF_AUTH_PROXY_HEADER_PROPERTY": "username",
+            "GF_AUTH_PROXY_WHITELIST": plan.metrics.door,  # no one else may send the header
             "GF_AUTH_PROXY_AUTO_SIGN_UP": "true",
             "GF_AUTH_DISABLE_LOGIN_FORM": "true",
             "GF_AUTH_BASIC_ENABLED": "false",

@@ -63,6 +63,7 @@ class NetworkFound:
     name: str
     key: str
     internal: bool
+    subnets: tuple[str, ...] = ()  # its IPAM pools (the engine's pick when none was asked)
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,9 @@ def observe(
         if attrs
     ]
     networks = [
-        NetworkFound(n["Name"], (n.get("Labels") or {}).get(NETWORK_LABEL, ""), n["Internal"])
+        NetworkFound(n["Name"], (n.get("Labels") or {}).get(NETWORK_LABEL, ""), n["Internal"],
+                     tuple(str(pool.get("Subnet")) for pool in
+                           ((n.get("IPAM") or {}).get("Config") or [])))
         for n in engine.networks(labels)
     ]
     volumes = [

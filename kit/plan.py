@@ -10,7 +10,14 @@ from dataclasses import dataclass, field
 from kit.errors import BadInput
 from kit.layout import ACME_LAST_RUN, NGINX_MOUNT
 from kit.multinode import MultiNodePlan, multinode_plan
-from kit.observability import ObservabilityPlan, histogram_args, observability_plan, service_slo
+from kit.observability import (
+    MetricsNetwork,
+    ObservabilityPlan,
+    histogram_args,
+    metrics_network,
+    observability_plan,
+    service_slo,
+)
 from kit.replicas import ReplicaPlan, replica_plans
 from kit.spec import Spec
 
@@ -217,6 +224,9 @@ class Plan:
     services: list[ServicePlan]
     nginx: NginxPlan
     tls_mode: str
+    # the front door's private network towards Prometheus and Grafana (there even when
+    # observability is off, so turning it on reloads the front door instead of recreating it)
+    metrics: MetricsNetwork
     acme: AcmePlan | None = None
     warnings: list[str] = field(default_factory=list)
     observability: ObservabilityPlan | None = None  # Prometheus + Grafana when enabled
@@ -271,6 +281,7 @@ def build_plan(spec: Spec) -> Plan:
             api_keys=spec.auth.api_keys,
         ),
         tls_mode=spec.tls.mode,
+        metrics=metrics_network(spec.site, spec.observability.subnet),
         acme=AcmePlan(
             image=spec.images.certbot,
             email=spec.tls.email,

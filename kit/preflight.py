@@ -9,6 +9,7 @@ support and the GPU indices, and the host ports nginx publishes.
 from __future__ import annotations
 
 import errno
+import ipaddress
 import socket
 import sys
 import time
@@ -16,11 +17,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
-from kit.desired import GpuRequest, Mount, ServiceState
+from kit.desired import GpuRequest, Mount, NetworkState, ServiceState
 from kit.docker_api import Engine
 from kit.errors import BadInput, KitError
 from kit.observe import ObservedState
-from kit.reconcile import Action, starting_services
+from kit.reconcile import Action, CreateNetwork, starting_services
 from kit.site import Site
 from kit.spec import Spec
 
@@ -85,6 +86,7 @@ def preflight(
     actions: list[Action],
     report: Callable[[str], None],
 ) -> None:
+    check_subnets(engine, [a.network for a in actions if isinstance(a, CreateNetwork)])
     services = starting_services(actions)
     if services:
         check_services(engine, site.spec, site.desired.project, services, observed, report)
@@ -102,6 +104,28 @@ def check_services(engine: Engine, spec: Spec, project: str, services: list[Serv
     check_gpus(engine, project, services)
     if engine.is_local:
         check_ports(engine, spec, services, observed)
+
+
+def check_subnets(engine: Engine, networks: list[NetworkState]) -> None:
+    """A network with a subnet of its own (the metrics network) overlaps none the engine has:
+    the engine would refuse it ("Pool overlaps…") with other changes already made."""
+    asked = [n for n in networks if n.subnet]
+    if not asked:
+        return
+    taken = [(found["Name"], str(pool.get("Subnet")))
+             for found in engine.networks([])
+             for pool in (found.get("IPAM") or {}).get("Config") or [] if pool.get("Subnet")]
+    for network in asked:
+        mine = ipaddress.ip_network(network.subnet)
+        for name, subnet in taken:
+            other = ipaddress.ip_network(subnet, strict=False)
+            if name != network.name and mine.version == other.version and mine.overlaps(other):
+                raise KitError(
+                    f"network {network.name} needs subnet {network.subnet}, which overlaps "
+                    f"{subnet} of network {name} on the engine",
+                    fix="set observability.subnet in the spec to a private subnet no network "
+                    "of this engine uses (e.g. 10.89.7.0/28; `docker network inspect` lists "
+                    "theirs)")
 
 
 def check_bind_sources(spec: Spec, services: list[ServiceState]) -> None:

@@ -20,7 +20,7 @@ from kit.desired import (
     ServiceState,
     VolumeState,
 )
-from kit.observe import ContainerState, ObservedState
+from kit.observe import ContainerState, NetworkFound, ObservedState
 
 
 @dataclass(frozen=True)
@@ -194,9 +194,8 @@ def up_actions(desired: DesiredState, observed: ObservedState) -> list[Action]:
         found = observed.network(network.name)
         if found is None:
             infrastructure.append(CreateNetwork(network, "not found"))
-        elif found.internal != network.internal:
+        elif change := _network_change(network, found):
             rebuilt_networks.add(network.name)
-            change = f"internal {str(found.internal).lower()} -> {str(network.internal).lower()}"
             infrastructure += [
                 RemoveNetwork(network.name, change),
                 CreateNetwork(network, change),
@@ -230,6 +229,15 @@ def up_actions(desired: DesiredState, observed: ObservedState) -> list[Action]:
         if n.name not in declared
     ]
     return removals + infrastructure + services + retired + leftovers
+
+
+def _network_change(network: NetworkState, found: NetworkFound) -> str | None:
+    """Why an existing network must be rebuilt (the engine changes neither setting in place)."""
+    if found.internal != network.internal:
+        return f"internal {str(found.internal).lower()} -> {str(network.internal).lower()}"
+    if network.subnet is not None and found.subnets != (network.subnet,):
+        return f"subnet {', '.join(found.subnets) or 'none'} -> {network.subnet}"
+    return None
 
 
 def _retiring(gone: list[ContainerState], services: list[Action]) -> list[ContainerState]:

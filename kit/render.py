@@ -239,7 +239,7 @@ def observability_files(plan: Plan, layout: SiteLayout) -> list[Output]:
     if plan.observability is None:
         return []
     texts = {
-        layout.prometheus_dir / "prometheus.yml": prometheus_config(plan, PROXY_SERVICE),
+        layout.prometheus_dir / "prometheus.yml": prometheus_config(plan),
         layout.prometheus_dir / "rules.yml": rules_file(plan),
         layout.grafana_provisioning_dir / "datasources" / "kit.yml":
             datasource_provisioning(PROMETHEUS_SERVICE),

@@ -243,6 +243,10 @@ class Observability(StrictModel):
     scrape_interval: Annotated[int, Field(ge=1, le=300)] = 15  # seconds; rules run as often
     retention_days: Annotated[int, Field(ge=1, le=3650)] = 15
     replica_down_after: Annotated[int, Field(ge=1, le=3600)] = 60  # seconds: the alert's `for:`
+    # The private subnet of the metrics network, where the front door, Prometheus and Grafana
+    # have fixed addresses (Grafana trusts the user header from the front door's only). Unset:
+    # one /28 of 198.18.0.0/15 picked by the site's name. Set it when that one is taken.
+    subnet: Annotated[str, AfterValidator(names.private_subnet)] | None = None
 
 
 class Routing(StrictModel):

@@ -16,6 +16,7 @@ import secrets
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,7 +27,13 @@ import docker
 import yaml
 
 from kit.credentials import KEY_PREFIX
-from kit.desired import NETWORK_LABEL, PROJECT_LABEL, SERVICE_LABEL, VERIFIER_SERVICE
+from kit.desired import (
+    NETWORK_LABEL,
+    PROJECT_LABEL,
+    PROMETHEUS_SERVICE,
+    SERVICE_LABEL,
+    VERIFIER_SERVICE,
+)
 from kit.layout import SiteLayout
 from kit.probe import Gate, basic_header, probe_password, target_for
 from kit.spec import load_spec
@@ -223,6 +230,29 @@ class LiveSite:
             command.append("--announce")
         return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
+    def up_under_load(self, streams: int) -> tuple[subprocess.CompletedProcess, int, dict]:
+        """`kit up` while batches of `streams` streams (a fresh key) run back to back from 2 s
+        before until 2 s after it: its result, the requests sent and the failures by cause."""
+        key = self.add_key(f"load-{secrets.token_hex(2)}")
+        batches: list[dict] = []
+        done = threading.Event()
+
+        def load() -> None:
+            while not done.is_set():
+                batches.append(finished(self.loadgen(f"Bearer {key}", streams=streams, tokens=60)))
+
+        loading = threading.Thread(target=load)
+        loading.start()
+        try:
+            time.sleep(2)
+            result = self.kit("up")
+            time.sleep(2)
+        finally:
+            done.set()
+            loading.join(timeout=120)
+        failed = {k: v for b in batches for k, v in b["failures"].items()}
+        return result, sum(b["requests"] for b in batches), failed
+
     def openai(self, api_key: str):
         """The OpenAI Python SDK (openai>=3, httpx2) aimed at this site, trusting the kit CA."""
         import httpx2
@@ -241,6 +271,39 @@ class LiveSite:
             base_url=f"https://{DOMAIN}:{self.https_port}/v1", api_key=api_key, max_retries=0,
             http_client=httpx2.Client(transport=ToLoopback(verify=trust)),
         )
+
+
+def query(site: LiveSite, path: str, **params: str) -> dict:
+    """Prometheus's HTTP API, asked from inside its container (it publishes no port)."""
+    args = [arg for name, value in params.items()
+            for arg in ("--data-urlencode", f"{name}={value}")]
+    code, out = site.container(PROMETHEUS_SERVICE).exec_run(
+        ["curl", "-fsS", "--get", *args, f"http://127.0.0.1:9090{path}"])
+    assert code == 0, out.decode(errors="replace")
+    answer = json.loads(out)
+    assert answer["status"] == "success", answer
+    return answer["data"]
+
+
+def wait_for(what: str, check, timeout: float) -> float:
+    """Seconds until check() is true; fails after `timeout`."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if check():
+            return time.monotonic() - started
+        time.sleep(0.25)
+    raise AssertionError(f"{what}: not within {timeout} s")
+
+
+UNREACHABLE = {6: "name not resolved", 7: "connection refused or no route", 28: "timed out"}
+
+
+def curl(container, url: str, *headers: str) -> tuple[int, str]:
+    """curl from inside a container: (curl's exit code, the status or curl's error)."""
+    args = [arg for header in headers for arg in ("-H", header)]
+    code, out = container.exec_run(
+        ["curl", "-sS", "-m", "3", "-o", "/dev/null", "-w", "%{http_code}", *args, url])
+    return code, out.decode(errors="replace").strip()
 
 
 def auth_options(auth: str | list[str] | None) -> list[str]:

@@ -5,7 +5,9 @@ NOT Grafana) so the front door's routing and authentication are proven, not Graf
 One site for the module, checked in order: every target up; after a short load every PromQL
 expression of every dashboard panel and every alert rule's signal returns data; promtool
 accepts the files in the container; from outside only Grafana answers, behind authentication;
-a stopped replica fires KitReplicaDown within its short `for:`.
+from inside a replica (hostile model code) neither Grafana nor Prometheus can be reached, and
+Grafana takes the user header from the front door only; a stopped replica fires KitReplicaDown
+within its short `for:`.
 """
 
 from __future__ import annotations
@@ -19,9 +21,24 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from kit.desired import GRAFANA_SERVICE, PROMETHEUS_SERVICE
+from kit.desired import (
+    DOOR_FIGURES_SERVICE,
+    GRAFANA_SERVICE,
+    PROMETHEUS_SERVICE,
+    VERIFIER_SERVICE,
+)
+from kit.plan import VERIFIER_PORT
 from tests.e2e.conftest import pick_free_port, remove_project
-from tests.e2e.stack import SERVICE, LiveSite, checked, write_spec
+from tests.e2e.stack import (
+    SERVICE,
+    UNREACHABLE,
+    LiveSite,
+    checked,
+    curl,
+    query,
+    wait_for,
+    write_spec,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -47,28 +64,6 @@ def site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
         yield live
     finally:
         remove_project(docker_client, live.name)
-
-
-def query(site: LiveSite, path: str, **params: str) -> dict:
-    """Prometheus's HTTP API, asked from inside its container (it publishes no port)."""
-    args = [arg for name, value in params.items()
-            for arg in ("--data-urlencode", f"{name}={value}")]
-    code, out = site.container(PROMETHEUS_SERVICE).exec_run(
-        ["curl", "-fsS", "--get", *args, f"http://127.0.0.1:9090{path}"])
-    assert code == 0, out.decode(errors="replace")
-    answer = json.loads(out)
-    assert answer["status"] == "success", answer
-    return answer["data"]
-
-
-def wait_for(what: str, check, timeout: float) -> float:
-    """Seconds until check() is true; fails after `timeout`."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if check():
-            return time.monotonic() - started
-        time.sleep(0.25)
-    raise AssertionError(f"{what}: not within {timeout} s")
 
 
 def test_every_target_is_up(site: LiveSite) -> None:
@@ -172,6 +167,81 @@ def test_from_outside_only_grafana_answers_and_only_with_credentials(site: LiveS
         with socket.socket() as probe:
             probe.settimeout(1)
             assert probe.connect_ex(("127.0.0.1", port)) != 0, port
+
+
+def metrics_addresses(site: LiveSite) -> dict[str, str]:
+    """service → its fixed address on the metrics network, as the rendered compose file says."""
+    compose = yaml.safe_load((site.root / "compose" / "docker-compose.yml").read_text())
+    return {name: body["networks"]["metrics"]["ipv4_address"]
+            for name, body in compose["services"].items()
+            if isinstance(body.get("networks"), dict) and "metrics" in body["networks"]}
+
+
+def addresses(site: LiveSite, service: str) -> list[str]:
+    """Every address the engine gave a service's container, on any network."""
+    networks = site.container(service).attrs["NetworkSettings"]["Networks"]
+    return [n["IPAddress"] for n in networks.values() if n["IPAddress"]]
+
+
+def test_a_replica_cannot_sign_in_to_grafana_nor_find_prometheus(site: LiveSite) -> None:
+    """The attack of issue 22: code in a model folder runs in the replica's container and asks
+    Grafana for its admin account with the header the front door would send, or Prometheus's
+    API. By name neither exists on any network a replica (or door-figures, the same image) is
+    on; at any of Grafana's addresses the header is not taken (the whitelist holds the door's
+    only). Meanwhile the door still serves Grafana to a signed-in user and Prometheus still
+    scrapes every replica."""
+    admin = "X-Kit-User: admin"
+    by_name = [(f"http://{GRAFANA_SERVICE}:3000/grafana/api/user", admin),
+               (f"http://{PROMETHEUS_SERVICE}:9090/api/v1/query?query=up", None),
+               (f"http://{PROMETHEUS_SERVICE}:9090/api/v1/targets", None),
+               (f"http://nginx:9113/kit-scrape/{SERVICE}", None)]  # the door's listener
+    for inside in (SERVICE, DOOR_FIGURES_SERVICE):
+        container = site.container(inside)
+        for url, header in by_name:
+            code, said = curl(container, url, *([header] if header else []))
+            assert code in UNREACHABLE, f"from {inside}: {url} answered {said} (curl {code})"
+            print(f"from {inside}: {url}: {UNREACHABLE[code]}")
+        for address in addresses(site, GRAFANA_SERVICE):
+            url = f"http://{address}:3000/grafana/api/user"
+            code, said = curl(container, url, admin)
+            assert code in UNREACHABLE or said == "401", f"from {inside}: {url} answered {said}"
+            print(f"from {inside}: {url}: {UNREACHABLE.get(code, said)}")
+    reply = site.gate().fetch("GET", "/grafana/api/user", credentials=site.basic("ops"))
+    assert reply.status == 200 and reply.json()["user"] == "user:ops", reply.body
+    targets = query(site, "/api/v1/targets")["activeTargets"]
+    replicas = [t for t in targets if t["labels"]["job"] == "vllm"]
+    assert replicas and all(t["health"] == "up" for t in targets), targets
+
+
+def test_a_replica_has_no_route_to_prometheus_s_api(site: LiveSite) -> None:
+    """By address, a replica reaches Prometheus's API (or the door's metrics listener) only if
+    the engine forwards between its networks: Docker isolates networks (and keeps internal ones
+    internal) with its iptables rules, which an engine run with `--iptables=false` (this test
+    suite's own engines) does not have. There the check cannot be made: the replica reaching
+    the verifier, on a network it is not on, shows it."""
+    replica = site.container(SERVICE)
+    verifier = addresses(site, VERIFIER_SERVICE)[0]
+    code, _ = curl(replica, f"http://{verifier}:{VERIFIER_PORT}/")
+    if code not in UNREACHABLE:
+        pytest.skip("this engine does not isolate its networks (dockerd --iptables=false): a "
+                    f"replica reaches the verifier at {verifier}, on a network it is not on")
+    targets = [f"http://{address}:9090/api/v1/targets"
+               for address in addresses(site, PROMETHEUS_SERVICE)]
+    targets += [f"http://{address}:9113/kit-scrape/{SERVICE}"
+                for address in addresses(site, "nginx")]
+    for url in targets:
+        code, said = curl(replica, url)
+        assert code in UNREACHABLE, f"{url} answered {said} (curl {code})"
+
+
+def test_grafana_takes_the_user_header_from_the_front_door_only(site: LiveSite) -> None:
+    """Prometheus shares the metrics network with Grafana (its data source): the header sent
+    from there is not taken (the whitelist holds the door's address alone)."""
+    code, said = curl(site.container(PROMETHEUS_SERVICE),
+                      f"http://{GRAFANA_SERVICE}:3000/grafana/api/user", "X-Kit-User: admin")
+    assert code == 0 and said == "401", (code, said)
+    grafana = site.container(GRAFANA_SERVICE).attrs["Config"]["Env"]
+    assert f"GF_AUTH_PROXY_WHITELIST={metrics_addresses(site)['nginx']}" in grafana
 
 
 def test_a_stopped_replica_fires_replica_down(site: LiveSite) -> None:

@@ -17,7 +17,6 @@ import signal
 import socket
 import ssl
 import statistics
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -333,31 +332,6 @@ def test_a_rolling_update_under_64_streams_fails_none_and_keeps_3_in_service(sit
     assert " down;" not in pool.read_text()
 
 
-def kit_up_under_load(site: LiveSite, streams: int
-                      ) -> tuple[subprocess.CompletedProcess, int, dict]:
-    """`kit up` while batches of `streams` streams (a fresh key) run back to back from 2 s
-    before until 2 s after it: its result, the requests sent and the failures by cause."""
-    key = site.add_key(f"load-{secrets.token_hex(2)}")
-    batches: list[dict] = []
-    done = threading.Event()
-
-    def load() -> None:
-        while not done.is_set():
-            batches.append(finished(site.loadgen(f"Bearer {key}", streams=streams, tokens=60)))
-
-    loading = threading.Thread(target=load)
-    loading.start()
-    try:
-        time.sleep(2)
-        result = site.kit("up")
-        time.sleep(2)
-    finally:
-        done.set()
-        loading.join(timeout=120)
-    failed = {k: v for b in batches for k, v in b["failures"].items()}
-    return result, sum(b["requests"] for b in batches), failed
-
-
 def test_a_replica_that_fails_mid_rollout_stops_it_with_the_others_serving(site: LiveSite):
     """A change that breaks vLLM's start (its GPU is too small for the weights: CUDA out of
     memory at load) reaches only the first replica: the rollout stops there, kit up exits 1
@@ -368,7 +342,7 @@ def test_a_replica_that_fails_mid_rollout_stops_it_with_the_others_serving(site:
     spec["services"][0]["env"]["STANDIN_GPU_MEMORY_GIB"] = "1"
     write_spec(site.spec_path, spec)
     before = {h: site.container(h).id for h in TINY_REPLICAS}
-    broken, requests, failed = kit_up_under_load(site, 16)
+    broken, requests, failed = site.up_under_load(16)
     assert broken.returncode == 1, broken.stdout + broken.stderr
     assert "rolling update of tiny stopped at tiny-r0 (0 of 4 replaced)" in broken.stderr, (
         broken.stderr)
@@ -393,7 +367,7 @@ def test_fewer_replicas_under_32_streams_fail_none(site: LiveSite):
     spec = yaml.safe_load(site.spec_path.read_text())
     spec["services"][0]["gpus"] = [0, 1]
     write_spec(site.spec_path, spec)
-    result, requests, failed = kit_up_under_load(site, 32)
+    result, requests, failed = site.up_under_load(32)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("retire replica") == 2, result.stdout
     assert "remove container" not in result.stdout, result.stdout

@@ -142,6 +142,9 @@ class FakeEngine:
             raise _api_error(f"creating network {network.name}", "network already exists")
         self._networks[network.name] = {
             "Name": network.name, "Internal": network.internal, "Labels": dict(network.labels),
+            # as the engine lists it: the asked subnet, or one it picked
+            "IPAM": {"Config": [{"Subnet": network.subnet or f"172.{18 + len(self._networks)}"
+                                 ".0.0/16"}]},
         }
 
     def remove_network(self, name: str) -> None:
@@ -192,8 +195,9 @@ class FakeEngine:
                     "IpcMode": config.ipc_mode or "private",
                     "ExtraHosts": list(config.extra_hosts) or None,
                 },
-                "NetworkSettings": {"Networks": {n: {"Aliases": list(aliases)}
-                                                 for n in config.networks}},
+                "NetworkSettings": {"Networks": {
+                    n: {"Aliases": list(aliases), "IPAddress": config.address(n) or ""}
+                    for n in config.networks}},
             },
             argv=[*(config.entrypoint or ()), *config.command],
             healthcheck=config.healthcheck is not None,

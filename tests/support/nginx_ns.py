@@ -7,6 +7,7 @@ and fresh tmpfs at /run and /var/cache/nginx — so the rendered config is check
 nothing on the host changes.
 """
 
+import re
 import shutil
 import subprocess
 import tempfile
@@ -16,6 +17,7 @@ from kit.desired import VERIFIER_SERVICE
 from kit.layout import NGINX_MOUNT, VERIFIER_AUTH_MOUNT, VERIFIER_MOUNT
 
 MODULES = Path("/usr/lib/nginx/modules")
+LISTEN_ADDRESS = re.compile(r"^\s*listen (\d+\.\d+\.\d+\.\d+):\d+", re.MULTILINE)
 
 
 def available() -> str | None:
@@ -26,6 +28,8 @@ def available() -> str | None:
         return "the njs module is missing (apt-get install libnginx-mod-http-js)"
     if shutil.which("unshare") is None:
         return "unshare (util-linux) is missing"
+    if shutil.which("ip") is None:
+        return "ip (iproute2) is missing"
     return None
 
 
@@ -80,9 +84,17 @@ def verifier_t(nginx_dir: Path) -> subprocess.CompletedProcess:
 def _run_t(
     mounts: dict[str, Path], hostnames: list[str], conf_dir: str
 ) -> subprocess.CompletedProcess:
-    command = f"nginx -t -c {conf_dir}/nginx.conf"
+    """`nginx -t` binds its listeners: in a network namespace of its own that has every IPv4
+    address the config listens on (the container has them on its interfaces: the front door's
+    fixed metrics address), so the host's ports and addresses play no part."""
+    config = (mounts[conf_dir] / "nginx.conf").read_text()
+    addresses = sorted(set(LISTEN_ADDRESS.findall(config)))
+    network = "ip link set lo up\n" + "".join(
+        f"ip addr add {address}/32 dev lo\n" for address in addresses)
+    command = f"{network}nginx -t -c {conf_dir}/nginx.conf"
     with tempfile.TemporaryDirectory() as work:
         script = namespace_script(mounts, hostnames, command, Path(work))
         return subprocess.run(
-            ["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=60
+            ["unshare", "-m", "-n", "sh", "-c", script], capture_output=True, text=True,
+            timeout=60,
         )

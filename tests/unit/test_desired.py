@@ -26,6 +26,7 @@ from kit.desired import (
 )
 from kit.errors import KitError
 from kit.layout import SiteLayout
+from kit.observability import metrics_network
 from kit.render import render_site
 from kit.site import Site
 
@@ -85,8 +86,9 @@ def test_names_order_and_networks_follow_compose_v2(site: Path) -> None:
     ]
     assert [(n.name, n.internal) for n in desired.networks] == [
         ("unit01_backend", True), ("unit01_frontend", False), ("unit01_auth", True),
+        ("unit01_metrics", True),  # the front door alone while observability is off
     ]
-    assert [v.name for v in desired.volumes] == ["unit01_hf-cache"]
+    assert [v.name for v in desired.volumes] == ["unit01_hf-cache", "unit01_door-figures"]
     assert desired.service("nginx").depends_on == (
         ("alpha", "service_healthy"), ("beta", "service_healthy"),
         ("kit-auth", "service_healthy"),
@@ -118,7 +120,9 @@ def test_engine_config_is_what_the_file_says(site: Path) -> None:
     assert nginx.security_opt == ("no-new-privileges:true",)
     assert nginx.ulimits == ()  # worker_rlimit_nofile in nginx.conf: a reload applies it
     assert nginx.stop_signal == "SIGQUIT"
-    assert nginx.networks == ("unit01_backend", "unit01_frontend", "unit01_auth")
+    assert nginx.networks == (
+        "unit01_backend", "unit01_frontend", "unit01_auth", "unit01_metrics")
+    assert nginx.addresses == (("unit01_metrics", metrics_network("unit01", None).door),)
     verifier = desired.service(VERIFIER_SERVICE).config
     assert verifier.networks == ("unit01_auth",) and not verifier.ports
     assert Mount("bind", str(site.parent / "nginx" / "auth"), "/etc/nginx/kit-auth",

@@ -152,10 +152,30 @@ def test_the_head_runs_on_host_networking_and_nginx_reaches_it_by_extra_hosts(
     assert other.network_mode is None and other.extra_hosts == ()
     # Unset, the new keys leave the hash as before them (no recreate on upgrade).
     plain = asdict(other)
-    del plain["network_mode"], plain["extra_hosts"]
+    del plain["network_mode"], plain["extra_hosts"], plain["addresses"]
     labels = {k: v for k, v in desired.service("llama8b").labels.items()
               if k != CONFIG_HASH_LABEL}
     canonical = json.dumps({"config": plain, "labels": labels,
                             "site_files": desired.service("llama8b").site_files_digest},
                            sort_keys=True, separators=(",", ":"))
     assert desired.service("llama8b").config_hash == hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def test_with_observability_the_head_is_scraped_through_the_front_door(multi: Path) -> None:
+    """The head runs on the host's network, on no compose network: Prometheus reads its
+    /metrics through the door's listener, which reaches it as nginx does (extra_hosts)."""
+    spec = multi / "site.yaml"
+    spec.write_text(spec.read_text().replace(
+        "services:\n", "observability: {enabled: true}\nservices:\n"))
+    assert run_kit("render", spec).exit_code == 0
+    conf = (multi / "nginx" / "nginx.conf").read_text()
+    assert ("location = /kit-scrape/big {\n            proxy_pass http://kit_big/metrics;"
+            in conf)
+    prometheus = yaml.safe_load(
+        (multi / "observability" / "prometheus" / "prometheus.yml").read_text())
+    vllm = next(job for job in prometheus["scrape_configs"] if job["job_name"] == "vllm")
+    assert {c["labels"]["__metrics_path__"] for c in vllm["static_configs"]} == {
+        "/kit-scrape/llama8b", "/kit-scrape/big"}
+    if nginx_ns.available() is None:
+        checked = nginx_ns.nginx_t(multi / "nginx", ["llama8b", "big"])
+        assert checked.returncode == 0, checked.stderr

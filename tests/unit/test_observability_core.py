@@ -2,7 +2,9 @@
 dashboards, checked by the real tools (promtool, nginx -t, docker-compose) and the dashboard
 library's own model."""
 
+import ipaddress
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from kit.observability import (
     TTFT_DEFAULT_BOUNDS,
     ServiceSlo,
     histogram_args,
+    metrics_network,
 )
 from tests.conftest import REPO, tree
 from tests.standin.vllm_standin import buckets
@@ -36,6 +39,12 @@ SECOND_SERVICE = """\
     max_num_seqs: 8
     slo: {ttft_p95_ms: 200, tpot_p95_ms: 30}
 """
+
+
+def door_address(site: Path) -> str:
+    """The front door's fixed address on the metrics network, as the compose file sets it."""
+    compose = yaml.safe_load((site / "compose" / "docker-compose.yml").read_text())
+    return compose["services"]["nginx"]["networks"]["metrics"]["ipv4_address"]
 
 
 def enable(site: Path, extra: str = OBSERVABILITY, services: str = SECOND_SERVICE) -> Path:
@@ -66,20 +75,30 @@ def test_off_by_default_renders_nothing_of_it(site: Path) -> None:
     assert run_kit("render", site / "site.yaml").exit_code == 0
     assert not (site / "observability").exists()
     compose = yaml.safe_load((site / "compose" / "docker-compose.yml").read_text())
-    assert PROMETHEUS_SERVICE not in compose["services"] and "metrics" not in compose["networks"]
-    assert "/grafana/" not in (site / "nginx" / "nginx.conf").read_text()
+    assert PROMETHEUS_SERVICE not in compose["services"]
+    # the front door alone on the metrics network, ready for observability to be turned on
+    assert [name for name, body in compose["services"].items()
+            if "metrics" in (body.get("networks") or [])] == ["nginx"]
+    conf = (site / "nginx" / "nginx.conf").read_text()
+    assert "/grafana/" not in conf and "/kit-scrape/" not in conf
 
 
 def test_prometheus_scrapes_every_service_and_the_door(observed: Path) -> None:
     config = yaml.safe_load((observed / "observability/prometheus/prometheus.yml").read_text())
     assert config["global"]["scrape_interval"] == "5s"
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    door = door_address(observed) + ":9113"  # Prometheus reads everything from the door
     targets = [(c["targets"], c["labels"]) for c in jobs["vllm"]["static_configs"]]
-    assert targets == [(["llama8b:8000"], {"service": "llama8b", "replica": "0"}),
-                       (["small:8000"], {"service": "small", "replica": "0"})]
-    assert jobs["front-door"]["static_configs"] == [{"targets": ["nginx:9113"]}]
+    assert targets == [
+        ([door], {"service": "llama8b", "replica": "0", "instance": "llama8b",
+                  "__metrics_path__": "/kit-scrape/llama8b"}),
+        ([door], {"service": "small", "replica": "0", "instance": "small",
+                  "__metrics_path__": "/kit-scrape/small"})]
+    assert jobs["front-door"]["static_configs"] == [{"targets": [door]}]
     assert jobs["front-door"]["metrics_path"] == "/kit-figures"
-    assert jobs["front-door-requests"]["static_configs"] == [{"targets": ["door-figures:9114"]}]
+    assert jobs["front-door-requests"]["static_configs"] == [
+        {"targets": [door], "labels": {"instance": "door-figures"}}]
+    assert jobs["front-door-requests"]["metrics_path"] == "/kit-scrape/door-figures"
 
 
 def test_promtool_accepts_the_config_and_rules(observed: Path, promtool: str,
@@ -183,15 +202,16 @@ def test_compose_keeps_both_private(observed: Path) -> None:
     compose = yaml.safe_load((observed / "compose" / "docker-compose.yml").read_text())
     services = compose["services"]
     for name in (PROMETHEUS_SERVICE, GRAFANA_SERVICE, DOOR_FIGURES_SERVICE):
-        assert "ports" not in services[name] and services[name]["networks"] == ["metrics"]
-        assert "deploy" not in services[name]  # no GPU
-    assert compose["networks"]["metrics"] == {"internal": True}
-    assert "metrics" in services["nginx"]["networks"] and "metrics" in services["small"][
-        "networks"]
+        assert "ports" not in services[name] and "deploy" not in services[name]  # no GPU
+    assert list(services[PROMETHEUS_SERVICE]["networks"]) == ["metrics"]
+    assert list(services[GRAFANA_SERVICE]["networks"]) == ["metrics"]
+    assert services[DOOR_FIGURES_SERVICE]["networks"] == ["backend"]
+    assert compose["networks"]["metrics"]["internal"] is True
     assert "--storage.tsdb.retention.time=7d" in services[PROMETHEUS_SERVICE]["command"]
     grafana = services[GRAFANA_SERVICE]["environment"]
     assert grafana["GF_SERVER_ROOT_URL"] == "https://llm.test.internal:8443/grafana/"
     assert grafana["GF_AUTH_PROXY_HEADER_NAME"] == "X-Kit-User"
+    assert grafana["GF_AUTH_PROXY_WHITELIST"] == door_address(observed)
     figures = services[DOOR_FIGURES_SERVICE]
     assert figures["image"] == services["small"]["image"]  # the vLLM image's python3
     upstreams = json.loads(figures["command"][figures["command"].index("--upstreams") + 1])
@@ -216,6 +236,55 @@ def test_real_tools_accept_the_files(observed: Path) -> None:
         assert result.returncode == 0, f"{binary}: {result.stderr}"
 
 
+def test_networks_by_need(observed: Path) -> None:
+    """Who shares a network with whom, read from the rendered compose file: no replica (nor
+    door-figures, the same image) with Prometheus or Grafana; those two with the front door
+    alone; fixed, distinct addresses inside the subnet; Grafana trusts the door's only, and
+    Prometheus reads nothing but the door's listener, which is bound to that address."""
+    compose = yaml.safe_load((observed / "compose" / "docker-compose.yml").read_text())
+    services = compose["services"]
+    member = {name: set(body.get("networks") or []) for name, body in services.items()}
+    reach = {name: {other for other in services if other != name and nets & member[other]}
+             for name, nets in member.items()}
+    assert reach[GRAFANA_SERVICE] == {"nginx", PROMETHEUS_SERVICE}
+    assert reach[PROMETHEUS_SERVICE] == {"nginx", GRAFANA_SERVICE}
+    for contained in ("llama8b", "small", DOOR_FIGURES_SERVICE):
+        assert member[contained] == {"backend"}, contained
+    metrics = compose["networks"]["metrics"]
+    pool = metrics["ipam"]["config"][0]
+    subnet = ipaddress.ip_network(pool["subnet"])
+    fixed = {name: body["networks"]["metrics"]["ipv4_address"] for name, body in services.items()
+             if "metrics" in member[name]}
+    assert set(fixed) == {"nginx", PROMETHEUS_SERVICE, GRAFANA_SERVICE}
+    assert len({*fixed.values(), pool["gateway"]}) == 4
+    assert all(ipaddress.ip_address(a) in subnet for a in (*fixed.values(), pool["gateway"]))
+    assert metrics["internal"] is True
+    door = fixed["nginx"]
+    assert services[GRAFANA_SERVICE]["environment"]["GF_AUTH_PROXY_WHITELIST"] == door
+    config = yaml.safe_load((observed / "observability/prometheus/prometheus.yml").read_text())
+    targets = {t for job in config["scrape_configs"] if job["job_name"] != "prometheus"
+               for c in job["static_configs"] for t in c["targets"]}
+    assert targets == {f"{door}:9113"}
+    conf = (observed / "nginx" / "nginx.conf").read_text()
+    assert re.findall(r"listen (\S+?);", conf).count(f"{door}:9113") == 1
+    assert ":9113" not in conf.replace(f"listen {door}:9113;", "")
+    for host in ("llama8b", "small"):
+        assert (f"location = /kit-scrape/{host} {{\n            set $kit_scrape {host}:8000;"
+                in conf), host
+
+
+def test_the_subnet_is_the_spec_s_or_one_picked_by_the_site_name(site: Path) -> None:
+    spec = enable(site, OBSERVABILITY.replace("}", ", subnet: 10.89.7.0/29}"))
+    assert run_kit("render", spec).exit_code == 0
+    compose = yaml.safe_load((site / "compose" / "docker-compose.yml").read_text())
+    assert compose["networks"]["metrics"]["ipam"]["config"] == [
+        {"subnet": "10.89.7.0/29", "gateway": "10.89.7.1"}]
+    assert compose["services"]["nginx"]["networks"]["metrics"] == {"ipv4_address": "10.89.7.2"}
+    picked = {metrics_network(name, None).subnet for name in ("a", "b", "c", "d")}
+    assert len(picked) == 4 and all(
+        ipaddress.ip_network(s).subnet_of(ipaddress.ip_network("198.18.0.0/15")) for s in picked)
+
+
 def test_nginx_grafana_route_is_authenticated(observed: Path) -> None:
     conf = (observed / "nginx" / "nginx.conf").read_text()
     block = conf[conf.index("location ^~ /grafana/"):]
@@ -226,8 +295,10 @@ def test_nginx_grafana_route_is_authenticated(observed: Path) -> None:
     assert "location = /metrics " not in conf  # /metrics itself stays 404 at the door
     assert ("access_log syslog:server=unix:/var/kit-figures/access.sock,nohostname,tag=kit "
             "kit_figures;") in conf
-    figures = conf[conf.index("listen 9113;") - 40:]
-    assert "listen 9113;" in figures and "ssl" not in figures[:figures.index("}")]
+    listen = f"listen {door_address(observed)}:9113;"  # the metrics address only
+    figures = conf[conf.index(listen) - 40:]
+    assert "ssl" not in figures[:figures.index("}")]
+    assert "listen 9113" not in conf
 
 
 @pytest.mark.parametrize(("extra", "services", "message"), [
@@ -239,6 +310,12 @@ def test_nginx_grafana_route_is_authenticated(observed: Path) -> None:
      "--disable-log-stats conflicts with observability.enabled"),
     ("observability: {enabled: true, scrape_interval: 0}\n", "", "observability.scrape_interval"),
     ("observability: {enable: true}\n", "", "did you mean 'enabled'?"),
+    ("observability: {subnet: 8.8.8.0/28}\n", "", "8.8.8.0/28 is not a private network"),
+    ("observability: {subnet: 10.0.0.1/28}\n", "", "is not an IPv4 network with zero host"),
+    ("observability: {subnet: 10.0.0.0/30}\n", "", "the prefix must be /16 to /29"),
+    ("observability: {subnet: 10.0.0.0/8}\n", "", "the prefix must be /16 to /29"),
+    ("observability: {subnet: 127.0.0.0/28}\n", "", "is not a private network"),
+    ("observability: {subnet: 'fd00::/64'}\n", "", "is not an IPv4 network"),
 ])
 def test_bad_observability_input_is_refused(site: Path, extra: str, services: str,
                                             message: str) -> None:

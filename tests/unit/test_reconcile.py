@@ -106,7 +106,8 @@ def running(desired: DesiredState) -> ObservedState:
     proxy = desired.service("nginx")
     return ObservedState(
         containers=containers,
-        networks=tuple(NetworkFound(n.name, n.key, n.internal) for n in desired.networks),
+        networks=tuple(NetworkFound(n.name, n.key, n.internal, (n.subnet or "172.18.0.0/16",))
+                       for n in desired.networks),
         volumes=tuple(v.name for v in desired.volumes),
         image_ids={s.config.image: f"img-{s.config.image}" for s in desired.services},
         proxy_loaded=ProxyLoaded("id-nginx", proxy.site_files_digest or ""),
@@ -157,6 +158,57 @@ def test_an_unchanged_healthy_stack_gives_an_empty_plan(site: Path) -> None:
 def test_the_rendered_site_unchanged_gives_an_empty_plan(tmp_path: Path) -> None:
     desired = rendered(write_site(tmp_path))
     assert up_actions(desired, running(desired)) == []
+
+
+ON = """\
+create volume unit01_prometheus-data: not found
+create volume unit01_grafana-data: not found
+reload unit01-nginx-1: its mounted config files changed
+create container unit01-prometheus-1: not found
+wait until healthy prometheus: grafana depends on it; just started
+create container unit01-grafana-1: not found
+create container unit01-door-figures-1: not found
+wait until healthy grafana, door-figures: just started"""
+OFF = """\
+remove container unit01-prometheus-1: service no longer in the compose file
+remove container unit01-grafana-1: service no longer in the compose file
+remove container unit01-door-figures-1: service no longer in the compose file
+reload unit01-nginx-1: its mounted config files changed"""
+
+
+@pytest.mark.parametrize("turn", ["on", "off"])
+def test_turning_observability_on_or_off_reloads_the_front_door(tmp_path: Path,
+                                                                turn: str) -> None:
+    """The front door's container does not depend on observability (metrics network and the
+    door-figures volume are always there): the toggle reloads nginx, the streams it carries go
+    on, and only Prometheus, Grafana and door-figures come or go (their data volumes stay). No
+    replica is touched."""
+    spec = write_site(tmp_path)
+    plain = spec.read_text()
+    with_observability = plain.replace("services:\n", "observability: {enabled: true}\nservices:\n")
+    spec.write_text(with_observability if turn == "off" else plain)
+    before = rendered(spec)
+    spec.write_text(plain if turn == "off" else with_observability)
+    plan = describe(up_actions(rendered(spec), running(before)))
+    assert plan == (ON if turn == "on" else OFF)
+
+
+def test_a_new_metrics_subnet_rebuilds_the_network_and_recreates_its_members(
+        tmp_path: Path) -> None:
+    """The engine cannot change a network's subnet in place: the network is rebuilt, and the
+    front door on it recreated (the one change of observability that cuts streams)."""
+    spec = write_site(tmp_path)
+    before = rendered(spec)
+    old = before.networks[-1].subnet
+    spec.write_text(spec.read_text().replace(
+        "services:\n", "observability: {subnet: 10.89.7.0/28}\nservices:\n"))
+    plan = describe(up_actions(rendered(spec), running(before))).splitlines()
+    assert plan[:3] == [
+        "remove container unit01-nginx-1: its network is recreated",
+        f"remove network unit01_metrics: subnet {old} -> 10.89.7.0/28",
+        f"create network unit01_metrics: subnet {old} -> 10.89.7.0/28",
+    ]
+    assert "create container unit01-nginx-1: network unit01_metrics recreated" in plan
 
 
 def test_one_changed_backend_is_recreated_and_the_proxy_reloaded_after_it(site: Path) -> None:

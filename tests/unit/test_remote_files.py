@@ -61,7 +61,8 @@ def test_site_folders_become_volumes_and_nothing_binds_the_site_folder(tmp_path:
         assert not [b for b in binds if b.startswith(root)], service.name
     nginx = site.desired.service(PROXY_SERVICE).config.mounts
     assert [(m.type, m.source, m.target) for m in nginx] == [
-        ("volume", "unit01_kit-files-nginx", "/etc/nginx/kit")]
+        ("volume", "unit01_kit-files-nginx", "/etc/nginx/kit"),
+        ("volume", "unit01_door-figures", "/var/kit-figures")]
     assert {v.name for v in site_volumes(site.desired)} == {
         "unit01_kit-files-nginx", "unit01_kit-files-nginx-verifier", "unit01_kit-files-nginx-auth"}
     assert files_below(volume_of(engine, site, "nginx")) == files_below(site.layout.nginx_dir)
@@ -72,7 +73,9 @@ def test_the_local_desired_state_keeps_its_binds(tmp_path: Path) -> None:
     site = Site.load(write_site(tmp_path))
     up(site, engine_with_images(site))
     assert site_volumes(site.desired) == []
-    assert [m.type for m in site.desired.service(PROXY_SERVICE).config.mounts] == ["bind"]
+    # the site's files stay binds; the other is door-figures' socket volume
+    assert [m.type for m in site.desired.service(PROXY_SERVICE).config.mounts] == [
+        "bind", "volume"]
 
 
 def test_a_file_is_replaced_by_rename_and_a_stale_one_removed(tmp_path: Path) -> None:

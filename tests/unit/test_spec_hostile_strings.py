@@ -122,6 +122,7 @@ FIELDS: dict[str, tuple[Setter, str]] = {
     "services.env.name": (env_name, "HF_HUB_OFFLINE"),
     "services.env.value": (at(*S, "env", "HF_HUB_OFFLINE"), "1"),
     "services.network_interface": (interface, "ens5f0"),
+    "observability.subnet": (at("observability", "subnet"), "10.89.7.0/28"),
     "kubernetes.service_type": (at("kubernetes", "service_type"), "LoadBalancer"),
 }
 

@@ -4,7 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from kit.desired import NetworkState
 from kit.errors import KitError
+from kit.observability import metrics_network
 from kit.site import Site
 from kit.up import up_site
 from tests.support.fake_engine import FakeEngine
@@ -67,3 +69,22 @@ def test_a_front_door_that_cannot_take_its_open_files_limit_fails_up(tmp_path: P
         up_site(Site.load(site.spec_path), timeout=5, probe=False, report=lambda _: None,
                 warn=lambda _: None, connect=lambda: engine)
     assert NOFILE_ALERT in at_reload.value.message
+
+
+def test_a_metrics_subnet_the_engine_already_uses_is_refused_before_any_change(
+        tmp_path: Path) -> None:
+    """Another network of the engine holds the metrics network's subnet: kit up says which
+    and how to choose another, having created nothing (the engine would refuse it midway)."""
+    site = Site.load(write_site(tmp_path))
+    engine = HealthyEngine(local=False)
+    for image in ("vllm/vllm-openai:v0.33.0", "nginx:1.27-alpine"):
+        engine.images[image] = f"sha256:{len(engine.images)}"
+    subnet = metrics_network("unit01", None).subnet  # the metrics network's, by default
+    engine.create_network(NetworkState("other", "someone_else", False, {}, subnet=subnet))
+    before = len(engine.calls)
+    with pytest.raises(KitError) as refused:
+        up_site(site, timeout=5, probe=False, report=lambda _: None, warn=lambda _: None,
+                connect=lambda: engine)
+    assert f"overlaps {subnet} of network someone_else" in refused.value.message
+    assert "observability.subnet" in str(refused.value.fix)
+    assert not [call for call in engine.calls[before:] if call[0].startswith("create")]

@@ -4,10 +4,13 @@ registry is reachable here, so the e2e tests route this through the front door i
 It proves what the front door and the compose file give Grafana, nothing of Grafana itself:
 it serves only under the sub-path of GF_SERVER_ROOT_URL, answers only requests carrying the
 auth-proxy header named by GF_AUTH_PROXY_HEADER_NAME (401 otherwise, as kit's setup never lets
-one through without it), says whether an Authorization header reached it, and lists the
-dashboards and data sources found in the mounted provisioning folders.
+one through without it), and only from an address in GF_AUTH_PROXY_WHITELIST when that is set
+(Grafana's `[auth.proxy] whitelist`: comma-separated addresses or networks; a request with the
+header from elsewhere is not signed in, 401 here), says whether an Authorization header reached
+it, and lists the dashboards and data sources found in the mounted provisioning folders.
 """
 
+import ipaddress
 import json
 import os
 import re
@@ -19,6 +22,14 @@ PROVISIONING = Path("/etc/grafana/provisioning")
 NAME = "kit test stand-in for grafana/grafana (NOT Grafana)"
 PREFIX = urlsplit(os.environ.get("GF_SERVER_ROOT_URL", "http://localhost/")).path
 USER_HEADER = os.environ.get("GF_AUTH_PROXY_HEADER_NAME", "X-WEBAUTH-USER")
+WHITELIST = [ipaddress.ip_network(entry.strip(), strict=False)
+             for entry in os.environ.get("GF_AUTH_PROXY_WHITELIST", "").split(",")
+             if entry.strip()]
+
+
+def trusted(address: str) -> bool:
+    """Whether the auth proxy takes the user header from this client address."""
+    return not WHITELIST or any(ipaddress.ip_address(address) in net for net in WHITELIST)
 
 
 def provisioned() -> dict:
@@ -47,6 +58,9 @@ class Handler(BaseHTTPRequestHandler):
         user = self.headers.get(USER_HEADER)
         if not user:
             return self.answer(401, {"message": f"no {USER_HEADER} header"})
+        if not trusted(self.client_address[0]):
+            return self.answer(401, {"message": f"{USER_HEADER} from {self.client_address[0]}, "
+                                                "which is not in the auth proxy's whitelist"})
         return self.answer(200, {"standin": NAME, "user": user, "path": path,
                                  "authorization_received": "Authorization" in self.headers,
                                  **provisioned()})
