@@ -22,6 +22,8 @@ from kit.desired import (
 )
 from kit.observe import ContainerState, ObservedState
 
+NEW = "new"  # why an object is created that the stack has not had yet
+
 
 @dataclass(frozen=True)
 class RemoveContainer:
@@ -50,7 +52,7 @@ class CreateNetwork:
     is_change = True
 
     def __str__(self) -> str:
-        return f"create network {self.network.name}: {self.reason}"
+        return f"create network {self.network.name} ({self.reason})"
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ class CreateVolume:
     is_change = True
 
     def __str__(self) -> str:
-        return f"create volume {self.volume.name}: {self.reason}"
+        return f"create volume {self.volume.name} ({self.reason})"
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ class CreateContainer:
     is_change = True
 
     def __str__(self) -> str:
-        return f"create container {self.service.container_name}: {self.reason}"
+        return f"create container {self.service.container_name} ({self.reason})"
 
 
 @dataclass(frozen=True)
@@ -193,7 +195,7 @@ def up_actions(desired: DesiredState, observed: ObservedState) -> list[Action]:
     for network in desired.networks:
         found = observed.network(network.name)
         if found is None:
-            infrastructure.append(CreateNetwork(network, "not found"))
+            infrastructure.append(CreateNetwork(network, NEW))
         elif found.internal != network.internal:
             rebuilt_networks.add(network.name)
             change = f"internal {str(found.internal).lower()} -> {str(network.internal).lower()}"
@@ -205,7 +207,7 @@ def up_actions(desired: DesiredState, observed: ObservedState) -> list[Action]:
         if service.name in kept and rebuilt_networks.intersection(service.config.networks):
             removals.append(RemoveContainer(kept.pop(service.name), "its network is recreated"))
     infrastructure += [
-        CreateVolume(volume, "not found")
+        CreateVolume(volume, NEW)
         for volume in desired.volumes
         if volume.name not in observed.volumes
     ]
@@ -325,7 +327,7 @@ def _container_action(
 ) -> Action | None:
     if container is None:
         recreated = rebuilt_networks.intersection(service.config.networks)
-        reason = f"network {', '.join(sorted(recreated))} recreated" if recreated else "not found"
+        reason = f"network {', '.join(sorted(recreated))} recreated" if recreated else NEW
         return CreateContainer(service, reason)
     if container.config_hash != service.config_hash:
         old = (container.config_hash or "none")[:12]

@@ -253,6 +253,17 @@ def observability_files(plan: Plan, layout: SiteLayout) -> list[Output]:
     return [Output(path, text.encode()) for path, text in texts.items()]
 
 
+def _change_words(change: Change) -> str:
+    """What a render did to one file: a checkout or copy that kept the content but dropped
+    its mode (git stores no 0600) is only given its mode back, not "updated"."""
+    path = change.output.path
+    if change.old is None:
+        return f"created {path}"
+    if change.old == change.output.content:
+        return f"set mode {change.output.mode:04o} on {path} (content unchanged)"
+    return f"updated {path}"
+
+
 @dataclass
 class RenderResult:
     spec: Spec
@@ -269,8 +280,8 @@ class RenderResult:
         """What a render did: recovery, files, services, users removed, new passwords."""
         unshown = self.layout.new_passwords.relative_to(self.layout.root)
         lines = [self.recovered] if self.recovered else []
-        lines += [f"{'created' if c.old is None else 'updated'} {c.output.path}"
-                  for c in self.changes if c.output.path != unshown]  # passwords: printed below
+        lines += [_change_words(c) for c in self.changes
+                  if c.output.path != unshown]  # passwords: printed below
         if not self.changes:
             lines.append(f"no change: {len(self.plan.services)} service(s) already rendered")
         for service in self.plan.services:
