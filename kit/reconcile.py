@@ -340,6 +340,11 @@ def _container_action(
     if container.state in ("created", "exited", "dead"):
         detail = f" (exit code {container.exit_code})" if container.state == "exited" else ""
         return StartContainer(service, container, f"{container.state}{detail}")
+    dead = [port for port in observed.door if port.dead]
+    if service.name == PROXY_SERVICE and dead and container.health in ("healthy", None):
+        ports = "; ".join(str(port) for port in dead)
+        return RecreateContainer(service, container, f"{ports} while nginx runs healthy "
+                                 "(the engine's port forwarding): recreated to publish it again")
     return None
 
 
