@@ -342,9 +342,9 @@ def _container_action(
         return StartContainer(service, container, f"{container.state}{detail}")
     dead = [port for port in observed.door if port.dead]
     if service.name == PROXY_SERVICE and dead and container.health in ("healthy", None):
-        ports = "; ".join(str(port) for port in dead)
-        return RecreateContainer(service, container, f"{ports} while nginx runs healthy "
-                                 "(the engine's port forwarding): recreated to publish it again")
+        ports = ", ".join(f"{port.what} ({port.problem.reason})" for port in dead if port.problem)
+        return RecreateContainer(service, container, f"nginx runs healthy but {ports} does not "
+                                 "answer: a new container has its ports published anew")
     return None
 
 

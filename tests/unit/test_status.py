@@ -57,7 +57,8 @@ def test_a_dead_published_port_is_shown_and_kit_up_recreates_the_front_door(
     assert "front door: http port 127.0.0.1:18080 answers (HTTP)" in text
     assert "kit up recreates it" in text
     assert len(status.drift) == 1 and status.drift[0].startswith(
-        "recreate container unit01-nginx-1: https port 127.0.0.1:18443 DOES NOT ANSWER")
+        "recreate container unit01-nginx-1: nginx runs healthy but https port 127.0.0.1:18443 "
+        "(connection refused) does not answer")
     report = status.to_json(datetime.now(UTC))
     assert report["front_door_ports"][0] == {
         "address": "127.0.0.1", "port": HTTPS_PORT, "tls": True, "answers": False,
@@ -69,8 +70,8 @@ def test_a_dead_published_port_is_shown_and_kit_up_recreates_the_front_door(
     (recreate,) = [a for a in repaired.converged.actions if isinstance(a, RecreateContainer)]
     assert recreate.service.name == "nginx"
     assert repaired.summary().startswith("stack unit01: 1 change(s) applied")
-    assert any(line.startswith("recreate container unit01-nginx-1: https port") for line in
-               reported)
+    repair = "recreate container unit01-nginx-1: nginx runs healthy but https port"
+    assert any(line.startswith(repair) for line in reported)
     assert engine.dead_ports == {}  # the new container's start published its ports again
     assert all(port.answers for port in gather(site, engine).door)
     assert up(site, engine).converged.actions == []
