@@ -329,6 +329,11 @@ def site_outputs(
     else:
         tls = acme_files(layout, spec.site, spec.domain)
     outputs += tls_outputs(layout, tls)
+    if spec.tls.ca_bundle is not None:  # checked at spec load (kit/spec.py _ca_bundle)
+        bundle = spec.tls.ca_bundle if spec.tls.ca_bundle.is_absolute() else (
+            spec_dir / spec.tls.ca_bundle)
+        outputs.append(Output(layout.ca_bundle.relative_to(layout.root), bundle.read_bytes(),
+                              0o644, generated=False))
     auth = auth_outputs(layout, spec.auth.users)
     return plan, outputs + auth.outputs, auth
 
