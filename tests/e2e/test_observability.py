@@ -134,7 +134,7 @@ def test_status_shows_live_figures(site: LiveSite) -> None:
     assert "no alert firing" in shown
     seen = json.loads(checked(site.kit("status", "--json")).stdout)["observability"]
     assert seen["replicas"] == [{"service": SERVICE, "replica": "0", "up": True, "running": 0.0,
-                                 "waiting": 0.0, "kv_cache_usage": 0.0}]
+                                 "waiting": 0.0, "kv_cache_usage": 0.0, "lagging": False}]
     assert seen["firing"] == [] and seen["problem"] is None
 
 
