@@ -42,7 +42,8 @@ class _Container:
 
 class FakeEngine:
     """kit.docker_api.Engine over dicts. Scripting: `images`, `exec_results`, `reload_errors`,
-    `worker_log`, `fail(method, error)`, `schedule(container, after=n, **state)`, `write_log`."""
+    `worker_log`, `dead_ports`, `fail(method, error)`, `schedule(container, after=n, **state)`,
+    `write_log`."""
 
     def __init__(self, images: dict[str, str] | None = None, *, local: bool = True) -> None:
         self.address = "unix:///fake.sock" if local else "ssh://ops@fake-host"
