@@ -340,11 +340,12 @@ def _container_action(
     if container.state in ("created", "exited", "dead"):
         detail = f" (exit code {container.exit_code})" if container.state == "exited" else ""
         return StartContainer(service, container, f"{container.state}{detail}")
-    dead = [port for port in observed.door if port.dead]
-    if service.name == PROXY_SERVICE and dead and container.health in ("healthy", None):
-        ports = ", ".join(f"{port.what} ({port.problem.reason})" for port in dead if port.problem)
-        return RecreateContainer(service, container, f"nginx runs healthy but {ports} does not "
-                                 "answer: a new container has its ports published anew")
+    if service.name == PROXY_SERVICE and container.health in ("healthy", None):
+        dead = [f"{port.what} ({port.problem.reason})" for port in observed.door
+                if port.dead and port.problem]
+        if dead:  # the engine's forwarding, not nginx: a new container is published anew
+            return RecreateContainer(service, container, f"nginx runs healthy but "
+                                     f"{', '.join(dead)} does not answer")
     return None
 
 

@@ -45,15 +45,16 @@ class StackStatus:
     probe_stale: str | None = None  # why the last probe says nothing of what runs now
 
     def replicas_in_service(self) -> dict[str, dict[str, int]]:
-        """Per multi-replica service: how many replicas run healthy, of how many containers."""
+        """Per multi-replica service: how many replicas run healthy, of how many containers,
+        and how many running ones nginx sends requests to."""
         counts: dict[str, dict[str, int]] = {}
         for c in self.containers:
             if c.replica_of is not None:
-                count = counts.setdefault(c.replica_of, {"healthy": 0, "replicas": 0})
+                count = counts.setdefault(c.replica_of,
+                                          {"healthy": 0, "replicas": 0, "in_rotation": 0})
                 count["replicas"] += 1
                 count["healthy"] += c.running and c.health == "healthy"
-                count["in_rotation"] = count.get("in_rotation", 0) + (
-                    c.running and c.name not in self.out_of_rotation)
+                count["in_rotation"] += c.running and c.name not in self.out_of_rotation
         return counts
 
     def to_json(self, now: datetime) -> dict:
