@@ -355,7 +355,7 @@ def _reload_action(
     reasons = []
     loaded = observed.proxy_loaded
     if loaded is None or loaded.container_id != container.id:
-        reasons.append("the config it loaded is not recorded")
+        reasons.append("kit has no record of the config it loaded (a reload makes sure)")
     elif loaded.files_digest != service.site_files_digest:
         reasons.append("its mounted config files changed")
     replaced = sorted(dep for dep, _ in service.depends_on if dep in touched)

@@ -182,7 +182,7 @@ def test_a_proxy_whose_loaded_config_is_not_recorded_is_reloaded(site: Path) -> 
     desired = desired_state(site)
     observed = replace(running(desired), proxy_loaded=ProxyLoaded("id-other", "x"))
     assert describe(up_actions(desired, observed)) == (
-        "reload p-nginx-1: the config it loaded is not recorded"
+        "reload p-nginx-1: kit has no record of the config it loaded (a reload makes sure)"
     )
 
 
