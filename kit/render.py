@@ -305,7 +305,9 @@ class RenderResult:
         """The diff of every generated file; secret material only named, never shown."""
         lines = []
         for change in self.changes:
-            if change.output.secret or not change.output.generated:
+            if change.old == change.output.content:  # a checkout's mode: nothing to diff
+                lines.append(f"would {_change_words(change)}")
+            elif change.output.secret or not change.output.generated:
                 verb = "create" if change.old is None else "update"
                 lines.append(f"would {verb} {change.output.path} (secret material, not shown)")
             else:
