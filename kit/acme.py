@@ -87,6 +87,12 @@ def classify(output: str, domain: str, server: str) -> Cause:
                      f"let the internet reach port 80 of {domain} (firewall, NAT, proxy.bind / "
                      "proxy.http_port published on it): the CA fetches "
                      f"http://{domain}/.well-known/acme-challenge/ from there")
+    if re.search(r"CERTIFICATE_VERIFY_FAILED|certificate verify failed", output):
+        return Cause("ca-untrusted", f"certbot does not trust the HTTPS certificate of the ACME "
+                     f"directory {server}: {detail}",
+                     "set tls.ca_bundle to the PEM certificate of the CA that signs the ACME "
+                     "server (a private CA: step-ca's root_ca.crt, pebble's minica root), then "
+                     "kit up")
     if re.search(r"Failed to establish a new connection|Max retries exceeded|Connection "
                  r"(refused|aborted|reset)|Name or service not known|timed out", output):
         return Cause("ca-unreachable", f"the ACME CA is unreachable at {server}: {detail}",

@@ -23,6 +23,7 @@ from docker.types import DeviceRequest, IPAMConfig, IPAMPool, LogConfig, Mount, 
 from kit import engine_url, ssh_engine
 from kit.desired import ContainerConfig, GpuRequest, NetworkState, VolumeState
 from kit.desired import Mount as MountState
+from kit.door_ports import PortProblem, knock
 from kit.errors import KitError
 
 DEFAULT_HOST = engine_url.DEFAULT_HOST
@@ -206,6 +207,11 @@ class Engine:
                 return self._api.inspect_image(ref)["Id"]
             except docker.errors.ImageNotFound:
                 return None
+
+    def knock(self, address: str, port: int, server_name: str | None) -> PortProblem | None:
+        """Whether a port this engine publishes answers from here: its port forwarding is the
+        engine's (kit/door_ports.py knocks; None: it answered)."""
+        return knock(address, port, server_name)
 
     def publishers(self, host_port: int) -> list[str]:
         """Names of containers publishing `host_port`."""

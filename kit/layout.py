@@ -9,6 +9,7 @@
     <site>/nginx/replicas/<svc>.conf    a multi-replica service's servers (kit up marks one down)
     <site>/nginx/auth/                  htpasswd (bcrypt), keys.map (key digests), auth-state.conf
     <site>/nginx/tls/                   server.crt, server.key, ca.crt
+    <site>/nginx/trust/ca-bundle.pem    tls.ca_bundle's copy (certbot's REQUESTS_CA_BUNDLE, gate)
     <site>/observability/               rendered when observability.enabled: prometheus/
                                         (prometheus.yml, rules.yml), grafana/provisioning/,
                                         grafana/dashboards/, door-figures/ (the door's counter)
@@ -99,6 +100,11 @@ class SiteLayout:
     def acme_last_run(self) -> Path:
         """tls.mode acme: certbot's last run (exit code, time, output), written by its loop."""
         return self.tls_dir / ACME_LAST_RUN
+
+    @property
+    def ca_bundle(self) -> Path:
+        """tls.ca_bundle copied into the site: mounted read-only into certbot, read by the gate."""
+        return self.nginx_dir / "trust" / "ca-bundle.pem"
 
     @property
     def ca_cert(self) -> Path:

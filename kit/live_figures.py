@@ -29,6 +29,15 @@ class ReplicaFigures:
     running: float | None
     waiting: float | None
     kv_cache_usage: float | None  # 0..1
+    # not up in Prometheus, but its container reports healthy: the scrape lags (a replica that
+    # just started, or Prometheus that did), not a replica that is down
+    lagging: bool = False
+
+    @property
+    def verdict(self) -> str:
+        if self.up:
+            return "up"
+        return "not scraped yet (its container is healthy)" if self.lagging else "DOWN"
 
 
 @dataclass(frozen=True)
@@ -47,7 +56,7 @@ class LiveFigures:
         lines = ["live figures (Prometheus):"]
         for r in self.replicas:
             kv = "-" if r.kv_cache_usage is None else f"{100 * r.kv_cache_usage:.0f} %"
-            lines.append(f"  {r.service} replica {r.replica}: {'up' if r.up else 'DOWN'}, "
+            lines.append(f"  {r.service} replica {r.replica}: {r.verdict}, "
                          f"running {_count(r.running)}, waiting {_count(r.waiting)}, "
                          f"KV cache {kv}")
         lines += [f"  FIRING {alert}" for alert in self.firing] or ["  no alert firing"]
@@ -81,9 +90,12 @@ def _api(engine: Engine, container_id: str, path: str, params: dict[str, str] | 
         raise KitError(f"Prometheus answered {path} with something unreadable: {error}") from None
 
 
-def live_figures(engine: Engine, prometheus_id: str | None) -> LiveFigures:
+def live_figures(engine: Engine, prometheus_id: str | None,
+                 healthy: frozenset[tuple[str, str]] = frozenset()) -> LiveFigures:
     """Per-replica figures and firing alerts; a Prometheus that is down or does not answer
-    is said in `problem` (status still shows everything else)."""
+    is said in `problem` (status still shows everything else). `healthy`: the (service,
+    replica) whose containers report healthy now; Prometheus lags them by up to a scrape, so
+    one it has not scraped up yet is "not scraped yet", never DOWN."""
     if prometheus_id is None:
         return LiveFigures(problem="the prometheus container is not running")
     try:
@@ -102,9 +114,12 @@ def live_figures(engine: Engine, prometheus_id: str | None) -> LiveFigures:
         return LiveFigures(problem=error.message)
     except (KeyError, TypeError, ValueError, IndexError) as error:
         return LiveFigures(problem=f"Prometheus answered in an unexpected shape ({error!r})")
+    for key in healthy:
+        values.setdefault(key, {})  # healthy, and not one sample yet
     replicas = tuple(
         ReplicaFigures(service, replica, figures.get("up") == 1, figures.get("running"),
-                       figures.get("waiting"), figures.get("kv_cache_usage"))
+                       figures.get("waiting"), figures.get("kv_cache_usage"),
+                       lagging=figures.get("up") != 1 and (service, replica) in healthy)
         for (service, replica), figures in sorted(values.items())
     )
     return LiveFigures(replicas, firing)

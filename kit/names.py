@@ -20,7 +20,9 @@ ENV_VALUE = r"^[^\n\r\x00$]*$"  # compose expands `$`; argv and env cannot hold 
 HEADER_NAME = r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$"  # an HTTP header name nginx can read as $http_*
 SIZE = r"^[1-9][0-9]{0,6}[kmg]?$"
 ACME_SERVER = r"^https://[A-Za-z0-9.:/_-]+$"
-EMAIL = r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$"
+# an address certbot takes as the value of --email: never an option ('-' first), no dot first
+EMAIL = (r"^[A-Za-z0-9_%+][A-Za-z0-9._%+-]*"  # the local part
+         r"@[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)+$")
 PATH_TEXT = r"^/[^\s\"'`$;{}\\:,\x00]*$"  # host paths in compose bind mounts
 HOSTNAME_LABEL = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 INTERFACE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}$"  # a Linux network interface (IFNAMSIZ)

@@ -23,6 +23,7 @@ from kit.desired import (
     project_filter,
 )
 from kit.docker_api import Engine
+from kit.door_ports import PortAnswer
 from kit.files import atomic_write
 from kit.state import json_object, read_state
 
@@ -81,6 +82,7 @@ class ObservedState:
     volumes: tuple[str, ...]  # engine names
     image_ids: dict[str, str | None]  # desired image reference → local image id (None: absent)
     proxy_loaded: ProxyLoaded | None
+    door: tuple[PortAnswer, ...] = ()  # the running front door's ports, when knocked on
 
     def of(self, service: str) -> list[ContainerState]:
         return [c for c in self.containers if c.service == service]

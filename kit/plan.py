@@ -142,6 +142,9 @@ class AcmePlan:
     cert_name: str = "kit"
     tls_mount: str = "/kit-tls"  # nginx/tls of the site, writable for certbot only
     certbot_log: str = "/var/log/letsencrypt/letsencrypt.log"  # certbot's log of its last run
+    trusts_bundle: bool = False  # tls.ca_bundle: certbot trusts it (only it) for the directory
+    trust_mount: str = "/kit-trust"  # nginx/trust of the site, read-only
+    trust_file: str = "/kit-trust/ca-bundle.pem"  # REQUESTS_CA_BUNDLE in certbot's container
 
     @property
     def install(self) -> str:
@@ -288,6 +291,7 @@ def build_plan(spec: Spec) -> Plan:
             domain=spec.domain,
             server=spec.tls.acme_server,
             staging=spec.tls.staging,
+            trusts_bundle=spec.tls.ca_bundle is not None,
         ) if spec.tls.mode == "acme" else None,
         warnings=warnings,
         observability=observability_plan(spec),

@@ -91,8 +91,9 @@ class Target:
     domain: str
     https_port: int
     http_port: int
-    ca_file: Path | None  # the kit CA in self-signed mode; None: the system store
+    ca_file: Path | None  # the kit CA in self-signed mode, tls.ca_bundle; None: the system store
     timeout: float
+    bundle: bool = False  # ca_file is the operator's tls.ca_bundle (not the kit CA)
 
     @property
     def https_authority(self) -> str:
@@ -102,13 +103,16 @@ class Target:
 
 def target_for(spec: Spec, layout: SiteLayout, address: str | None, timeout: float) -> Target:
     ca_file = None
+    bundle = spec.tls.ca_bundle is not None
     if spec.tls.mode == "self-signed" or (spec.tls.mode == "acme" and _acme_placeholder(layout)):
-        ca_file = layout.ca_cert
-        if not ca_file.is_file():
-            raise BadInput(
-                f"{ca_file} does not exist: the probe cannot verify the kit CA's certificate",
-                fix="run kit render first",
-            )
+        ca_file, bundle = layout.ca_cert, False
+    elif bundle:
+        ca_file = layout.ca_bundle  # the site's copy of tls.ca_bundle (kit render writes it)
+    if ca_file is not None and not ca_file.is_file():
+        raise BadInput(
+            f"{ca_file} does not exist: the probe cannot verify the server's certificate",
+            fix="run kit render first",
+        )
     bind = spec.proxy.bind
     return Target(
         address=address or (front_door_host(spec) if bind in ("0.0.0.0", "::") else bind),
@@ -117,6 +121,7 @@ def target_for(spec: Spec, layout: SiteLayout, address: str | None, timeout: flo
         http_port=spec.proxy.http_port,
         ca_file=ca_file,
         timeout=timeout,
+        bundle=bundle,
     )
 
 
@@ -276,9 +281,14 @@ class Gate:
     def _trust_hint(self, error: ssl.SSLCertVerificationError) -> str:
         if error.verify_code == 62:  # X509_V_ERR_HOSTNAME_MISMATCH
             return f"the server certificate does not name {self.target.domain}"
+        if self.target.bundle:
+            return ("the server certificate is not signed by a CA of tls.ca_bundle "
+                    f"({self.target.ca_file}): put the CA that issued it there")
         if self.target.ca_file:
             return f"the server certificate is not signed by the kit CA ({self.target.ca_file})"
-        return "the server certificate is not trusted by the system CA store (incomplete chain?)"
+        return ("the server certificate is not trusted by the system CA store (incomplete "
+                "chain?); a private CA's (e.g. of tls.acme_server: step-ca, pebble): set "
+                "tls.ca_bundle to its PEM certificate")
 
     def _checked(self, name: str, run: Callable[[], Check]) -> Check:
         try:
@@ -301,7 +311,9 @@ class Gate:
                 raise ProbeFailure(self._explain(error, tls=True)) from error
             finally:
                 connection.close()
-            trust = f"the kit CA ({self.target.ca_file})" if self.target.ca_file else "system CAs"
+            trust = (f"tls.ca_bundle ({self.target.ca_file})" if self.target.bundle
+                     else f"the kit CA ({self.target.ca_file})" if self.target.ca_file
+                     else "system CAs")
             return Check(
                 "tls", True, f"{version}, certificate for {self.target.domain} verified against "
                 f"{trust}", _ms_since(started),

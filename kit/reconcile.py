@@ -22,6 +22,8 @@ from kit.desired import (
 )
 from kit.observe import ContainerState, NetworkFound, ObservedState
 
+NEW = "new"  # why an object is created that the stack has not had yet
+
 
 @dataclass(frozen=True)
 class RemoveContainer:
@@ -50,7 +52,7 @@ class CreateNetwork:
     is_change = True
 
     def __str__(self) -> str:
-        return f"create network {self.network.name}: {self.reason}"
+        return f"create network {self.network.name} ({self.reason})"
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ class CreateVolume:
     is_change = True
 
     def __str__(self) -> str:
-        return f"create volume {self.volume.name}: {self.reason}"
+        return f"create volume {self.volume.name} ({self.reason})"
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ class CreateContainer:
     is_change = True
 
     def __str__(self) -> str:
-        return f"create container {self.service.container_name}: {self.reason}"
+        return f"create container {self.service.container_name} ({self.reason})"
 
 
 @dataclass(frozen=True)
@@ -193,7 +195,7 @@ def up_actions(desired: DesiredState, observed: ObservedState) -> list[Action]:
     for network in desired.networks:
         found = observed.network(network.name)
         if found is None:
-            infrastructure.append(CreateNetwork(network, "not found"))
+            infrastructure.append(CreateNetwork(network, NEW))
         elif change := _network_change(network, found):
             rebuilt_networks.add(network.name)
             infrastructure += [
@@ -204,7 +206,7 @@ def up_actions(desired: DesiredState, observed: ObservedState) -> list[Action]:
         if service.name in kept and rebuilt_networks.intersection(service.config.networks):
             removals.append(RemoveContainer(kept.pop(service.name), "its network is recreated"))
     infrastructure += [
-        CreateVolume(volume, "not found")
+        CreateVolume(volume, NEW)
         for volume in desired.volumes
         if volume.name not in observed.volumes
     ]
@@ -333,7 +335,7 @@ def _container_action(
 ) -> Action | None:
     if container is None:
         recreated = rebuilt_networks.intersection(service.config.networks)
-        reason = f"network {', '.join(sorted(recreated))} recreated" if recreated else "not found"
+        reason = f"network {', '.join(sorted(recreated))} recreated" if recreated else NEW
         return CreateContainer(service, reason)
     if container.config_hash != service.config_hash:
         old = (container.config_hash or "none")[:12]
@@ -346,6 +348,12 @@ def _container_action(
     if container.state in ("created", "exited", "dead"):
         detail = f" (exit code {container.exit_code})" if container.state == "exited" else ""
         return StartContainer(service, container, f"{container.state}{detail}")
+    if service.name == PROXY_SERVICE and container.health in ("healthy", None):
+        dead = [f"{port.what} ({port.problem.reason})" for port in observed.door
+                if port.dead and port.problem]
+        if dead:  # the engine's forwarding, not nginx: a new container is published anew
+            return RecreateContainer(service, container, f"nginx runs healthy but "
+                                     f"{', '.join(dead)} does not answer")
     return None
 
 
@@ -355,7 +363,7 @@ def _reload_action(
     reasons = []
     loaded = observed.proxy_loaded
     if loaded is None or loaded.container_id != container.id:
-        reasons.append("the config it loaded is not recorded")
+        reasons.append("kit has no record of the config it loaded (a reload makes sure)")
     elif loaded.files_digest != service.site_files_digest:
         reasons.append("its mounted config files changed")
     replaced = sorted(dep for dep, _ in service.depends_on if dep in touched)

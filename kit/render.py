@@ -252,6 +252,17 @@ def observability_files(plan: Plan, layout: SiteLayout) -> list[Output]:
     return [Output(path, text.encode()) for path, text in texts.items()]
 
 
+def _change_words(change: Change) -> str:
+    """What a render did to one file: a checkout or copy that kept the content but dropped
+    its mode (git stores no 0600) is only given its mode back, not "updated"."""
+    path = change.output.path
+    if change.old is None:
+        return f"created {path}"
+    if change.old == change.output.content:
+        return f"set mode {change.output.mode:04o} on {path} (content unchanged)"
+    return f"updated {path}"
+
+
 @dataclass
 class RenderResult:
     spec: Spec
@@ -268,8 +279,8 @@ class RenderResult:
         """What a render did: recovery, files, services, users removed, new passwords."""
         unshown = self.layout.new_passwords.relative_to(self.layout.root)
         lines = [self.recovered] if self.recovered else []
-        lines += [f"{'created' if c.old is None else 'updated'} {c.output.path}"
-                  for c in self.changes if c.output.path != unshown]  # passwords: printed below
+        lines += [_change_words(c) for c in self.changes
+                  if c.output.path != unshown]  # passwords: printed below
         if not self.changes:
             lines.append(f"no change: {len(self.plan.services)} service(s) already rendered")
         for service in self.plan.services:
@@ -293,7 +304,9 @@ class RenderResult:
         """The diff of every generated file; secret material only named, never shown."""
         lines = []
         for change in self.changes:
-            if change.output.secret or not change.output.generated:
+            if change.old == change.output.content:  # a checkout's mode: nothing to diff
+                lines.append(f"would {_change_words(change)}")
+            elif change.output.secret or not change.output.generated:
                 verb = "create" if change.old is None else "update"
                 lines.append(f"would {verb} {change.output.path} (secret material, not shown)")
             else:
@@ -317,6 +330,11 @@ def site_outputs(
     else:
         tls = acme_files(layout, spec.site, spec.domain)
     outputs += tls_outputs(layout, tls)
+    if spec.tls.ca_bundle is not None:  # checked at spec load (kit/spec.py _ca_bundle)
+        bundle = spec.tls.ca_bundle if spec.tls.ca_bundle.is_absolute() else (
+            spec_dir / spec.tls.ca_bundle)
+        outputs.append(Output(layout.ca_bundle.relative_to(layout.root), bundle.read_bytes(),
+                              0o644, generated=False))
     auth = auth_outputs(layout, spec.auth.users)
     return plan, outputs + auth.outputs, auth
 

@@ -129,6 +129,17 @@ def mark(pool: str, host: str, *, serving: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def out_of_service(pool: str) -> set[str]:
+    """The hosts `mark` took out of a server list (a rollout stopped before it put them back):
+    running, maybe healthy, and carrying no request."""
+    hosts = set()
+    for line in pool.splitlines():
+        server = line.removeprefix(OUT_OF_SERVICE)
+        if server != line and server.startswith("server "):
+            hosts.add(server.split()[1].rsplit(":", 1)[0])
+    return hosts
+
+
 def served_name(service: ServiceState) -> str:
     """The model name the replica's vLLM serves (its --served-model-name)."""
     name = service.argument("--served-model-name")

@@ -6,13 +6,14 @@ Verbs build one `Site` and hand it to one core call; no module below the CLI loa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kit import engine_url
-from kit.desired import DesiredState, load_desired
+from kit.desired import PROXY_SERVICE, DesiredState, load_desired
+from kit.door_ports import door_answers
 from kit.layout import SiteLayout
 from kit.spec import Spec, load_spec
 
@@ -53,12 +54,19 @@ class Site:
         """What the rendered compose file asks for (read on first use, then kept)."""
         return desired_for(self.spec, self.layout)
 
-    def observe(self, engine: Engine, *, with_images: bool = True) -> ObservedState:
-        """The running stack; `with_images` also resolves the desired images' ids."""
+    def observe(self, engine: Engine, *, with_images: bool = True,
+                knock: bool = False) -> ObservedState:
+        """The running stack; `with_images` also resolves the desired images' ids, `knock`
+        also asks whether the running front door's published ports answer (kit/door_ports.py)."""
         from kit.observe import observe
 
         images = tuple(s.config.image for s in self.desired.services) if with_images else ()
-        return observe(engine, self.project, images, self.layout.applied)
+        observed = observe(engine, self.project, images, self.layout.applied)
+        proxies = [c for c in observed.of(PROXY_SERVICE) if c.running] if knock else []
+        if not proxies:
+            return observed
+        ports = tuple(port for proxy in proxies for port in proxy.host_ports)
+        return replace(observed, door=door_answers(self.spec, engine, ports))
 
 
 def desired_for(spec: Spec, layout: SiteLayout) -> DesiredState:

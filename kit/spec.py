@@ -156,6 +156,10 @@ class TLS(StrictModel):
     email: Annotated[str, Field(pattern=EMAIL, max_length=254)] | None = None  # the ACME account
     acme_server: Annotated[str, Field(pattern=ACME_SERVER, max_length=1024)] | None = None
     staging: bool = False  # acme mode: Let's Encrypt's staging CA (untrusted certs, high limits)
+    # A private CA's PEM certificate(s), relative to the spec: the CA of a private ACME server
+    # (step-ca, pebble, …; certbot trusts it for the directory) and of the certificate the site
+    # serves (the gate trusts it instead of the system store). acme and files modes.
+    ca_bundle: FilePath | None = None
 
     @model_validator(mode="after")
     def _mode_needs(self) -> "TLS":
@@ -169,6 +173,9 @@ class TLS(StrictModel):
             raise ValueError(
                 f"tls.acme_server/tls.staging are only read in mode acme, not {self.mode}"
             )
+        if self.mode == "self-signed" and self.ca_bundle:
+            raise ValueError("tls.ca_bundle is read in modes acme and files; self-signed sites "
+                             "are trusted through kit's own CA (nginx/tls/ca.crt)")
         return self
 
 
@@ -736,7 +743,7 @@ def _pattern_hint(path: tuple) -> str:
         "nginx": "an image reference like nginx:1.27-alpine",
         "certbot": "an image reference like certbot/certbot:v3.1.0",
         "max_body": "a size like 1m, 512k or 1g",
-        "email": "an e-mail address like ops@example.com",
+        "email": "an e-mail address like ops@example.com (not starting with - or .)",
         "acme_server": "an https:// directory URL",
         "extra_args": "no newlines, NUL or '$'",
         "env": "names: letters, digits, '_'; values: no newlines, NUL or '$'",
@@ -831,6 +838,7 @@ def cross_checks(
     problems += _metrics_flags(parts.services, parts.observability)
     problems += _kit_read_env(parts.services)
     problems += _tls_files(parts, spec_dir)
+    problems += _ca_bundle(parts, spec_dir)
     problems += _acme_domain(parts)
     problems += _multi_node(parts)
     if check_host and is_local(resolve(parts.engine)):  # elsewhere: the engine's preflight
@@ -1094,6 +1102,29 @@ def _tls_files(parts: Parts, spec_dir: Path) -> list[SpecProblem]:
         for problem in cert_problems(content["cert"], content["key"], parts.domain,
                                      str(tls.cert))
     ]
+
+
+def _ca_bundle(parts: Parts, spec_dir: Path) -> list[SpecProblem]:
+    """tls.ca_bundle: readable, CA certificates in PEM and nothing else (never a key)."""
+    if parts.tls is None or parts.tls.ca_bundle is None:
+        return []
+    path = parts.tls.ca_bundle if parts.tls.ca_bundle.is_absolute() else (
+        spec_dir / parts.tls.ca_bundle)
+    fix = ("point tls.ca_bundle at the PEM certificate(s) of the CA that signs your ACME "
+           "server and its certificates (step-ca: its root_ca.crt; paths are relative to the "
+           "spec)")
+    try:
+        content = path.read_bytes()
+    except FileNotFoundError:
+        return [SpecProblem(("tls", "ca_bundle"), f"file {path} does not exist", fix)]
+    except OSError as error:
+        return [SpecProblem(("tls", "ca_bundle"), f"cannot read {path}: "
+                            f"{error.strerror or error}",
+                            "make it readable by the user running kit (or run kit as that user)")]
+    from kit.tls import ca_bundle_problems  # TLS parsing only where there is a file
+
+    return [SpecProblem(("tls", "ca_bundle"), f"{path}: {problem}", fix)
+            for problem in ca_bundle_problems(content)]
 
 
 def _acme_domain(parts: Parts) -> list[SpecProblem]:

@@ -6,12 +6,15 @@ from datetime import datetime
 from pathlib import Path
 
 from kit.acme import AcmeStatus, acme_status
-from kit.desired import PROMETHEUS_SERVICE
+from kit.desired import PROMETHEUS_SERVICE, PROXY_SERVICE
 from kit.docker_api import Engine, connect
+from kit.door_ports import PortAnswer
+from kit.files import read_existing
 from kit.live_figures import LiveFigures, live_figures
 from kit.observe import ContainerState, ObservedState
 from kit.reconcile import changes, up_actions
 from kit.render import render_site
+from kit.rollout import out_of_service
 from kit.site import Site
 from kit.state import json_object, read_state
 from kit.worker_nodes import WorkerEngines, node_drift, worker_nodes
@@ -37,15 +40,21 @@ class StackStatus:
     acme: AcmeStatus | None = None  # tls.mode acme: the certificate and certbot's last run
     nodes: tuple[NodeContainers, ...] = ()  # a multi-node service's workers (kit/worker_nodes.py)
     node_problems: tuple[str, ...] = ()  # why the multi-node service does not serve, if not
+    door: tuple[PortAnswer, ...] = ()  # the running front door's ports, knocked on from here
+    out_of_rotation: frozenset[str] = frozenset()  # replicas nginx's server lists leave out
+    probe_stale: str | None = None  # why the last probe says nothing of what runs now
 
     def replicas_in_service(self) -> dict[str, dict[str, int]]:
-        """Per multi-replica service: how many replicas run healthy, of how many containers."""
+        """Per multi-replica service: how many replicas run healthy, of how many containers,
+        and how many running ones nginx sends requests to."""
         counts: dict[str, dict[str, int]] = {}
         for c in self.containers:
             if c.replica_of is not None:
-                count = counts.setdefault(c.replica_of, {"healthy": 0, "replicas": 0})
+                count = counts.setdefault(c.replica_of,
+                                          {"healthy": 0, "replicas": 0, "in_rotation": 0})
                 count["replicas"] += 1
                 count["healthy"] += c.running and c.health == "healthy"
+                count["in_rotation"] += c.running and c.name not in self.out_of_rotation
         return counts
 
     def to_json(self, now: datetime) -> dict:
@@ -55,7 +64,9 @@ class StackStatus:
         extra = {"observability": self.figures.to_json()} if self.figures else {}
         return {
             "site": self.site,
-            "containers": [_container_json(c, now) for c in self.containers],
+            "containers": [_container_json(c, now, c.name not in self.out_of_rotation)
+                           for c in self.containers],
+            "front_door_ports": [port.to_json() for port in self.door],
             **({"replicas": replicas} if replicas else {}),
             **({"nodes": [{"node": n.node, "engine": n.engine,
                            "containers": [_container_json(c, now) for c in n.containers]}
@@ -64,15 +75,16 @@ class StackStatus:
             "drift": list(self.drift),
             "render_pending": list(self.render_pending),
             "last_probe": self.last_probe,
+            "last_probe_stale": self.probe_stale,
             **extra,
             **({"tls": self.acme.to_json()} if self.acme else {}),  # tls.mode acme only
         }
 
 
-def _container_json(c: ContainerState, now: datetime) -> dict:
+def _container_json(c: ContainerState, now: datetime, in_rotation: bool = True) -> dict:
     return {
         "service": c.service,
-        **({"replica_of": c.replica_of, "replica": c.replica}
+        **({"replica_of": c.replica_of, "replica": c.replica, "in_rotation": in_rotation}
            if c.replica_of is not None else {}),
         "name": c.name,
         "state": c.state,
@@ -90,7 +102,8 @@ def gather(site: Site, engine: Engine,
     """The running stack against the spec: containers, drift, pending render, last gate; with
     a multi-node service, its workers' containers and drift, asked of each node's engine."""
     pending = render_site(site, dry_run=True).changes
-    observed = site.observe(engine)
+    observed = site.observe(engine, knock=True)
+    last_probe = _last_probe(site.layout.last_probe)
     nodes, node_drift, node_problems = _worker_view(site, engine, observed, connect_node)
     return StackStatus(
         site=site.desired.project,
@@ -100,10 +113,42 @@ def gather(site: Site, engine: Engine,
         + node_drift,
         node_problems=node_problems,
         render_pending=tuple(str(change.output.path) for change in pending),
-        last_probe=_last_probe(site.layout.last_probe),
+        last_probe=last_probe,
         figures=_figures(site, engine, observed.containers),
         acme=acme_status(site) if site.spec.tls.mode == "acme" else None,
+        door=observed.door,
+        out_of_rotation=_out_of_rotation(site, observed.containers),
+        probe_stale=_probe_stale(last_probe, observed),
     )
+
+
+def _out_of_rotation(site: Site, containers: tuple[ContainerState, ...]) -> frozenset[str]:
+    """Replica containers nginx's server lists leave out (what it loaded at kit up's last
+    reload: a rollout that stopped leaves its replica out until the next kit up)."""
+    out: set[str] = set()
+    for service in dict.fromkeys(c.replica_of for c in containers if c.replica_of):
+        pool = read_existing(site.layout.replica_pool(service))
+        hosts = out_of_service(pool.decode(errors="replace")) if pool is not None else set()
+        out.update(c.name for c in containers if c.replica_of == service and c.service in hosts)
+    return frozenset(out)
+
+
+def _probe_stale(probe: dict | None, observed: ObservedState) -> str | None:
+    """Why the last probe no longer speaks for the stack: no front door runs (kit down, a
+    crash), or the one that runs started after it was probed."""
+    if probe is None:
+        return None
+    proxies = [c for c in observed.of(PROXY_SERVICE) if c.running]
+    if not proxies:
+        return "the front door it probed no longer runs"
+    try:
+        checked = datetime.fromisoformat(str(probe.get("checked_at")))
+    except ValueError:
+        return "it records no time it was taken"
+    started = max((c.started_at for c in proxies if c.started_at), default=None)
+    if started is not None and checked.tzinfo is not None and started > checked:
+        return "the front door restarted after it was taken"
+    return None
 
 
 def _worker_view(site: Site, engine: Engine, observed: ObservedState,
@@ -131,7 +176,10 @@ def _figures(site: Site, engine: Engine, containers: tuple[ContainerState, ...]
     if not site.spec.observability.enabled:
         return None
     running = [c.id for c in containers if c.service == PROMETHEUS_SERVICE and c.running]
-    return live_figures(engine, running[0] if running else None)
+    served = {service.name for service in site.spec.services}
+    healthy = frozenset((c.spec_service, str(c.replica or 0)) for c in containers
+                        if c.spec_service in served and c.running and c.health == "healthy")
+    return live_figures(engine, running[0] if running else None, healthy)
 
 
 def _last_probe(path: Path) -> dict | None:
@@ -168,7 +216,8 @@ def render_text(status: StackStatus, now: datetime) -> str:
     rows += [
         (
             c.service, "-" if c.replica is None else f"{c.replica} of {c.replica_of}", c.state,
-            c.health or "-", ",".join(c.gpu_ids) or "-", _duration(_uptime(c, now)),
+            (c.health or "-") + (", OUT OF ROTATION" if c.name in status.out_of_rotation else ""),
+            ",".join(c.gpu_ids) or "-", _duration(_uptime(c, now)),
             str(c.restart_count), c.image,
         )
         for c in status.containers
@@ -189,7 +238,16 @@ def render_text(status: StackStatus, now: datetime) -> str:
                      "container(s) running" + ("" if n.containers else ": run kit up"))
     lines += status.node_problems
     for service, count in status.replicas_in_service().items():
-        lines.append(f"{service}: {count['healthy']} of {count['replicas']} replicas healthy")
+        lines.append(f"{service}: {count['healthy']} of {count['replicas']} replicas healthy, "
+                     f"{count['in_rotation']} in rotation")
+    left_out = sorted(c.service for c in status.containers if c.name in status.out_of_rotation)
+    if left_out:
+        lines.append(f"out of rotation: {', '.join(left_out)} (nginx sends it no request: a "
+                     "rolling update stopped before putting it back; kit up does)")
+    lines += [f"front door: {port}" for port in status.door]
+    if any(port.dead for port in status.door):
+        lines.append("front door: nginx runs but clients cannot reach it there; kit up "
+                     "recreates it (the engine publishes its ports again)")
     if status.drift:
         lines.append("drift: `kit up` would")
         lines += [f"  {line}" for line in status.drift]
@@ -204,7 +262,8 @@ def render_text(status: StackStatus, now: datetime) -> str:
     else:
         failed = [c["name"] for c in probe.get("checks", []) if not c.get("ok")]
         verdict = "passed" if probe.get("ok") else f"FAILED ({', '.join(failed)})"
-        lines.append(f"last probe: {verdict} at {probe.get('checked_at', '?')}")
+        stale = f" (stale: {status.probe_stale})" if status.probe_stale else ""
+        lines.append(f"last probe: {verdict} at {probe.get('checked_at', '?')}{stale}")
     if status.figures:
         lines += status.figures.lines()
     if status.acme is not None:

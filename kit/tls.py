@@ -6,6 +6,7 @@ Functions here compute file contents; writing them is files.py's job (through re
 
 import datetime as dt
 import ipaddress
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,6 +126,37 @@ def cert_problems(cert_pem: bytes, key_pem: bytes, domain: str, source: str) -> 
         problems.append(f"{source}: the certificate expired on {leaf.not_valid_after_utc:%Y-%m-%d}")
     if not _covers(leaf, domain):
         problems.append(f"{source}: the certificate does not name {domain} in its SAN")
+    return problems
+
+
+PEM_BLOCK = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----")
+
+
+def ca_bundle_problems(pem: bytes) -> list[str]:
+    """Why a file cannot be tls.ca_bundle (empty when it can): PEM CA certificates and nothing
+    else; a private key in it would be copied into the site and mounted into certbot."""
+    kinds = {kind.decode() for kind in PEM_BLOCK.findall(pem)}
+    if kinds - {"CERTIFICATE"}:
+        private = " (a private key: never hand it to kit)" if any(
+            "PRIVATE KEY" in kind for kind in kinds) else ""
+        return [f"holds {', '.join(sorted(kinds - {'CERTIFICATE'}))} blocks{private}; "
+                "only CERTIFICATE blocks belong in a CA bundle"]
+    try:
+        certs = x509.load_pem_x509_certificates(pem)
+    except ValueError as error:
+        return [f"not PEM certificates ({error})"]
+    problems = []
+    for cert in certs:
+        subject = cert.subject.rfc4514_string() or "(no subject)"
+        try:
+            ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+        except x509.ExtensionNotFound:
+            ca = False
+        if not ca:
+            problems.append(f"{subject} is not a CA certificate (no basicConstraints CA:TRUE): "
+                            "the bundle holds the CA that signs, not a server's certificate")
+        if cert.not_valid_after_utc <= _now():
+            problems.append(f"{subject} expired on {cert.not_valid_after_utc:%Y-%m-%d}")
     return problems
 
 

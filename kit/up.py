@@ -114,7 +114,7 @@ def converge(
     With worker `nodes`, every node is checked before anything starts, the workers start
     first (they wait for the head), and the head's wait watches them."""
     started = time.monotonic()
-    observed = site.observe(engine)
+    observed = site.observe(engine, knock=True)
     actions = up_actions(site.desired, observed)
     plans = nodes.plans() if nodes else []
     node_actions = [action for plan in plans for action in plan.actions]

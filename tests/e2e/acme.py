@@ -117,6 +117,11 @@ class Pebble(_AcmeContainer):
         url = f"https://{ACME_ADDRESS}:{self.port + 1}/roots/0"
         return urllib.request.urlopen(url, context=context, timeout=5).read()
 
+    def trust(self) -> bytes:
+        """What a site using this private ACME CA puts in tls.ca_bundle: the CA of its
+        directory's HTTPS certificate (certbot) and the root it issues under (the gate)."""
+        return PEBBLE_CA.read_bytes() + self.root()
+
 
 @dataclass(frozen=True)
 class Order:

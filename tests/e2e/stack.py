@@ -391,3 +391,26 @@ def running_site(root: Path, client: docker.DockerClient, https_port: int, http_
         yield site
     finally:
         site.down()
+
+
+def kill_port_forwarder(host_port: int) -> list[int]:
+    """Make a published port dead while its container runs on: SIGKILL the engine's userland
+    forwarder (docker-proxy) for `host_port` in this network namespace (the engine's), as when
+    it crashed. Returns the pids killed; loopback connections go through it whatever the
+    engine's iptables setting."""
+    own_net = os.readlink("/proc/self/ns/net")
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            same_net = os.readlink(entry / "ns" / "net") == own_net
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        flags = dict(zip(argv[1::2], argv[2::2], strict=False))
+        if same_net and argv[0].endswith(b"docker-proxy") and \
+                flags.get(b"-host-port") == str(host_port).encode():
+            os.kill(int(entry.name), 9)
+            killed.append(int(entry.name))
+    return killed

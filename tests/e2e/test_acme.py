@@ -3,7 +3,8 @@ tls.acme_server and Debian's certbot as the spec's certbot image (tests/images/b
 
 `kit up` on a first deployment: certbot answers HTTP-01 through kit's nginx, the certificate is
 installed, nginx reloads in place, and the gate verifies the chain against pebble's root, which
-only the test trusts (SSL_CERT_FILE for the kit process, --ca for the load client). Then a
+only the site trusts (tls.ca_bundle: pebble's root and the CA of its directory's HTTPS
+certificate, for the gate and for certbot; --ca for the load client). Then a
 renewal under 50 streams, a site re-created with its letsencrypt volume kept, and each way the
 first certificate can fail, provoked for real and named by `kit up` and `kit status` (a rate
 limit by a real rate limiter in front of pebble, which has none: tests/e2e/acme_limiter).
@@ -22,12 +23,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from cryptography import x509
 
 from kit.plan import AcmePlan
 from tests.e2e.acme import ACME_ADDRESS, Pebble, RateLimiter, add_acme_address, directory
 from tests.e2e.conftest import pick_free_port, remove_project
-from tests.e2e.stack import DOMAIN, LiveSite, checked, finished, kit
+from tests.e2e.stack import DOMAIN, LiveSite, checked, finished, kit, write_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -37,6 +39,7 @@ STREAMS = 50
 STREAM_TOKENS = 750
 RETRIED_PORT = 14100  # the CA-unreachable case: pebble comes up there after kit up
 LIMITED_PORT = 14040  # the rate-limited case: the limiter in front of its pebble
+UNTRUSTED_PORT = 14050  # the case of a tls.ca_bundle without the directory's CA
 PROMPT_S = AcmePlan.watch_every + 2  # a new certificate is served this soon after installation
 
 
@@ -64,17 +67,27 @@ def issuer(cert: x509.Certificate) -> str:
     return cert.issuer.rfc4514_string()
 
 
-def acme_site(root: Path, client, server: str, http_port: int) -> LiveSite:
+TRUST = "private-acme-ca.pem"  # tls.ca_bundle, beside the spec
+
+
+def acme_site(root: Path, client, server: str, http_port: int,
+              trust: bytes | None = None) -> LiveSite:
+    """A site of the ACME CA at `server`; `trust`: its tls.ca_bundle (None: none, so the gate
+    trusts the system store and certbot its image's, which has the test CA of pebble's HTTPS)."""
+    tls = {"mode": "acme", "email": "ops@acme.test", "acme_server": server}
+    if trust is not None:
+        root.mkdir(parents=True)
+        (root / TRUST).write_bytes(trust)
+        tls["ca_bundle"] = TRUST
     return LiveSite.create(root, client, pick_free_port(), http_port, prefix="acme",
                            proxy={"bind": "0.0.0.0"},  # pebble reaches it on ACME_ADDRESS
-                           tls={"mode": "acme", "email": "ops@acme.test", "acme_server": server})
+                           tls=tls)
 
 
-def up(site: LiveSite, root_pem: Path | None) -> tuple[object, float]:
-    """`kit up` trusting pebble's root (when given) besides nothing else; (result, seconds)."""
+def up(site: LiveSite) -> tuple[object, float]:
+    """`kit up` with the system's trust store alone; (result, seconds)."""
     started = time.monotonic()
-    env = {"SSL_CERT_FILE": str(root_pem)} if root_pem else None
-    result = kit("up", str(site.spec_path), env=env)
+    result = kit("up", str(site.spec_path))
     return result, time.monotonic() - started
 
 
@@ -98,9 +111,9 @@ def issued(pebble, docker_client, tmp_path_factory) -> Iterator[tuple]:
     root_pem = tmp_path_factory.mktemp("trust") / "pebble-root.pem"
     root_pem.write_bytes(pebble.root())
     site = acme_site(tmp_path_factory.mktemp("acme") / "site", docker_client, pebble.directory,
-                     pebble.http_port)
+                     pebble.http_port, trust=pebble.trust())
     try:
-        result, seconds = up(site, root_pem)
+        result, seconds = up(site)
         yield site, result, seconds, root_pem
     finally:
         remove_project(docker_client, site.name)
@@ -111,7 +124,12 @@ def test_first_deployment_is_issued_installed_and_passes_the_gate(issued) -> Non
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
     assert "tls: certificate from Pebble Intermediate CA" in out, out
-    assert "verified against system CAs" in out and "all checks passed" in out, out
+    assert f"verified against tls.ca_bundle ({site.layout.ca_bundle})" in out, out
+    assert "all checks passed" in out, out
+    # certbot reached the directory trusting tls.ca_bundle alone (read-only in its container)
+    certbot = site.container("certbot").attrs
+    assert "REQUESTS_CA_BUNDLE=/kit-trust/ca-bundle.pem" in certbot["Config"]["Env"]
+    assert any(m["Destination"] == "/kit-trust" and not m["RW"] for m in certbot["Mounts"])
     # served promptly: nginx's watcher saw the new file and reloaded (kit up checked it)
     prompt = re.search(r"tls: nginx serves the installed certificate \(installed ([\d.]+)s ago",
                        out)
@@ -136,6 +154,42 @@ def test_status_shows_issuer_expiry_next_renewal_and_last_result(issued) -> None
     assert tls["waiting_for_first_certificate"] is False
     assert tls["issuer"].startswith("Pebble Intermediate CA") and tls["expires"]
     assert tls["renewal_due"] and tls["last_run"]["ok"] is True, tls
+
+
+def test_without_tls_ca_bundle_the_gate_names_it(issued) -> None:
+    """The same site seen through a spec without tls.ca_bundle (same folder, so the same
+    stack): pebble's root is in no system store, and the gate's error says what to set."""
+    site, *_ = issued
+    spec = yaml.safe_load(site.spec_path.read_text())
+    del spec["tls"]["ca_bundle"]
+    bare = site.root / "site-without-bundle.yaml"
+    write_spec(bare, spec)
+    result = kit("probe", str(bare))
+    assert result.returncode == 1, result.stdout + result.stderr
+    tls = next(line for line in result.stdout.splitlines() if line.startswith("tls "))
+    assert "not trusted by the system CA store" in tls, result.stdout
+    assert "set tls.ca_bundle to its PEM certificate" in tls, result.stdout
+    print(f"\nwithout tls.ca_bundle: {tls}")
+
+
+def test_certbot_trusts_tls_ca_bundle_alone_for_the_directory(
+        docker_client, test_images, tmp_path) -> None:
+    """A bundle with pebble's root but not the CA of its directory's HTTPS certificate: certbot
+    (whose image trusts that CA in its system store) must refuse the directory, so it reads the
+    bundle, and only it; kit up names the cause and its fix."""
+    add_acme_address()
+    http_port = pick_free_port()
+    ca = Pebble(docker_client, tmp_path / "pebble", http_port=http_port, port=UNTRUSTED_PORT,
+                validity_s=SHORT_LIVED_S)
+    site = acme_site(tmp_path / "site", docker_client, ca.directory, http_port, trust=ca.root())
+    try:
+        out, text, tls = named_by_up_and_status("ca-untrusted", site)
+        assert "set tls.ca_bundle to the PEM certificate of the CA that signs the ACME server" \
+            in out, out
+        assert "CERTIFICATE_VERIFY_FAILED" in site.layout.acme_last_run.read_text()
+    finally:
+        remove_project(docker_client, site.name)
+        ca.remove()
 
 
 def test_renewal_under_50_streams_drops_nothing_and_is_served_promptly(issued) -> None:
@@ -183,26 +237,26 @@ def test_recreated_site_with_kept_letsencrypt_volume_installs_its_certificate(
     http_port = pick_free_port()
     ca = Pebble(docker_client, tmp_path / "pebble", http_port=http_port, port=14010,
                 validity_s=LIKE_LETS_ENCRYPT_S)
-    root_pem = tmp_path / "pebble-root.pem"
-    root_pem.write_bytes(ca.root())
-    first = acme_site(tmp_path / "first", docker_client, ca.directory, http_port)
+    first = acme_site(tmp_path / "first", docker_client, ca.directory, http_port,
+                      trust=ca.trust())
     try:
-        result, _ = up(first, root_pem)
+        result, _ = up(first)
         assert result.returncode == 0, result.stdout + result.stderr
         serial = served(first.https_port).serial_number
         checked(first.kit("down"))  # keeps the volumes, letsencrypt among them
         again = LiveSite(tmp_path / "again", first.name, docker_client, first.https_port)
         again.root.mkdir()
         shutil.copy(first.spec_path, again.spec_path)
+        shutil.copy(first.root / TRUST, again.root / TRUST)
         checked(again.kit("render"))  # a fresh nginx/tls: the kit-CA placeholder
-        result, seconds = up(again, root_pem)
+        result, seconds = up(again)
         out = result.stdout + result.stderr
         assert result.returncode == 0, out
         certbot = again.container("certbot").logs().decode(errors="replace")
         run = again.layout.acme_last_run.read_text()
         assert "not yet due for renewal" in run, run + certbot
         assert served(again.https_port).serial_number == serial  # the kept one, installed
-        assert "all checks passed" in out and "verified against system CAs" in out, out
+        assert "all checks passed" in out and "verified against tls.ca_bundle" in out, out
         print(f"\nre-created site: kept certificate served, kit up {seconds:.1f}s")
     finally:
         remove_project(docker_client, first.name)
@@ -213,7 +267,7 @@ def named_by_up_and_status(case: str, site: LiveSite) -> tuple[str, str, dict]:
     """`kit up` on a first deployment whose certificate fails for `case`: it exits 1 naming the
     cause while the site serves the kit-CA certificate, and `kit status` names it too;
     (kit up's output, kit status's text, its tls facts)."""
-    result, seconds = up(site, None)
+    result, seconds = up(site)
     out = result.stdout + result.stderr
     assert result.returncode == 1, out
     assert f"no certificate from the ACME CA yet ({case})" in out, out
@@ -272,16 +326,16 @@ def test_a_rate_limited_first_certificate_is_named_and_retried_without_hammering
     ca = Pebble(docker_client, tmp_path / "pebble", http_port=http_port, port=14030,
                 validity_s=SHORT_LIVED_S)
     limiter = RateLimiter(docker_client, tmp_path / "limiter", ca, port=LIMITED_PORT)
-    first = acme_site(tmp_path / "first", docker_client, limiter.directory, http_port)
+    first = acme_site(tmp_path / "first", docker_client, limiter.directory, http_port,
+                      trust=ca.trust())
     try:
-        root_pem = tmp_path / "pebble-root.pem"
-        root_pem.write_bytes(ca.root())
-        result, _ = up(first, root_pem)
+        result, _ = up(first)
         assert result.returncode == 0, result.stdout + result.stderr
         checked(first.kit("down", "--volumes"))  # the letsencrypt volume (its certificate) too
         again = LiveSite(tmp_path / "again", first.name, docker_client, first.https_port)
         again.root.mkdir()
         shutil.copy(first.spec_path, again.spec_path)
+        shutil.copy(first.root / TRUST, again.root / TRUST)
         out, text, tls = named_by_up_and_status("rate-limited", again)
         # certbot got the CA's problem (its log has it; Debian's certbot 2.1 prints only
         # "AttributeError: can't set attribute", certbot/certbot#9539)

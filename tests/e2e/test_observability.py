@@ -129,7 +129,7 @@ def test_status_shows_live_figures(site: LiveSite) -> None:
     assert "no alert firing" in shown
     seen = json.loads(checked(site.kit("status", "--json")).stdout)["observability"]
     assert seen["replicas"] == [{"service": SERVICE, "replica": "0", "up": True, "running": 0.0,
-                                 "waiting": 0.0, "kv_cache_usage": 0.0}]
+                                 "waiting": 0.0, "kv_cache_usage": 0.0, "lagging": False}]
     assert seen["firing"] == [] and seen["problem"] is None
 
 
@@ -260,3 +260,36 @@ def test_a_stopped_replica_fires_replica_down(site: LiveSite) -> None:
     shown = site.kit("status").stdout  # exits 1: the stack is not what the spec says
     assert f"{SERVICE} replica 0: DOWN" in shown, shown
     assert f"FIRING KitReplicaDown: {SERVICE} replica 0 does not answer /metrics" in shown
+
+
+def test_a_healthy_replica_prometheus_has_not_scraped_up_is_not_shown_down(
+        site: LiveSite, docker_client) -> None:
+    """Prometheus lags the containers: its last scrape of a replica says down while the
+    replica's container reports healthy (here made to last: Prometheus is cut off from every
+    network, so each scrape fails). kit status says "not scraped yet", never DOWN."""
+    replica, prometheus = site.container(SERVICE), site.container(PROMETHEUS_SERVICE)
+    attached = prometheus.attrs["NetworkSettings"]["Networks"]
+    for name in attached:
+        docker_client.networks.get(name).disconnect(prometheus)
+    try:
+        if replica.status != "running":  # the previous test stopped it
+            replica.start()
+        wait_for("the replica healthy", lambda: site.container(SERVICE).attrs["State"]
+                 ["Health"]["Status"] == "healthy", 60)
+
+        def scraped_down() -> bool:
+            result = query(site, "/api/v1/query", query=f'up{{service="{SERVICE}"}}')["result"]
+            return bool(result) and result[0]["value"][1] == "0"
+
+        wait_for("Prometheus's last scrape of the replica failing", scraped_down, 10)
+        shown = site.kit("status").stdout
+        assert f"{SERVICE} replica 0: not scraped yet (its container is healthy)" in shown, shown
+        assert f"{SERVICE} replica 0: DOWN" not in shown, shown
+        seen = json.loads(site.kit("status", "--json").stdout)["observability"]["replicas"]
+        assert [(r["up"], r["lagging"]) for r in seen] == [(False, True)], seen
+    finally:
+        for name, settings in attached.items():
+            docker_client.networks.get(name).connect(prometheus,
+                                                     aliases=settings.get("Aliases") or None)
+    wait_for("the replica scraped up again",
+             lambda: f"{SERVICE} replica 0: up" in site.kit("status").stdout, 30)

@@ -130,8 +130,8 @@ def test_every_replica_is_its_own_pinned_container_and_both_models_answer(site: 
         assert sum(counts.values()) == 1, counts
     # kit status and the probe see every replica
     status = json.loads(checked(site.kit("status", "--json")).stdout)
-    assert status["replicas"] == {SERVICE: {"healthy": 4, "replicas": 4},
-                                  SECOND: {"healthy": 2, "replicas": 2}}
+    assert status["replicas"] == {SERVICE: {"healthy": 4, "replicas": 4, "in_rotation": 4},
+                                  SECOND: {"healthy": 2, "replicas": 2, "in_rotation": 2}}
     probe = json.loads(checked(site.kit("probe", "--json")).stdout)
     replicas = {c["name"]: c["ok"] for c in probe["checks"] if c["name"].startswith("replica ")}
     assert replicas == {f"replica {h}": True for h in TINY_REPLICAS + DUO_REPLICAS}
@@ -353,6 +353,14 @@ def test_a_replica_that_fails_mid_rollout_stops_it_with_the_others_serving(site:
     print(f"rollout stopped at the first replica: {requests} requests (16 streams), "
           f"failed {failed}")
     assert failed == {} and requests >= 16 * 3
+    # status names the replica nginx leaves out (it runs; it carries no request)
+    report = json.loads(site.kit("status", "--json").stdout)
+    rotation = {c["service"]: c["in_rotation"] for c in report["containers"]
+                if c.get("replica_of") == SERVICE}
+    assert rotation == {h: h != TINY_REPLICAS[0] for h in TINY_REPLICAS}, rotation
+    assert report["replicas"][SERVICE]["in_rotation"] == 3, report["replicas"]
+    assert f"out of rotation: {TINY_REPLICAS[0]} (nginx sends it no request" in site.kit(
+        "status").stdout
     site.spec_path.write_text(original)
     repaired = site.kit("up")
     assert repaired.returncode == 0, repaired.stdout + repaired.stderr

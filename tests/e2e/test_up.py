@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from kit.cli import cli
 from kit.desired import CONFIG_HASH_LABEL, PROJECT_LABEL, SERVICE_LABEL, load_desired
 from kit.layout import SiteLayout
-from tests.e2e.stack import kit, write_spec
+from tests.e2e.stack import kill_port_forwarder, kit, write_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -248,7 +248,12 @@ def test_status_shows_health_gpus_drift_and_the_last_probe(make_site) -> None:
     status = site.kit("status", "--json")
     assert status.returncode == 0, status.stderr
     report = yaml.safe_load(status.stdout)
-    assert set(report) == {"site", "containers", "drift", "render_pending", "last_probe"}
+    assert set(report) == {"site", "containers", "front_door_ports", "drift", "render_pending",
+                           "last_probe", "last_probe_stale"}
+    assert [(p["port"], p["tls"], p["answers"]) for p in report["front_door_ports"]] == [
+        (site.spec["proxy"]["https_port"], True, True),
+        (site.spec["proxy"]["http_port"], False, True)]
+    assert report["last_probe_stale"] is None
     assert set(report["containers"][0]) == {
         "service", "name", "state", "health", "gpus", "uptime_seconds", "restarts", "image", "id",
     }
@@ -264,6 +269,42 @@ def test_status_shows_health_gpus_drift_and_the_last_probe(make_site) -> None:
     assert site.kit("render").returncode == 0
     drift = yaml.safe_load(site.kit("status", "--json").stdout)["drift"]
     assert drift[0].startswith(f"recreate container {site.name}-alpha-1: config changed")
+
+    assert site.kit("down").returncode == 0  # the last probe is of a stack that is gone
+    after = site.kit("status")
+    assert "(stale: the front door it probed no longer runs)" in after.stdout, after.stdout
+
+
+def test_a_dead_front_door_port_is_shown_and_kit_up_repairs_it(make_site) -> None:
+    """The engine's port forwarder for the HTTPS port dies while nginx runs healthy: status
+    says the port does not answer, and kit up recreates the front door and proves it."""
+    site = make_site()
+    site.up()
+    https_port = site.spec["proxy"]["https_port"]
+    before = site.ids()
+    assert kill_port_forwarder(https_port), "no docker-proxy for the port: is it published?"
+    wait_until(lambda: socket.socket().connect_ex(("127.0.0.1", https_port)) != 0,
+               "the HTTPS port to refuse", timeout=10)
+    assert site.containers()["nginx"].attrs["State"]["Health"]["Status"] == "healthy"
+
+    status = site.kit("status")
+    assert status.returncode == 0, status.stderr
+    print(status.stdout)
+    assert (f"front door: https port 127.0.0.1:{https_port} DOES NOT ANSWER: connection "
+            "refused") in status.stdout
+    repair = f"recreate container {site.name}-nginx-1: nginx runs healthy but https port"
+    assert repair in status.stdout
+    report = yaml.safe_load(site.kit("status", "--json").stdout)
+    assert [p["answers"] for p in report["front_door_ports"]] == [False, True]
+
+    repaired = site.up()
+    print(repaired.stdout)
+    assert repair in repaired.stdout
+    assert "all checks passed" in repaired.stdout
+    after = site.ids()
+    assert after["nginx"] != before["nginx"] and after["alpha"] == before["alpha"]
+    healthy = yaml.safe_load(site.kit("status", "--json").stdout)
+    assert all(p["answers"] for p in healthy["front_door_ports"]) and healthy["drift"] == []
 
 
 def test_logs_of_one_service_and_of_all(make_site) -> None:

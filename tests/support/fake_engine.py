@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from kit.desired import ContainerConfig, GpuRequest, Mount, NetworkState, VolumeState
+from kit.door_ports import PortProblem
 from kit.errors import KitError
 
 NGINX_WORKER = "nginx: worker process"
@@ -41,7 +42,8 @@ class _Container:
 
 class FakeEngine:
     """kit.docker_api.Engine over dicts. Scripting: `images`, `exec_results`, `reload_errors`,
-    `worker_log`, `fail(method, error)`, `schedule(container, after=n, **state)`, `write_log`."""
+    `worker_log`, `dead_ports`, `fail(method, error)`, `schedule(container, after=n, **state)`,
+    `write_log`."""
 
     def __init__(self, images: dict[str, str] | None = None, *, local: bool = True) -> None:
         self.address = "unix:///fake.sock" if local else "ssh://ops@fake-host"
@@ -56,6 +58,9 @@ class FakeEngine:
         self.helpers: dict[str, tuple[list[str], tuple[Mount, ...], bool]] = {}  # running ones
         self.helper_results: dict[str, tuple[int, str]] = {}  # helper name → (code, log)
         self.run_helpers = False  # True: an unscripted helper really runs here, binds rebased
+        # host port → why it does not answer (the engine's forwarder died); others answer
+        self.dead_ports: dict[int, PortProblem] = {}
+        self.knocked: list[tuple[str, int, str | None]] = []  # (address, port, TLS name)
         self._failures: dict[str, KitError] = {}
         self._local = local
         self._containers: dict[str, _Container] = {}
@@ -113,6 +118,10 @@ class FakeEngine:
     def image_id(self, ref: str) -> str | None:
         self._call("image_id", ref)
         return self.images.get(ref)
+
+    def knock(self, address: str, port: int, server_name: str | None) -> PortProblem | None:
+        self.knocked.append((address, port, server_name))
+        return self.dead_ports.get(port)
 
     def publishers(self, host_port: int) -> list[str]:
         self._call("publishers", str(host_port))
@@ -212,6 +221,9 @@ class FakeEngine:
                      StartedAt=datetime.now(UTC).isoformat().replace("+00:00", "Z"))
         if container.healthcheck:
             state["Health"] = {"Status": "starting"}
+        for bindings in container.attrs["HostConfig"]["PortBindings"].values():
+            for binding in bindings:  # a start publishes its ports anew: they answer again
+                self.dead_ports.pop(int(binding["HostPort"]), None)
         if container.argv and container.argv[0].rsplit("/", 1)[-1] == "nginx":
             container.processes = [(next(self._pids), "nginx: master process " +
                                     " ".join(container.argv)), (next(self._pids), NGINX_WORKER)]

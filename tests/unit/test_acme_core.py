@@ -52,6 +52,11 @@ OUTPUTS = {
     "rate-limited": "An unexpected error occurred:\nError creating new order :: too many "
                     "certificates (5) already issued for this exact set of domains in the last "
                     "168 hours: llm.test.internal, retry after 2026-12-01T00:00:00Z",
+    "ca-untrusted": "An unexpected error occurred:\nrequests.exceptions.SSLError: "
+                    "HTTPSConnectionPool(host='10.77.0.1', port=14000): Max retries exceeded "
+                    "with url: /dir (Caused by SSLError(SSLCertVerificationError(1, '[SSL: "
+                    "CERTIFICATE_VERIFY_FAILED] certificate verify failed: unable to get local "
+                    "issuer certificate (_ssl.c:992)')))",
     "certbot-failed": "Some challenges have failed.\nPermissionError: [Errno 13] Permission "
                       "denied: '/kit-tls/.server.key.new'",
 }
@@ -62,6 +67,8 @@ def test_each_failure_is_named_with_the_cas_words_and_a_fix(name: str) -> None:
     cause = classify(OUTPUTS[name], DOMAIN, "https://acme.test/dir")
     assert cause.name == name
     assert cause.fix and cause.message
+    if name == "ca-untrusted":
+        assert "tls.ca_bundle" in cause.fix
     if name != "ca-unreachable":
         assert OUTPUTS[name].strip().splitlines()[-1].split("Detail: ")[-1][:30] in cause.message
 

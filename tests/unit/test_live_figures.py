@@ -63,3 +63,18 @@ def test_prometheus_down_or_unreadable_is_said() -> None:
     engine = scripted()
     engine.exec_results[tuple(api_argv("/api/v1/alerts"))] = [(0, "<html>")]
     assert "unreadable" in live_figures(engine, PROMETHEUS).problem
+
+
+def test_a_healthy_replica_prometheus_has_not_scraped_up_yet_is_not_down() -> None:
+    """Prometheus lags a scrape: a replica whose container reports healthy is "not scraped
+    yet" (down in Prometheus, or no sample at all), one that is not healthy stays DOWN."""
+    figures = live_figures(scripted(up="0"), PROMETHEUS,
+                           healthy=frozenset({("tiny", "0"), ("tiny", "1")}))
+    assert figures.lines()[1:3] == [
+        "  tiny replica 0: not scraped yet (its container is healthy), running 3, waiting 1, "
+        "KV cache 42 %",
+        "  tiny replica 1: not scraped yet (its container is healthy), running -, waiting -, "
+        "KV cache -"]
+    assert all(r.lagging and not r.up for r in figures.replicas)
+    assert "  tiny replica 0: DOWN, running 3, waiting 1, KV cache 42 %" in live_figures(
+        scripted(up="0"), PROMETHEUS, healthy=frozenset({("tiny", "1")})).lines()

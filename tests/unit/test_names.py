@@ -92,3 +92,15 @@ def test_sizes_come_out_in_units_nginx_size_slots_read(size: str, nginx: str) ->
 def test_paths_refuse_what_a_compose_bind_mount_cannot_hold() -> None:
     for bad in ("/data/with space", "/data:rw", "/data,x", "/data/$HOME", "relative"):
         assert not names.is_name(names.PATH_TEXT, str(Path(bad))), bad
+
+
+@pytest.mark.parametrize("address", ["--staging@x.zz", "-v@example.com", ".ops@example.com",
+                                     "ops@-example.com", "ops@example-.com", "ops@example",
+                                     "ops @example.com", "ops@exa_mple.com"])
+def test_an_email_that_certbot_would_read_as_an_option_or_not_an_address_is_refused(
+    address: str,
+) -> None:
+    """tls.email reaches certbot's --email: an address starting with '-' would be parsed as
+    options on every run (issue 22 item 8)."""
+    assert not names.is_name(names.EMAIL, address)
+    assert names.is_name(names.EMAIL, "ops.team+kit@mail.example-corp.com")

@@ -289,6 +289,32 @@ def test_a_certificate_from_another_ca_fails_before_any_request(site: ProbeSite,
     assert "auth-required" not in checks_of(result)  # nothing is sent to an unverified server
 
 
+def test_a_private_ca_is_trusted_through_tls_ca_bundle_and_its_absence_names_it(
+    site: ProbeSite, serve,
+) -> None:
+    """A certificate from a private CA (a private ACME server's, or the operator's own PKI):
+    the system store does not trust it and the gate's error names tls.ca_bundle; with the CA
+    there, the gate verifies against it; with another CA there, it says the bundle lacks it."""
+    private_ca = new_ca("private-acme")
+    ports = serve(FrontDoor(*new_server_cert(DOMAIN, *private_ca)))
+    files = {"mode": "files", "cert": "server.pem", "key": "server.key"}
+    without = Spec.model_validate({**site.spec_data(*ports), "tls": files})
+    detail = failed(run_probe(without, site.layout, timeout=5))["tls"]
+    assert "not trusted by the system CA store" in detail
+    assert "set tls.ca_bundle to its PEM certificate" in detail
+
+    with_bundle = Spec.model_validate(
+        {**site.spec_data(*ports), "tls": {**files, "ca_bundle": "ca.pem"}})
+    site.layout.ca_bundle.parent.mkdir(parents=True)
+    site.layout.ca_bundle.write_bytes(private_ca[0])
+    tls = checks_of(run_probe(with_bundle, site.layout, timeout=5))["tls"]
+    assert tls.ok and f"verified against tls.ca_bundle ({site.layout.ca_bundle})" in tls.detail
+
+    site.layout.ca_bundle.write_bytes(new_ca("another")[0])
+    assert (f"not signed by a CA of tls.ca_bundle ({site.layout.ca_bundle})"
+            in failed(run_probe(with_bundle, site.layout, timeout=5))["tls"])
+
+
 def test_a_certificate_for_another_name_fails(site: ProbeSite, serve) -> None:
     spec = site.spec(*serve(site.door(domain="other.test")))
     result = run_probe(spec, site.layout, timeout=5)

@@ -124,13 +124,13 @@ def with_container(observed: ObservedState, service: str, **changed) -> Observed
 def test_from_nothing_creates_backends_waits_then_creates_the_proxy(site: Path) -> None:
     empty = ObservedState((), (), (), {}, None)
     assert describe(up_actions(desired_state(site), empty)) == (
-        "create network p_backend: not found\n"
-        "create network p_frontend: not found\n"
-        "create volume p_cache: not found\n"
-        "create container p-a-1: not found\n"
-        "create container p-b-1: not found\n"
+        "create network p_backend (new)\n"
+        "create network p_frontend (new)\n"
+        "create volume p_cache (new)\n"
+        "create container p-a-1 (new)\n"
+        "create container p-b-1 (new)\n"
         "wait until healthy a, b: nginx depends on them; just started\n"
-        "create container p-nginx-1: not found\n"
+        "create container p-nginx-1 (new)\n"
         "wait until healthy nginx: just started"
     )
 
@@ -139,9 +139,9 @@ def test_a_service_depending_on_the_proxy_waits_for_it(site: Path) -> None:
     empty = ObservedState((), (), (), {}, None)
     plan = describe(up_actions(desired_state(site, certbot=True), empty)).splitlines()
     assert plan[-3:] == [
-        "create container p-nginx-1: not found",
+        "create container p-nginx-1 (new)",
         "wait until healthy nginx: certbot depends on it; just started",
-        "create container p-certbot-1: not found",
+        "create container p-certbot-1 (new)",
     ]
     down = describe(down_actions(running(desired_state(site, certbot=True)), volumes=False))
     assert down.splitlines()[:2] == [
@@ -234,7 +234,7 @@ def test_a_proxy_whose_loaded_config_is_not_recorded_is_reloaded(site: Path) -> 
     desired = desired_state(site)
     observed = replace(running(desired), proxy_loaded=ProxyLoaded("id-other", "x"))
     assert describe(up_actions(desired, observed)) == (
-        "reload p-nginx-1: the config it loaded is not recorded"
+        "reload p-nginx-1: kit has no record of the config it loaded (a reload makes sure)"
     )
 
 
@@ -291,11 +291,11 @@ def test_a_network_whose_config_changed_is_recreated_with_its_containers(site: P
         "remove container p-b-1: its network is recreated\n"
         "remove container p-nginx-1: its network is recreated\n"
         "remove network p_backend: internal true -> false\n"
-        "create network p_backend: internal true -> false\n"
-        "create container p-a-1: network p_backend recreated\n"
-        "create container p-b-1: network p_backend recreated\n"
+        "create network p_backend (internal true -> false)\n"
+        "create container p-a-1 (network p_backend recreated)\n"
+        "create container p-b-1 (network p_backend recreated)\n"
         "wait until healthy a, b: nginx depends on them; just started\n"
-        "create container p-nginx-1: network p_backend recreated\n"
+        "create container p-nginx-1 (network p_backend recreated)\n"
         "wait until healthy nginx: just started"
     )
 

@@ -254,6 +254,13 @@ def test_a_fresh_clone_renders_over_its_golden_files(example_site: Path) -> None
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes((REPO / name).read_bytes())
         target.chmod(0o644)
+    dry = render(str(example_site / "site.yaml"), "--dry-run")
+    assert "would set mode 0600 on compose/llama8b.env (content unchanged)" in dry.output
+    assert "would create compose/" not in dry.output and "(empty)" not in dry.output
     result = render(str(example_site / "site.yaml"))
     assert result.exit_code == 0, result.output
     assert stat.S_IMODE((example_site / "compose" / "llama8b.env").stat().st_mode) == 0o600
+    # the env file's content is what git holds: only its mode was given back, not "updated"
+    assert "set mode 0600 on compose/llama8b.env (content unchanged)" in result.output
+    assert "updated compose/llama8b.env" not in result.output
+    assert "updated compose/docker-compose.yml" not in result.output

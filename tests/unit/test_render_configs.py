@@ -252,6 +252,31 @@ def test_acme_mode_renders_certbot_and_the_challenge(rendered: dict[str, Path]) 
     assert server_cert.read_bytes() == cert
 
 
+def test_a_private_acme_ca_is_mounted_read_only_into_certbot_and_trusted_there(
+    rendered: dict[str, Path], tmp_path: Path,
+) -> None:
+    """tls.ca_bundle: certbot's HTTPS client (requests) trusts it for the directory, read-only;
+    without it certbot keeps its image's store."""
+    assert "environment" not in yaml.safe_load(
+        (rendered["acme"] / "compose" / "docker-compose.yml").read_text())["services"]["certbot"]
+    folder = tmp_path / "private"
+    folder.mkdir()
+    ca_cert = new_ca("private-acme")[0]
+    (folder / "step-root.pem").write_bytes(ca_cert)
+    (folder / "site.yaml").write_text((rendered["acme"] / "site.yaml").read_text().replace(
+        "staging: true", "acme_server: 'https://ca.internal:9000/acme/acme/directory', "
+        "ca_bundle: step-root.pem"))
+    result = run_kit("render", str(folder / "site.yaml"))
+    assert result.exit_code == 0, result.output
+    compose = yaml.safe_load((folder / "compose" / "docker-compose.yml").read_text())
+    certbot = compose["services"]["certbot"]
+    assert certbot["environment"] == {"REQUESTS_CA_BUNDLE": "/kit-trust/ca-bundle.pem"}
+    mounts = {m["target"]: m for m in certbot["volumes"]}
+    assert mounts["/kit-trust"] == {"type": "bind", "source": "../nginx/trust",
+                                    "target": "/kit-trust", "read_only": True}
+    assert (folder / "nginx" / "trust" / "ca-bundle.pem").read_bytes() == ca_cert
+
+
 def test_routing_tells_apart_names_that_differ_in_case(rendered: dict[str, Path]) -> None:
     routes = (rendered["big"] / "nginx" / "kit-routes.js").read_text()
     body = json.loads(routes[routes.index("{"):routes.rindex("}") + 1])

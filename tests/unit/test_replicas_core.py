@@ -19,7 +19,7 @@ from kit.replicas import gpu_layout, replica_plans, split_gpus
 from kit.rollout import mark, read_start_times
 from kit.site import Site
 from kit.spec import load_spec
-from kit.status import StackStatus, render_text
+from kit.status import StackStatus, gather, render_text
 from kit.up import up_site
 from tests.conftest import REPO, spec_in_folder
 from tests.support import nginx_ns
@@ -217,10 +217,11 @@ def test_status_shows_each_replica_and_how_many_are_healthy(replicas_site: Path)
     observed = site.observe(engine)
     status = StackStatus("gpu02", observed.containers, (), (), None)
     now = datetime.now(UTC)
-    assert status.replicas_in_service() == {"llama8b": {"healthy": 3, "replicas": 4},
-                                            "qwen32b": {"healthy": 2, "replicas": 2}}
+    assert status.replicas_in_service() == {
+        "llama8b": {"healthy": 3, "replicas": 4, "in_rotation": 3},
+        "qwen32b": {"healthy": 2, "replicas": 2, "in_rotation": 2}}
     text = render_text(status, now)
-    assert "llama8b: 3 of 4 replicas healthy" in text
+    assert "llama8b: 3 of 4 replicas healthy, 3 in rotation" in text
     row = next(line for line in text.splitlines() if line.startswith("llama8b-r1 "))
     assert "1 of llama8b" in row and "exited" in row
     entry = next(c for c in status.to_json(now)["containers"] if c["service"] == "llama8b-r1")
@@ -318,6 +319,17 @@ def test_a_replica_that_fails_its_gate_stops_the_rollout(replicas_site: Path) ->
     pool = site.layout.replica_pool("llama8b").read_text()
     assert "server llama8b-r1:8000 max_fails=1 fail_timeout=10s down;" in pool
     assert "server llama8b-r0:8000 max_fails=1 fail_timeout=10s;" in pool
+    # status: r1 runs healthy and nginx sends it nothing; it says so (not just "healthy")
+    status = gather(site, engine)
+    text = render_text(status, datetime.now(UTC))
+    row = next(line for line in text.splitlines() if line.startswith("llama8b-r1 "))
+    assert "healthy, OUT OF ROTATION" in row
+    assert "OUT OF ROTATION" not in next(line for line in text.splitlines()
+                                         if line.startswith("llama8b-r2 "))
+    assert "llama8b: 4 of 4 replicas healthy, 3 in rotation" in text
+    assert "out of rotation: llama8b-r1 (nginx sends it no request" in text
+    entries = {c["service"]: c for c in status.to_json(datetime.now(UTC))["containers"]}
+    assert not entries["llama8b-r1"]["in_rotation"] and entries["llama8b-r0"]["in_rotation"]
     # the next render lists every replica again
     assert run_kit("render", str(site.spec_path)).exit_code == 0
     assert " down;" not in site.layout.replica_pool("llama8b").read_text()
@@ -368,7 +380,8 @@ def test_a_single_replica_status_report_keeps_its_keys(site: Path) -> None:
             connect=lambda: engine)
     observed = loaded.observe(engine)
     report = StackStatus("test01", observed.containers, (), (), None).to_json(datetime.now(UTC))
-    assert set(report) == {"site", "containers", "drift", "render_pending", "last_probe"}
+    assert set(report) == {"site", "containers", "front_door_ports", "drift", "render_pending",
+                           "last_probe", "last_probe_stale"}
     assert not any("replica" in key for c in report["containers"] for key in c)
     assert "replicas healthy" not in render_text(
         StackStatus("test01", observed.containers, (), (), None), datetime.now(UTC))

@@ -77,6 +77,21 @@ def certificate(domain: str, *, issued_days_ago: int = 0, other_key: bool = Fals
     return prepare
 
 
+ACME_TLS = "tls: {mode: acme, email: ops@test.example, ca_bundle: ca.pem}"
+
+
+def ca_bundle(content: str):
+    """tls.ca_bundle's file in the site folder: `ca`, `key`, `server` (a leaf), `junk`."""
+
+    def prepare(site: Path) -> None:
+        ca_cert, ca_key = new_ca("test")
+        pems = {"ca": ca_cert, "key": ca_key, "junk": b"not a certificate\n",
+                "server": new_server_cert("llm.test.internal", ca_cert, ca_key)[0]}
+        (site / "ca.pem").write_bytes(b"".join(pems[part] for part in content.split("+")))
+
+    return prepare
+
+
 def key_is_a_directory(site: Path) -> None:
     """An unreadable key (root reads any mode bits, so: a directory)."""
     certificate("llm.test.internal")(site)
@@ -267,6 +282,22 @@ CASES = [
     ("8.10-acme-single-label", lambda t: t.replace("domain: llm.test.internal", "domain: llm")
      .replace("tls: {mode: self-signed}", "tls: {mode: acme, email: ops@test.example}"),
      ["domain:", "'llm'"]),
+    # issue 22 item 8: tls.ca_bundle is PEM CA certificates only; email is an address
+    ("22.8-ca-bundle-missing", replace("tls: {mode: self-signed}", ACME_TLS),
+     ["site.yaml:4:", "tls.ca_bundle", "ca.pem does not exist", "fix: point tls.ca_bundle"]),
+    ("22.8-ca-bundle-with-a-private-key", replace("tls: {mode: self-signed}", ACME_TLS),
+     ["tls.ca_bundle", "holds PRIVATE KEY blocks (a private key: never hand it to kit)",
+      "fix:"], ca_bundle("ca+key")),
+    ("22.8-ca-bundle-not-pem", replace("tls: {mode: self-signed}", ACME_TLS),
+     ["tls.ca_bundle", "not PEM certificates"], ca_bundle("junk")),
+    ("22.8-ca-bundle-a-server-certificate", replace("tls: {mode: self-signed}", ACME_TLS),
+     ["tls.ca_bundle", "is not a CA certificate"], ca_bundle("ca+server")),
+    ("22.8-ca-bundle-in-self-signed-mode", replace(
+        "tls: {mode: self-signed}", "tls: {mode: self-signed, ca_bundle: ca.pem}"),
+     ["tls", "tls.ca_bundle is read in modes acme and files"], ca_bundle("ca")),
+    ("22.8-email-an-option", replace(
+        "tls: {mode: self-signed}", 'tls: {mode: acme, email: "--staging@x.zz"}'),
+     ["site.yaml:4:", "tls.email", "not starting with - or ."]),
     ("8.10-pipeline-parallel-beyond-gpus",
      replace('"--enable-prefix-caching"', '"--pipeline-parallel-size", "2"'),
      ["services[0].extra_args[0]", "needs 2 GPUs but gpus lists 1"]),

@@ -27,7 +27,7 @@ from tests.support import nginx_ns
 from tests.support.cli import run_kit
 from tests.support.nginx_structure import structure
 from tests.unit.test_render_configs import services_of
-from tests.unit.test_spec_bad_inputs import certificate
+from tests.unit.test_spec_bad_inputs import ca_bundle, certificate
 
 EXAMPLES_PER_FIELD = 40
 NGINX_CHECKS_PER_FIELD = 2  # nginx -t runs (~0.3 s each) on accepted values that changed the conf
@@ -103,6 +103,7 @@ FIELDS: dict[str, tuple[Setter, str]] = {
     "tls.key": (at("tls", "key", mode="files"), "server.key"),
     "tls.email": (at("tls", "email", mode="acme"), "ops@test.example"),
     "tls.acme_server": (at("tls", "acme_server", mode="acme"), "https://acme.test/dir"),
+    "tls.ca_bundle": (at("tls", "ca_bundle", mode="acme"), "ca.pem"),
     "auth.users": (at("auth", "users", 0), "ops"),
     "proxy.bind": (at("proxy", "bind"), "::"),
     "proxy.max_body": (at("proxy", "max_body"), "4m"),
@@ -165,6 +166,7 @@ def site_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "models" / "llama-8b" / "config.json").write_text(json.dumps(LLAMA_8B))
     (root / "site").mkdir()
     certificate("llm.test.internal")(root / "site")  # for tls.mode files
+    ca_bundle("ca")(root / "site")  # for tls.ca_bundle
     return root
 
 
