@@ -161,13 +161,13 @@ def test_the_rendered_site_unchanged_gives_an_empty_plan(tmp_path: Path) -> None
 
 
 ON = """\
-create volume unit01_prometheus-data: not found
-create volume unit01_grafana-data: not found
+create volume unit01_prometheus-data (new)
+create volume unit01_grafana-data (new)
 reload unit01-nginx-1: its mounted config files changed
-create container unit01-prometheus-1: not found
+create container unit01-prometheus-1 (new)
 wait until healthy prometheus: grafana depends on it; just started
-create container unit01-grafana-1: not found
-create container unit01-door-figures-1: not found
+create container unit01-grafana-1 (new)
+create container unit01-door-figures-1 (new)
 wait until healthy grafana, door-figures: just started"""
 OFF = """\
 remove container unit01-prometheus-1: service no longer in the compose file
@@ -206,9 +206,9 @@ def test_a_new_metrics_subnet_rebuilds_the_network_and_recreates_its_members(
     assert plan[:3] == [
         "remove container unit01-nginx-1: its network is recreated",
         f"remove network unit01_metrics: subnet {old} -> 10.89.7.0/28",
-        f"create network unit01_metrics: subnet {old} -> 10.89.7.0/28",
+        f"create network unit01_metrics (subnet {old} -> 10.89.7.0/28)",
     ]
-    assert "create container unit01-nginx-1: network unit01_metrics recreated" in plan
+    assert "create container unit01-nginx-1 (network unit01_metrics recreated)" in plan
 
 
 def test_one_changed_backend_is_recreated_and_the_proxy_reloaded_after_it(site: Path) -> None:
