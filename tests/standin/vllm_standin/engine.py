@@ -10,6 +10,14 @@ request admitted at t sends its first token at exactly t + ttft_s, and a request
 is admitted the moment it arrives; its second token comes with the first step at least half a
 step later, so its gaps average one step), and a pace that slows with the batch (`per_seq_s`: a step
 lasts interval + per_seq_s x running requests), so TPOT grows with load as on a real GPU.
+
+Two more behaviours of vLLM's V1 scheduler, opt-in for benchmarks: a prefill token budget
+(`prefill_budget`, its --max-num-batched-tokens: each step admits new requests only while their
+prompts fit in the budget left after one token per decoding request, so requests wait while
+sequence slots are free and a burst's prefills queue behind each other), and a KV cache that is
+allocated block by block as tokens are generated (`preempt`): when a running request needs a
+block and none is free, the newest running request is preempted (its blocks freed, back to the
+head of the queue, counted in vllm:num_preemptions_total) and recomputed when readmitted.
 """
 
 from __future__ import annotations
@@ -148,6 +156,8 @@ class Request:
         "generated",
         "rng",
         "finished",
+        "prefilling",
+        "admission",
     )
 
     def __init__(
@@ -165,6 +175,8 @@ class Request:
         self.generated = 0
         self.rng = random.Random()
         self.finished = False
+        self.prefilling = False
+        self.admission = 0  # admissions so far: a prefill timer of an earlier one is stale
 
     def blocks(self, block_size: int) -> int:
         return -(-(self.prompt_tokens + self.max_tokens) // block_size)
@@ -183,6 +195,8 @@ class Engine:
         bounds: dict[str, tuple[float, ...]] | None = None,
         ttft_s: float | None = None,
         per_seq_s: float = 0.0,
+        prefill_budget: int | None = None,
+        preempt: bool = False,
     ):
         self.model_name = model_name
         self.interval = interval_s
@@ -192,6 +206,11 @@ class Engine:
         self.block_size = block_size
         self.total_blocks = kv_tokens // block_size if kv_tokens else None
         self.used_blocks = 0
+        self.prefill_budget = prefill_budget
+        self.budget_left = prefill_budget or 0  # prompt tokens the current step still takes
+        self.step_prefills = 0  # requests admitted in the current step
+        self.preempt = preempt
+        self.preemptions = 0
         self.cache_info = cache_info
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -290,30 +309,63 @@ class Engine:
             self.waiting.remove(request)
         self._finish(request, "abort", time.monotonic())
 
+    def _fits(self, request: Request) -> bool:
+        if self.total_blocks is None:
+            return True
+        if self.preempt:  # V1: blocks for what is computed so far, the rest as it grows
+            needed = self._live_blocks(1) + self._blocks_for(request, 1)
+            return needed <= self.total_blocks
+        return self.used_blocks + request.blocks(self.block_size) <= self.total_blocks
+
+    def _blocks_for(self, request: Request, extra: int) -> int:
+        return -(-(request.prompt_tokens + request.generated + extra) // self.block_size)
+
+    def _live_blocks(self, extra: int) -> int:
+        return sum(self._blocks_for(r, extra) for r in self.running)
+
     def _admit(self, now: float) -> int:
         prefill = 0
         while self.waiting and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
-            blocks = request.blocks(self.block_size)
-            full = self.total_blocks is not None and self.used_blocks + blocks > self.total_blocks
-            if full and self.running:  # alone, it runs even if it cannot fit: no deadlock
+            if not self._fits(request) and self.running:  # alone, it runs: no deadlock
                 break
+            recompute = request.prompt_tokens + request.generated
+            if self.prefill_budget is not None:
+                if recompute > self.budget_left and self.step_prefills:
+                    break  # the step's token budget is spent: it waits with slots free
+                self.budget_left -= recompute
+                self.step_prefills += 1
             self.waiting.popleft()
-            self.used_blocks += blocks
-            request.scheduled = now
+            self.used_blocks += request.blocks(self.block_size)
+            if not request.scheduled:
+                request.scheduled = now
+            request.prefilling = True
+            request.admission += 1
             self.running.append(request)
             if self.ttft_s is not None:
                 # the deadline from the admission, not from whenever this line runs
-                asyncio.get_running_loop().call_at(now + self.ttft_s, self._prefilled, request)
+                asyncio.get_running_loop().call_at(now + self.ttft_s, self._prefilled, request,
+                                                   request.admission)
             prefill += request.prompt_tokens
             self.counters["prompt_tokens"] += request.prompt_tokens
             self.window["prompt"] += request.prompt_tokens
         return prefill
 
-    def _prefilled(self, request: Request) -> None:
+    def _preempt_for_growth(self) -> None:
+        """V1's recompute preemption: while the running requests' next tokens need more blocks
+        than the cache has, the newest one goes back to the head of the queue."""
+        while len(self.running) > 1 and self._live_blocks(1) > self.total_blocks:
+            victim = self.running.pop()
+            self.used_blocks -= victim.blocks(self.block_size)
+            victim.prefilling = False
+            self.waiting.appendleft(victim)
+            self.preemptions += 1
+
+    def _prefilled(self, request: Request, admission: int) -> None:
         """Programmed TTFT: the first token, on time; the next ones come with the steps."""
-        if request.finished:
-            return
+        if request.finished or admission != request.admission or request not in self.running:
+            return  # preempted since (a readmission set its own deadline)
+        request.prefilling = False
         now = time.monotonic()
         self._emit(request, now)
         self.counters["generation_tokens"] += 1
@@ -338,16 +390,22 @@ class Engine:
 
     def _step(self) -> None:
         now = time.monotonic()
+        if self.prefill_budget is not None:  # one token for each decoding request comes first
+            decoding = sum(1 for r in self.running if not r.prefilling)
+            self.budget_left, self.step_prefills = self.prefill_budget - decoding, 0
+        if self.preempt and self.total_blocks is not None:
+            self._preempt_for_growth()
         tokens = self._admit(now)
         still_running = []
         stepped = 0
         for request in self.running:
             if self.ttft_s is not None and (
-                request.generated == 0 or now - request.last_token < self.interval / 2
+                request.prefilling or now - request.last_token < self.interval / 2
             ):  # still in its programmed prefill, or its first token came under half a step ago
                 still_running.append(request)
                 continue
             stepped += 1
+            request.prefilling = False
             self._emit(request, now)
             if not request.finished:
                 still_running.append(request)
@@ -443,6 +501,16 @@ class Engine:
             "Number of requests waiting to be processed.",
             len(self.waiting),
         )
+        reasons = {'reason="capacity"': len(self.waiting), 'reason="deferred"': 0}
+        out += [
+            "# HELP vllm:num_requests_waiting_by_reason Number of waiting requests by reason. "
+            "Reason labels: 'capacity' = waiting for scheduling capacity; 'deferred' = deferred "
+            "by transient constraints (LoRA budget, KV transfer, blocked status). Sum of all "
+            "reasons equals vllm:num_requests_waiting.",
+            "# TYPE vllm:num_requests_waiting_by_reason gauge",
+            *(f"vllm:num_requests_waiting_by_reason{{{_labels(labels, reason)}}} {float(n)!r}"
+              for reason, n in reasons.items()),
+        ]
         gauge(
             "vllm:kv_cache_usage_perc",
             "KV-cache usage. 1 means 100 percent usage.",
@@ -458,7 +526,11 @@ class Engine:
             "Prefix cache hits, in terms of number of cached tokens.",
             {"": 0},
         )
-        counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", {"": 0})
+        counter(
+            "vllm:num_preemptions",
+            "Cumulative number of preemption from the engine.",
+            {"": self.preemptions},
+        )
         counter(
             "vllm:prompt_tokens",
             "Number of prefill tokens processed.",
