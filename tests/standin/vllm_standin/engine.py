@@ -11,10 +11,14 @@ is admitted the moment it arrives; its second token comes with the first step at
 step later, so its gaps average one step), and a pace that slows with the batch (`per_seq_s`: a step
 lasts interval + per_seq_s x running requests), so TPOT grows with load as on a real GPU.
 
-Two more behaviours of vLLM's V1 scheduler, opt-in for benchmarks: a prefill token budget
-(`prefill_budget`, its --max-num-batched-tokens: each step admits new requests only while their
-prompts fit in the budget left after one token per decoding request, so requests wait while
-sequence slots are free and a burst's prefills queue behind each other), and a KV cache that is
+Two more behaviours of vLLM's V1 scheduler, opt-in for benchmarks: chunked prefill under a
+token budget (`prefill_budget`, its --max-num-batched-tokens: each step first gives every
+decoding request its token, then spends what is left of the budget on prompt tokens — the
+unfinished prompts first, then new requests while slots are free; a step lasts
+`prefill_s_per_token` longer per prompt token it computes, and a request's first token comes
+with the step after its prompt's last chunk. So requests wait while sequence slots are free, and
+a burst's prefills queue behind each other: TTFT comes from the prefill work, not from
+`ttft_s`, which this mode does not use), and a KV cache that is
 allocated block by block as tokens are generated (`preempt`): when a running request needs a
 block and none is free, the newest running request is preempted (its blocks freed, back to the
 head of the queue, counted in vllm:num_preemptions_total) and recomputed when readmitted.
@@ -158,6 +162,7 @@ class Request:
         "finished",
         "prefilling",
         "admission",
+        "to_prefill",
     )
 
     def __init__(
@@ -177,6 +182,7 @@ class Request:
         self.finished = False
         self.prefilling = False
         self.admission = 0  # admissions so far: a prefill timer of an earlier one is stale
+        self.to_prefill = 0  # prompt tokens still to compute (chunked prefill)
 
     def blocks(self, block_size: int) -> int:
         return -(-(self.prompt_tokens + self.max_tokens) // block_size)
@@ -196,6 +202,7 @@ class Engine:
         ttft_s: float | None = None,
         per_seq_s: float = 0.0,
         prefill_budget: int | None = None,
+        prefill_s_per_token: float = 0.0,
         preempt: bool = False,
     ):
         self.model_name = model_name
@@ -207,8 +214,7 @@ class Engine:
         self.total_blocks = kv_tokens // block_size if kv_tokens else None
         self.used_blocks = 0
         self.prefill_budget = prefill_budget
-        self.budget_left = prefill_budget or 0  # prompt tokens the current step still takes
-        self.step_prefills = 0  # requests admitted in the current step
+        self.prefill_s_per_token = prefill_s_per_token
         self.preempt = preempt
         self.preemptions = 0
         self.cache_info = cache_info
@@ -292,7 +298,7 @@ class Engine:
     def add(self, request: Request) -> None:
         self.waiting.append(request)
         self.hist["request_params_max_tokens"].observe(request.max_tokens)
-        if self.ttft_s is not None:  # admitted as it arrived, if there is room
+        if self.ttft_s is not None and self.prefill_budget is None:  # admitted on arrival
             self._admit(request.arrival)
         if self._timer is None:
             loop = asyncio.get_running_loop()
@@ -329,27 +335,26 @@ class Engine:
             request = self.waiting[0]
             if not self._fits(request) and self.running:  # alone, it runs: no deadlock
                 break
-            recompute = request.prompt_tokens + request.generated
-            if self.prefill_budget is not None:
-                if recompute > self.budget_left and self.step_prefills:
-                    break  # the step's token budget is spent: it waits with slots free
-                self.budget_left -= recompute
-                self.step_prefills += 1
-            self.waiting.popleft()
-            self.used_blocks += request.blocks(self.block_size)
-            if not request.scheduled:
-                request.scheduled = now
-            request.prefilling = True
-            request.admission += 1
-            self.running.append(request)
-            if self.ttft_s is not None:
-                # the deadline from the admission, not from whenever this line runs
-                asyncio.get_running_loop().call_at(now + self.ttft_s, self._prefilled, request,
-                                                   request.admission)
+            self._admit_one(request, now)
             prefill += request.prompt_tokens
-            self.counters["prompt_tokens"] += request.prompt_tokens
-            self.window["prompt"] += request.prompt_tokens
         return prefill
+
+    def _admit_one(self, request: Request, now: float) -> None:
+        """The head of the queue into the running batch, its prefill begun."""
+        self.waiting.popleft()
+        self.used_blocks += request.blocks(self.block_size)
+        if not request.scheduled:
+            request.scheduled = now
+        request.prefilling = True
+        request.admission += 1
+        request.to_prefill = request.prompt_tokens + request.generated  # recompute if preempted
+        self.running.append(request)
+        if self.ttft_s is not None and self.prefill_budget is None:
+            # the deadline from the admission, not from whenever this line runs
+            asyncio.get_running_loop().call_at(now + self.ttft_s, self._prefilled, request,
+                                               request.admission)
+        self.counters["prompt_tokens"] += request.prompt_tokens
+        self.window["prompt"] += request.prompt_tokens
 
     def _preempt_for_growth(self) -> None:
         """V1's recompute preemption: while the running requests' next tokens need more blocks
@@ -388,13 +393,49 @@ class Engine:
             self.used_blocks -= request.blocks(self.block_size)
             self._finish(request, "length", now)
 
+    def _budget_step(self, now: float) -> float:
+        """One step of chunked prefill under the token budget; returns its prefill time."""
+        stepped = 0
+        still_running = []
+        for request in self.running:  # decoding requests first: one token each
+            if not request.prefilling:
+                stepped += 1
+                self._emit(request, now)
+            if not request.finished:
+                still_running.append(request)
+        self.running = still_running
+        budget = self.prefill_budget - stepped
+        computed = 0
+        for request in self.running:  # prompts begun in an earlier step go on
+            if request.prefilling and budget > 0:
+                budget, computed = self._chunk(request, budget, computed)
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            if not self._fits(self.waiting[0]) and self.running:
+                break
+            self._admit_one(self.waiting[0], now)
+            budget, computed = self._chunk(self.running[-1], budget, computed)
+        self.counters["generation_tokens"] += stepped
+        self.window["generation"] += stepped
+        if stepped or computed:
+            self.hist["iteration_tokens_total"].observe(stepped + computed)
+        return computed * self.prefill_s_per_token
+
+    def _chunk(self, request: Request, budget: int, computed: int) -> tuple[int, int]:
+        """Computes as much of the request's prompt as the budget allows; with its last chunk
+        it stops prefilling, so its first token comes with the next step."""
+        chunk = min(request.to_prefill, budget)
+        request.to_prefill -= chunk
+        if not request.to_prefill:
+            request.prefilling = False
+        return budget - chunk, computed + chunk
+
     def _step(self) -> None:
         now = time.monotonic()
-        if self.prefill_budget is not None:  # one token for each decoding request comes first
-            decoding = sum(1 for r in self.running if not r.prefilling)
-            self.budget_left, self.step_prefills = self.prefill_budget - decoding, 0
         if self.preempt and self.total_blocks is not None:
             self._preempt_for_growth()
+        if self.prefill_budget is not None:
+            self._schedule_next(self._budget_step(now))
+            return
         tokens = self._admit(now)
         still_running = []
         stepped = 0
@@ -415,9 +456,12 @@ class Engine:
         if stepped:
             self.hist["iteration_tokens_total"].observe(tokens)
         self.running = still_running
+        self._schedule_next(0.0)
+
+    def _schedule_next(self, extra_s: float) -> None:
         if self.running or self.waiting:
             loop = asyncio.get_running_loop()
-            step = self.interval + self.per_seq_s * len(self.running)
+            step = self.interval + self.per_seq_s * len(self.running) + extra_s
             self._next_tick = max(self._next_tick + step, loop.time())
             self._timer = loop.call_at(self._next_tick, self._step)
         else:

@@ -442,6 +442,7 @@ class Standin:
             # allocated block by block with preemption, as vLLM's V1 scheduler does
             prefill_budget=self.max_num_batched_tokens
             if os.environ.get("STANDIN_PREFILL_BUDGET") == "1" else None,
+            prefill_s_per_token=_env_float("STANDIN_PREFILL_US_PER_TOKEN", 0) / 1e6,
             kv_tokens=int(os.environ["STANDIN_KV_TOKENS"]) if "STANDIN_KV_TOKENS" in os.environ
             else kv.tokens if kv else None,
             preempt="STANDIN_KV_TOKENS" in os.environ,
