@@ -24,7 +24,10 @@ prompts cost time and share steps, so requests that arrive together queue behind
 prefills as on a GPU. AIPerf needs a tokenizer and nothing can be downloaded here (its `builtin`
 one fetches its encoding), so the script builds a small word-level one with the `tokenizers`
 package AIPerf brings (it only synthesises the prompts; token counts come from the server's
-usage, --use-server-token-count).
+usage, --use-server-token-count). Its unknown-word token is the plain word `unk`: AIPerf's
+prompts are then words the stand-in counts one token each, as it counts kit's (with `<unk>`
+every one counted three, and prompts three times as long cost three times the prefill); the
+server's mean prompt length during each tool's run is printed to show it.
 
     python3 scripts/bench_crosscheck.py [--concurrency 16] [--low 4] [--rate 10] [--requests 160]
 
@@ -71,16 +74,17 @@ COLLISION = 2.0  # lockstep TTFT p50 grows at least this much from --low to --co
 NO_COLLISION = 1.3  # … and spread's at most this much
 SERVER_HISTOGRAMS = {"median_ttft_ms": "vllm:time_to_first_token_seconds",
                      "median_tpot_ms": "vllm:request_time_per_output_token_seconds",
-                     "median_e2el_ms": "vllm:e2e_request_latency_seconds"}
+                     "median_e2el_ms": "vllm:e2e_request_latency_seconds",
+                     "prompt_tokens": "vllm:request_prompt_tokens"}
 TOKENIZER = """
 import json, sys
 from tokenizers import Tokenizer, models, pre_tokenizers
 words = [f"w{i}" for i in range(2000)]
-vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(words)}}
-tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+vocab = {"unk": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(words)}}
+tok = Tokenizer(models.WordLevel(vocab, unk_token="unk"))
 tok.pre_tokenizer = pre_tokenizers.Whitespace()
 tok.save(sys.argv[1] + "/tokenizer.json")
-json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>",
+json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "unk",
            "bos_token": "<s>", "eos_token": "</s>", "model_max_length": 8192},
           open(sys.argv[1] + "/tokenizer_config.json", "w"))
 """
@@ -175,11 +179,13 @@ def server_means(port: int) -> dict[str, float]:
 
 
 def server_view(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """Mean of each histogram over one tool's run, in ms (warm-ups included)."""
+    """Mean of each histogram over one tool's run, in ms, and of the prompt tokens (warm-ups
+    included)."""
     view = {}
     for key, name in SERVER_HISTOGRAMS.items():
         count = after[f"{name}_count"] - before[f"{name}_count"]
-        view[key] = 1000 * (after[f"{name}_sum"] - before[f"{name}_sum"]) / max(count, 1)
+        scale = 1 if key == "prompt_tokens" else 1000
+        view[key] = scale * (after[f"{name}_sum"] - before[f"{name}_sum"]) / max(count, 1)
     return view
 
 
@@ -202,6 +208,9 @@ def compare(mode: str, kit: dict[str, float], others: dict[str, dict[str, float]
             cells.append(f"{others[tool][key]:>8.2f} x{ratio:.3f}{verdict:>4}")
         means = " | ".join(f"{servers[t][key]:.2f}" for t in ["kit", *tools])
         print(f"{label:34} {kit[key]:>10.2f} " + " ".join(cells) + f"   {means}")
+    prompts = " | ".join(f"{servers[t]['prompt_tokens']:.1f}" for t in ["kit", *tools])
+    print(f"{'prompt tokens (the server counted)':34} {'':>10} " + " ".join(
+        f"{'':>17}" for _ in tools) + f"   {prompts}")
     return ok
 
 
@@ -226,8 +235,9 @@ def main() -> int:
         model = work / "tiny"
         model.mkdir()
         (model / "config.json").write_text(json.dumps(LLAMA_8B))
+        # no access log: nobody reads the stand-in's output pipe, which would fill and stop it
         with serving(str(model), "--served-model-name", SERVED, "--max-num-seqs", "1024",
-                     **PROGRAMMED) as (port, _):
+                     "--disable-uvicorn-access-log", **PROGRAMMED) as (port, _):
             low = {arrival: kit_step(port, Load(arrival, args.low), 4 * args.low)
                    for arrival in ("lockstep", "spread")}
             spread_duration = None

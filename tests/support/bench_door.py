@@ -58,7 +58,9 @@ def stale_connection_run(model: Path, streams: int, requests: int, *, keep_alive
     """`streams` spread over one warm-up (`tokens` × `interval_ms`) against a stand-in that
     closes connections idle for `keep_alive_s`: the step's record and the chat requests the
     stand-in received (the client sent `streams` warm-ups + `requests`)."""
-    with serving(str(model), STANDIN_TOKEN_INTERVAL_MS=f"{interval_ms:g}",
+    # no access log: nobody reads the stand-in's output pipe, which would fill and stop it
+    with serving(str(model), "--disable-uvicorn-access-log",
+                 STANDIN_TOKEN_INTERVAL_MS=f"{interval_ms:g}",
                  VLLM_HTTP_TIMEOUT_KEEP_ALIVE=f"{keep_alive_s:g}") as (port, _):
         endpoint = Endpoint(address="127.0.0.1", port=port, host=f"127.0.0.1:{port}", tls=False,
                             ca_file=None, authorization=None, model=str(model),
