@@ -232,7 +232,7 @@ def recommend(
                               "that first — a higher limit only adds failures", "errors")
     if preempted or (kv is not None and kv >= KV_FULL):
         cache = f"the KV cache was {kv or 0:.0%} full" + (
-            f" and {preempted:g} requests were preempted" if preempted else "")
+            f" and vLLM preempted requests {preempted:g} times" if preempted else "")
         return Recommendation(per_replica, f"{over} {at}: {cache} — the cache, not "
                               "max_num_seqs, limits the batch; a lower max_model_len, "
                               "--kv-cache-dtype fp8 or a higher gpu_memory_utilization make "

@@ -7,6 +7,7 @@ connection idle for longer than 5 s. Before issue 30 the client lost 148–170 o
 this way against a real vLLM.
 
     python3 scripts/bench_stale.py [--streams 256] [--requests 512] [--keep-alive 5]
+                                   [--idle-reuse-s inf]   # the resend alone, no idle bound
 
 Prints the failures by cause, the requests the client wrote once more on a fresh connection,
 and the chat requests the stand-in received against the client's count (warm-ups + counted): a
@@ -25,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from kit import bench_client  # noqa: E402
 from kit.bench import Slo, summarize  # noqa: E402
-from kit.bench_client import IDLE_REUSE_S  # noqa: E402
 from tests.support.bench_door import stale_connection_run  # noqa: E402
 from tests.unit.test_standin import LLAMA_8B, model_dir  # noqa: E402
 
@@ -36,7 +37,10 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=256)
     parser.add_argument("--requests", type=int, default=512)
     parser.add_argument("--keep-alive", type=float, default=5.0)
+    parser.add_argument("--idle-reuse-s", type=float, default=bench_client.IDLE_REUSE_S,
+                        help="replace connections idle longer than this (inf: never)")
     args = parser.parse_args()
+    bench_client.IDLE_REUSE_S = args.idle_reuse_s
     with tempfile.TemporaryDirectory(prefix="kit-stale-") as tmp:
         model = model_dir(Path(tmp), "tiny", LLAMA_8B)
         record, received = stale_connection_run(model, args.streams, args.requests,
@@ -46,7 +50,7 @@ def main() -> int:
     sent = args.streams + args.requests
     resent = sum(o.resent for o in record.outcomes)
     print(f"{args.streams} streams, starts spread over a 13 s warm-up, server keep-alive "
-          f"{args.keep_alive:g} s, client replaces connections idle over {IDLE_REUSE_S:g} s")
+          f"{args.keep_alive:g} s, client replaces connections idle over {args.idle_reuse_s:g} s")
     print(f"completed {step.completed} of {args.requests}, failed {step.failed}"
           + "".join(f"; {n} × {cause}" for cause, n in step.failures.items()))
     print(f"written again on a fresh connection (never answered): {resent}")
