@@ -10,30 +10,21 @@ from kit.errors import ExitCode
 from kit.site import Site
 
 
-def _concurrency_list(ctx: click.Context, param: click.Parameter, value: str | None):
-    if value is None:
-        return None
-    try:
-        levels = tuple(int(part) for part in value.split(","))
-    except ValueError:
-        levels = ()
-    if not levels or min(levels) < 1:
-        raise click.BadParameter(f"{value!r}: give positive integers separated by commas, "
-                                 "e.g. 1,4,16,64")
-    return tuple(sorted(set(levels)))
+def _positive_list(convert, what: str, example: str):
+    """A click callback: comma-separated positive finite numbers, sorted, each once."""
 
+    def parse(ctx: click.Context, param: click.Parameter, value: str | None):
+        if value is None:
+            return None
+        try:
+            values = tuple(convert(part) for part in value.split(","))
+        except ValueError:
+            values = ()
+        if not values or not all(0 < v < float("inf") for v in values):
+            raise click.BadParameter(f"{value!r}: give {what} separated by commas, e.g. {example}")
+        return tuple(sorted(set(values)))
 
-def _rate_list(ctx: click.Context, param: click.Parameter, value: str | None):
-    if value is None:
-        return None
-    try:
-        rates = tuple(float(part) for part in value.split(","))
-    except ValueError:
-        rates = ()
-    if not rates or not all(0 < rate < float("inf") for rate in rates):
-        raise click.BadParameter(f"{value!r}: give positive request rates (per second) "
-                                 "separated by commas, e.g. 0.5,2,8")
-    return tuple(sorted(set(rates)))
+    return parse
 
 
 @click.command()
@@ -55,9 +46,11 @@ def _rate_list(ctx: click.Context, param: click.Parameter, value: str | None):
               "all starting at once (vllm bench serve --max-concurrency N); poisson: an open "
               "loop at a request rate (vllm bench serve --request-rate R), where the search "
               "varies the rate [default: spread; poisson with --request-rate].")
-@click.option("--concurrency", callback=_concurrency_list, metavar="LIST",
+@click.option("--concurrency", metavar="LIST",
+              callback=_positive_list(int, "positive integers", "1,4,16,64"),
               help="Run this grid (e.g. 1,4,16,64) instead of searching for the boundary.")
-@click.option("--request-rate", callback=_rate_list, metavar="LIST",
+@click.option("--request-rate", metavar="LIST",
+              callback=_positive_list(float, "positive request rates (per second)", "0.5,2,8"),
               help="Poisson arrival: run this grid of requests per second (e.g. 1,2,4) "
               "instead of searching for the highest rate within the SLO.")
 @click.option("--requests-per-step", type=click.IntRange(min=1),
