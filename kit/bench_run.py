@@ -245,10 +245,11 @@ class GaugeWatch:
     async def during(self, work) -> StepRecord:
         self.task = asyncio.get_running_loop().create_task(self._sample())
         try:
-            return await work
+            record = await work
         finally:
             self.task.cancel()
-            self.add(await asyncio.to_thread(self.door.server_gauges) or {})
+        self.add(await asyncio.to_thread(self.door.server_gauges) or {})  # the step's end
+        return record
 
 
 class Progress:
