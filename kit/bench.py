@@ -17,6 +17,7 @@ from kit.bench_client import StepRecord
 PRECISION = 0.10  # the search stops when first failing / max passing − 1 is at most this
 LAG_LIMIT_MS = 10.0  # client event-loop lag (p90) from which its timestamps are not trusted
 KV_FULL = 0.9  # server KV cache usage from which the cache, not the scheduler, is the limit
+TPOT_HEADROOM = 0.8  # TPOT p95 below this share of its SLO leaves room for a bigger batch
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -69,6 +70,19 @@ class StepResult:
     client_overloaded: bool
     server: dict[str, float] = field(default_factory=dict)
     direct: dict[str, float] | None = None
+    arrival: str = "spread"
+    request_rate: float | None = None
+
+    @property
+    def level(self) -> float:
+        """What the search varies: streams in a closed loop, requests per second in poisson."""
+        return self.request_rate if self.request_rate is not None else self.max_concurrency
+
+    @property
+    def label(self) -> str:
+        if self.request_rate is None:
+            return f"{self.max_concurrency} streams"
+        return f"{self.request_rate:g} requests/s"
 
     def violation(self, slo: Slo) -> str | None:
         """Why this step fails the SLO — errors first, then the worse of TTFT and TPOT."""
@@ -110,61 +124,72 @@ def summarize(record: StepRecord, slo: Slo, server: dict[str, float] | None = No
     figures = {k: round(v, 2) if isinstance(v, float) else v for k, v in figures.items()}
     overloaded = record.lag_p90_ms > lag_limit_ms
     draft = StepResult(**figures, client_lag_p90_ms=record.lag_p90_ms, passed=False,
-                       client_overloaded=overloaded, server=server or {})
+                       client_overloaded=overloaded, server=server or {},
+                       arrival=record.arrival, request_rate=record.request_rate)
     passed = not overloaded and draft.completed > 0 and draft.violation(slo) is None
     return StepResult(**{**draft.__dict__, "passed": passed})
 
 
 class BoundarySearch:
     """Concurrency 1, 2, 4, … until the first failing step, then bisection between the highest
-    pass and the lowest failure until they are within PRECISION (or adjacent).
+    pass and the lowest failure until they are within PRECISION (or adjacent). For a poisson
+    load the levels are request rates: `start` r, 2r, 4r, … and `resolution` the finest step.
 
     Noise can make a curve non-monotonic; the search only ever looks below the lowest failure it
     has seen, so the answer is conservative: `max_passing` passed and everything measured above
     it up to `first_failing` failed.
     """
 
-    def __init__(self, limit: int, start: int = 1) -> None:
+    def __init__(self, limit: float, start: float = 1, resolution: float = 1) -> None:
         self.limit = limit
         self.start = start
-        self.results: dict[int, bool] = {}
+        self.resolution = resolution
+        self.results: dict[float, bool] = {}
 
     @property
-    def max_passing(self) -> int | None:
+    def max_passing(self) -> float | None:
         below = [c for c, ok in self.results.items() if ok and c < (self.first_failing or math.inf)]
         return max(below, default=None)
 
     @property
-    def first_failing(self) -> int | None:
+    def first_failing(self) -> float | None:
         return min((c for c, ok in self.results.items() if not ok), default=None)
 
-    def record(self, concurrency: int, passed: bool) -> None:
-        self.results[concurrency] = passed
+    def record(self, level: float, passed: bool) -> None:
+        self.results[level] = passed
 
-    def next(self) -> int | None:
+    def next(self) -> float | None:
         """The next concurrency to measure, or None when the boundary is known."""
         low, high = self.max_passing, self.first_failing
         if high is None:
             step = self.start if low is None else min(low * 2, self.limit)
             return None if step in self.results else step
-        if low is None or high - low <= 1 or high <= low * (1 + PRECISION):
+        if low is None or high - low <= self.resolution or high <= low * (1 + PRECISION):
             return None
-        return (low + high) // 2
+        middle = low + math.floor((high - low) / 2 / self.resolution) * self.resolution
+        return middle if isinstance(middle, int) else round(middle, 6)
 
     @property
     def converged(self) -> bool:
         return self.next() is None
 
 
-def binding_constraint(steps: list[StepResult], slo: Slo, first_failing: int | None) -> str | None:
-    failing = next((s for s in steps if s.max_concurrency == first_failing), None)
+def binding_constraint(steps: list[StepResult], slo: Slo,
+                       first_failing: float | None) -> str | None:
+    failing = next((s for s in steps if s.level == first_failing), None)
     return failing.violation(slo) if failing else None
 
 
 @dataclass(frozen=True)
 class Recommendation:
+    """`knob` names what the failing step showed to be the limit: max_num_seqs (sequence slots
+    full), max_num_batched_tokens (requests waited with slots free: the prefill token budget),
+    kv_cache (cache full, preemptions), gpu (no queue: each step itself got slower), deferred
+    (vLLM deferred them: LoRA, KV transfer), errors, or none (no step failed)."""
+
     max_num_seqs: int | None
     reason: str
+    knob: str = "none"
     # whether a failing step bounds it: without one the limit is only known to be higher, and
     # writing max_num_seqs would cap the service below what it carried (`--write-spec` refuses)
     measured: bool = True
@@ -173,58 +198,104 @@ class Recommendation:
 def recommend(
     steps: list[StepResult],
     slo: Slo,
-    max_passing: int | None,
-    first_failing: int | None,
+    max_passing: float | None,
+    first_failing: float | None,
     *,
     replicas: int,
     configured_max_num_seqs: int | None,
 ) -> Recommendation:
-    """What to set, and whether more replicas or a shorter max_model_len would buy more, from
-    what the failing step showed (client figures and the server's gauges)."""
+    """The knob that matches the engine's own account of the failing step (its gauges: running,
+    waiting by reason, KV cache usage, preemptions), claiming only what a step measured."""
     if max_passing is None:
-        step = steps[0] if steps else None
-        why = step.violation(slo) if step else None
-        detail = _over(step, slo) if step and why in ("ttft", "tpot") else _failures(step)
-        return Recommendation(None, f"even one stream misses the SLO ({detail}): a faster GPU, "
-                              "a smaller model or a looser SLO is needed, not a setting")
-    per_replica = max(1, max_passing // replicas)
+        return _nothing_passed(steps, slo)
+    passing = next(s for s in steps if s.level == max_passing)
+    streams = passing.max_concurrency  # poisson: the most in flight at the passing rate
+    per_replica = max(1, streams // replicas)
+    keep = (f"; max_num_seqs {per_replica} per replica keeps the admitted requests within the "
+            "SLO and queues the rest")
     if first_failing is None:
-        return Recommendation(per_replica, f"every step up to {max_passing} concurrent streams "
-                              "met the SLO: the limit is above what was measured; raise "
-                              "--concurrency or the search limit to find it", measured=False)
-    failing = next(s for s in steps if s.max_concurrency == first_failing)
+        return Recommendation(per_replica, f"every step up to {passing.label} met the SLO: the "
+                              "limit is above what was measured; raise --concurrency, "
+                              "--request-rate or the search limit to find it", "none",
+                              measured=False)
+    failing = next(s for s in steps if s.level == first_failing)
     kind = failing.violation(slo)
-    kv = failing.server.get("kv_cache_usage_perc")
-    waiting = failing.server.get("num_requests_waiting", 0)
-    queued = configured_max_num_seqs is not None and waiting > 0
+    at = f"at {failing.label}"
+    over = _over_slo(failing, slo, kind)
+    more = f"more replicas add ~{per_replica} streams each"
+    server = failing.server
+    waiting = server.get("num_requests_waiting", 0)
+    running = server.get("num_requests_running")
+    kv = server.get("kv_cache_usage_perc")
+    preempted = server.get("num_preemptions", 0)
+    slots_full = server.get("waiting_with_slots_full", 0)
+    slots_free = server.get("waiting_with_free_slots", 0)
+    deferred = server.get("num_requests_waiting_deferred", 0)
     if kind == "errors":
-        reason = (f"requests failed at {first_failing} streams ({_failures(failing)}): fix that "
-                  "first — a higher limit only adds failures")
-    elif kv is not None and kv >= KV_FULL:
-        reason = (f"the KV cache was {kv:.0%} full at {first_failing} streams: a lower "
-                  "max_model_len leaves room for more sequences per replica; more replicas add "
-                  f"~{per_replica} streams each")
-    elif kind == "tpot":
-        reason = (f"TPOT p95 {failing.p95_tpot_ms:.0f} ms > {slo.tpot_p95_ms:g} ms at "
-                  f"{first_failing} streams: each token slows as the batch grows, so one replica "
-                  f"carries {per_replica}; more replicas add ~{per_replica} streams each")
-    elif queued:
-        reason = (f"TTFT p95 {failing.p95_ttft_ms:.0f} ms > {slo.ttft_p95_ms:g} ms at "
-                  f"{first_failing} streams while {waiting:g} requests waited for a slot: "
-                  f"max_num_seqs ({configured_max_num_seqs}) is the limit; TPOT p95 "
-                  f"{failing.p95_tpot_ms:.0f} ms of {slo.tpot_p95_ms:g} ms — more replicas "
-                  f"add ~{per_replica} streams each")
-    else:
-        reason = (f"TTFT p95 {failing.p95_ttft_ms:.0f} ms > {slo.ttft_p95_ms:g} ms at "
-                  f"{first_failing} streams: prefill is the limit; more replicas add "
-                  f"~{per_replica} streams each")
-    return Recommendation(per_replica, f"{reason}; max_num_seqs {per_replica} per replica keeps "
-                          "the admitted requests within the SLO and queues the rest")
+        return Recommendation(per_replica, f"requests failed {at} ({_failures(failing)}): fix "
+                              "that first — a higher limit only adds failures", "errors")
+    if preempted or (kv is not None and kv >= KV_FULL):
+        cache = f"the KV cache was {kv or 0:.0%} full" + (
+            f" and vLLM preempted requests {preempted:g} times" if preempted else "")
+        return Recommendation(per_replica, f"{over} {at}: {cache} — the cache, not "
+                              "max_num_seqs, limits the batch; a lower max_model_len, "
+                              "--kv-cache-dtype fp8 or a higher gpu_memory_utilization make "
+                              f"room; {more}" + keep, "kv_cache")
+    if slots_full:
+        seqs = configured_max_num_seqs
+        tpot = (f"TPOT p95 {failing.p95_tpot_ms:.0f} ms of {slo.tpot_p95_ms:g} ms leaves room: "
+                "a higher max_num_seqs admits more (each token slows as the batch grows)"
+                if failing.p95_tpot_ms <= TPOT_HEADROOM * slo.tpot_p95_ms else
+                f"TPOT p95 {failing.p95_tpot_ms:.0f} ms is near its {slo.tpot_p95_ms:g} ms: "
+                "a bigger batch would miss it")
+        return Recommendation(per_replica, f"{over} {at} while all {seqs} sequence slots ran "
+                              f"and {slots_full:g} requests waited for one: max_num_seqs "
+                              f"({seqs}) is the limit; {tpot}; {more}" + keep, "max_num_seqs")
+    if slots_free:
+        return Recommendation(per_replica, f"{over} {at} while {slots_free:g} requests waited "
+                              f"with sequence slots free (at most {running or 0:g} of "
+                              f"{configured_max_num_seqs or 'max_num_seqs'} ran): the prefill "
+                              "token budget admits only so many prompt tokens per step; raise "
+                              "--max-num-batched-tokens (extra_args; longer steps cost some "
+                              f"TPOT) or shorten prompts; {more}" + keep,
+                              "max_num_batched_tokens")
+    if deferred:
+        return Recommendation(per_replica, f"{over} {at} while vLLM deferred {deferred:g} "
+                              "requests (LoRA budget, KV transfer): that constraint, not the "
+                              "batch, is the limit" + keep, "deferred")
+    if waiting:  # the slots' limit is not known: say what was seen
+        return Recommendation(per_replica, f"{over} {at} while {waiting:g} requests waited "
+                              f"(running peaked at {running or 0:g}); {more}" + keep,
+                              "max_num_seqs")
+    lowest = min(steps, key=lambda s: s.level)
+    rise = (f"; TPOT p50 went from {lowest.median_tpot_ms:.1f} ms at {lowest.label} to "
+            f"{failing.median_tpot_ms:.1f} ms" if lowest is not failing else "")
+    queue = " (no request waited)" if "num_requests_waiting" in server else ""
+    return Recommendation(per_replica, f"{over} {at}{queue}{rise}: the GPU itself is the "
+                          f"limit — each step takes longer as the batch grows; {more}, or a "
+                          "smaller or quantized model" + keep, "gpu")
 
 
-def _over(step: StepResult, slo: Slo) -> str:
-    return (f"TTFT p95 {step.p95_ttft_ms:.0f} ms of {slo.ttft_p95_ms:g}, TPOT p95 "
-            f"{step.p95_tpot_ms:.0f} ms of {slo.tpot_p95_ms:g}")
+def _nothing_passed(steps: list[StepResult], slo: Slo) -> Recommendation:
+    """No step met the SLO: say so of the lowest load measured, and only of it."""
+    if not steps:
+        return Recommendation(None, "no step finished", "errors")
+    lowest = min(steps, key=lambda s: s.level)
+    why = lowest.violation(slo)
+    detail = _over_slo(lowest, slo, why) if why in ("ttft", "tpot") else _failures(lowest)
+    if lowest.request_rate is None and lowest.max_concurrency == 1:
+        return Recommendation(None, f"even one stream misses the SLO ({detail}): a faster GPU, "
+                              "a smaller model or a looser SLO is needed, not a setting",
+                              "errors" if why == "errors" else "gpu")
+    return Recommendation(None, f"the lowest load measured, {lowest.label}, misses the SLO "
+                          f"({detail}); nothing lower was measured: run the search, or a grid "
+                          "that starts lower, to find what passes", "none")
+
+
+def _over_slo(step: StepResult, slo: Slo, kind: str | None) -> str:
+    if kind == "tpot":
+        return f"TPOT p95 {step.p95_tpot_ms:.0f} ms > {slo.tpot_p95_ms:g} ms"
+    return f"TTFT p95 {step.p95_ttft_ms:.0f} ms > {slo.ttft_p95_ms:g} ms"
 
 
 def _failures(step: StepResult | None) -> str:

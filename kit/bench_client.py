@@ -11,6 +11,19 @@ output token count is the `usage.completion_tokens` the server reports. One asyn
 every stream, and a watchdog task measures how late the loop wakes up (p90 and max): when it
 lags, timestamps are late by as much, so the step is flagged instead of reported as the server's
 latency.
+
+Three arrival processes (`Load.arrival`), each as another tool defines it so their figures can
+be compared: `spread` (closed loop, the streams' starts spread over one request's duration: the
+steady state of N users), `lockstep` (closed loop, every stream starts at once: `vllm bench serve
+--max-concurrency N` with its default infinite rate, whose streams stay in step and collide in
+prefill) and `poisson` (open loop: requests arrive at `rate` per second with exponential gaps,
+`vllm bench serve --request-rate R --burstiness 1`, however many are already in flight).
+
+Servers close keep-alive connections that stay idle (uvicorn, so vLLM: after 5 s). A request
+written just as the server closes is never read, and the connection ends without an answer. So a
+connection idle for more than IDLE_REUSE_S is replaced before sending, and a request whose
+reused connection ended before one byte of an answer is written once more on a fresh connection
+(it never started, so nothing is sent twice); anything answered is never re-sent.
 """
 
 from __future__ import annotations
@@ -18,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import random
 import ssl
 import sys
 import time
@@ -26,6 +40,8 @@ from dataclasses import asdict, dataclass, field
 
 NUMBERS = itertools.count(1)
 LAG_TICK_S = 0.005  # the watchdog's sleep: how often the loop's punctuality is sampled
+IDLE_REUSE_S = 2.0  # an idle connection older than this is replaced (uvicorn closes at 5 s)
+ARRIVALS = ("spread", "lockstep", "poisson")
 
 
 @dataclass(frozen=True)
@@ -45,6 +61,25 @@ class Endpoint:
     timeout_s: float = 300.0
 
 
+@dataclass(frozen=True)
+class Load:
+    """How requests arrive: `concurrency` streams in a closed loop (spread or lockstep), or
+    `rate` requests per second in an open loop (poisson, `seed` fixes its gaps)."""
+
+    arrival: str
+    concurrency: int = 0
+    rate: float | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.arrival not in ARRIVALS:
+            raise ValueError(f"arrival {self.arrival!r}: one of {', '.join(ARRIVALS)}")
+        if (self.arrival == "poisson") != (self.rate is not None):
+            raise ValueError("a request rate is for, and needed by, the poisson arrival")
+        if self.rate is None and self.concurrency < 1:
+            raise ValueError("a closed loop needs at least one stream")
+
+
 @dataclass
 class Outcome:
     """One request as the client saw it; `cause` is empty when it succeeded."""
@@ -55,6 +90,7 @@ class Outcome:
     itl: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
     output_tokens: int = 0
+    resent: bool = False  # written again on a fresh connection: the first was never answered
 
     @property
     def ok(self) -> bool:
@@ -64,13 +100,16 @@ class Outcome:
 @dataclass
 class StepRecord:
     """Everything one step measured: the requests after the warm-up, the wall time they took
-    and how late the client's event loop ran meanwhile."""
+    and how late the client's event loop ran meanwhile. `concurrency` is the number of streams
+    (closed loop) or the most requests in flight at once (poisson)."""
 
     concurrency: int
     outcomes: list[Outcome]
     duration_s: float
     lag_p90_ms: float
     lag_max_ms: float
+    arrival: str = "spread"
+    request_rate: float | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -110,6 +149,7 @@ class Stream:
         self.context = context
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        self.idle_since = 0.0  # when the connection last finished an answer (or opened)
         headers = ["POST /v1/chat/completions HTTP/1.1", f"Host: {endpoint.host}",
                    "User-Agent: kit-bench", "Content-Type: application/json",
                    "Accept: text/event-stream"]
@@ -141,17 +181,38 @@ class Stream:
         await self.close()
         return Outcome(cause=cause)
 
+    async def _open(self) -> None:
+        e = self.endpoint
+        self.reader, self.writer = await asyncio.open_connection(
+            e.address, e.port, ssl=self.context, server_hostname=e.host if self.context else None,
+        )
+        self.idle_since = time.perf_counter()
+
+    async def _status_line(self, data: bytes) -> bytes:
+        """The request written, the answer's first line read; b"" when the connection ended
+        before a byte of it (a reset while writing or waiting counts the same)."""
+        try:
+            self.writer.write(data)
+            return await self.reader.readline()
+        except (ConnectionResetError, BrokenPipeError):
+            return b""
+
     async def _exchange(self) -> Outcome:
-        if self.writer is None:
-            e = self.endpoint
-            self.reader, self.writer = await asyncio.open_connection(
-                e.address, e.port, ssl=self.context,
-                server_hostname=e.host if self.context else None,
-            )
-        reader = self.reader
+        if self.writer is not None and time.perf_counter() - self.idle_since > IDLE_REUSE_S:
+            await self.close()  # the server may be closing it at this very moment
+        reused = self.writer is not None
+        if not reused:
+            await self._open()
+        data = self.request()
         started = time.perf_counter()
-        self.writer.write(self.request())
-        status_line = await reader.readline()
+        status_line = await self._status_line(data)
+        resent = not status_line and reused
+        if resent:  # closed under the request, unanswered: it never reached the server's app
+            await self.close()
+            await self._open()
+            started = time.perf_counter()
+            status_line = await self._status_line(data)
+        reader = self.reader
         if not status_line:
             raise RequestFailed("connection: closed before an answer")
         status = int(status_line.split()[1])
@@ -159,7 +220,7 @@ class Stream:
         if status != 200:
             await _body(reader, headers)  # read it so the connection stays usable
             raise RequestFailed(f"http {status}")
-        outcome = Outcome()
+        outcome = Outcome(resent=resent)
         last = started
         done = False
         pending = b""
@@ -183,6 +244,7 @@ class Stream:
                     outcome.output_tokens = usage.get("completion_tokens") or 0
                     outcome.prompt_tokens = usage.get("prompt_tokens") or 0
                 last = now
+        self.idle_since = time.perf_counter()
         if headers.get("connection", "").lower() == "close":
             await self.close()
         if not done:
@@ -271,52 +333,102 @@ def tls_context(endpoint: Endpoint) -> ssl.SSLContext | None:
 
 async def run_step(
     endpoint: Endpoint,
-    concurrency: int,
+    load: Load,
     requests: int,
     on_outcome: Callable[[Outcome], None] | None = None,
 ) -> StepRecord:
-    """`concurrency` streams: one warm-up request each (all at once, not counted: it also opens
-    the connections), then `requests` counted requests, each stream sending its next as soon as
-    its previous one ended. Stream i starts counting i/concurrency of a warm-up's duration later:
-    the streams overlap as on a busy server instead of arriving in one burst (which would time
-    the server's burst, not its steady state, and keep the streams in lockstep)."""
+    """`requests` counted requests arriving as `load` says, after an uncounted warm-up (one
+    request per stream, all at once, which also opens the connections; one request for
+    poisson)."""
     context = tls_context(endpoint)
-    streams = [Stream(endpoint, context) for _ in range(concurrency)]
     outcomes: list[Outcome] = []
-    left = requests
     watch = LagWatch()
 
-    async def drive(stream: Stream, delay: float) -> None:
-        nonlocal left
-        await asyncio.sleep(delay)
-        while left > 0:
-            left -= 1
-            outcome = await stream.send()
-            outcomes.append(outcome)
-            if on_outcome is not None:
-                on_outcome(outcome)
+    def done(outcome: Outcome) -> None:
+        outcomes.append(outcome)
+        if on_outcome is not None:
+            on_outcome(outcome)
 
+    streams = [Stream(endpoint, context) for _ in range(max(load.concurrency, 1))]
     try:
         warming = time.perf_counter()
         await asyncio.gather(*(stream.send() for stream in streams))
-        spread = (time.perf_counter() - warming) / concurrency
+        warm_up = time.perf_counter() - warming
         watch.start()
         started = time.perf_counter()
-        await asyncio.gather(*(drive(stream, i * spread) for i, stream in enumerate(streams)))
+        if load.arrival == "poisson":
+            peak = await _open_loop(streams, load, requests, done)
+        else:
+            # spread: stream i starts counting i/N of a warm-up's duration later, so the streams
+            # overlap as on a busy server; lockstep: all at once, as vllm bench serve starts them
+            spread = warm_up / len(streams) if load.arrival == "spread" else 0.0
+            await _closed_loop(streams, spread, requests, done)
+            peak = len(streams)
         duration = time.perf_counter() - started
         lag_p90, lag_max = watch.stop()
     finally:
         watch.stop()
         for stream in streams:
             await stream.close()
-    return StepRecord(concurrency, outcomes, duration, lag_p90, lag_max)
+    return StepRecord(peak, outcomes, duration, lag_p90, lag_max, load.arrival, load.rate)
+
+
+async def _closed_loop(streams: list[Stream], spread: float, requests: int,
+                       done: Callable[[Outcome], None]) -> None:
+    """Each stream sends its next request as soon as its previous one ended."""
+    left = requests
+
+    async def drive(stream: Stream, delay: float) -> None:
+        nonlocal left
+        await asyncio.sleep(delay)
+        while left > 0:
+            left -= 1
+            done(await stream.send())
+
+    await asyncio.gather(*(drive(stream, i * spread) for i, stream in enumerate(streams)))
+
+
+async def _open_loop(streams: list[Stream], load: Load, requests: int,
+                     done: Callable[[Outcome], None]) -> int:
+    """Requests at exponential gaps of mean 1/rate (vLLM's gamma with shape 1), each on an idle
+    connection or a new one; returns the most in flight at once. `streams` holds the warm-up's
+    connection and collects every one opened, so the caller closes them all."""
+    gaps = random.Random(load.seed)
+    idle = list(streams)
+    in_flight = peak = 0
+
+    async def one(stream: Stream) -> None:
+        nonlocal in_flight
+        outcome = await stream.send()
+        in_flight -= 1
+        done(outcome)
+        idle.append(stream)
+
+    tasks = []
+    clock = time.perf_counter()
+    due = clock
+    for _ in range(requests):
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if idle:
+            stream = idle.pop()  # the one that finished last: the least likely to be stale
+        else:
+            stream = Stream(streams[0].endpoint, streams[0].context)
+            streams.append(stream)
+        in_flight += 1
+        peak = max(peak, in_flight)
+        tasks.append(asyncio.create_task(one(stream)))
+        due += gaps.expovariate(load.rate)
+    await asyncio.gather(*tasks)
+    return peak
 
 
 def main() -> None:
-    """In a container: argv[1] is {"endpoint": {...}, "concurrency": C, "requests": N}; prints
+    """In a container: argv[1] is {"endpoint": {...}, "load": {...}, "requests": N}; prints
     the StepRecord as JSON."""
     job = json.loads(sys.argv[1])
-    record = asyncio.run(run_step(Endpoint(**job["endpoint"]), job["concurrency"],
+    record = asyncio.run(run_step(Endpoint(**job["endpoint"]), Load(**job["load"]),
                                   job["requests"]))
     print(json.dumps(record.to_json()))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import re
 import sys
@@ -31,7 +32,7 @@ from kit.bench import (
     recommend,
     summarize,
 )
-from kit.bench_client import Endpoint, Outcome, StepRecord
+from kit.bench_client import Endpoint, Load, Outcome, StepRecord
 from kit.errors import BadInput, KitError
 from kit.layout import PROBE_USER
 from kit.plan import VLLM_PORT, ServicePlan, build_plan
@@ -44,7 +45,9 @@ SEARCH_LIMIT = 4096  # the search doubles up to this many streams
 CALIBRATION_WORDS = 8
 GAUGE_EVERY_S = 0.2
 SERVER_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting",
-                 "vllm:kv_cache_usage_perc")
+                 "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total")
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"  # vLLM 0.33: capacity | deferred
+CALIBRATION_REQUESTS = 3  # one stream's requests that set a poisson search's first rate
 # A prompt of plain words; each is one token or two in common tokenizers, and the exact count
 # is taken from the usage the server reports.
 WORDS = ("river", "stone", "apple", "cloud", "music", "paper", "garden", "window", "silver",
@@ -64,6 +67,8 @@ class BenchOptions:
     compare_direct: bool
     max_client_lag_ms: float = LAG_LIMIT_MS
     limit: int = SEARCH_LIMIT
+    arrival: str = "spread"
+    request_rates: tuple[float, ...] | None = None  # a poisson grid; None: the search
 
 
 @dataclass
@@ -77,9 +82,10 @@ class BenchRun:
     gpus: int
     replicas: int
     configured_max_num_seqs: int | None
+    arrival: str = "spread"
     steps: list[StepResult] = field(default_factory=list)
-    max_passing: int | None = None
-    first_failing: int | None = None
+    max_passing: float | None = None
+    first_failing: float | None = None
     stopped: str | None = None  # why the run ended before it could answer
     recommendation: Recommendation | None = None
 
@@ -94,14 +100,18 @@ class BenchRun:
             "slo": {"ttft_p95_ms": slo.ttft_p95_ms, "tpot_p95_ms": slo.tpot_p95_ms},
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
+            "arrival": self.arrival,
+            "search_variable": "request_rate" if self.arrival == "poisson" else "max_concurrency",
             "gpus": self.gpus,
             "replicas": self.replicas,
             "steps": [step.__dict__ for step in self.steps],
+            # poisson: requests per second; otherwise streams
             "max_passing_concurrency": self.max_passing,
             "first_failing_concurrency": self.first_failing,
             "binding_constraint": binding_constraint(self.steps, slo, self.first_failing),
             "recommendation": (
                 {"max_num_seqs": self.recommendation.max_num_seqs,
+                 "knob": self.recommendation.knob,
                  "reason": self.recommendation.reason} if self.recommendation else None
             ),
             "stopped": self.stopped,
@@ -182,38 +192,64 @@ def prompt_text(words: int) -> str:
 
 
 def parse_gauges(text: str) -> dict[str, float]:
-    """The SERVER_GAUGES summed over engines/replicas, names without the `vllm:` prefix."""
+    """The SERVER_GAUGES summed over engines/replicas, names without the `vllm:` prefix (and
+    without `_total`); waiting by reason as num_requests_waiting_<reason>."""
     found: dict[str, float] = {}
     for line in text.splitlines():
-        match = re.match(r"^(vllm:[a-z_]+)(?:\{[^}]*\})? (\S+)$", line)
-        if match and match.group(1) in SERVER_GAUGES:
-            key = match.group(1).removeprefix("vllm:")
-            found[key] = found.get(key, 0.0) + float(match.group(2))
+        match = re.match(r"^(vllm:[a-z_]+)(?:\{([^}]*)\})? (\S+)$", line)
+        if not match:
+            continue
+        name, labels, value = match.groups()
+        if name in SERVER_GAUGES:
+            key = name.removeprefix("vllm:").removesuffix("_total")
+        elif name == WAITING_BY_REASON and (reason := re.search(r'reason="([a-z_]+)"',
+                                                                labels or "")):
+            key = f"num_requests_waiting_{reason.group(1)}"
+        else:
+            continue
+        found[key] = found.get(key, 0.0) + float(value)
     return found
 
 
 class GaugeWatch:
-    """Samples the server's gauges during a step (every GAUGE_EVERY_S, the first once the load
-    has started); keeps the highest of each."""
+    """Samples the server's gauges during a step (every GAUGE_EVERY_S, once more at its end);
+    keeps the highest of each, the preemptions during the step, and the most requests that
+    waited for capacity while every sequence slot ran (`waiting_with_slots_full`) or while some
+    were free (`waiting_with_free_slots`), judged within each sample."""
 
-    def __init__(self, door: FrontDoor) -> None:
+    def __init__(self, door: FrontDoor, slots: int | None = None) -> None:
         self.door = door
+        self.slots = slots  # max_num_seqs × replicas, when known
         self.peak: dict[str, float] = {}
+        self.preemptions: list[float] = []
         self.task: asyncio.Task | None = None
+
+    def add(self, gauges: dict[str, float]) -> None:
+        for key, value in gauges.items():
+            self.peak[key] = max(self.peak.get(key, value), value)
+        if "num_preemptions" in gauges:
+            self.preemptions.append(gauges["num_preemptions"])
+            self.peak["num_preemptions"] = self.preemptions[-1] - self.preemptions[0]
+        waiting = gauges.get("num_requests_waiting_capacity",
+                             gauges.get("num_requests_waiting", 0))
+        if waiting and self.slots:
+            full = gauges.get("num_requests_running", 0) >= self.slots
+            key = "waiting_with_slots_full" if full else "waiting_with_free_slots"
+            self.peak[key] = max(self.peak.get(key, 0), waiting)
 
     async def _sample(self) -> None:
         while True:
+            self.add(await asyncio.to_thread(self.door.server_gauges) or {})
             await asyncio.sleep(GAUGE_EVERY_S)
-            gauges = await asyncio.to_thread(self.door.server_gauges)
-            for key, value in (gauges or {}).items():
-                self.peak[key] = max(self.peak.get(key, value), value)
 
     async def during(self, work) -> StepRecord:
         self.task = asyncio.get_running_loop().create_task(self._sample())
         try:
-            return await work
+            record = await work
         finally:
             self.task.cancel()
+        self.add(await asyncio.to_thread(self.door.server_gauges) or {})  # the step's end
+        return record
 
 
 class Progress:
@@ -258,8 +294,28 @@ class Progress:
             self.stream.write("\n")
 
 
-def requests_for(concurrency: int, options: BenchOptions) -> int:
-    return options.requests_per_step or max(100, 5 * concurrency)
+def requests_for(streams: float, options: BenchOptions) -> int:
+    """`streams`: a closed loop's, or a poisson rate × one request's latency (Little's law)."""
+    return options.requests_per_step or max(100, math.ceil(5 * streams))
+
+
+def load_for(level: float, arrival: str) -> Load:
+    if arrival == "poisson":
+        return Load("poisson", rate=level)
+    return Load(arrival, concurrency=int(level))
+
+
+def one_stream_rate(endpoint: Endpoint) -> tuple[float, float]:
+    """(requests per second one stream sustains, one request's latency in s): where a poisson
+    search starts, rounded to two significant digits."""
+    record = asyncio.run(bench_client.run_step(endpoint, Load("lockstep", concurrency=1),
+                                               CALIBRATION_REQUESTS))
+    latencies = [o.latency for o in record.outcomes if o.ok]
+    if not latencies:
+        causes = ", ".join(sorted({o.cause for o in record.outcomes}))
+        raise KitError(f"one stream's requests failed: {causes}", fix="check the site: kit probe")
+    latency = sorted(latencies)[len(latencies) // 2]
+    return float(f"{1 / latency:.2g}"), latency
 
 
 def slo_for(service: Service, ttft_p95_ms: float | None, tpot_p95_ms: float | None) -> Slo:
@@ -280,54 +336,64 @@ def run_bench(site: Site, options: BenchOptions, say: Callable[[str], None],
     plan = next(s for s in build_plan(site.spec).services if s.name == service.name)
     door = FrontDoor(site, service)
     replicas = len(plan.replicas)
+    poisson = options.arrival == "poisson"
     run = BenchRun(service.name, options.slo, options.input_tokens, options.output_tokens,
                    gpus=len(service.gpus), replicas=replicas,
-                   configured_max_num_seqs=plan.max_num_seqs)
+                   configured_max_num_seqs=plan.max_num_seqs, arrival=options.arrival)
     prompt = door.sized_prompt(options.input_tokens)
     endpoint = door.endpoint(prompt, options.output_tokens)
     direct = DirectClient(site, plan, endpoint) if options.compare_direct else None
-    search = BoundarySearch(options.limit)
-    grid = list(options.concurrency or ())
+    chosen = options.request_rates if poisson else options.concurrency
+    latency = 0.0
+    if poisson:  # the search's levels are rates, from what one stream sustains up
+        start, latency = one_stream_rate(endpoint)
+        search = BoundarySearch(start * options.limit, start=start, resolution=start / 8)
+    else:
+        search = BoundarySearch(options.limit)
+    grid = list(chosen or ())
+    slots = plan.max_num_seqs * replicas if plan.max_num_seqs else None
 
-    def next_concurrency() -> int | None:
-        if options.concurrency:
+    def next_level() -> float | None:
+        if chosen:
             return grid.pop(0) if grid else None
         return search.next()
 
     deadline = time.monotonic() + options.max_minutes * 60
     progress = progress or Progress()
-    while (concurrency := next_concurrency()) is not None:
+    while (level := next_level()) is not None:
         if time.monotonic() > deadline:
             run.stopped = f"--max-minutes {options.max_minutes:g} reached"
             break
-        total = requests_for(concurrency, options)
-        progress.begin(f"step {len(run.steps) + 1}, {concurrency} streams", total)
-        watch = GaugeWatch(door)
+        load = load_for(level, options.arrival)
+        total = requests_for(level * latency if poisson else level, options)
+        label = f"{level:g} requests/s" if poisson else f"{level} streams"
+        progress.begin(f"step {len(run.steps) + 1}, {label}", total)
+        watch = GaugeWatch(door, slots)
         try:
             record = asyncio.run(watch.during(
-                bench_client.run_step(endpoint, concurrency, total, progress)))
+                bench_client.run_step(endpoint, load, total, progress)))
         except KeyboardInterrupt:
             progress.end()
-            run.stopped = f"interrupted during the step at {concurrency} streams"
+            run.stopped = f"interrupted during the step at {label}"
             break
         progress.end()
         step = summarize(record, options.slo, {k: round(v, 3) for k, v in watch.peak.items()},
                          options.max_client_lag_ms)
         if direct is not None:
-            step = replace(step, direct=direct.compare(step, concurrency, total))
+            step = replace(step, direct=direct.compare(step, load, total))
         run.steps.append(step)
         say(step_line(step))
         if step.client_overloaded:
-            run.stopped = (f"the client could not keep up at {concurrency} streams (event loop "
+            run.stopped = (f"the client could not keep up at {label} (event loop "
                            f"{step.client_lag_p90_ms:.1f} ms late at p90): its latencies would "
                            "be wrong; run kit bench on a less loaded machine")
             break
-        search.record(concurrency, step.passed)
-    if options.concurrency:
-        passing = [s.max_concurrency for s in run.steps if s.passed]
-        failing = [s.max_concurrency for s in run.steps if not s.passed]
+        search.record(level, step.passed)
+    if chosen:
+        passing = [s.level for s in run.steps if s.passed]
+        failing = [s.level for s in run.steps if not s.passed]
         run.first_failing = min(failing, default=None)
-        run.max_passing = max((c for c in passing if c < (run.first_failing or SEARCH_LIMIT + 1)),
+        run.max_passing = max((c for c in passing if c < (run.first_failing or math.inf)),
                               default=None)
     else:
         run.max_passing, run.first_failing = search.max_passing, search.first_failing
@@ -341,7 +407,7 @@ def run_bench(site: Site, options: BenchOptions, say: Callable[[str], None],
 def step_line(step: StepResult) -> str:
     verdict = "pass" if step.passed else "FAIL"
     failed = f", {step.failed} failed" if step.failed else ""
-    return (f"{step.max_concurrency:>5} streams  {verdict}  TTFT p95 {step.p95_ttft_ms:.0f} ms, "
+    return (f"{step.label:>16}  {verdict}  TTFT p95 {step.p95_ttft_ms:.0f} ms, "
             f"TPOT p95 {step.p95_tpot_ms:.1f} ms, {step.output_throughput:.0f} tok/s{failed}")
 
 
@@ -364,10 +430,9 @@ class DirectClient:
                                 tls=False, ca_file=None, authorization=None)
         self.source = Path(bench_client.__file__).read_text()
 
-    def compare(self, step: StepResult, concurrency: int, requests: int) -> dict[str, float]:
+    def compare(self, step: StepResult, load: Load, requests: int) -> dict[str, float]:
         """The direct step's key figures and front door / direct ratios."""
-        job = {"endpoint": self.endpoint.__dict__, "concurrency": concurrency,
-               "requests": requests}
+        job = {"endpoint": self.endpoint.__dict__, "load": load.__dict__, "requests": requests}
         code, output = self.engine.exec(self.container,
                                         ["python3", "-c", self.source, json.dumps(job)])
         lines = output.strip().splitlines()

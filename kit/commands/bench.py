@@ -14,17 +14,21 @@ if TYPE_CHECKING:
     from kit.bench_run import BenchRun
 
 
-def _concurrency_list(ctx: click.Context, param: click.Parameter, value: str | None):
-    if value is None:
-        return None
-    try:
-        levels = tuple(int(part) for part in value.split(","))
-    except ValueError:
-        levels = ()
-    if not levels or min(levels) < 1:
-        raise click.BadParameter(f"{value!r}: give positive integers separated by commas, "
-                                 "e.g. 1,4,16,64")
-    return tuple(sorted(set(levels)))
+def _positive_list(convert, what: str, example: str):
+    """A click callback: comma-separated positive finite numbers, sorted, each once."""
+
+    def parse(ctx: click.Context, param: click.Parameter, value: str | None):
+        if value is None:
+            return None
+        try:
+            values = tuple(convert(part) for part in value.split(","))
+        except ValueError:
+            values = ()
+        if not values or not all(0 < v < float("inf") for v in values):
+            raise click.BadParameter(f"{value!r}: give {what} separated by commas, e.g. {example}")
+        return tuple(sorted(set(values)))
+
+    return parse
 
 
 @click.command()
@@ -40,8 +44,19 @@ def _concurrency_list(ctx: click.Context, param: click.Parameter, value: str | N
               help="Prompt length, as the server counts it (sized from its usage answer).")
 @click.option("--output-tokens", type=click.IntRange(min=2), default=128, show_default=True,
               help="Tokens generated per request (ignore_eos: exactly this many).")
-@click.option("--concurrency", callback=_concurrency_list, metavar="LIST",
+@click.option("--arrival", type=click.Choice(["spread", "lockstep", "poisson"]),
+              help="How requests arrive. spread: N streams in a closed loop, their starts "
+              "spread over one request's duration (N users' steady state); lockstep: N streams "
+              "all starting at once (vllm bench serve --max-concurrency N); poisson: an open "
+              "loop at a request rate (vllm bench serve --request-rate R), where the search "
+              "varies the rate [default: spread; poisson with --request-rate].")
+@click.option("--concurrency", metavar="LIST",
+              callback=_positive_list(int, "positive integers", "1,4,16,64"),
               help="Run this grid (e.g. 1,4,16,64) instead of searching for the boundary.")
+@click.option("--request-rate", metavar="LIST",
+              callback=_positive_list(float, "positive request rates (per second)", "0.5,2,8"),
+              help="Poisson arrival: run this grid of requests per second (e.g. 1,2,4) "
+              "instead of searching for the highest rate within the SLO.")
 @click.option("--requests-per-step", type=click.IntRange(min=1),
               help="Counted requests per step [default: max(100, 5 x concurrency)].")
 @click.option("--max-minutes", type=click.FloatRange(min=0, min_open=True), default=10,
@@ -62,14 +77,16 @@ def _concurrency_list(ctx: click.Context, param: click.Parameter, value: str | N
 @click.pass_context
 def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: float | None,
           slo_tpot_p95_ms: float | None, input_tokens: int, output_tokens: int,
-          concurrency: tuple[int, ...] | None, requests_per_step: int | None,
+          arrival: str | None, concurrency: tuple[int, ...] | None,
+          request_rate: tuple[float, ...] | None, requests_per_step: int | None,
           max_minutes: float, out: Path | None, max_client_lag_ms: float, compare_direct: bool,
           write_spec: bool, wait_lock: float) -> None:
     """Find the most concurrent streams SPEC's service carries within the SLO, through the front
     door, and say what to set.
 
     Concurrency 1, 2, 4, ... until a step misses the SLO (p95 TTFT, p95 TPOT, or any failed
-    request), then bisection until the boundary is known within 10 %. Metrics as `vllm bench
+    request), then bisection until the boundary is known within 10 %; with --arrival poisson
+    the same over request rates, from the rate one stream sustains. Metrics as `vllm bench
     serve` defines them. Exit 0 with an answer; 1 when the run stopped early (Ctrl-C, time, a
     client that could not keep up) — the finished steps are printed and written either way.
     Requests go as kit's probe identity, or with `Authorization: Bearer $KIT_BENCH_API_KEY` when
@@ -78,12 +95,21 @@ def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: 
     from kit.bench_report import table, write_outputs
     from kit.bench_run import BenchOptions, pick_service, run_bench, slo_for
 
+    arrival = arrival or ("poisson" if request_rate else "spread")
+    if request_rate and arrival != "poisson":
+        raise click.BadParameter(f"a request rate is an open-loop load; --arrival {arrival} "
+                                 "is a closed loop of streams: use --concurrency",
+                                 param_hint="--request-rate")
+    if concurrency and arrival == "poisson":
+        raise click.BadParameter("--arrival poisson is driven by a request rate, not streams: "
+                                 "use --request-rate", param_hint="--concurrency")
     site = Site.load(spec, check_host=False)
     options = BenchOptions(
         service=service,
         slo=slo_for(pick_service(site, service), slo_ttft_p95_ms, slo_tpot_p95_ms),
         input_tokens=input_tokens,
-        output_tokens=output_tokens, concurrency=concurrency,
+        output_tokens=output_tokens, concurrency=concurrency, arrival=arrival,
+        request_rates=request_rate,
         requests_per_step=requests_per_step, max_minutes=max_minutes,
         compare_direct=compare_direct, max_client_lag_ms=max_client_lag_ms,
     )

@@ -37,6 +37,9 @@ def test_bench_finds_the_boundary_and_writes_the_spec(tmp_path, docker_client, t
     assert report["first_failing_concurrency"] == K + 1
     assert report["binding_constraint"] == "ttft"
     assert report["recommendation"]["max_num_seqs"] == K
+    assert report["arrival"] == "spread" and report["search_variable"] == "max_concurrency"
+    # all K slots ran while requests waited: the engine's own account names the knob
+    assert report["recommendation"]["knob"] == "max_num_seqs", report["recommendation"]
     steps = {step["max_concurrency"]: step for step in report["steps"]}
     assert sorted(steps) == [1, 2, 4, 5, 6, 8]
     for step in steps.values():
@@ -45,6 +48,7 @@ def test_bench_finds_the_boundary_and_writes_the_spec(tmp_path, docker_client, t
         assert step["server"]["num_requests_running"] <= K  # the server's view, per step
         assert step["direct"]["failed"] == 0 and step["direct"]["ratio_output_throughput"] > 0
     assert steps[8]["server"]["num_requests_waiting"] > 0
+    assert steps[8]["server"]["waiting_with_slots_full"] > 0
     assert 100 <= steps[1]["median_ttft_ms"] < 250
     assert 60 <= steps[1]["mean_input_tokens"] <= 68
     for name in ("bench.csv", "bench.png", "bench-pareto.png"):
@@ -53,3 +57,17 @@ def test_bench_finds_the_boundary_and_writes_the_spec(tmp_path, docker_client, t
     assert "max_passing_concurrency 4" in result.stdout
     assert f"max_num_seqs: {K}" in site.spec_path.read_text()
     assert "kit render && kit up" in result.stdout
+    assert "arrival: spread" in result.stdout
+
+    # an open loop through the same door: a poisson grid of request rates
+    poisson_out = tmp_path / "poisson"
+    result = site.kit("bench", "--request-rate", "2,4", "--input-tokens", "64",
+                      "--output-tokens", "32", "--requests-per-step", "12",
+                      "--slo-ttft-p95-ms", "250", "--slo-tpot-p95-ms", "60",
+                      "--max-client-lag-ms", "50", "--out", str(poisson_out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((poisson_out / "bench.json").read_text())
+    assert report["arrival"] == "poisson" and report["search_variable"] == "request_rate"
+    assert [step["request_rate"] for step in report["steps"]] == [2.0, 4.0]
+    assert all(step["failed"] == 0 and step["completed"] == 12 for step in report["steps"])
+    assert "arrival: poisson" in result.stdout

@@ -3,16 +3,18 @@ the stand-in's capacity model (programmed TTFT, a limit with a queue, a pace tha
 batch), failures by cause, event-loop lag, and Ctrl-C keeping the finished steps."""
 
 import asyncio
+import math
 import time
 from pathlib import Path
 
 import pytest
 
-from kit import bench_run
+from kit import bench_client, bench_run
 from kit.bench import LAG_LIMIT_MS, Slo, summarize
-from kit.bench_client import Endpoint, run_step
+from kit.bench_client import Endpoint, Load, run_step
 from kit.bench_run import BenchOptions, run_bench
 from kit.site import Site
+from tests.support.bench_door import stale_connection_run
 from tests.unit.test_standin import LLAMA_8B, model_dir, serving
 
 SLO = Slo(ttft_p95_ms=1000, tpot_p95_ms=100)
@@ -29,8 +31,10 @@ def endpoint(port: int, model: Path, tokens: int = 16, name: str | None = None) 
                     prompt="hello " * 40, output_tokens=tokens, timeout_s=20)
 
 
-def measure(port: int, model: Path, concurrency: int, requests: int, **options):
-    record = asyncio.run(run_step(endpoint(port, model, **options), concurrency, requests))
+def measure(port: int, model: Path, concurrency: int, requests: int, arrival: str = "spread",
+            **options):
+    load = Load(arrival, concurrency=concurrency)
+    record = asyncio.run(run_step(endpoint(port, model, **options), load, requests))
     return summarize(record, SLO)
 
 
@@ -86,7 +90,8 @@ def test_a_client_that_cannot_keep_up_says_so(model):
 
     with serving(str(model), STANDIN_TOKEN_INTERVAL_MS="5") as (port, _):
         # short streams: the loop is mostly blocked, so most of the watchdog's wake-ups are late
-        record = asyncio.run(run_step(endpoint(port, model, tokens=2), 4, 24, busy))
+        record = asyncio.run(run_step(endpoint(port, model, tokens=2), Load("spread", 4), 24,
+                                      busy))
     step = summarize(record, SLO)
     assert record.lag_p90_ms > LAG_LIMIT_MS and step.client_overloaded and not step.passed
 
@@ -124,3 +129,41 @@ def test_ctrl_c_keeps_the_finished_steps(site: Path, model, monkeypatch):
     assert [s.max_concurrency for s in run.steps] == [1, 2]
     assert run.stopped == "interrupted during the step at 4 streams" and not run.answered
     assert run.max_passing == 2 and run.first_failing is None
+
+
+@pytest.mark.parametrize("reuse_s", [bench_client.IDLE_REUSE_S, math.inf])
+def test_idle_connections_closed_by_the_server_lose_nothing_and_send_nothing_twice(
+        model, monkeypatch, reuse_s):
+    """64 streams staggered over ~3 s against a server closing idle connections after 1 s (as
+    uvicorn does after 5 s): each stream's first counted request goes out on a connection idle
+    for up to 3 s. With no idle bound at all (inf) every one of those is saved by the resend."""
+    monkeypatch.setattr(bench_client, "IDLE_REUSE_S", reuse_s)
+    record, received = stale_connection_run(model, 64, 64, keep_alive_s=1, tokens=60,
+                                            interval_ms=50)
+    step = summarize(record, SLO)
+    assert step.failures == {} and step.completed == 64
+    assert received == 64 + 64  # warm-ups + counted: nothing was sent twice
+    resent = sum(o.resent for o in record.outcomes)
+    if reuse_s == math.inf:
+        assert resent > 10  # the server did close connections under the requests
+
+
+def test_arrivals_spread_lockstep_and_poisson(model):
+    """Prefills cost 1 ms per prompt token (49 tokens: ~49 ms) and share the steps: the lockstep
+    burst of 16 computes 16 prompts in one long step before anyone's first token (TTFT grows
+    with the streams, as vllm bench serve measures on a GPU), the same 16 streams spread find
+    about one prompt per step; a poisson load runs at its rate, whatever is in flight."""
+    env = {"STANDIN_TOKEN_INTERVAL_MS": "20", "STANDIN_PREFILL_BUDGET": "1",
+           "STANDIN_PREFILL_US_PER_TOKEN": "1000"}
+    with serving(str(model), **env) as (port, _):
+        spread = [measure(port, model, c, 2 * c, "spread") for c in (2, 16)]
+        lockstep = [measure(port, model, c, 2 * c, "lockstep") for c in (2, 16)]
+        load = Load("poisson", rate=10.0, seed=3)
+        record = asyncio.run(run_step(endpoint(port, model), load, 40))
+    poisson = summarize(record, SLO)
+    assert lockstep[1].median_ttft_ms > lockstep[0].median_ttft_ms + 300  # 16 prompts collide
+    assert spread[1].median_ttft_ms < spread[0].median_ttft_ms + 100
+    assert lockstep[1].median_ttft_ms > spread[1].median_ttft_ms + 300
+    assert poisson.arrival == "poisson" and poisson.request_rate == 10.0
+    assert 5 < poisson.request_throughput < 15 and poisson.failed == 0
+    assert poisson.max_concurrency >= 2  # in flight at once: the open loop does not wait

@@ -15,6 +15,7 @@ from kit.bench import (
     summarize,
 )
 from kit.bench_client import Outcome, StepRecord, has_choice
+from kit.bench_run import GaugeWatch, parse_gauges
 
 SLO = Slo(ttft_p95_ms=200, tpot_p95_ms=30)
 
@@ -132,24 +133,105 @@ def test_a_pass_above_a_failure_is_never_the_answer():
     assert finder.next() == 3
 
 
+# /metrics of vLLM 0.33 as the engine exports them (label values from vllm/v1/metrics/loggers.py:
+# reason is "capacity" or "deferred"), two engines of one replica to show the sums
+METRICS = """\
+vllm:num_requests_running{engine="0",model_name="m"} 5.0
+vllm:num_requests_running{engine="1",model_name="m"} 3.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 4.0
+vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="capacity"} 3.0
+vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="deferred"} 1.0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:num_preemptions_total{engine="0",model_name="m"} 7.0
+vllm:num_preemptions_created{engine="0",model_name="m"} 1.7e9
+vllm:prompt_tokens_total{engine="0",model_name="m"} 1000.0
+"""
+
+
+def test_the_engines_gauges_are_read_with_their_reasons():
+    assert parse_gauges(METRICS) == {
+        "num_requests_running": 8.0, "num_requests_waiting": 4.0,
+        "num_requests_waiting_capacity": 3.0, "num_requests_waiting_deferred": 1.0,
+        "kv_cache_usage_perc": 0.25, "num_preemptions": 7.0}
+
+
+def watched(samples: list[dict[str, float]], slots: int | None = 8) -> dict[str, float]:
+    watch = GaugeWatch(door=None, slots=slots)
+    for sample in samples:
+        watch.add(sample)
+    return watch.peak
+
+
+def test_waiting_is_judged_against_the_slots_within_each_sample():
+    peak = watched([
+        {"num_requests_running": 8, "num_requests_waiting_capacity": 2, "num_preemptions": 3},
+        {"num_requests_running": 5, "num_requests_waiting_capacity": 6, "num_preemptions": 5},
+        {"num_requests_running": 8, "num_requests_waiting_capacity": 0, "num_preemptions": 5},
+    ])
+    assert peak["waiting_with_slots_full"] == 2 and peak["waiting_with_free_slots"] == 6
+    assert peak["num_preemptions"] == 2  # during the step, not since the server started
+    assert "waiting_with_slots_full" not in watched([{"num_requests_running": 3,
+                                                       "num_requests_waiting": 2}], slots=None)
+
+
 def steps_for(levels: dict[int, tuple[float, float]], server: dict[int, dict] | None = None):
     return [summarize(record([outcome(t, p)] * 10, c), SLO, (server or {}).get(c))
             for c, (t, p) in levels.items()]
 
 
-def test_recommendation_says_what_binds_and_what_would_buy_more():
-    steps = steps_for({32: (100, 20), 36: (100, 40)})
-    assert binding_constraint(steps, SLO, 36) == "tpot"
-    advice = recommend(steps, SLO, 32, 36, replicas=1, configured_max_num_seqs=256)
-    assert advice.max_num_seqs == 32 and "more replicas" in advice.reason
+def advice(levels, server, passing, failing, seqs=8, replicas=1):
+    steps = steps_for(levels, server)
+    return recommend(steps, SLO, passing, failing, replicas=replicas,
+                     configured_max_num_seqs=seqs)
 
-    full = steps_for({32: (100, 20), 36: (400, 20)}, {36: {"kv_cache_usage_perc": 0.97}})
-    advice = recommend(full, SLO, 32, 36, replicas=1, configured_max_num_seqs=256)
-    assert "max_model_len" in advice.reason and "97%" in advice.reason
 
-    queued = steps_for({8: (100, 20), 9: (400, 20)}, {9: {"num_requests_waiting": 1.0}})
-    advice = recommend(queued, SLO, 8, 9, replicas=2, configured_max_num_seqs=8)
-    assert advice.max_num_seqs == 4 and "max_num_seqs (8) is the limit" in advice.reason
+def test_sequence_slots_full():  # running = max_num_seqs while requests waited
+    gauges = watched([{"num_requests_running": 8, "num_requests_waiting_capacity": 4,
+                       "kv_cache_usage_perc": 0.3}])
+    got = advice({8: (100, 20), 12: (400, 20)}, {12: gauges}, 8, 12, replicas=2)
+    assert got.knob == "max_num_seqs" and got.max_num_seqs == 4
+    assert "all 8 sequence slots ran" in got.reason
+    assert "max_num_seqs (8) is the limit" in got.reason
+    assert "leaves room" in got.reason  # TPOT 20 of 30 ms
+
+
+def test_kv_cache_full():  # usage near 100 % and preemptions, with slots to spare
+    gauges = watched([{"num_requests_running": 5, "num_requests_waiting_capacity": 3,
+                       "kv_cache_usage_perc": 0.99, "num_preemptions": 10},
+                      {"num_requests_running": 5, "num_requests_waiting_capacity": 3,
+                       "kv_cache_usage_perc": 0.98, "num_preemptions": 14}])
+    got = advice({4: (100, 20), 6: (400, 20)}, {6: gauges}, 4, 6, seqs=64)
+    assert got.knob == "kv_cache"
+    assert "99% full" in got.reason and "preempted requests 4 times" in got.reason
+    assert "max_model_len" in got.reason
+
+
+def test_prefill_budget():  # waiting while running < max_num_seqs, cache not full
+    gauges = watched([{"num_requests_running": 30, "num_requests_waiting_capacity": 16,
+                       "kv_cache_usage_perc": 0.1}], slots=256)
+    got = advice({28: (300, 20), 30: (718, 20)}, {30: gauges}, 28, 30, seqs=256)
+    assert got.knob == "max_num_batched_tokens" and "--max-num-batched-tokens" in got.reason
+    assert "with sequence slots free (at most 30 of 256 ran)" in got.reason
+    assert "max_num_seqs (256) is the limit" not in got.reason
+
+
+def test_the_gpu_itself():  # TPOT rising with no queue
+    quiet = {"num_requests_running": 16, "num_requests_waiting": 0, "kv_cache_usage_perc": 0.2}
+    got = advice({2: (100, 12), 8: (100, 24), 16: (110, 40)}, {16: watched([quiet])}, 8, 16,
+                 seqs=64)
+    assert got.knob == "gpu" and "no request waited" in got.reason
+    assert binding_constraint(steps_for({16: (110, 40)}), SLO, 16) == "tpot"
+    assert "TPOT p50 went from 12.0 ms at 2 streams to 40.0 ms" in got.reason
+
+
+def test_deferred_and_errors():
+    deferred = watched([{"num_requests_running": 2, "num_requests_waiting_capacity": 0,
+                         "num_requests_waiting_deferred": 5}])
+    assert advice({2: (100, 20), 4: (400, 20)}, {4: deferred}, 2, 4).knob == "deferred"
+    steps = steps_for({2: (100, 20)}) + [summarize(record([Outcome(cause="http 502")] * 4, 4),
+                                                   SLO)]
+    got = recommend(steps, SLO, 2, 4, replicas=1, configured_max_num_seqs=8)
+    assert got.knob == "errors" and "4 × http 502" in got.reason
 
 
 def test_recommendation_when_nothing_or_everything_passes():
@@ -160,6 +242,26 @@ def test_recommendation_when_nothing_or_everything_passes():
                       configured_max_num_seqs=None)
     assert every.max_num_seqs == 64 and "above what was measured" in every.reason
     assert not every.measured  # --write-spec writes only a measured boundary
+
+
+def test_a_grid_without_one_stream_claims_nothing_about_one_stream():
+    failing = recommend(steps_for({16: (500, 20), 64: (900, 20)}), SLO, None, 16, replicas=1,
+                        configured_max_num_seqs=256)
+    assert "one stream" not in failing.reason and failing.max_num_seqs is None
+    assert "the lowest load measured, 16 streams, misses the SLO" in failing.reason
+    passing = recommend(steps_for({16: (100, 20), 64: (100, 40)}), SLO, 16, 64, replicas=1,
+                        configured_max_num_seqs=256)
+    assert "one stream" not in passing.reason and passing.max_num_seqs == 16
+
+
+def test_a_rate_search_bisects_between_rates():
+    finder = BoundarySearch(limit=0.5 * 4096, start=0.5, resolution=0.5 / 8)
+    measured = []
+    while (rate := finder.next()) is not None:
+        measured.append(rate)
+        finder.record(rate, rate <= 5.3)
+    assert measured[:5] == [0.5, 1.0, 2.0, 4.0, 8.0]
+    assert finder.max_passing <= 5.3 < finder.first_failing <= finder.max_passing * 1.1
 
 
 @pytest.mark.parametrize(("message", "choice"), [

@@ -8,6 +8,7 @@ from kit.bench import DEFAULT_SLO, Slo
 from kit.bench_run import slo_for
 from kit.spec import load_spec
 from tests.conftest import REPO
+from tests.support.cli import run_kit
 
 
 def _service(tmp_path: Path, extra: str = ""):
@@ -31,3 +32,17 @@ def test_without_flags_or_spec_slo_the_default_judges(tmp_path: Path) -> None:
 ])
 def test_the_flag_wins_then_the_spec_slo(tmp_path: Path, written: str, flags, expected) -> None:
     assert slo_for(_service(tmp_path, written), *flags) == expected
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--request-rate", "2,x"], "positive request rates"),
+    (["--request-rate", "0"], "positive request rates"),
+    (["--request-rate", "inf"], "positive request rates"),
+    (["--arrival", "lockstep", "--request-rate", "2"], "is a closed loop of streams"),
+    (["--arrival", "poisson", "--concurrency", "4"], "driven by a request rate"),
+    (["--arrival", "burst"], "'burst' is not one of"),
+])
+def test_arrival_and_rate_mistakes_are_exit_2(site: Path, args, message) -> None:
+    result = run_kit("bench", site / "site.yaml", *args)
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not (site / "bench").exists()

@@ -10,6 +10,18 @@ request admitted at t sends its first token at exactly t + ttft_s, and a request
 is admitted the moment it arrives; its second token comes with the first step at least half a
 step later, so its gaps average one step), and a pace that slows with the batch (`per_seq_s`: a step
 lasts interval + per_seq_s x running requests), so TPOT grows with load as on a real GPU.
+
+Two more behaviours of vLLM's V1 scheduler, opt-in for benchmarks: chunked prefill under a
+token budget (`prefill_budget`, its --max-num-batched-tokens: each step first gives every
+decoding request its token, then spends what is left of the budget on prompt tokens — the
+unfinished prompts first, then new requests while slots are free; a step lasts
+`prefill_s_per_token` longer per prompt token it computes, and a request's first token comes
+with the step after its prompt's last chunk. So requests wait while sequence slots are free, and
+a burst's prefills queue behind each other: TTFT comes from the prefill work, not from
+`ttft_s`, which this mode does not use), and a KV cache that is
+allocated block by block as tokens are generated (`preempt`): when a running request needs a
+block and none is free, the newest running request is preempted (its blocks freed, back to the
+head of the queue, counted in vllm:num_preemptions_total) and recomputed when readmitted.
 """
 
 from __future__ import annotations
@@ -148,6 +160,9 @@ class Request:
         "generated",
         "rng",
         "finished",
+        "prefilling",
+        "admission",
+        "to_prefill",
     )
 
     def __init__(
@@ -165,6 +180,9 @@ class Request:
         self.generated = 0
         self.rng = random.Random()
         self.finished = False
+        self.prefilling = False
+        self.admission = 0  # admissions so far: a prefill timer of an earlier one is stale
+        self.to_prefill = 0  # prompt tokens still to compute (chunked prefill)
 
     def blocks(self, block_size: int) -> int:
         return -(-(self.prompt_tokens + self.max_tokens) // block_size)
@@ -183,6 +201,9 @@ class Engine:
         bounds: dict[str, tuple[float, ...]] | None = None,
         ttft_s: float | None = None,
         per_seq_s: float = 0.0,
+        prefill_budget: int | None = None,
+        prefill_s_per_token: float = 0.0,
+        preempt: bool = False,
     ):
         self.model_name = model_name
         self.interval = interval_s
@@ -192,6 +213,10 @@ class Engine:
         self.block_size = block_size
         self.total_blocks = kv_tokens // block_size if kv_tokens else None
         self.used_blocks = 0
+        self.prefill_budget = prefill_budget
+        self.prefill_s_per_token = prefill_s_per_token
+        self.preempt = preempt
+        self.preemptions = 0
         self.cache_info = cache_info
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -273,7 +298,7 @@ class Engine:
     def add(self, request: Request) -> None:
         self.waiting.append(request)
         self.hist["request_params_max_tokens"].observe(request.max_tokens)
-        if self.ttft_s is not None:  # admitted as it arrived, if there is room
+        if self.ttft_s is not None and self.prefill_budget is None:  # admitted on arrival
             self._admit(request.arrival)
         if self._timer is None:
             loop = asyncio.get_running_loop()
@@ -290,30 +315,62 @@ class Engine:
             self.waiting.remove(request)
         self._finish(request, "abort", time.monotonic())
 
+    def _fits(self, request: Request) -> bool:
+        if self.total_blocks is None:
+            return True
+        if self.preempt:  # V1: blocks for what is computed so far, the rest as it grows
+            needed = self._live_blocks(1) + self._blocks_for(request, 1)
+            return needed <= self.total_blocks
+        return self.used_blocks + request.blocks(self.block_size) <= self.total_blocks
+
+    def _blocks_for(self, request: Request, extra: int) -> int:
+        return -(-(request.prompt_tokens + request.generated + extra) // self.block_size)
+
+    def _live_blocks(self, extra: int) -> int:
+        return sum(self._blocks_for(r, extra) for r in self.running)
+
     def _admit(self, now: float) -> int:
         prefill = 0
         while self.waiting and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
-            blocks = request.blocks(self.block_size)
-            full = self.total_blocks is not None and self.used_blocks + blocks > self.total_blocks
-            if full and self.running:  # alone, it runs even if it cannot fit: no deadlock
+            if not self._fits(request) and self.running:  # alone, it runs: no deadlock
                 break
-            self.waiting.popleft()
-            self.used_blocks += blocks
-            request.scheduled = now
-            self.running.append(request)
-            if self.ttft_s is not None:
-                # the deadline from the admission, not from whenever this line runs
-                asyncio.get_running_loop().call_at(now + self.ttft_s, self._prefilled, request)
+            self._admit_one(request, now)
             prefill += request.prompt_tokens
-            self.counters["prompt_tokens"] += request.prompt_tokens
-            self.window["prompt"] += request.prompt_tokens
         return prefill
 
-    def _prefilled(self, request: Request) -> None:
+    def _admit_one(self, request: Request, now: float) -> None:
+        """The head of the queue into the running batch, its prefill begun."""
+        self.waiting.popleft()
+        self.used_blocks += request.blocks(self.block_size)
+        if not request.scheduled:
+            request.scheduled = now
+        request.prefilling = True
+        request.admission += 1
+        request.to_prefill = request.prompt_tokens + request.generated  # recompute if preempted
+        self.running.append(request)
+        if self.ttft_s is not None and self.prefill_budget is None:
+            # the deadline from the admission, not from whenever this line runs
+            asyncio.get_running_loop().call_at(now + self.ttft_s, self._prefilled, request,
+                                               request.admission)
+        self.counters["prompt_tokens"] += request.prompt_tokens
+        self.window["prompt"] += request.prompt_tokens
+
+    def _preempt_for_growth(self) -> None:
+        """V1's recompute preemption: while the running requests' next tokens need more blocks
+        than the cache has, the newest one goes back to the head of the queue."""
+        while len(self.running) > 1 and self._live_blocks(1) > self.total_blocks:
+            victim = self.running.pop()
+            self.used_blocks -= victim.blocks(self.block_size)
+            victim.prefilling = False
+            self.waiting.appendleft(victim)
+            self.preemptions += 1
+
+    def _prefilled(self, request: Request, admission: int) -> None:
         """Programmed TTFT: the first token, on time; the next ones come with the steps."""
-        if request.finished:
-            return
+        if request.finished or admission != request.admission or request not in self.running:
+            return  # preempted since (a readmission set its own deadline)
+        request.prefilling = False
         now = time.monotonic()
         self._emit(request, now)
         self.counters["generation_tokens"] += 1
@@ -336,18 +393,60 @@ class Engine:
             self.used_blocks -= request.blocks(self.block_size)
             self._finish(request, "length", now)
 
+    def _budget_step(self, now: float) -> float:
+        """One step of chunked prefill under the token budget; returns its prefill time."""
+        stepped = 0
+        still_running = []
+        for request in self.running:  # decoding requests first: one token each
+            if not request.prefilling:
+                stepped += 1
+                self._emit(request, now)
+            if not request.finished:
+                still_running.append(request)
+        self.running = still_running
+        budget = self.prefill_budget - stepped
+        computed = 0
+        for request in self.running:  # prompts begun in an earlier step go on
+            if request.prefilling and budget > 0:
+                budget, computed = self._chunk(request, budget, computed)
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            if not self._fits(self.waiting[0]) and self.running:
+                break
+            self._admit_one(self.waiting[0], now)
+            budget, computed = self._chunk(self.running[-1], budget, computed)
+        self.counters["generation_tokens"] += stepped
+        self.window["generation"] += stepped
+        if stepped or computed:
+            self.hist["iteration_tokens_total"].observe(stepped + computed)
+        return computed * self.prefill_s_per_token
+
+    def _chunk(self, request: Request, budget: int, computed: int) -> tuple[int, int]:
+        """Computes as much of the request's prompt as the budget allows; with its last chunk
+        it stops prefilling, so its first token comes with the next step."""
+        chunk = min(request.to_prefill, budget)
+        request.to_prefill -= chunk
+        if not request.to_prefill:
+            request.prefilling = False
+        return budget - chunk, computed + chunk
+
     def _step(self) -> None:
         now = time.monotonic()
+        if self.preempt and self.total_blocks is not None:
+            self._preempt_for_growth()
+        if self.prefill_budget is not None:
+            self._schedule_next(self._budget_step(now))
+            return
         tokens = self._admit(now)
         still_running = []
         stepped = 0
         for request in self.running:
             if self.ttft_s is not None and (
-                request.generated == 0 or now - request.last_token < self.interval / 2
+                request.prefilling or now - request.last_token < self.interval / 2
             ):  # still in its programmed prefill, or its first token came under half a step ago
                 still_running.append(request)
                 continue
             stepped += 1
+            request.prefilling = False
             self._emit(request, now)
             if not request.finished:
                 still_running.append(request)
@@ -357,9 +456,12 @@ class Engine:
         if stepped:
             self.hist["iteration_tokens_total"].observe(tokens)
         self.running = still_running
+        self._schedule_next(0.0)
+
+    def _schedule_next(self, extra_s: float) -> None:
         if self.running or self.waiting:
             loop = asyncio.get_running_loop()
-            step = self.interval + self.per_seq_s * len(self.running)
+            step = self.interval + self.per_seq_s * len(self.running) + extra_s
             self._next_tick = max(self._next_tick + step, loop.time())
             self._timer = loop.call_at(self._next_tick, self._step)
         else:
@@ -443,6 +545,16 @@ class Engine:
             "Number of requests waiting to be processed.",
             len(self.waiting),
         )
+        reasons = {'reason="capacity"': len(self.waiting), 'reason="deferred"': 0}
+        out += [
+            "# HELP vllm:num_requests_waiting_by_reason Number of waiting requests by reason. "
+            "Reason labels: 'capacity' = waiting for scheduling capacity; 'deferred' = deferred "
+            "by transient constraints (LoRA budget, KV transfer, blocked status). Sum of all "
+            "reasons equals vllm:num_requests_waiting.",
+            "# TYPE vllm:num_requests_waiting_by_reason gauge",
+            *(f"vllm:num_requests_waiting_by_reason{{{_labels(labels, reason)}}} {float(n)!r}"
+              for reason, n in reasons.items()),
+        ]
         gauge(
             "vllm:kv_cache_usage_perc",
             "KV-cache usage. 1 means 100 percent usage.",
@@ -458,7 +570,11 @@ class Engine:
             "Prefix cache hits, in terms of number of cached tokens.",
             {"": 0},
         )
-        counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", {"": 0})
+        counter(
+            "vllm:num_preemptions",
+            "Cumulative number of preemption from the engine.",
+            {"": self.preemptions},
+        )
         counter(
             "vllm:prompt_tokens",
             "Number of prefill tokens processed.",

@@ -179,6 +179,7 @@ class Standin:
         self.engine: Engine | None = None
         self.app: App | None = None
         self.max_num_seqs = 0
+        self.max_num_batched_tokens = 0
         self.peers: multinode.Head | multinode.Worker | None = None  # --nnodes > 1
 
     async def at(self, fraction: float) -> None:
@@ -298,7 +299,7 @@ class Standin:
         tp, pp = a.tensor_parallel_size, a.pipeline_parallel_size
         default_seqs, default_tokens = model.scheduler_defaults(model.gpu_memory())
         self.max_num_seqs = a.max_num_seqs or default_seqs
-        batched = a.max_num_batched_tokens or default_tokens
+        batched = self.max_num_batched_tokens = a.max_num_batched_tokens or default_tokens
         logs.line(
             logs.API,
             "INFO",
@@ -437,7 +438,14 @@ class Standin:
             else None,
             per_seq_s=_env_float("STANDIN_TOKEN_INTERVAL_PER_SEQ_MS", 0) / 1000,
             max_num_seqs=self.max_num_seqs,
-            kv_tokens=kv.tokens if kv else None,
+            # opt-in (test infra): the prefill token budget per step, and a small KV cache
+            # allocated block by block with preemption, as vLLM's V1 scheduler does
+            prefill_budget=self.max_num_batched_tokens
+            if os.environ.get("STANDIN_PREFILL_BUDGET") == "1" else None,
+            prefill_s_per_token=_env_float("STANDIN_PREFILL_US_PER_TOKEN", 0) / 1e6,
+            kv_tokens=int(os.environ["STANDIN_KV_TOKENS"]) if "STANDIN_KV_TOKENS" in os.environ
+            else kv.tokens if kv else None,
+            preempt="STANDIN_KV_TOKENS" in os.environ,
             block_size=a.block_size or model.BLOCK_SIZE,
             cache_info={
                 "block_size": str(a.block_size or model.BLOCK_SIZE),
