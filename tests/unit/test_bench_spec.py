@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from kit import bench_run
-from kit.bench import Recommendation, Slo, recommend
+from kit.bench import Recommendation, Slo, recommend, summarize
+from kit.bench_client import Outcome, StepRecord
 from kit.bench_run import BenchRun
 from kit.bench_spec import with_max_num_seqs, write_max_num_seqs
 from kit.errors import BadInput
@@ -107,6 +108,15 @@ def test_a_spec_owned_by_another_user_keeps_its_owner(tmp_path: Path):
     assert (after.st_uid, after.st_gid, after.st_mode & 0o7777) == (4321, 4322, 0o640)
 
 
+def passing_step(slo: Slo):
+    """32 streams well within the SLO (TTFT 100 ms, TPOT 10 ms)."""
+    gaps = [0.01] * 10
+    outcomes = [Outcome(ttft=0.1, latency=0.1 + sum(gaps), itl=gaps, prompt_tokens=100,
+                        output_tokens=11)] * 10
+    return summarize(StepRecord(32, outcomes, duration_s=2.0, lag_p90_ms=0.5, lag_max_ms=0.5),
+                     slo, None)
+
+
 def finished_run(first_failing: int | None) -> BenchRun:
     """A run where every step up to 32 streams passed and, when given, `first_failing` failed;
     with no failure the recommendation is the real `recommend`'s."""
@@ -114,7 +124,7 @@ def finished_run(first_failing: int | None) -> BenchRun:
     run = BenchRun("llama8b", slo, 64, 32, gpus=1, replicas=1, configured_max_num_seqs=None,
                    max_passing=32, first_failing=first_failing)
     run.recommendation = (
-        recommend([], slo, 32, None, replicas=1, configured_max_num_seqs=None)
+        recommend([passing_step(slo)], slo, 32, None, replicas=1, configured_max_num_seqs=None)
         if first_failing is None else Recommendation(32, f"TTFT over the SLO at {first_failing}"))
     return run
 
