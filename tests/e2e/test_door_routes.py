@@ -242,10 +242,11 @@ def test_errors_behind_the_door_are_json(site: LiveSite, credentials: dict[str, 
     /metrics/<service> down. Run last in this module: it stops containers."""
     site.verifier.stop(timeout=1)
     try:
-        fresh = site.gate().fetch("GET", "/v1/models", credentials="Basic " + "c3Q6eHh4eHh4eA==")
-        json_error(fresh, 500)
+        fresh = request("GET", "/v1/models", DOMAIN, [("Authorization", "Basic c3Q6eHh4eHh4eA==")])
+        json_error(exchange(site.gate(), fresh, timeout=90), 500)  # after the connect timeouts
     finally:
         site.verifier.start()
     site.container(SERVICE).stop(timeout=1)
-    metrics = site.gate().fetch("GET", f"/metrics/{SERVICE}", credentials=credentials["Bearer"])
-    json_error(metrics, 502)
+    metrics = request("GET", f"/metrics/{SERVICE}", DOMAIN,
+                      [("Authorization", credentials["Bearer"])])
+    json_error(exchange(site.gate(), metrics, timeout=90), 502)
