@@ -28,6 +28,18 @@ MAX_PASSWORD_BYTES = 72  # bcrypt ignores everything past 72 bytes: refuse inste
 SECRET = 0o600
 NGINX_GID = 101  # the nginx group in the official image: its workers read htpasswd per request
 
+# What the verifier checks a name htpasswd does not hold against, so an unknown name costs one
+# bcrypt check of BCRYPT_COST as a known one does (no timing tells them apart). The name cannot be
+# a user's (USER_NAME starts with a letter); the hash's password was random and thrown away, and
+# the verifier refuses this name even if it matched (templates/verifier.conf.j2).
+UNKNOWN_USER = "_unknown"
+UNKNOWN_USER_HASH = "$2b$12$6aGmvK.P.r96CJ9ynCve7O0YiLheQyoQVL6r8LgxNd8NdKHAIWuXO"
+
+
+def unknown_user_file() -> bytes:
+    """The verifier's one-line htpasswd for names htpasswd does not hold."""
+    return f"{UNKNOWN_USER}:{UNKNOWN_USER_HASH}\n".encode()
+
 
 def worker_readable() -> tuple[int, int | None]:
     """Mode and group for files nginx workers read: 0640 group nginx, or 0644 without root."""

@@ -382,8 +382,9 @@ def _front_door(plan: Plan, namespace: str, credentials: Credentials, spec_name:
     nginx_pod = {"terminationGracePeriodSeconds": NGINX_STOP_GRACE + STOP_GRACE,
                  "securityContext": {"fsGroup": NGINX_GID}, "containers": [nginx],
                  "volumes": [nginx_volume, *_scratch_volumes()]}
+    verifier_files = ("nginx.conf", "verifier.js", "unknown-user.htpasswd")
     verifier_config = _config_map(VERIFIER_SERVICE, namespace, verifier_labels, {
-        "nginx.conf": compose_files["nginx/verifier/nginx.conf"]})
+        name: compose_files[f"nginx/verifier/{name}"] for name in verifier_files})
     htpasswd = _secret(f"{VERIFIER_SERVICE}-htpasswd", namespace, verifier_labels,
                        {"htpasswd": credentials.htpasswd})
     port = plan.nginx.verifier_port
@@ -398,7 +399,8 @@ def _front_door(plan: Plan, namespace: str, credentials: Credentials, spec_name:
         "terminationGracePeriodSeconds": NGINX_STOP_GRACE + STOP_GRACE,
         "securityContext": {"fsGroup": NGINX_GID}, "containers": [verifier],
         "volumes": [
-            _projected("config", [("ConfigMap", VERIFIER_SERVICE, {"nginx.conf": "nginx.conf"})]),
+            _projected("config", [("ConfigMap", VERIFIER_SERVICE,
+                                    {name: name for name in verifier_files})]),
             _projected("auth", [("Secret", f"{VERIFIER_SERVICE}-htpasswd",
                                  {"htpasswd": "htpasswd"})]),
             *_scratch_volumes(),

@@ -5,7 +5,8 @@
     <site>/compose/<service>.env        rendered: each service's environment (0600: may hold tokens)
     <site>/nginx/nginx.conf, kit.js     rendered (mounted read-only at /etc/nginx/kit)
     <site>/nginx/kit-routes.js          rendered: served model name → the service that serves it
-    <site>/nginx/verifier/nginx.conf    rendered: the password verifier (its own container)
+    <site>/nginx/verifier/nginx.conf    rendered: the password verifier (its own container),
+                                        verifier.js and unknown-user.htpasswd (unknown names)
     <site>/nginx/replicas/<svc>.conf    a multi-replica service's servers (kit up marks one down)
     <site>/nginx/auth/                  htpasswd (bcrypt), keys.map (key digests), auth-state.conf
     <site>/nginx/tls/                   server.crt, server.key, ca.crt
@@ -53,6 +54,15 @@ class SiteLayout:
     @property
     def verifier_conf(self) -> Path:
         return self.nginx_dir / "verifier" / "nginx.conf"
+
+    @property
+    def verifier_js(self) -> Path:
+        return self.nginx_dir / "verifier" / "verifier.js"
+
+    @property
+    def unknown_user_file(self) -> Path:
+        """The verifier's htpasswd for names the real one does not hold (a dummy hash)."""
+        return self.nginx_dir / "verifier" / "unknown-user.htpasswd"
 
     @property
     def routes_js(self) -> Path:

@@ -148,3 +148,64 @@ def nginx_size(size: int) -> str:
         if size % SIZE_UNITS[unit] == 0:
             return f"{size // SIZE_UNITS[unit]}{unit}"
     return str(size)
+
+
+# ---- vLLM's HTTP routes at the front door ------------------------------------------------------
+# The pinned vLLM's whole route table is tests/standin/vllm-0.33.0-routes.txt (extracted from its
+# wheel by scripts/gen_vllm_routes.py); a unit test fails on a route of it not classified here.
+# docs/auth.md says why each route is in or out. The door matches a path exactly, after nginx
+# normalized it (percent-decoding, `..`, duplicate slashes), and sends vLLM that normal form.
+
+# Passed to vLLM with their one method, routed by the JSON body's "model" (kit.js): the OpenAI
+# API a client needs.
+OPENAI_ROUTES: dict[str, str] = {
+    "/v1/chat/completions": "POST",
+    "/v1/completions": "POST",
+    "/v1/embeddings": "POST",
+    "/v1/responses": "POST",
+}
+
+# Answered by the front door itself from what every service reports (never passed as asked).
+DOOR_ROUTES: dict[str, str] = {
+    "/v1/models": "GET",  # the union of every service's list (kit.js)
+    "/v1/models/{model}": "GET",  # one entry of that list (kit.js); not a vLLM route
+    "/health": "GET",  # every service's readiness, nothing else
+    "/metrics/{path}": "GET",  # as /metrics/<service>, with credentials (kit bench's gauges)
+}
+
+# The rest of vLLM's routes, refused with a JSON 404 whatever the credential, by why.
+REFUSED_ROUTES: dict[str, tuple[str, ...]] = {
+    "changes the engine, its weights or adapters for every user (admin, development, RL)": (
+        "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/sleep", "/wake_up",
+        "/release_kv_cache_memory", "/reset_prefix_cache", "/reset_mm_cache",
+        "/reset_encoder_cache", "/collective_rpc", "/scale_elastic_ep", "/pause", "/resume",
+        "/abort_requests", "/inference/v1/abort_requests", "/init_weight_transfer_engine",
+        "/shutdown_weight_transfer_engine", "/start_weight_update", "/start_draft_weight_update",
+        "/update_weights", "/finish_weight_update", "/update_weight_version", "/weight_checker",
+        "/start_profile", "/stop_profile", "/fault_tolerance/apply",
+    ),
+    "reveals the server's configuration or state (debug, documentation, other probes)": (
+        "/server_info", "/is_sleeping", "/is_paused", "/is_scaling_elastic_ep",
+        "/get_world_size", "/weight_info", "/load", "/version", "/kv_event_sources",
+        "/fault_tolerance/status", "/ping", "/ready", "/readyz", "/openapi.json", "/docs",
+        "/docs/oauth2-redirect", "/redoc", "/static/{path}",
+    ),
+    "holds state in one replica's memory, readable by anyone who has the id": (
+        "/v1/responses/{response_id}", "/v1/responses/{response_id}/cancel",
+    ),
+    "not the OpenAI API: other vendors' APIs and vLLM's own extensions": (
+        "/v1/messages", "/v1/messages/count_tokens", "/cohere/v2/chat", "/v2/embed",
+        "/v2/rerank", "/v1/rerank", "/rerank", "/v1/score", "/score", "/classify", "/pooling",
+        "/tokenize", "/detokenize", "/tokenizer_info", "/invocations", "/generative_scoring",
+        "/v1/decisions", "/v1/systemone", "/inference/v1/generate",
+    ),
+    "many requests in one, past the per-request limits": ("/v1/chat/completions/batch",),
+    "scale-out rendering between vLLM servers, not for clients": (
+        "/v1/chat/completions/render", "/v1/chat/completions/derender", "/v1/completions/render",
+        "/v1/completions/derender", "/v1/messages/render", "/v1/responses/render",
+        "/cohere/v2/chat/render",
+    ),
+    "not a JSON body kit can route by its model (multipart upload, WebSocket)": (
+        "/v1/audio/transcriptions", "/v1/audio/translations", "/v1/realtime",
+    ),
+}

@@ -19,10 +19,12 @@ import jinja2
 from kit import __version__
 from kit.credentials import (
     SECRET,
+    UNKNOWN_USER,
     AuthFiles,
     NewPassword,
     auth_outputs,
     forget_shown_passwords,
+    unknown_user_file,
     unshown_passwords,
     unshown_passwords_output,
 )
@@ -51,6 +53,7 @@ from kit.files import (
     remove_stale_temps,
 )
 from kit.layout import NGINX_MOUNT, VERIFIER_AUTH_MOUNT, VERIFIER_MOUNT, SiteLayout
+from kit.names import OPENAI_ROUTES
 from kit.node_files import worker_outputs
 from kit.observability import DOOR_SCRIPT, prometheus_config, rules_file, template_facts
 from kit.plan import (
@@ -188,6 +191,8 @@ def template_context(plan: Plan, spec_name: str) -> dict:
         "replica_fail_timeout": REPLICA_FAIL_TIMEOUT,
         "unavailable_retry_after": UNAVAILABLE_RETRY_AFTER,
         "prefix_key": PREFIX_KEY,
+        "openai_routes": OPENAI_ROUTES,
+        "unknown_user": UNKNOWN_USER,
         "nginx_health_url": f"http://127.0.0.1:{HEALTHZ_PORT}/kit-healthz",
         "https_port_suffix": "" if https == 443 else f":{https}",
         "service_hosts": {service.name: service.name for service in plan.services},
@@ -221,6 +226,9 @@ def generated_files(plan: Plan, spec_name: str) -> list[Output]:
             layout.verifier_conf,
             env.get_template("verifier.conf.j2").render(context).encode(),
         ),
+        Output(layout.verifier_js, resources.files("kit.templates").joinpath("verifier.js")
+               .read_bytes()),
+        Output(layout.unknown_user_file, unknown_user_file()),
         Output(layout.routes_js, routes_module(plan)),
         *worker_outputs(plan, spec_name),
         *(Output(layout.replica_pool(service.name), replica_pool(service), generated=False)

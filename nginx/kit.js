@@ -61,10 +61,16 @@ function noSuchModel(r, model) {
     sendError(r, 404, 'NotFoundError', 'The model `' + model + '` does not exist.', 'model');
 }
 
+// Bytes as text, each invalid UTF-8 sequence replaced by U+FFFD: whatever a client sent, what
+// kit echoes in a JSON error is valid UTF-8.
+function utf8(bytes) {
+    return bytes ? new TextDecoder('utf-8').decode(bytes) : '';
+}
+
 // Send a /v1 request to the service whose served name is the body's "model".
 function route(r) {
     var model;
-    var body = r.requestText;
+    var body = utf8(r.requestBuffer);
     if (body) {
         try {
             model = JSON.parse(body).model;
@@ -185,7 +191,7 @@ function models(r) {
 
 // GET /v1/models/{id}: the model object from the service that serves it (as in the list).
 function model(r) {
-    var id = r.uri.slice('/v1/models/'.length);
+    var id = utf8(r.rawVariables.uri).slice('/v1/models/'.length);
     var service = serviceOf(id);
     if (service === null) {
         noSuchModel(r, id);

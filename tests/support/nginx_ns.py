@@ -98,3 +98,16 @@ def _run_t(
             ["unshare", "-m", "-n", "sh", "-c", script], capture_output=True, text=True,
             timeout=60,
         )
+
+
+def serve_verifier(nginx_dir: Path, client: str) -> subprocess.CompletedProcess:
+    """The rendered verifier served by the host's nginx, `client` (shell) run against it, then
+    nginx stopped — in private mount and network namespaces, so no host port is taken."""
+    mounts = {VERIFIER_MOUNT: (nginx_dir / "verifier").resolve(),
+              VERIFIER_AUTH_MOUNT: (nginx_dir / "auth").resolve()}
+    command = (f"ip link set lo up\nnginx -c {VERIFIER_MOUNT}/nginx.conf\n"
+               f"set +e\n{client}\nstatus=$?\nkill $(cat /run/nginx.pid)\nexit $status")
+    with tempfile.TemporaryDirectory() as work:
+        script = namespace_script(mounts, [], command, Path(work))
+        return subprocess.run(["unshare", "-m", "-n", "sh", "-c", script], capture_output=True,
+                              text=True, timeout=120)

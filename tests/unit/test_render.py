@@ -18,7 +18,8 @@ from tests.conftest import REPO, tree
 from tests.support.cli import run_kit
 
 GOLDEN = ["compose/docker-compose.yml", "compose/llama8b.env", "nginx/nginx.conf", "nginx/kit.js",
-          "nginx/verifier/nginx.conf", "nginx/kit-routes.js"]
+          "nginx/verifier/nginx.conf", "nginx/verifier/verifier.js",
+          "nginx/verifier/unknown-user.htpasswd", "nginx/kit-routes.js"]
 
 
 def render(*args: str) -> Result:

@@ -139,7 +139,7 @@ def test_nginx_balances_least_connections_with_a_shared_zone(replicas_site: Path
     assert pick.values("default") == [("kit_qwen32b_affinity",)]
     assert conf.one("js_set", "$kit_prefix").args == ("$kit_prefix", "kit.prefixKey")
     location = conf.one("location", "@kit_qwen32b")
-    assert location.values("proxy_pass") == [("http://$kit_qwen32b_pool",)]
+    assert location.values("proxy_pass") == [("http://$kit_qwen32b_pool$uri$is_args$args",)]
     # a request not yet answered may go to another replica; a begun stream never
     assert location.values("proxy_next_upstream") == [("error", "timeout", "non_idempotent")]
     # a killed replica's address answers nothing: after 2 s the next one, within 2 x 2 s only
