@@ -28,6 +28,9 @@ systemctl disable --now nginx >/dev/null 2>&1 || service nginx stop >/dev/null 2
 
 python3 -m pip install -q --disable-pip-version-check -e '.[test]'
 
+# Lint first: a finding fails the run before any engine work (ruff is in the test extra).
+python3 -m ruff check kit tests scripts
+
 if docker info >/dev/null 2>&1; then
   scripts/dockerd.sh start            # only checks; an engine already answers: never stopped here
 else
