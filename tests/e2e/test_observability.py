@@ -122,6 +122,27 @@ def test_every_panel_and_rule_queries_metrics_that_exist(site: LiveSite) -> None
     assert 0 < value <= 1
 
 
+def test_a_second_up_changes_nothing_and_a_new_secret_recreates_only_its_holders(
+        site: LiveSite) -> None:
+    """The secret and its hash are kept: a second `kit up` changes nothing (the env file and
+    the healthcheck read back as the engine has them). A deleted secret is a new one at the
+    next `kit up`: Prometheus and Grafana are recreated with it, the door and the replicas
+    are not, and every client gets in with the new one."""
+    said = checked(site.kit("up", "--no-probe")).stdout
+    assert "no change" in said, said
+    old = (site.root / ".kit" / "prometheus.password").read_text()
+    (site.root / ".kit" / "prometheus.password").unlink()
+    said = checked(site.kit("up")).stdout
+    assert (site.root / ".kit" / "prometheus.password").read_text() != old
+    recreated = sorted(line.split()[2].removesuffix(":") for line in said.splitlines()
+                       if line.startswith("recreate container"))
+    assert recreated == sorted(site.container(name).name for name in
+                               (PROMETHEUS_SERVICE, GRAFANA_SERVICE)), said
+    assert query(site, "/api/v1/query", query="up")["result"]  # kit up waited for its health
+    reply = site.gate().fetch("GET", "/grafana/", credentials=site.basic("ops"))
+    assert reply.json()["datasource_answers"] == {"Prometheus": 200}, reply.body
+
+
 def test_status_shows_live_figures(site: LiveSite) -> None:
     shown = checked(site.kit("status")).stdout
     assert f"{SERVICE} replica 0: up, running 0, waiting 0, KV cache 0 %" in shown, shown
