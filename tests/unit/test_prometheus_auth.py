@@ -131,3 +131,25 @@ def test_a_web_config_edited_to_another_hash_is_put_back(site: Path) -> None:
     web.write_text(f"basic_auth_users:\n  {PROMETHEUS_USER}: '{foreign}'\n")
     assert run_kit("render", site / "site.yaml").exit_code == 0
     assert bcrypt.checkpw(secret(site).encode(), web_hash(site).encode())
+
+
+def test_the_in_container_get_passes_the_secret_whole_to_wget_or_curl(tmp_path: Path) -> None:
+    """kit status's query, run by a shell as in the container: the password from the
+    environment reaches wget's URL (busybox) or curl's -u (when wget fails) whole, and the
+    query stays one URL-encoded argument."""
+    log = tmp_path / "argv"
+    for tool, code in (("wget", 1), ("curl", 0)):
+        fake = tmp_path / tool
+        fake.write_text(f'#!/bin/sh\nprintf "{tool}" >> {log}\n'
+                        f'for a in "$@"; do printf " [%s]" "$a" >> {log}; done\n'
+                        f'echo >> {log}\nexit {code}\n')
+        fake.chmod(0o755)
+    password = "a-B_9" * 5
+    argv = api_argv("/api/v1/query", {"query": 'up{job="vllm"} == 0'})
+    subprocess.run(argv, env={"PATH": f"{tmp_path}:/usr/bin:/bin",
+                              PROMETHEUS_PASSWORD_ENV: password}, check=True, timeout=30)
+    url = "127.0.0.1:9090/api/v1/query?query=up%7Bjob%3D%22vllm%22%7D+%3D%3D+0"
+    assert log.read_text().splitlines() == [
+        f"wget [-q] [-O] [-] [http://kit:{password}@{url}]",
+        f"curl [-fsS] [-o] [-] [-u] [kit:{password}] [http://{url}]",
+    ]
