@@ -14,12 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import bcrypt
+import yaml
 
+from kit.envfile import env_file_text
 from kit.errors import BadInput
 from kit.files import Output
 from kit.files import read_existing as read_if_present
 from kit.layout import PROBE_USER, SiteLayout
 from kit.names import USER_NAME, is_name
+from kit.observability import PROMETHEUS_PASSWORD_ENV, PROMETHEUS_USER, web_config
 from kit.state import read_state
 
 BCRYPT_COST = 12
@@ -27,6 +30,8 @@ MIN_PASSWORD_LENGTH = 12
 MAX_PASSWORD_BYTES = 72  # bcrypt ignores everything past 72 bytes: refuse instead of truncating
 SECRET = 0o600
 NGINX_GID = 101  # the nginx group in the official image: its workers read htpasswd per request
+PROMETHEUS_GID = 65534  # Prometheus's image runs as nobody:nogroup; it reads web.yml
+PROMETHEUS_BCRYPT_COST = 10  # a 144-bit random secret: cost only slows each uncached check
 
 # What the verifier checks a name htpasswd does not hold against, so an unknown name costs one
 # bcrypt check of BCRYPT_COST as a known one does (no timing tells them apart). The name cannot be
@@ -41,9 +46,10 @@ def unknown_user_file() -> bytes:
     return f"{UNKNOWN_USER}:{UNKNOWN_USER_HASH}\n".encode()
 
 
-def worker_readable() -> tuple[int, int | None]:
-    """Mode and group for files nginx workers read: 0640 group nginx, or 0644 without root."""
-    return (0o640, NGINX_GID) if os.geteuid() == 0 else (0o644, None)
+def worker_readable(gid: int = NGINX_GID) -> tuple[int, int | None]:
+    """Mode and group for files a container's user reads (nginx workers by default): 0640 with
+    that group, or 0644 without root."""
+    return (0o640, gid) if os.geteuid() == 0 else (0o644, None)
 
 
 # --------------------------------------------------------------------------- passwords (people)
@@ -320,3 +326,41 @@ def forget_shown_passwords(layout: SiteLayout) -> None:
     them again, which loses nothing)."""
     with contextlib.suppress(OSError):
         layout.new_passwords.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- Prometheus's API
+
+
+def prometheus_auth_outputs(layout: SiteLayout) -> list[Output]:
+    """Prometheus's API secret: generated once and kept in .kit/ (0600); its bcrypt hash in
+    web.yml, kept while it matches (so a second render changes nothing); and the 0600 env file
+    that hands it to Prometheus (its healthcheck, kit status's queries) and to Grafana (its
+    data source). A new secret: delete .kit/prometheus.password and run kit up."""
+    rel = layout.root
+    password = (read_if_present(layout.prometheus_password) or b"").decode().strip()
+    hashed = _web_config_hash(layout) if password else None
+    if not password:
+        password = generate_password()
+    if hashed is None or not verify_password(password, hashed):
+        hashed = bcrypt.hashpw(password.encode(),
+                               bcrypt.gensalt(rounds=PROMETHEUS_BCRYPT_COST)).decode()
+    mode, group = worker_readable(PROMETHEUS_GID)
+    env = env_file_text({PROMETHEUS_PASSWORD_ENV: password}, "the secret in .kit/")
+    return [
+        Output(layout.prometheus_password.relative_to(rel), password.encode() + b"\n", SECRET,
+               generated=False, secret=True),
+        Output(layout.prometheus_web_config.relative_to(rel), web_config(hashed).encode(),
+               mode, False, group),
+        Output(layout.prometheus_auth_env.relative_to(rel), env.encode(), SECRET,
+               generated=False, secret=True),
+    ]
+
+
+def _web_config_hash(layout: SiteLayout) -> str | None:
+    """The hash web.yml holds for kit's account, None when unreadable (a new one is made)."""
+    try:
+        users = yaml.safe_load(read_if_present(layout.prometheus_web_config) or b"")
+        hashed = users["basic_auth_users"][PROMETHEUS_USER]
+    except (yaml.YAMLError, TypeError, KeyError):
+        return None
+    return hashed if isinstance(hashed, str) and hashed.startswith("$2") else None

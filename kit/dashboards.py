@@ -21,7 +21,9 @@ from kit.observability import (
     DOOR_LOG_JOB,
     DOOR_STATES,
     GRAFANA_DASHBOARDS_MOUNT,
+    PROMETHEUS_PASSWORD_ENV,
     PROMETHEUS_PORT,
+    PROMETHEUS_USER,
     VLLM_JOB,
     ServiceSlo,
     generated_yaml,
@@ -206,6 +208,9 @@ def dashboard_files(plan: Plan) -> dict[str, str]:
 
 
 def datasource_provisioning(prometheus_host: str) -> str:
+    """The Prometheus data source, signed in with Basic auth: the password is Grafana's
+    environment variable (set from the 0600 compose/prometheus-auth.env), which Grafana
+    expands in provisioning files, so this file holds no secret."""
     return generated_yaml({
         "apiVersion": 1,
         "datasources": [{
@@ -214,6 +219,9 @@ def datasource_provisioning(prometheus_host: str) -> str:
             "type": "prometheus",
             "access": "proxy",
             "url": f"http://{prometheus_host}:{PROMETHEUS_PORT}",
+            "basicAuth": True,
+            "basicAuthUser": PROMETHEUS_USER,
+            "secureJsonData": {"basicAuthPassword": f"${{{PROMETHEUS_PASSWORD_ENV}}}"},
             "isDefault": True,
             "editable": False,
         }],

@@ -463,7 +463,7 @@ def _healthcheck(body: dict | None) -> Healthcheck | None:
     if not body:
         return None
     return Healthcheck(
-        test=tuple(body["test"]),
+        test=tuple(_literal(str(part)) for part in body["test"]),
         interval=parse_duration(body.get("interval", "30s")),
         timeout=parse_duration(body.get("timeout", "30s")),
         retries=int(body.get("retries", 3)),

@@ -3,6 +3,7 @@
     <site>/site.yaml                    the spec (any name)
     <site>/compose/docker-compose.yml   rendered
     <site>/compose/<service>.env        rendered: each service's environment (0600: may hold tokens)
+    <site>/compose/prometheus-auth.env  Prometheus's API password, for it and Grafana (0600)
     <site>/nginx/nginx.conf, kit.js     rendered (mounted read-only at /etc/nginx/kit)
     <site>/nginx/kit-routes.js          rendered: served model name → the service that serves it
     <site>/nginx/verifier/nginx.conf    rendered: the password verifier (its own container),
@@ -12,7 +13,8 @@
     <site>/nginx/tls/                   server.crt, server.key, ca.crt
     <site>/nginx/trust/ca-bundle.pem    tls.ca_bundle's copy (certbot's REQUESTS_CA_BUNDLE, gate)
     <site>/observability/               rendered when observability.enabled: prometheus/
-                                        (prometheus.yml, rules.yml), grafana/provisioning/,
+                                        (prometheus.yml, rules.yml, web.yml: its API's
+                                        bcrypt hash), grafana/provisioning/,
                                         grafana/dashboards/, door-figures/ (the door's counter)
     <site>/.kit/                        kit's state: manifest, CA key, probe identity, last probe
 """
@@ -25,6 +27,8 @@ VERIFIER_MOUNT = "/etc/nginx/kit-verifier"  # nginx/verifier/ inside the verifie
 VERIFIER_AUTH_MOUNT = "/etc/nginx/kit-auth"  # nginx/auth/ there: auth_basic reads it per request
 ACME_LAST_RUN = "acme-last-run"  # in nginx/tls, beside the certificate certbot installs
 PROBE_USER = "kit-probe"  # the dedicated identity the gate authenticates as
+PROMETHEUS_WEB_CONFIG = "web.yml"  # in observability/prometheus/: its API's Basic auth (a hash)
+PROMETHEUS_AUTH_ENV_FILE = "prometheus-auth.env"  # in compose/: the API's password, 0600
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,19 @@ class SiteLayout:
     def prometheus_dir(self) -> Path:
         """Mounted whole into Prometheus (a file mount would pin the old inode on re-render)."""
         return self.observability_dir / "prometheus"
+
+    @property
+    def prometheus_web_config(self) -> Path:
+        return self.prometheus_dir / PROMETHEUS_WEB_CONFIG
+
+    @property
+    def prometheus_auth_env(self) -> Path:
+        return self.compose_dir / PROMETHEUS_AUTH_ENV_FILE
+
+    @property
+    def prometheus_password(self) -> Path:
+        """The secret of Prometheus's API (0600), kept across renders: web.yml holds its hash."""
+        return self.state_dir / "prometheus.password"
 
     @property
     def grafana_provisioning_dir(self) -> Path:

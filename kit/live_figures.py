@@ -4,13 +4,12 @@ of the site's Prometheus from inside its container (it publishes no port)."""
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import asdict, dataclass
 from urllib.parse import urlencode
 
 from kit.docker_api import Engine
 from kit.errors import KitError
-from kit.observability import PROMETHEUS_PORT, VLLM_JOB
+from kit.observability import VLLM_JOB, prometheus_get
 
 # figure → the PromQL that gives it per (service, replica)
 FIGURES = {
@@ -68,13 +67,9 @@ def _count(value: float | None) -> str:
 
 
 def api_argv(path: str, params: dict[str, str] | None = None) -> list[str]:
-    """A GET of Prometheus's API from inside its container: busybox wget in the official
-    image, curl in Debian-based ones."""
-    url = f"http://127.0.0.1:{PROMETHEUS_PORT}{path}"
-    if params:
-        url += "?" + urlencode(params)
-    quoted = shlex.quote(url)
-    return ["sh", "-c", f"wget -q -O - {quoted} 2>/dev/null || curl -fsS {quoted}"]
+    """A GET of Prometheus's API from inside its container, with the credentials of its
+    environment (kit's own request carries no secret)."""
+    return ["sh", "-c", prometheus_get(path + ("?" + urlencode(params) if params else ""))]
 
 
 def _api(engine: Engine, container_id: str, path: str, params: dict[str, str] | None = None):

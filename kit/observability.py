@@ -14,12 +14,14 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import yaml
 
 from kit.desired import DOOR_FIGURES_SERVICE, GRAFANA_SERVICE, PROMETHEUS_SERVICE
+from kit.layout import PROMETHEUS_AUTH_ENV_FILE, PROMETHEUS_WEB_CONFIG
 
 if TYPE_CHECKING:
     from kit.plan import Plan, ServicePlan
@@ -42,6 +44,8 @@ DOOR_SCRIPT = "door-figures.py"
 PROMETHEUS_MOUNT = "/etc/kit-prometheus"  # observability/prometheus/ inside Prometheus
 GRAFANA_PROVISIONING_MOUNT = "/etc/grafana/provisioning"
 GRAFANA_DASHBOARDS_MOUNT = "/var/lib/kit-dashboards"
+PROMETHEUS_USER = "kit"  # the one account of Prometheus's API (Grafana, kit status, healthcheck)
+PROMETHEUS_PASSWORD_ENV = "KIT_PROMETHEUS_PASSWORD"  # its secret, in Prometheus's and Grafana's env
 GRAFANA_USER_HEADER = "X-Kit-User"  # who the front door let in: Grafana's auth-proxy identity
 VLLM_JOB = "vllm"
 DOOR_JOB = "front-door"
@@ -180,7 +184,8 @@ def scrape_targets(plan: Plan) -> list[Target]:
 def prometheus_config(plan: Plan) -> str:
     """prometheus.yml: every replica's /metrics and the front door's figures, all read from the
     front door's listener on the metrics network (Prometheus reaches nothing else), with
-    `service` and `replica` labels that the dashboards and rules group by."""
+    `service` and `replica` labels that the dashboards and rules group by. No self-scrape: its
+    API needs the secret, which would have to lie in a file Prometheus's user can read."""
     obs = plan.observability
     assert obs is not None
     interval = f"{obs.scrape_interval}s"
@@ -214,10 +219,6 @@ def prometheus_config(plan: Plan) -> str:
                 "metrics_path": SCRAPE_PATH + DOOR_FIGURES_SERVICE,
                 "static_configs": [{"targets": [door], "labels": {
                     "instance": DOOR_FIGURES_SERVICE}}],
-            },
-            {
-                "job_name": "prometheus",
-                "static_configs": [{"targets": [f"127.0.0.1:{PROMETHEUS_PORT}"]}],
             },
         ],
     }
@@ -316,6 +317,23 @@ def rules_file(plan: Plan) -> str:
     return generated_yaml({"groups": [{"name": "kit", "rules": rules}]})
 
 
+def web_config(password_hash: str) -> str:
+    """web.yml (`--web.config.file`): every path of Prometheus's API asks for Basic credentials,
+    whatever the network lets through (an engine run with --iptables=false forwards between all
+    its bridges). Valid for Prometheus 2.24 and later, 3 included."""
+    return generated_yaml({"basic_auth_users": {PROMETHEUS_USER: password_hash}})
+
+
+def prometheus_get(path: str, output: str = "-") -> str:
+    """A shell command that GETs `path` (URL-encoded) of Prometheus's API from inside its
+    container, with the password from the container's own environment (never in kit's request
+    nor in the compose file): busybox wget in the official image, curl in Debian-based ones."""
+    where = shlex.quote(f"127.0.0.1:{PROMETHEUS_PORT}{path}")
+    secret = f'"{PROMETHEUS_USER}:${PROMETHEUS_PASSWORD_ENV}"'
+    return (f'wget -q -O {output} "http://"{secret}"@"{where} 2>/dev/null || '
+            f'curl -fsS -o {output} -u {secret} "http://"{where}')
+
+
 def template_facts(plan: Plan) -> dict:
     """What the compose and nginx templates lay out for observability (`o` in them)."""
     obs = plan.observability
@@ -330,7 +348,8 @@ def template_facts(plan: Plan) -> dict:
         "prometheus_mount": PROMETHEUS_MOUNT,
         "grafana_provisioning_mount": GRAFANA_PROVISIONING_MOUNT,
         "grafana_dashboards_mount": GRAFANA_DASHBOARDS_MOUNT,
-        "prometheus_ready": f"http://127.0.0.1:{PROMETHEUS_PORT}/-/ready",
+        "prometheus_health": ["CMD-SHELL", prometheus_get("/-/ready", "/dev/null")],
+        "prometheus_auth_env_file": PROMETHEUS_AUTH_ENV_FILE,
         "grafana_health": f"http://127.0.0.1:{GRAFANA_PORT}{GRAFANA_PATH}api/health",
         "door_figures_port": DOOR_FIGURES_PORT,
         "scrape_path": SCRAPE_PATH,
@@ -353,6 +372,7 @@ def template_facts(plan: Plan) -> dict:
             "--storage.tsdb.path=/prometheus",
             f"--storage.tsdb.retention.time={obs.retention_days}d",
             f"--web.listen-address=:{PROMETHEUS_PORT}",
+            f"--web.config.file={PROMETHEUS_MOUNT}/{PROMETHEUS_WEB_CONFIG}",
         ] if obs else [],
         # Grafana behind the door: served under /grafana/, every user the door let in signed in
         # as a Viewer by name (auth proxy), no login form, no calls home.

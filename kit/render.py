@@ -24,6 +24,7 @@ from kit.credentials import (
     NewPassword,
     auth_outputs,
     forget_shown_passwords,
+    prometheus_auth_outputs,
     unknown_user_file,
     unshown_passwords,
     unshown_passwords_output,
@@ -343,6 +344,8 @@ def site_outputs(
             spec_dir / spec.tls.ca_bundle)
         outputs.append(Output(layout.ca_bundle.relative_to(layout.root), bundle.read_bytes(),
                               0o644, generated=False))
+    if plan.observability is not None:
+        outputs += prometheus_auth_outputs(layout)
     auth = auth_outputs(layout, spec.auth.users)
     return plan, outputs + auth.outputs, auth
 

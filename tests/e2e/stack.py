@@ -35,6 +35,7 @@ from kit.desired import (
     VERIFIER_SERVICE,
 )
 from kit.layout import SiteLayout
+from kit.live_figures import api_argv
 from kit.probe import Gate, basic_header, probe_password, target_for
 from kit.spec import load_spec
 from tests.conftest import LLAMA_8B
@@ -274,11 +275,9 @@ class LiveSite:
 
 
 def query(site: LiveSite, path: str, **params: str) -> dict:
-    """Prometheus's HTTP API, asked from inside its container (it publishes no port)."""
-    args = [arg for name, value in params.items()
-            for arg in ("--data-urlencode", f"{name}={value}")]
-    code, out = site.container(PROMETHEUS_SERVICE).exec_run(
-        ["curl", "-fsS", "--get", *args, f"http://127.0.0.1:9090{path}"])
+    """Prometheus's HTTP API, asked from inside its container (it publishes no port) with the
+    credentials of its environment, as kit status asks it."""
+    code, out = site.container(PROMETHEUS_SERVICE).exec_run(api_argv(path, params or None))
     assert code == 0, out.decode(errors="replace")
     answer = json.loads(out)
     assert answer["status"] == "success", answer
@@ -298,11 +297,11 @@ def wait_for(what: str, check, timeout: float) -> float:
 UNREACHABLE = {6: "name not resolved", 7: "connection refused or no route", 28: "timed out"}
 
 
-def curl(container, url: str, *headers: str) -> tuple[int, str]:
+def curl(container, url: str, *headers: str, method: str = "GET") -> tuple[int, str]:
     """curl from inside a container: (curl's exit code, the status or curl's error)."""
     args = [arg for header in headers for arg in ("-H", header)]
-    code, out = container.exec_run(
-        ["curl", "-sS", "-m", "3", "-o", "/dev/null", "-w", "%{http_code}", *args, url])
+    code, out = container.exec_run(["curl", "-sS", "-m", "3", "-X", method, "-o", "/dev/null",
+                                     "-w", "%{http_code}", *args, url])
     return code, out.decode(errors="replace").strip()
 
 

@@ -69,13 +69,12 @@ def site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
 def test_every_target_is_up(site: LiveSite) -> None:
     def all_up() -> bool:
         targets = query(site, "/api/v1/targets")["activeTargets"]
-        return len(targets) == 4 and all(t["health"] == "up" for t in targets)
+        return len(targets) == 3 and all(t["health"] == "up" for t in targets)
 
     wait_for("every target up", all_up, 30)
     jobs = sorted((t["labels"]["job"], t["labels"].get("service", "-"))
                   for t in query(site, "/api/v1/targets")["activeTargets"])
-    assert jobs == [("front-door", "-"), ("front-door-requests", "-"), ("prometheus", "-"),
-                    ("vllm", SERVICE)]
+    assert jobs == [("front-door", "-"), ("front-door-requests", "-"), ("vllm", SERVICE)]
 
 
 def expressions(site: LiveSite) -> list[tuple[str, str]]:
@@ -123,6 +122,27 @@ def test_every_panel_and_rule_queries_metrics_that_exist(site: LiveSite) -> None
     assert 0 < value <= 1
 
 
+def test_a_second_up_changes_nothing_and_a_new_secret_recreates_only_its_holders(
+        site: LiveSite) -> None:
+    """The secret and its hash are kept: a second `kit up` changes nothing (the env file and
+    the healthcheck read back as the engine has them). A deleted secret is a new one at the
+    next `kit up`: Prometheus and Grafana are recreated with it, the door and the replicas
+    are not, and every client gets in with the new one."""
+    said = checked(site.kit("up", "--no-probe")).stdout
+    assert "no change" in said, said
+    old = (site.root / ".kit" / "prometheus.password").read_text()
+    (site.root / ".kit" / "prometheus.password").unlink()
+    said = checked(site.kit("up")).stdout
+    assert (site.root / ".kit" / "prometheus.password").read_text() != old
+    recreated = sorted(line.split()[2].removesuffix(":") for line in said.splitlines()
+                       if line.startswith("recreate container"))
+    assert recreated == sorted(site.container(name).name for name in
+                               (PROMETHEUS_SERVICE, GRAFANA_SERVICE)), said
+    assert query(site, "/api/v1/query", query="up")["result"]  # kit up waited for its health
+    reply = site.gate().fetch("GET", "/grafana/", credentials=site.basic("ops"))
+    assert reply.json()["datasource_answers"] == {"Prometheus": 200}, reply.body
+
+
 def test_status_shows_live_figures(site: LiveSite) -> None:
     shown = checked(site.kit("status")).stdout
     assert f"{SERVICE} replica 0: up, running 0, waiting 0, KV cache 0 %" in shown, shown
@@ -151,6 +171,8 @@ def test_from_outside_only_grafana_answers_and_only_with_credentials(site: LiveS
     assert "NOT Grafana" in seen["standin"] and seen["user"] == "user:ops"
     assert seen["authorization_received"] is False  # the door strips the password
     assert seen["datasources"] == ["Prometheus"]
+    # the stand-in asked Prometheus `up` as Grafana's data source would, with its Basic auth
+    assert seen["datasource_answers"] == {"Prometheus": 200}, seen["datasource_answers"]
     assert {board["uid"] for board in seen["dashboards"]} == {"kit-front-door",
                                                              f"kit-svc-{SERVICE}"}
     key = site.add_key("dash")
@@ -213,25 +235,53 @@ def test_a_replica_cannot_sign_in_to_grafana_nor_find_prometheus(site: LiveSite)
     assert replicas and all(t["health"] == "up" for t in targets), targets
 
 
-def test_a_replica_has_no_route_to_prometheus_s_api(site: LiveSite) -> None:
-    """By address, a replica reaches Prometheus's API (or the door's metrics listener) only if
-    the engine forwards between its networks: Docker isolates networks (and keeps internal ones
-    internal) with its iptables rules, which an engine run with `--iptables=false` (this test
-    suite's own engines) does not have. There the check cannot be made: the replica reaching
-    the verifier, on a network it is not on, shows it."""
+# Every kind of path Prometheus's API has: queries, targets, federation, lifecycle, admin
+PROMETHEUS_API = (("GET", "/api/v1/query?query=up"), ("GET", "/api/v1/targets"),
+                  ("GET", "/federate?match%5B%5D=up"), ("GET", "/api/v1/status/config"),
+                  ("POST", "/-/reload"), ("POST", "/-/quit"),
+                  ("POST", "/api/v1/admin/tsdb/snapshot"),
+                  ("POST", "/api/v1/admin/tsdb/delete_series?match%5B%5D=up"),
+                  ("GET", "/-/ready"), ("GET", "/graph"))
+
+
+def test_a_replica_gets_nothing_from_prometheus_s_api_at_any_address(site: LiveSite) -> None:
+    """By address, whatever the engine: Docker isolates networks (and keeps internal ones
+    internal) with its iptables rules, and there no connection is made; an engine run with
+    `--iptables=false` (this suite's own engines) forwards between all its bridges, and there
+    every path of Prometheus's API answers 401 (its web config's Basic auth, also to a guessed
+    password) and the door's scrape listener 403 (it allows Prometheus's address only)."""
     replica = site.container(SERVICE)
     verifier = addresses(site, VERIFIER_SERVICE)[0]
-    code, _ = curl(replica, f"http://{verifier}:{VERIFIER_PORT}/")
-    if code not in UNREACHABLE:
-        pytest.skip("this engine does not isolate its networks (dockerd --iptables=false): a "
-                    f"replica reaches the verifier at {verifier}, on a network it is not on")
-    targets = [f"http://{address}:9090/api/v1/targets"
-               for address in addresses(site, PROMETHEUS_SERVICE)]
-    targets += [f"http://{address}:9113/kit-scrape/{SERVICE}"
-                for address in addresses(site, "nginx")]
-    for url in targets:
+    isolated = curl(replica, f"http://{verifier}:{VERIFIER_PORT}/")[0] in UNREACHABLE
+    print("this engine isolates its networks" if isolated else
+          f"this engine forwards between its networks: a replica reaches {verifier}")
+    answers = []
+    guess = "Authorization: Basic a2l0OmtpdA=="  # kit:kit
+    for address in addresses(site, PROMETHEUS_SERVICE):
+        for method, path in PROMETHEUS_API:
+            url = f"http://{address}:9090{path}"
+            for headers in ((), (guess,)):
+                code, said = curl(replica, url, *headers, method=method)
+                assert code in UNREACHABLE or said == "401", f"{method} {url}: {said}"
+                answers.append(UNREACHABLE.get(code, said))
+                if code in UNREACHABLE:
+                    break  # no connection: a password would get no further
+    for address in addresses(site, "nginx"):
+        url = f"http://{address}:9113/kit-scrape/{SERVICE}"
         code, said = curl(replica, url)
-        assert code in UNREACHABLE, f"{url} answered {said} (curl {code})"
+        assert code in UNREACHABLE or said == "403", f"{url} answered {said} (curl {code})"
+        answers.append(UNREACHABLE.get(code, said))
+    print("from the replica:", {answer: answers.count(answer) for answer in set(answers)})
+    if isolated:
+        assert not {"401", "403"} & set(answers), answers
+    else:  # the connections were made: the refusals above were the credentials' doing
+        assert "401" in answers and "403" in answers, answers
+    # Prometheus itself, asked without its credentials from inside its own container: 401
+    code, out = site.container(PROMETHEUS_SERVICE).exec_run(
+        ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}",
+         "http://127.0.0.1:9090/api/v1/query?query=up"])
+    assert out.decode() == "401", out
+    assert query(site, "/api/v1/query", query="up")["result"]  # with them: answers
 
 
 def test_grafana_takes_the_user_header_from_the_front_door_only(site: LiveSite) -> None:

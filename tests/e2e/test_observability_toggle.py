@@ -64,7 +64,7 @@ def test_observability_on_and_off_under_64_streams_drops_none(site: LiveSite) ->
         if enabled:
             def every_target_up() -> bool:
                 targets = stack.query(site, "/api/v1/targets")["activeTargets"]
-                return len(targets) == 3 + len(REPLICAS) and all(
+                return len(targets) == 2 + len(REPLICAS) and all(
                     t["health"] == "up" for t in targets)
 
             stack.wait_for("every target up", every_target_up, 30)

@@ -193,7 +193,9 @@ def test_grafana_provisioning(observed: Path) -> None:
     sources = yaml.safe_load((provisioning / "datasources" / "kit.yml").read_text())
     assert sources["datasources"] == [{
         "name": "Prometheus", "uid": DATASOURCE_UID, "type": "prometheus", "access": "proxy",
-        "url": "http://prometheus:9090", "isDefault": True, "editable": False}]
+        "url": "http://prometheus:9090", "basicAuth": True, "basicAuthUser": "kit",
+        "secureJsonData": {"basicAuthPassword": "${KIT_PROMETHEUS_PASSWORD}"},
+        "isDefault": True, "editable": False}]
     providers = yaml.safe_load((provisioning / "dashboards" / "kit.yml").read_text())
     assert providers["providers"][0]["options"]["path"] == "/var/lib/kit-dashboards"
 
@@ -262,7 +264,7 @@ def test_networks_by_need(observed: Path) -> None:
     door = fixed["nginx"]
     assert services[GRAFANA_SERVICE]["environment"]["GF_AUTH_PROXY_WHITELIST"] == door
     config = yaml.safe_load((observed / "observability/prometheus/prometheus.yml").read_text())
-    targets = {t for job in config["scrape_configs"] if job["job_name"] != "prometheus"
+    targets = {t for job in config["scrape_configs"]
                for c in job["static_configs"] for t in c["targets"]}
     assert targets == {f"{door}:9113"}
     conf = (observed / "nginx" / "nginx.conf").read_text()

@@ -7,13 +7,20 @@ auth-proxy header named by GF_AUTH_PROXY_HEADER_NAME (401 otherwise, as kit's se
 one through without it), and only from an address in GF_AUTH_PROXY_WHITELIST when that is set
 (Grafana's `[auth.proxy] whitelist`: comma-separated addresses or networks; a request with the
 header from elsewhere is not signed in, 401 here), says whether an Authorization header reached
-it, and lists the dashboards and data sources found in the mounted provisioning folders.
+it, and lists the dashboards and data sources found in the mounted provisioning folders. For
+each data source it asks Prometheus `up` as Grafana's proxy would: its url, with Basic auth
+when `basicAuth` is set (user `basicAuthUser`, password `secureJsonData.basicAuthPassword`
+with `${VAR}` expanded from the environment, as Grafana expands provisioning files), and
+reports the HTTP status Prometheus answered.
 """
 
+import base64
 import ipaddress
 import json
 import os
 import re
+import urllib.error
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -36,8 +43,13 @@ def provisioned() -> dict:
     """Data-source names and dashboard titles from the mounted provisioning (no YAML parser in
     the image: the few keys are read by pattern)."""
     sources = []
+    answers = {}
     for path in sorted((PROVISIONING / "datasources").glob("*.yml")):
-        sources += re.findall(r"^\s*-?\s*name: (.+)$", path.read_text(), re.MULTILINE)
+        text = path.read_text()
+        names = re.findall(r"^\s*-?\s*name: (.+)$", text, re.MULTILINE)
+        sources += names
+        if len(names) == 1:  # kit provisions one; its keys are then unambiguous
+            answers[names[0]] = datasource_answer(text)
     boards = []
     for path in sorted((PROVISIONING / "dashboards").glob("*.yml")):
         for folder in re.findall(r"^\s*path: (.+)$", path.read_text(), re.MULTILINE):
@@ -45,7 +57,29 @@ def provisioned() -> dict:
                 data = json.loads(board.read_text())
                 boards.append({"uid": data["uid"], "title": data["title"],
                                "panels": len(data.get("panels", []))})
-    return {"datasources": sources, "dashboards": boards}
+    return {"datasources": sources, "datasource_answers": answers, "dashboards": boards}
+
+
+def key(text: str, name: str) -> str | None:
+    found = re.search(rf"^\s*{name}: (.+)$", text, re.MULTILINE)
+    return found[1].strip().strip("'\"") if found else None
+
+
+def datasource_answer(text: str) -> int | str:
+    """The status Prometheus answers the data source's query of `up` with."""
+    request = urllib.request.Request(f"{key(text, 'url')}/api/v1/query?query=up")
+    if key(text, "basicAuth") == "true":
+        password = re.sub(r"\$\{(\w+)\}", lambda m: os.environ.get(m[1], ""),
+                          key(text, "basicAuthPassword") or "")
+        token = base64.b64encode(f"{key(text, 'basicAuthUser')}:{password}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return answer.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError as error:
+        return f"no answer: {error}"
 
 
 class Handler(BaseHTTPRequestHandler):
