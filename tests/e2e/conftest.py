@@ -8,7 +8,6 @@ reason (CI has one). Mark such tests with @pytest.mark.e2e.
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
 import socket
 import subprocess
@@ -27,20 +26,16 @@ PROJECT_LABEL = "com.docker.compose.project"
 IMAGES = {
     "vllm": "vllm/vllm-openai:v0.33.0",
     "vllm_standin": "kit-test/vllm-standin:latest",
-    "nginx": "nginx:1.27-alpine",  # Debian 13's nginx 1.26.3 + njs 0.8.9 (KIT_TEST_NGINX)
-    "nginx_debian": "kit-test/nginx:1.22",  # Debian 12's nginx 1.22 + njs 0.7.9
-    "nginx_trixie": "kit-test/nginx:1.26",
+    "nginx": "nginx:1.27-alpine",  # Debian 13's nginx 1.26.3 + njs 0.8.9
+    "nginx_debian": "kit-test/nginx:1.22",  # Debian 12's: only the ACME tests' rate limiter
     "prometheus": "prom/prometheus:v3.5.0",  # Debian's Prometheus 2.42
     "grafana": "grafana/grafana:12.1.1",  # a stand-in, NOT Grafana (tests/images/grafana-standin)
     "pebble": "kit-test/pebble:2.4",  # tls.mode acme: the ACME server (tests/e2e/acme.py)
     "certbot": "certbot/certbot:v3.1.0",  # Debian's certbot under the spec's default name
 }
-
-# KIT_TEST_NGINX=1.22: the smoke run on the oldest supported nginx (docs/compatibility.md); by
-# default the spec's nginx image is Debian 13's nginx, the nearest to nginx:1.27-alpine's.
-NGINX_UNDER_TEST = os.environ.get("KIT_TEST_NGINX", "1.26")
-# nginx and njs version prefixes of each test nginx image.
-NGINX_VERSIONS = {"1.26": ("1.26.", "0.8."), "1.22": ("1.22.", "0.7.")}
+# What the spec's nginx image runs here: Debian 13's nginx and njs, the nearest to
+# nginx:1.27-alpine's (docs/compatibility.md); version prefixes.
+NGINX_VERSION, NJS_VERSION = "1.26.", "0.8."
 
 
 @pytest.fixture(scope="session")
@@ -60,8 +55,7 @@ def test_images(docker_client) -> dict[str, str]:
     """Builds (or re-tags, when nothing changed) the test images once a session, and proves that
     the engine gives containers GPUs (every kit service reserves some): an engine someone else
     started may lack even the test stub of the NVIDIA hook, and the fix is named once, here."""
-    result = subprocess.run(["bash", str(BUILD), "--nginx-from", NGINX_UNDER_TEST],
-                            capture_output=True, text=True, timeout=900)
+    result = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True, timeout=900)
     if result.returncode != 0:
         pytest.fail(f"tests/images/build.sh failed:\n{result.stderr}", pytrace=False)
     for name in IMAGES.values():

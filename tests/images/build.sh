@@ -2,7 +2,7 @@
 # Build the local images kit's end-to-end tests run, without any container registry.
 #
 #   tests/images/build.sh [--serving] [--vllm-tag NAME]... [--nginx-tag NAME]...
-#                         [--nginx-from 1.26|1.22] [--certbot-tag NAME]...
+#                         [--certbot-tag NAME]...
 #
 # --serving builds only steps 1-3 (what a site without observability or ACME runs; 4 minutes
 # on a fresh, busy 2-core machine; scripts/try-without-gpu.sh uses it).
@@ -19,9 +19,9 @@
 #    ngx_http_js_module.so, user/group nginx 101:101, /var/cache/nginx, CMD nginx -g 'daemon off;',
 #    STOPSIGNAL SIGQUIT): Debian 13 (trixie) nginx 1.26.3 + njs 0.8.9 -- the nearest to the pinned
 #    nginx:1.27-alpine (njs 0.8) -- as kit-test/nginx:1.26, tagged with every --nginx-tag (default
-#    nginx:1.27-alpine); and Debian 12's nginx 1.22 + njs 0.7.9 as kit-test/nginx:1.22 (the oldest
-#    nginx kit supports, docs/compatibility.md). --nginx-from 1.22 gives the --nginx-tags to the
-#    1.22 image instead (the smoke run on the oldest supported nginx).
+#    nginx:1.27-alpine); and Debian 12's nginx 1.22 + njs 0.7.9 as kit-test/nginx:1.22 (kit's front
+#    door needs nginx >= 1.25.1, docs/compatibility.md: this one only runs the ACME tests' own
+#    rate limiter, tests/e2e/acme_limiter).
 # 4. Debian's Prometheus (tests/images/prometheus.sh unpacks the package) tagged
 #    prom/prometheus:v3.5.0 and kit-test/prometheus:debian; a Grafana STAND-IN (NOT Grafana,
 #    tests/images/grafana-standin) tagged grafana/grafana:12.1.1 and
@@ -68,13 +68,11 @@ vllm_tags=()
 nginx_tags=()
 certbot_tags=()
 serving_only=0
-nginx_from="1.26"
 while [ $# -gt 0 ]; do
     case "$1" in
     --serving) serving_only=1; shift ;;
     --vllm-tag) [ $# -ge 2 ] || usage; vllm_tags+=("$2"); shift 2 ;;
     --nginx-tag) [ $# -ge 2 ] || usage; nginx_tags+=("$2"); shift 2 ;;
-    --nginx-from) [ $# -ge 2 ] || usage; nginx_from="$2"; shift 2 ;;
     --certbot-tag) [ $# -ge 2 ] || usage; certbot_tags+=("$2"); shift 2 ;;
     -h | --help) usage ;;
     *) echo "build.sh: unknown argument: $1" >&2; usage ;;
@@ -220,19 +218,9 @@ BASE="$STANDIN_BASE" build vllm-standin "$HERE/vllm-standin.Dockerfile" "$work/v
 mkdir -p "$work/nginx"
 cp "$HERE/nginx/nginx.conf" "$HERE/nginx/default.conf" "$work/nginx/"
 NGINX_BASE="$(SUITE="$NGINX_SUITE" rootfs_image nginx-trixie "$NGINX_PACKAGES" "${CUSTOMIZE[@]}")"
-case "$nginx_from" in
-1.26)
-    build nginx-1.22 "$HERE/nginx.Dockerfile" "$work/nginx" "$NGINX_OLDEST_IMAGE"
-    BASE="$NGINX_BASE" build nginx "$HERE/nginx.Dockerfile" "$work/nginx" "$NGINX_IMAGE" \
-        "${nginx_tags[@]}"
-    ;;
-1.22)
-    BASE="$NGINX_BASE" build nginx "$HERE/nginx.Dockerfile" "$work/nginx" "$NGINX_IMAGE"
-    build nginx-1.22 "$HERE/nginx.Dockerfile" "$work/nginx" "$NGINX_OLDEST_IMAGE" \
-        "${nginx_tags[@]}"
-    ;;
-*) echo "build.sh: --nginx-from takes 1.26 or 1.22, not $nginx_from" >&2; exit 2 ;;
-esac
+build nginx-1.22 "$HERE/nginx.Dockerfile" "$work/nginx" "$NGINX_OLDEST_IMAGE"
+BASE="$NGINX_BASE" build nginx "$HERE/nginx.Dockerfile" "$work/nginx" "$NGINX_IMAGE" \
+    "${nginx_tags[@]}"
 
 # Drop earlier builds of these images that lost their tags, then print what each tag names.
 finish() {
