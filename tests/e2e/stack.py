@@ -272,9 +272,10 @@ class LiveSite:
             http_client=httpx2.Client(transport=ToLoopback(verify=trust, http2=http2)),
         )
 
-    def h2_client(self, connections: int = 1):
+    def h2_client(self, connections: int = 1, *, http2: bool = True):
         """An asyncio HTTP/2-only client (httpx2) for this site's door, trusting the kit CA, with
-        at most `connections` connections: every concurrent request is a stream on them."""
+        at most `connections` connections: every concurrent request is a stream on them
+        (http2=False: the same client speaking HTTP/1.1 only, a request a connection)."""
         import httpx2
 
         class ToLoopback(httpx2.AsyncHTTPTransport):
@@ -283,7 +284,7 @@ class LiveSite:
 
         trust = ssl.create_default_context(cafile=str(self.layout.ca_cert))
         limits = httpx2.Limits(max_connections=connections)
-        transport = ToLoopback(verify=trust, http1=False, http2=True, limits=limits)
+        transport = ToLoopback(verify=trust, http1=not http2, http2=http2, limits=limits)
         return httpx2.AsyncClient(base_url=f"https://{DOMAIN}:{self.https_port}",
                                   transport=transport, timeout=120)
 
