@@ -33,7 +33,7 @@ def nginx_root() -> Path | None:
     tarballs = sorted(CACHE.glob(ROOTFS_TARBALLS), key=lambda p: p.stat().st_mtime)
     if not tarballs:
         return None
-    root = tarballs[-1].with_suffix("").with_name(tarballs[-1].stem.replace("-rootfs-", "-root-"))
+    root = tarballs[-1].with_name(tarballs[-1].stem.replace("-rootfs-", "-root-"))
     if (root / "usr/sbin/nginx").exists():
         return root
     with open(CACHE / "nginx-root.lock", "w") as lock:
@@ -45,6 +45,9 @@ def nginx_root() -> Path | None:
             subprocess.run(["tar", "-C", str(partial), "-xf", str(tarballs[-1])], check=True)
             (partial / "etc/hosts").touch()  # a mount point for the test's own hosts file
             partial.rename(root)
+            for old in CACHE.glob("nginx-trixie-root-*"):  # of tarballs build.sh replaced
+                if old != root:
+                    shutil.rmtree(old, ignore_errors=True)
     return root
 
 
