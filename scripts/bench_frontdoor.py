@@ -268,15 +268,19 @@ async def one_stream(client, key: str, tokens: int) -> dict:
 async def protocol_load(site: LiveSite, key: str, args: argparse.Namespace, http2: bool) -> dict:
     """--streams streams at once over h2 or HTTP/1.1; the figures the --h2 table shows."""
     connections = math.ceil(args.streams / H2_STREAMS_PER_CONNECTION) if http2 else args.streams
+    client_cpu, nginx_cpu = time.process_time(), cpu_seconds(site.nginx)
     async with site.h2_client(connections, http2=http2) as client:
         results = await asyncio.gather(*(one_stream(client, key, args.tokens)
                                          for _ in range(args.streams)), return_exceptions=True)
+    # Whose CPU a protocol costs: this client's (one Python thread) and nginx's.
+    client_cpu, nginx_cpu = time.process_time() - client_cpu, cpu_seconds(site.nginx) - nginx_cpu
     good = [r for r in results if isinstance(r, dict) and r["ok"]]
     ttfts = sorted(r["ttft"] for r in good)
     wall = max(r["end"] for r in good) - min(r["sent"] for r in good) if good else 1
     return {"tokens_per_s": sum(r["chunks"] for r in good) / wall,
             "ttft_p50_ms": 1000 * statistics.median(ttfts) if ttfts else math.inf,
             "worst_gap_ms": 1000 * max((r["worst_gap"] for r in good), default=0),
+            "client_cpu_s": client_cpu, "nginx_cpu_s": nginx_cpu,
             "failed": len(results) - len(good)}
 
 
@@ -296,7 +300,8 @@ def compare_protocols(args: argparse.Namespace) -> bool:
                 runs[label].append(figures)
                 print(f"  round {number + 1} {label:<5} {figures['tokens_per_s']:.0f} tok/s, "
                       f"TTFT p50 {figures['ttft_p50_ms']:.1f} ms, worst gap "
-                      f"{figures['worst_gap_ms']:.0f} ms, failed {figures['failed']}")
+                      f"{figures['worst_gap_ms']:.0f} ms, CPU client {figures['client_cpu_s']:.1f} "
+                      f"s / nginx {figures['nginx_cpu_s']:.1f} s, failed {figures['failed']}")
     medians = {label: {key: statistics.median(r[key] for r in rs) for key in rs[0]}
                for label, rs in runs.items()}
     for label, figures in medians.items():
