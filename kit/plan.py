@@ -114,6 +114,13 @@ class NginxPlan:
     healthz_port: int = HEALTHZ_PORT
 
     @property
+    def http2_streams_per_connection(self) -> int:
+        """A gateway may carry all its address's streams on one HTTP/2 connection: limit_conn
+        counts each h2 stream as a connection, so the per-address limit is the only bound
+        (nginx's default of 128 streams would queue a 256-stream gateway for no reason)."""
+        return self.max_connections_per_ip
+
+    @property
     def retry_after(self) -> int:
         """Seconds until a rate-limited client has a request's worth of budget again."""
         return max(1, -(-60 // min(self.rate_per_ip, self.rate_per_credential)))

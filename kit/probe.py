@@ -202,18 +202,23 @@ class Gate:
 
     def __init__(self, target: Target, password: str) -> None:
         self.target = target
-        self.context = ssl.create_default_context(
-            cafile=str(target.ca_file) if target.ca_file else None
-        )
-        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self.context = self._client_context()
         self.credentials = basic_header(PROBE_USER, password)
+
+    def _client_context(self) -> ssl.SSLContext:
+        """TLS 1.2+ verified against the site's CA (or the system's), as clients verify."""
+        context = ssl.create_default_context(
+            cafile=str(self.target.ca_file) if self.target.ca_file else None
+        )
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        return context
 
     def run(self, services: Sequence[Service]) -> list[Check]:
         tls = self.tls()
         checks = [tls, self.http_redirect()]
         if not tls.ok:
             return checks  # nothing over HTTPS can be trusted or even reached
-        checks += [self.legacy_tls_refused(), *self.auth_required()]
+        checks += [self.legacy_tls_refused(), self.protocols(), *self.auth_required()]
         checks += [self.wrong_password_refused(), self.models([s.api_name for s in services])]
         checks += [self.chat(s.api_name) for s in services]
         checks += [self.stream(s.api_name) for s in services]
@@ -320,6 +325,41 @@ class Gate:
             )
 
         return self._checked("tls", run)
+
+    def protocols(self) -> Check:
+        """ALPN: h2 for a client that offers it (an HTTP/2 gateway, the SDKs' httpx with http2),
+        HTTP/1.1 for one that offers only that. The other checks speak HTTP/1.1 without ALPN
+        (curl's and http.client's way); streams over h2 are proven by tests/e2e/test_http2.py:
+        the gate stays stdlib-only and does not frame HTTP/2 itself."""
+        name = "http2-and-http1.1"
+
+        def chosen(offer: list[str]) -> str | None:
+            context = self._client_context()
+            context.set_alpn_protocols(offer)
+            connection = _Connection(self.target, context)
+            try:
+                connection.connect()
+                return connection.sock.selected_alpn_protocol()
+            except OSError as error:
+                raise ProbeFailure(self._explain(error, tls=True)) from error
+            finally:
+                connection.close()
+
+        def run() -> Check:
+            started = time.perf_counter()
+            h2, h1 = chosen(["h2", "http/1.1"]), chosen(["http/1.1"])
+            if h2 != "h2":
+                got = h2 or "no ALPN answer"
+                return Check(name, False, f"a client offering h2 and http/1.1 got {got}: the "
+                             "door does not serve HTTP/2 (nginx >= 1.25.1 with `http2 on;`, as "
+                             "kit render writes it)", _ms_since(started))
+            if h1 not in ("http/1.1", None):
+                return Check(name, False, f"a client offering only http/1.1 got {h1}",
+                             _ms_since(started))
+            return Check(name, True, "ALPN: h2 when offered, http/1.1 otherwise",
+                         _ms_since(started))
+
+        return self._checked(name, run)
 
     def legacy_tls_refused(self) -> Check:
         name = "tls-below-1.2-refused"

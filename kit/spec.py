@@ -13,6 +13,7 @@ Every problem is reported with file:line:col, not only the first.
 
 import difflib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -139,6 +140,9 @@ def _vocabulary(flag: str) -> Any:
     return Field(json_schema_extra={"enum": list(choices(flag))})
 
 
+MIN_NGINX = (1, 25, 1)  # `http2 on;`; the njs API kit.js uses is in njs 0.7.9 and 0.8.x
+
+
 class Images(StrictModel):
     vllm: Annotated[str, Field(pattern=IMAGE_REF)] = f"vllm/vllm-openai:v{SHIPPED_VERSION}"
     nginx: Annotated[str, Field(pattern=IMAGE_REF)] = "nginx:1.27-alpine"
@@ -146,6 +150,21 @@ class Images(StrictModel):
     # observability.enabled
     prometheus: Annotated[str, Field(pattern=IMAGE_REF)] = "prom/prometheus:v3.5.0"
     grafana: Annotated[str, Field(pattern=IMAGE_REF)] = "grafana/grafana:12.1.1"
+
+    @field_validator("nginx")
+    @classmethod
+    def _nginx_serves_http2(cls, image: str) -> str:
+        """The front door renders `http2 on;` (nginx >= 1.25.1, docs/compatibility.md): an
+        older nginx named by its version tag would fail only when the door starts."""
+        tag = re.search(r"(?:^|/)nginx(?:-[a-z]+)?:(\d+)\.(\d+)(?:\.(\d+))?(?![\d.])", image)
+        if tag:
+            # A tag without a patch version (nginx:1.25) names the newest of that line.
+            major, minor, patch = (int(part) if part else 10**6 for part in tag.groups())
+            if (major, minor, patch) < MIN_NGINX:
+                raise ValueError(
+                    f"{image} is older than nginx {'.'.join(map(str, MIN_NGINX))}, which the front "
+                    "door needs (http2 on;); use nginx:1.27-alpine, kit's default")
+        return image
 
 
 class TLS(StrictModel):

@@ -9,7 +9,7 @@ comparison with the bars, and tears everything down. Needs a Docker engine
 (scripts/dockerd.sh start); builds the test images when needed.
 
     python3 scripts/bench_frontdoor.py [--streams 200] [--tokens 64] [--interval-ms 20]
-                                       [--rounds 3]
+                                       [--rounds 3] [--h2]
 
 Two load shapes, both with --streams connections opened before the clock starts:
   sustained  connection i sends its first request at i/N of one stream's duration, then two
@@ -17,16 +17,26 @@ Two load shapes, both with --streams connections opened before the clock starts:
   burst      every connection sends its request in the same millisecond (shown, not judged).
 Bars (sustained): tokens/s nginx/direct ≥ 0.97; TTFT p50 added ≤ 10 ms; worst gap added
 ≤ 50 ms. Exit status 1 when one is not met or a stream failed.
+
+--h2: HTTP/2 against HTTP/1.1 through the front door instead, from the host to the published
+port with ONE client (httpx2, asyncio) speaking either protocol, alternately in one run: h1.1
+opens a connection a stream; h2 multiplexes the streams on as few connections as the client
+allows (httpx2 opens at most 100 streams a connection). All --streams start at once, each
+`--tokens` long. Bars: tokens/s h2/h1.1 ≥ 0.99; TTFT p50 added ≤ 1 ms.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
+import math
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,6 +52,7 @@ from kit.replicas import replica_host  # noqa: E402
 from tests.e2e.conftest import BUILD, pick_free_port  # noqa: E402
 from tests.e2e.stack import (  # noqa: E402
     DOMAIN,
+    SERVED_NAME,
     SERVICE,
     LiveSite,
     LoadClient,
@@ -230,6 +241,80 @@ def report(title: str, results: dict[str, list[dict]], bars: list[Bar],
     return not failures and all(bar.met(table) for bar in bars[:judged])
 
 
+H2_STREAMS_PER_CONNECTION = 100  # httpx2's own bound on a connection's concurrent streams
+
+
+async def one_stream(client, key: str, tokens: int) -> dict:
+    """One streamed completion: ok, content chunks, TTFT and the worst gap between chunks."""
+    body = {"model": SERVED_NAME, "max_tokens": tokens, "stream": True,
+            "messages": [{"role": "user", "content": "Count."}]}
+    sent = time.perf_counter()
+    arrivals: list[float] = []
+    done = False
+    async with client.stream("POST", "/v1/chat/completions", json=body,
+                             headers={"Authorization": key}) as reply:
+        async for line in reply.aiter_lines():
+            done = done or line == "data: [DONE]"
+            if line.startswith("data: {") and any(
+                    choice.get("delta", {}).get("content")
+                    for choice in json.loads(line[6:]).get("choices", [])):
+                arrivals.append(time.perf_counter())
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
+    return {"ok": reply.status_code == 200 and done and len(arrivals) == tokens,
+            "chunks": len(arrivals), "sent": sent, "end": time.perf_counter(),
+            "ttft": (arrivals[0] - sent) if arrivals else None, "worst_gap": max(gaps, default=0)}
+
+
+async def protocol_load(site: LiveSite, key: str, args: argparse.Namespace, http2: bool) -> dict:
+    """--streams streams at once over h2 or HTTP/1.1; the figures the --h2 table shows."""
+    connections = math.ceil(args.streams / H2_STREAMS_PER_CONNECTION) if http2 else args.streams
+    client_cpu, nginx_cpu = time.process_time(), cpu_seconds(site.nginx)
+    async with site.h2_client(connections, http2=http2) as client:
+        results = await asyncio.gather(*(one_stream(client, key, args.tokens)
+                                         for _ in range(args.streams)), return_exceptions=True)
+    # Whose CPU a protocol costs: this client's (one Python thread) and nginx's.
+    client_cpu, nginx_cpu = time.process_time() - client_cpu, cpu_seconds(site.nginx) - nginx_cpu
+    good = [r for r in results if isinstance(r, dict) and r["ok"]]
+    ttfts = sorted(r["ttft"] for r in good)
+    wall = max(r["end"] for r in good) - min(r["sent"] for r in good) if good else 1
+    return {"tokens_per_s": sum(r["chunks"] for r in good) / wall,
+            "ttft_p50_ms": 1000 * statistics.median(ttfts) if ttfts else math.inf,
+            "worst_gap_ms": 1000 * max((r["worst_gap"] for r in good), default=0),
+            "client_cpu_s": client_cpu, "nginx_cpu_s": nginx_cpu,
+            "failed": len(results) - len(good)}
+
+
+def compare_protocols(args: argparse.Namespace) -> bool:
+    """--h2: rounds of h1.1 and h2 through the door, alternately; True when the bars are met."""
+    print(f"front door over HTTP/2 vs HTTP/1.1: {args.streams} streams at once x {args.tokens} "
+          f"tokens, stand-in at {args.interval_ms} ms/token, TLS + Bearer key, client httpx2 on "
+          f"the host; {args.rounds} rounds, order alternating; {machine()} at the start")
+    runs: dict[str, list[dict]] = {"h1.1": [], "h2": []}
+    with bench_stack(args, "benchh2") as (site, _):
+        key = f"Bearer {site.add_key('bench')}"
+        for label in ("h1.1", "h2"):  # warm-up: TLS session cache, upstream keep-alive
+            asyncio.run(protocol_load(site, key, args, label == "h2"))
+        for number in range(args.rounds):
+            for label in (("h1.1", "h2") if number % 2 == 0 else ("h2", "h1.1")):
+                figures = asyncio.run(protocol_load(site, key, args, label == "h2"))
+                runs[label].append(figures)
+                print(f"  round {number + 1} {label:<5} {figures['tokens_per_s']:.0f} tok/s, "
+                      f"TTFT p50 {figures['ttft_p50_ms']:.1f} ms, worst gap "
+                      f"{figures['worst_gap_ms']:.0f} ms, CPU client {figures['client_cpu_s']:.1f} "
+                      f"s / nginx {figures['nginx_cpu_s']:.1f} s, failed {figures['failed']}")
+    medians = {label: {key: statistics.median(r[key] for r in rs) for key in rs[0]}
+               for label, rs in runs.items()}
+    for label, figures in medians.items():
+        print(f"median {label:<5} " + ", ".join(f"{k} {v:.1f}" for k, v in figures.items()))
+    bars = [Bar("h2", "h1.1", "tokens_per_s", "min_ratio", 0.99),
+            Bar("h2", "h1.1", "ttft_p50_ms", "max_added", 1)]
+    for bar in bars:
+        print(bar.describe(medians))
+    failed = sum(r["failed"] for rs in runs.values() for r in rs)
+    print(f"failed streams: {failed}; {machine()} at the end")
+    return failed == 0 and all(bar.met(medians) for bar in bars)
+
+
 def edit(text: str) -> tuple[str, str]:
     """--variant's OLD=>NEW."""
     old, arrow, new = text.partition("=>")
@@ -248,7 +333,11 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=1,
                         help="replicas of the service behind nginx (direct: connection i to "
                              "the (i mod n)-th)")
+    parser.add_argument("--h2", action="store_true",
+                        help="compare HTTP/2 with HTTP/1.1 through the front door instead")
     args = parser.parse_args()
+    if args.h2:
+        sys.exit(0 if compare_protocols(args) else 1)
     hosts = [replica_host(SERVICE, i, args.replicas) for i in range(args.replicas)]
     direct = Target("direct", f"http://{hosts[0]}:{VLLM_PORT}", spread=tuple(hosts[1:]))
     print(f"front door: nginx = the rendered nginx.conf, TLS + Bearer key, {args.replicas} "

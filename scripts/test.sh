@@ -11,8 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
-command -v nginx >/dev/null || missing+=(nginx-light)
-[ -e /usr/lib/nginx/modules/ngx_http_js_module.so ] || missing+=(libnginx-mod-http-js)
+# No host nginx: the unit tests' `nginx -t` runs Debian 13's nginx + njs from the root filesystem
+# tests/images/build.sh caches (tests/support/nginx_ns.py, docs/compatibility.md).
 command -v dockerd >/dev/null || missing+=(docker.io)
 command -v docker-compose >/dev/null || missing+=(docker-compose)
 command -v curl >/dev/null || missing+=(curl)

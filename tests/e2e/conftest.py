@@ -26,13 +26,16 @@ PROJECT_LABEL = "com.docker.compose.project"
 IMAGES = {
     "vllm": "vllm/vllm-openai:v0.33.0",
     "vllm_standin": "kit-test/vllm-standin:latest",
-    "nginx": "nginx:1.27-alpine",
-    "nginx_debian": "kit-test/nginx:1.22",
+    "nginx": "nginx:1.27-alpine",  # Debian 13's nginx 1.26.3 + njs 0.8.9
+    "nginx_debian": "kit-test/nginx:1.22",  # Debian 12's: only the ACME tests' rate limiter
     "prometheus": "prom/prometheus:v3.5.0",  # Debian's Prometheus 2.42
     "grafana": "grafana/grafana:12.1.1",  # a stand-in, NOT Grafana (tests/images/grafana-standin)
     "pebble": "kit-test/pebble:2.4",  # tls.mode acme: the ACME server (tests/e2e/acme.py)
     "certbot": "certbot/certbot:v3.1.0",  # Debian's certbot under the spec's default name
 }
+# What the spec's nginx image runs here: Debian 13's nginx and njs, the nearest to
+# nginx:1.27-alpine's (docs/compatibility.md); version prefixes.
+NGINX_VERSION, NJS_VERSION = "1.26.", "0.8."
 
 
 @pytest.fixture(scope="session")

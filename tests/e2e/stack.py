@@ -13,6 +13,7 @@ import json
 import os
 import re
 import secrets
+import socket
 import ssl
 import subprocess
 import sys
@@ -254,8 +255,9 @@ class LiveSite:
         failed = {k: v for b in batches for k, v in b["failures"].items()}
         return result, sum(b["requests"] for b in batches), failed
 
-    def openai(self, api_key: str):
-        """The OpenAI Python SDK (openai>=3, httpx2) aimed at this site, trusting the kit CA."""
+    def openai(self, api_key: str, *, http2: bool = False):
+        """The OpenAI Python SDK (openai>=3, httpx2) aimed at this site, trusting the kit CA;
+        `http2`: its client offers h2 in ALPN (and HTTP/1.1), as an application would ask."""
         import httpx2
         import openai
 
@@ -263,15 +265,60 @@ class LiveSite:
             """Connect to 127.0.0.1 while SNI, the certificate check and Host keep the domain."""
 
             def handle_request(self, request):
-                request.url = request.url.copy_with(host="127.0.0.1")
-                request.extensions["sni_hostname"] = DOMAIN
-                return super().handle_request(request)
+                return super().handle_request(to_loopback(request))
 
         trust = ssl.create_default_context(cafile=str(self.layout.ca_cert))
         return openai.OpenAI(
             base_url=f"https://{DOMAIN}:{self.https_port}/v1", api_key=api_key, max_retries=0,
-            http_client=httpx2.Client(transport=ToLoopback(verify=trust)),
+            http_client=httpx2.Client(transport=ToLoopback(verify=trust, http2=http2)),
         )
+
+    def h2_client(self, connections: int = 1, *, http2: bool = True):
+        """An asyncio HTTP/2-only client (httpx2) for this site's door, trusting the kit CA, with
+        at most `connections` connections: every concurrent request is a stream on them
+        (http2=False: the same client speaking HTTP/1.1 only, a request a connection)."""
+        import httpx2
+
+        class ToLoopback(httpx2.AsyncHTTPTransport):
+            async def handle_async_request(self, request):
+                return await super().handle_async_request(to_loopback(request))
+
+        trust = ssl.create_default_context(cafile=str(self.layout.ca_cert))
+        limits = httpx2.Limits(max_connections=connections)
+        transport = ToLoopback(verify=trust, http1=not http2, http2=http2, limits=limits)
+        return httpx2.AsyncClient(base_url=f"https://{DOMAIN}:{self.https_port}",
+                                  transport=transport, timeout=120)
+
+    def h2_settings(self) -> dict[str, int]:
+        """The SETTINGS the door sends an HTTP/2 client (h2's names, e.g.
+        max_concurrent_streams): what it promises before any stream."""
+        import h2.config
+        import h2.connection
+        import h2.events
+
+        context = ssl.create_default_context(cafile=str(self.layout.ca_cert))
+        context.set_alpn_protocols(["h2"])
+        with socket.create_connection(("127.0.0.1", self.https_port), timeout=10) as raw, \
+                context.wrap_socket(raw, server_hostname=DOMAIN) as tls:
+            assert tls.selected_alpn_protocol() == "h2"
+            connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+            connection.initiate_connection()
+            tls.sendall(connection.data_to_send())
+            while True:
+                data = tls.recv(65536)
+                assert data, "the door closed the connection before its SETTINGS"
+                for event in connection.receive_data(data):
+                    if isinstance(event, h2.events.RemoteSettingsChanged):
+                        return {getattr(code, "name", str(code)).lower(): setting.new_value
+                                for code, setting in event.changed_settings.items()}
+
+
+def to_loopback(request):
+    """An httpx2 request sent to 127.0.0.1 while SNI, the certificate check and Host keep the
+    domain (DOMAIN does not resolve)."""
+    request.url = request.url.copy_with(host="127.0.0.1")
+    request.extensions["sni_hostname"] = DOMAIN
+    return request
 
 
 def query(site: LiveSite, path: str, **params: str) -> dict:

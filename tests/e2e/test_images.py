@@ -10,6 +10,8 @@ import time
 import pytest
 from docker.types import DeviceRequest
 
+from tests.e2e.conftest import NGINX_VERSION, NJS_VERSION
+
 pytestmark = pytest.mark.e2e
 
 # A small model's config.json: enough for the stand-in to derive limits and memory.
@@ -179,7 +181,9 @@ def test_nginx_image_runs_njs_with_the_official_layout(docker_client, test_image
             return None
 
     status, body = wait_for(answer, 20, "nginx to answer")
-    assert status == 200 and body.startswith(b"njs 0.")
+    assert status == 200 and body.startswith(b"njs " + NJS_VERSION.encode()), body
+    code, out = server.exec_run(["nginx", "-v"])
+    assert code == 0 and b"nginx/" + NGINX_VERSION.encode() in out, out
     code, out = server.exec_run(["sh", "-c", "id -u nginx; id -g nginx; command -v curl"])
     assert (code, out.split()) == (0, [b"101", b"101", b"/usr/bin/curl"])
     server.stop(timeout=10)

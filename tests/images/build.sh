@@ -15,10 +15,13 @@
 #    vllm/vllm-openai:v0.33.0) and kit-test/vllm-standin:latest. Its root filesystem is the
 #    base's plus python3-uvloop (vLLM serves on uvloop; so does the stand-in when it has it),
 #    built and cached the same way.
-# 3. An nginx image laid out like the official one (/etc/nginx/conf.d, /etc/nginx/modules with
+# 3. Two nginx images laid out like the official one (/etc/nginx/conf.d, /etc/nginx/modules with
 #    ngx_http_js_module.so, user/group nginx 101:101, /var/cache/nginx, CMD nginx -g 'daemon off;',
-#    STOPSIGNAL SIGQUIT), tagged with every --nginx-tag (default nginx:1.27-alpine) and
-#    kit-test/nginx:1.22.
+#    STOPSIGNAL SIGQUIT): Debian 13 (trixie) nginx 1.26.3 + njs 0.8.9 -- the nearest to the pinned
+#    nginx:1.27-alpine (njs 0.8) -- as kit-test/nginx:1.26, tagged with every --nginx-tag (default
+#    nginx:1.27-alpine); and Debian 12's nginx 1.22 + njs 0.7.9 as kit-test/nginx:1.22 (kit's front
+#    door needs nginx >= 1.25.1, docs/compatibility.md: this one only runs the ACME tests' own
+#    rate limiter, tests/e2e/acme_limiter).
 # 4. Debian's Prometheus (tests/images/prometheus.sh unpacks the package) tagged
 #    prom/prometheus:v3.5.0 and kit-test/prometheus:debian; a Grafana STAND-IN (NOT Grafana,
 #    tests/images/grafana-standin) tagged grafana/grafana:12.1.1 and
@@ -79,7 +82,11 @@ done
 [ ${#nginx_tags[@]} -gt 0 ] || nginx_tags=("nginx:1.27-alpine")
 [ ${#certbot_tags[@]} -gt 0 ] || certbot_tags=("certbot/certbot:v3.1.0")
 VLLM_IMAGE="kit-test/vllm-standin:latest"
-NGINX_IMAGE="kit-test/nginx:1.22"
+NGINX_IMAGE="kit-test/nginx:1.26"
+NGINX_OLDEST_IMAGE="kit-test/nginx:1.22"
+# Debian 13's nginx (trixie has no nginx-light; its minimal root lacks passwd's groupadd).
+NGINX_SUITE="trixie"
+NGINX_PACKAGES="curl,ca-certificates,passwd,nginx,libnginx-mod-http-js"
 PROMETHEUS_IMAGE="kit-test/prometheus:debian"
 GRAFANA_IMAGE="kit-test/grafana-standin:latest"
 prometheus_tags=("prom/prometheus:v3.5.0")  # kit's pinned images.prometheus and images.grafana
@@ -107,7 +114,7 @@ debian_mirror() {
     echo "${uri:-http://deb.debian.org/debian}"
 }
 
-# rootfs_image NAME PACKAGES [HOOK]...: a Debian $SUITE root filesystem with PACKAGES imported
+# rootfs_image NAME PACKAGES [HOOK]...: a Debian $SUITE (override per call: SUITE=trixie) root filesystem with PACKAGES imported
 # as kit-test/NAME:<hash of the inputs>, its tarball cached; prints the image name.
 rootfs_image() {
     local name="$1" packages="$2"
@@ -210,7 +217,10 @@ BASE="$STANDIN_BASE" build vllm-standin "$HERE/vllm-standin.Dockerfile" "$work/v
 
 mkdir -p "$work/nginx"
 cp "$HERE/nginx/nginx.conf" "$HERE/nginx/default.conf" "$work/nginx/"
-build nginx "$HERE/nginx.Dockerfile" "$work/nginx" "$NGINX_IMAGE" "${nginx_tags[@]}"
+NGINX_BASE="$(SUITE="$NGINX_SUITE" rootfs_image nginx-trixie "$NGINX_PACKAGES" "${CUSTOMIZE[@]}")"
+build nginx-1.22 "$HERE/nginx.Dockerfile" "$work/nginx" "$NGINX_OLDEST_IMAGE"
+BASE="$NGINX_BASE" build nginx "$HERE/nginx.Dockerfile" "$work/nginx" "$NGINX_IMAGE" \
+    "${nginx_tags[@]}"
 
 # Drop earlier builds of these images that lost their tags, then print what each tag names.
 finish() {
@@ -222,7 +232,7 @@ finish() {
     done
 }
 if [ "$serving_only" = 1 ]; then
-    finish "$VLLM_IMAGE" "${vllm_tags[@]}" "$NGINX_IMAGE" "${nginx_tags[@]}"
+    finish "$VLLM_IMAGE" "${vllm_tags[@]}" "$NGINX_IMAGE" "${nginx_tags[@]}" "$NGINX_OLDEST_IMAGE"
     exit 0
 fi
 
@@ -259,6 +269,6 @@ BASE="$ACME_BASE" build pebble "$HERE/pebble.Dockerfile" "$work/pebble" "$PEBBLE
 BASE="$ACME_BASE" build certbot "$HERE/certbot.Dockerfile" "$work/certbot" "$CERTBOT_IMAGE" \
     "${certbot_tags[@]}"
 
-finish "$VLLM_IMAGE" "${vllm_tags[@]}" "$NGINX_IMAGE" "${nginx_tags[@]}" \
+finish "$VLLM_IMAGE" "${vllm_tags[@]}" "$NGINX_IMAGE" "${nginx_tags[@]}" "$NGINX_OLDEST_IMAGE" \
     "$PROMETHEUS_IMAGE" "${prometheus_tags[@]}" "$GRAFANA_IMAGE" "${grafana_tags[@]}" \
     "$PEBBLE_IMAGE" "$CERTBOT_IMAGE" "${certbot_tags[@]}"

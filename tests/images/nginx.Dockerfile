@@ -1,5 +1,6 @@
-# Debian's nginx 1.22 + njs laid out like the official nginx image (conf.d, /etc/nginx/modules,
-# user nginx uid/gid 101, logs to stdout/stderr). Built by tests/images/build.sh; never pulls.
+# Debian's nginx (12: 1.22 + njs 0.7.9; 13: 1.26.3 + njs 0.8.9) laid out like the official nginx
+# image (conf.d, /etc/nginx/modules, user nginx uid/gid 101, logs to stdout/stderr). Built by
+# tests/images/build.sh; never pulls.
 ARG BASE
 FROM ${BASE}
 COPY nginx.conf /etc/nginx/nginx.conf

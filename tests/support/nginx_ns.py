@@ -1,12 +1,17 @@
-"""Run the host's real nginx on a rendered nginx/ folder, laid out as in the container.
+"""Run a real nginx >= 1.25.1 on a rendered nginx/ folder, laid out as in the container.
 
-A private mount namespace (unshare -m, as root) puts the folder at /etc/nginx/kit (or, for the
-verifier, nginx/verifier and nginx/auth where its container has them), the njs module
-at /etc/nginx/modules, an `nginx` user in /etc/passwd, the upstream service names in /etc/hosts
-and fresh tmpfs at /run and /var/cache/nginx — so the rendered config is checked unmodified and
-nothing on the host changes.
+The nginx is Debian 13's (1.26.3 + njs 0.8.9, what the spec's nginx:1.27-alpine test image is
+made of), run by chroot in the root filesystem tests/images/build.sh caches (unpacked once here):
+kit renders `http2 on;`, which Debian 12's host nginx 1.22 does not know, and a chroot keeps the
+check as fast as the host binary was, with no Docker engine. A private mount namespace
+(unshare -m, as root) puts the folder at /etc/nginx/kit (or, for the verifier, nginx/verifier and
+nginx/auth where its container has them), the njs module at /etc/nginx/modules, the upstream
+service names in /etc/hosts and fresh tmpfs at /run and /var/cache/nginx — so the rendered config
+is checked unmodified and nothing on the host changes.
 """
 
+import fcntl
+import os
 import re
 import shutil
 import subprocess
@@ -16,16 +21,44 @@ from pathlib import Path
 from kit.desired import VERIFIER_SERVICE
 from kit.layout import NGINX_MOUNT, VERIFIER_AUTH_MOUNT, VERIFIER_MOUNT
 
-MODULES = Path("/usr/lib/nginx/modules")
+MODULES = "/usr/lib/nginx/modules"
 LISTEN_ADDRESS = re.compile(r"^\s*listen (\d+\.\d+\.\d+\.\d+):\d+", re.MULTILINE)
+CACHE = Path(os.environ.get("KIT_TEST_CACHE", "/var/cache/kit-test"))
+ROOTFS_TARBALLS = "nginx-trixie-rootfs-*.tar"  # tests/images/build.sh's nginx root filesystem
+
+
+def nginx_root() -> Path | None:
+    """The nginx root filesystem unpacked from build.sh's newest cached tarball (None when
+    there is none); unpacked once per tarball, under a lock, by an atomic rename."""
+    tarballs = sorted(CACHE.glob(ROOTFS_TARBALLS), key=lambda p: p.stat().st_mtime)
+    if not tarballs:
+        return None
+    root = tarballs[-1].with_name(tarballs[-1].stem.replace("-rootfs-", "-root-"))
+    if (root / "usr/sbin/nginx").exists():
+        return root
+    with open(CACHE / "nginx-root.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "usr/sbin/nginx").exists():
+            partial = root.with_name(root.name + ".part")
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir()
+            subprocess.run(["tar", "-C", str(partial), "-xf", str(tarballs[-1])], check=True)
+            (partial / "etc/hosts").touch()  # a mount point for the test's own hosts file
+            partial.rename(root)
+            for old in CACHE.glob("nginx-trixie-root-*"):  # of tarballs build.sh replaced
+                if old != root:
+                    shutil.rmtree(old, ignore_errors=True)
+    return root
 
 
 def available() -> str | None:
     """Why the harness cannot run here (None when it can)."""
-    if shutil.which("nginx") is None:
-        return "nginx is not installed (apt-get install nginx-light libnginx-mod-http-js)"
-    if not (MODULES / "ngx_http_js_module.so").exists():
-        return "the njs module is missing (apt-get install libnginx-mod-http-js)"
+    root = nginx_root()
+    if root is None:
+        return (f"no nginx root filesystem under {CACHE} (run tests/images/build.sh, "
+                "which caches Debian 13's nginx + njs there)")
+    if not (root / MODULES.lstrip("/") / "ngx_http_js_module.so").exists():
+        return f"the njs module is missing in {root}"
     if shutil.which("unshare") is None:
         return "unshare (util-linux) is missing"
     if shutil.which("ip") is None:
@@ -34,35 +67,33 @@ def available() -> str | None:
 
 
 def namespace_script(
-    mounts: dict[str, Path], hostnames: list[str], command: str, work: Path
+    mounts: dict[str, Path], hostnames: list[str], setup: str, nginx_args: str, work: Path
 ) -> str:
-    """A shell script that binds each source at its target (under /etc/nginx), then runs."""
-    passwd = Path("/etc/passwd").read_text()
-    group = Path("/etc/group").read_text()
-    if "\nnginx:" not in "\n" + passwd:
-        passwd += "nginx:x:101:101:nginx:/nonexistent:/usr/sbin/nologin\n"
-    if "\nnginx:" not in "\n" + group:
-        group += "nginx:x:101:\n"
-    (work / "passwd").write_text(passwd)
-    (work / "group").write_text(group)
-    hosts = Path("/etc/hosts").read_text() + "".join(f"127.0.0.1 {h}\n" for h in hostnames)
+    """A shell script that binds each source at its target (under /etc/nginx) in the nginx root
+    filesystem (whose passwd has the image's `nginx` user), runs `setup` (host commands, e.g.
+    `ip`, in the same namespaces), then `nginx <nginx_args>` chrooted there."""
+    root = nginx_root()
+    assert root is not None, available()
+    hosts = "127.0.0.1 localhost\n" + "".join(f"127.0.0.1 {h}\n" for h in hostnames)
     (work / "hosts").write_text(hosts)
     binds = "".join(
-        f"mkdir -p {target}\nmount --bind {source} {target}\n" for target, source in mounts.items()
+        f"mkdir -p {root}{target}\nmount --bind {source} {root}{target}\n"
+        for target, source in mounts.items()
     )
     return f"""set -e
 mount --make-rprivate /
-mount -t tmpfs tmpfs /etc/nginx
-mkdir /etc/nginx/modules
-mount --bind {MODULES} /etc/nginx/modules
+mount -t tmpfs tmpfs {root}/etc/nginx
+mkdir {root}/etc/nginx/modules
+mount --bind {root}{MODULES} {root}/etc/nginx/modules
 {binds}
-mount --bind {work}/passwd /etc/passwd
-mount --bind {work}/group /etc/group
-mount --bind {work}/hosts /etc/hosts
-mount -t tmpfs tmpfs /run
-mount -t tmpfs tmpfs /var/cache
-mkdir -p /var/cache/nginx
-{command}
+mount --bind {work}/hosts {root}/etc/hosts
+mount -t tmpfs tmpfs {root}/run
+mount -t tmpfs tmpfs {root}/var/cache
+mkdir -p {root}/var/cache/nginx
+mount --bind /dev {root}/dev
+mount --bind /proc {root}/proc
+{setup}
+chroot {root} nginx {nginx_args}
 """
 
 
@@ -91,9 +122,9 @@ def _run_t(
     addresses = sorted(set(LISTEN_ADDRESS.findall(config)))
     network = "ip link set lo up\n" + "".join(
         f"ip addr add {address}/32 dev lo\n" for address in addresses)
-    command = f"{network}nginx -t -c {conf_dir}/nginx.conf"
     with tempfile.TemporaryDirectory() as work:
-        script = namespace_script(mounts, hostnames, command, Path(work))
+        script = namespace_script(mounts, hostnames, network, f"-t -c {conf_dir}/nginx.conf",
+                                  Path(work))
         return subprocess.run(
             ["unshare", "-m", "-n", "sh", "-c", script], capture_output=True, text=True,
             timeout=60,

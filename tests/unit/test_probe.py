@@ -45,6 +45,7 @@ class Faults:
     no_auth: bool = False  # every request is let through
     buffered: bool = False  # a stream is held back and sent in one piece at its end
     accept_tls_1_1: bool = False
+    no_http2: bool = False  # ALPN offers only http/1.1 (nginx before `http2 on;`)
 
 
 @dataclass
@@ -176,6 +177,8 @@ def serve(tmp_path: Path) -> Iterator:
             context.set_ciphers("DEFAULT:@SECLEVEL=0")
         else:
             context.minimum_version = ssl.TLSVersion.TLSv1_2
+        # Like nginx with `http2 on;` (ALPN only: the gate's other checks speak HTTP/1.1).
+        context.set_alpn_protocols(["http/1.1"] if door.faults.no_http2 else ["h2", "http/1.1"])
         https = ThreadingHTTPServer(("127.0.0.1", 0), _handler(door))
         https.socket = context.wrap_socket(https.socket, server_side=True)
         http = ThreadingHTTPServer(("127.0.0.1", 0), _redirect_handler(https.server_port))
@@ -243,8 +246,8 @@ def test_a_correct_front_door_passes(site: ProbeSite, serve) -> None:
     result = run_probe(spec, site.layout, timeout=5)
     assert result.ok, result.render()
     assert set(checks_of(result)) == {
-        "tls", "tls-below-1.2-refused", "http-redirect", "auth-required", "hsts",
-        "auth-wrong-password", "models", "chat llama-3.1-8b", "chat qwen",
+        "tls", "tls-below-1.2-refused", "http2-and-http1.1", "http-redirect", "auth-required",
+        "hsts", "auth-wrong-password", "models", "chat llama-3.1-8b", "chat qwen",
         "stream llama-3.1-8b", "stream qwen", "metrics-auth llama8b", "metrics-auth qwen",
         "closed /metrics", "closed /invocations", "closed /tokenize",
     }
@@ -321,6 +324,13 @@ def test_a_certificate_for_another_name_fails(site: ProbeSite, serve) -> None:
     assert f"does not name {DOMAIN}" in failed(result)["tls"]
 
 
+def test_a_door_without_http2_fails(site: ProbeSite, serve) -> None:
+    spec = site.spec(*serve(site.door(Faults(no_http2=True))))
+    result = run_probe(spec, site.layout, timeout=5)
+    assert set(failed(result)) == {"http2-and-http1.1"}
+    assert "got http/1.1: the door does not serve HTTP/2" in failed(result)["http2-and-http1.1"]
+
+
 @pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1_1 is deprecated")
 def test_tls_1_1_accepted_fails(site: ProbeSite, serve) -> None:
     spec = site.spec(*serve(site.door(Faults(accept_tls_1_1=True))))
@@ -364,7 +374,7 @@ def test_cli_exit_codes(site: ProbeSite, serve, monkeypatch, capsys) -> None:
     buffered = write_spec(site, *serve(site.door(Faults(buffered=True))))
     code, out, _ = run_kit(monkeypatch, capsys, "probe", str(buffered))
     assert code == ExitCode.FAILED
-    assert "proxy_buffering must be off" in out and "2 of 16 checks failed" in out
+    assert "proxy_buffering must be off" in out and "2 of 17 checks failed" in out
 
     site.layout.probe_password.unlink()
     code, _, err = run_kit(monkeypatch, capsys, "probe", str(good))

@@ -195,6 +195,8 @@ CASES = [
      ["services[0].served_name", "not allowed"]),
     ("image-injection", append('images: {vllm: "vllm/vllm-openai:v0.33.0\\n  evil: 1"}\n'),
      ["images.vllm"]),
+    ("nginx-without-http2", append('images: {nginx: "nginx:1.24-alpine"}\n'),
+     ["images.nginx", "older than nginx 1.25.1", "nginx:1.27-alpine"]),
     ("model-dir-missing", lambda t: t, ["model directory", "does not exist"], without_model_dir),
     ("tp-not-dividing-heads", replace("    gpus: [0]", "    gpus: [0, 1, 2]"),
      ["tensor parallel size 3 does not divide the model's 32 attention heads"],
