@@ -67,11 +67,13 @@ def available() -> str | None:
 
 
 def namespace_script(
-    mounts: dict[str, Path], hostnames: list[str], setup: str, nginx_args: str, work: Path
+    mounts: dict[str, Path], hostnames: list[str], setup: str, nginx_args: str, work: Path,
+    after: str = "",
 ) -> str:
     """A shell script that binds each source at its target (under /etc/nginx) in the nginx root
     filesystem (whose passwd has the image's `nginx` user), runs `setup` (host commands, e.g.
-    `ip`, in the same namespaces), then `nginx <nginx_args>` chrooted there."""
+    `ip`, in the same namespaces), then `nginx <nginx_args>` chrooted there, then `after` (host
+    commands again, e.g. a client of the nginx that daemonized)."""
     root = nginx_root()
     assert root is not None, available()
     hosts = "127.0.0.1 localhost\n" + "".join(f"127.0.0.1 {h}\n" for h in hostnames)
@@ -94,7 +96,7 @@ mount --bind /dev {root}/dev
 mount --bind /proc {root}/proc
 {setup}
 chroot {root} nginx {nginx_args}
-"""
+{after}"""
 
 
 def nginx_t(nginx_dir: Path, hostnames: list[str]) -> subprocess.CompletedProcess:
@@ -132,13 +134,15 @@ def _run_t(
 
 
 def serve_verifier(nginx_dir: Path, client: str) -> subprocess.CompletedProcess:
-    """The rendered verifier served by the host's nginx, `client` (shell) run against it, then
+    """The rendered verifier served by the chrooted nginx, `client` (shell) run against it, then
     nginx stopped — in private mount and network namespaces, so no host port is taken."""
     mounts = {VERIFIER_MOUNT: (nginx_dir / "verifier").resolve(),
               VERIFIER_AUTH_MOUNT: (nginx_dir / "auth").resolve()}
-    command = (f"ip link set lo up\nnginx -c {VERIFIER_MOUNT}/nginx.conf\n"
-               f"set +e\n{client}\nstatus=$?\nkill $(cat /run/nginx.pid)\nexit $status")
+    root = nginx_root()
+    assert root is not None, available()
+    after = f"set +e\n{client}\nstatus=$?\nkill $(cat {root}/run/nginx.pid)\nexit $status"
     with tempfile.TemporaryDirectory() as work:
-        script = namespace_script(mounts, [], command, Path(work))
+        script = namespace_script(mounts, [], "ip link set lo up",
+                                  f"-c {VERIFIER_MOUNT}/nginx.conf", Path(work), after)
         return subprocess.run(["unshare", "-m", "-n", "sh", "-c", script], capture_output=True,
                               text=True, timeout=120)
