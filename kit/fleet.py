@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from kit.errors import BadInput, ExitCode, KitError
-from kit.spec import DEFAULT_SPEC
+from kit.spec.model import DEFAULT_SPEC
 
 FLEET_PARALLEL = 8  # servers worked on at once (each holds up to 8 SSH sessions of its own)
 # What a credential verb's stderr says when the previous files are in effect after a failure,
@@ -58,9 +58,9 @@ def one_writer_per_stack(specs: list[Path]) -> None:
     same site name: a copied folder without its own `engine:`), naming both folders; run in
     parallel they would drive one set of containers. A spec that does not load is left to its
     own row."""
-    from kit.engine_url import resolve
+    from kit.engine.url import resolve
     from kit.site_lock import stack_key
-    from kit.spec import load_spec
+    from kit.spec.model import load_spec
 
     stacks: dict[str, list[Path]] = {}
     described: dict[str, str] = {}
@@ -145,10 +145,10 @@ class ServerStatus:
 
 def server_status(spec: Path) -> ServerStatus:
     """One server's status row, gathered here; a failure to ask it is the row's cause."""
-    from kit.docker_api import connect
-    from kit.engine_url import resolve
+    from kit.engine.docker_api import connect
+    from kit.engine.url import resolve
     from kit.site import Site
-    from kit.status import gather
+    from kit.stack.status import gather
 
     started = time.monotonic()
     engine = "?"

@@ -11,15 +11,15 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kit import engine_url
-from kit.desired import PROXY_SERVICE, DesiredState, load_desired
-from kit.door_ports import door_answers
+from kit.engine import url as engine_url
+from kit.engine.desired import PROXY_SERVICE, DesiredState, load_desired
+from kit.engine.door_ports import door_answers
 from kit.layout import SiteLayout
-from kit.spec import Spec, load_spec
+from kit.spec.model import Spec, load_spec
 
 if TYPE_CHECKING:  # docker-py loads only for the verbs that talk to the engine
-    from kit.docker_api import Engine
-    from kit.observe import ObservedState
+    from kit.engine.docker_api import Engine
+    from kit.engine.observe import ObservedState
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,8 @@ class Site:
     def observe(self, engine: Engine, *, with_images: bool = True,
                 knock: bool = False) -> ObservedState:
         """The running stack; `with_images` also resolves the desired images' ids, `knock`
-        also asks whether the running front door's published ports answer (kit/door_ports.py)."""
-        from kit.observe import observe
+        also asks whether the running front door's published ports answer (kit/engine/door_ports.py)."""
+        from kit.engine.observe import observe
 
         images = tuple(s.config.image for s in self.desired.services) if with_images else ()
         observed = observe(engine, self.project, images, self.layout.applied)
@@ -71,10 +71,10 @@ class Site:
 
 def desired_for(spec: Spec, layout: SiteLayout) -> DesiredState:
     """The rendered compose file as the site's engine is given it: on a remote engine, site
-    folders are volumes kit fills through the API (kit/remote_files.py), not binds."""
+    folders are volumes kit fills through the API (kit/engine/remote_files.py), not binds."""
     desired = load_desired(layout, spec.site)
     if engine_url.is_local(engine_url.resolve(spec.engine)):
         return desired
-    from kit.remote_files import through_engine
+    from kit.engine.remote_files import through_engine
 
     return through_engine(desired, layout.root)

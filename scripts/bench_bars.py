@@ -33,7 +33,7 @@ import docker
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kit.desired import PROJECT_LABEL, SERVICE_LABEL  # noqa: E402
+from kit.engine.desired import PROJECT_LABEL, SERVICE_LABEL  # noqa: E402
 from tests.e2e.conftest import BUILD, pick_free_port  # noqa: E402
 from tests.e2e.stack import SERVICE, kit, running_site  # noqa: E402
 from tests.support.cpus import ContainerSplit  # noqa: E402

@@ -56,9 +56,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kit.bench import Slo, StepResult, summarize  # noqa: E402
-from kit.bench_client import Endpoint, Load, run_step  # noqa: E402
-from kit.bench_run import prompt_text  # noqa: E402
+from kit.bench.analysis import Slo, StepResult, summarize  # noqa: E402
+from kit.bench.client import Endpoint, Load, run_step  # noqa: E402
+from kit.bench.run import prompt_text  # noqa: E402
 from tests.conftest import LLAMA_8B  # noqa: E402
 from tests.unit.test_standin import serving  # noqa: E402
 

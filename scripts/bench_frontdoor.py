@@ -47,8 +47,8 @@ import docker
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kit.plan import VLLM_PORT  # noqa: E402
-from kit.replicas import replica_host  # noqa: E402
+from kit.plan.build import VLLM_PORT  # noqa: E402
+from kit.spec.replicas import replica_host  # noqa: E402
 from tests.e2e.conftest import BUILD, pick_free_port  # noqa: E402
 from tests.e2e.stack import (  # noqa: E402
     DOMAIN,

@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kit import bench_client  # noqa: E402
-from kit.bench import Slo, summarize  # noqa: E402
+from kit.bench import client as bench_client  # noqa: E402
+from kit.bench.analysis import Slo, summarize  # noqa: E402
 from tests.support.bench_door import stale_connection_run  # noqa: E402
 from tests.unit.test_standin import LLAMA_8B, model_dir  # noqa: E402
 

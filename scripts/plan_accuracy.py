@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kit.capacity import (  # noqa: E402
+from kit.plan.capacity import (  # noqa: E402
     BLOCK_SIZE,
     GIB,
     KV_CACHE_DTYPE_BYTES,
@@ -38,7 +38,7 @@ from kit.capacity import (  # noqa: E402
     model_dtype_bytes,
     plan_capacity,
 )
-from kit.modelinfo import inspect_model_dir  # noqa: E402
+from kit.plan.modelinfo import inspect_model_dir  # noqa: E402
 
 POINTS_FILE = ROOT / "tests" / "data" / "kv_points.json"
 MODELS_DIR = ROOT / "tests" / "data" / "models"

@@ -5,13 +5,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kit.bench import DEFAULT_SLO
+from kit.bench.analysis import DEFAULT_SLO
 from kit.commands.options import holding, spec_argument, wait_lock_option
 from kit.errors import ExitCode
 from kit.site import Site
 
 if TYPE_CHECKING:
-    from kit.bench_run import BenchRun
+    from kit.bench.run import BenchRun
 
 
 def _positive_list(convert, what: str, example: str):
@@ -92,8 +92,8 @@ def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: 
     Requests go as kit's probe identity, or with `Authorization: Bearer $KIT_BENCH_API_KEY` when
     that variable is set (a key from `kit keys add`).
     """
-    from kit.bench_report import table, write_outputs
-    from kit.bench_run import BenchOptions, pick_service, run_bench, slo_for
+    from kit.bench.report import table, write_outputs
+    from kit.bench.run import BenchOptions, pick_service, run_bench, slo_for
 
     arrival = arrival or ("poisson" if request_rate else "spread")
     if request_rate and arrival != "poisson":
@@ -127,7 +127,7 @@ def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: 
 def _write_spec(ctx: click.Context, site: Site, run: "BenchRun") -> None:
     """max_num_seqs into the spec only when a failing step bounds it; otherwise say why nothing
     was written and exit 1 (the command could not do what --write-spec asks)."""
-    from kit.bench_spec import write_max_num_seqs
+    from kit.bench.spec_edit import write_max_num_seqs
 
     recommendation = run.recommendation
     if recommendation is None or recommendation.max_num_seqs is None:

@@ -4,13 +4,13 @@ from pathlib import Path
 
 import click
 
-from kit.apply import Executor
 from kit.commands.options import holding, spec_argument, wait_lock_option
-from kit.docker_api import connect
-from kit.reconcile import RemoveVolume, down_actions
-from kit.remote_files import site_volumes
+from kit.engine.docker_api import connect
+from kit.engine.remote_files import site_volumes
 from kit.site import Site
-from kit.worker_nodes import WorkerEngines, worker_nodes
+from kit.stack.apply import Executor
+from kit.stack.reconcile import RemoveVolume, down_actions
+from kit.stack.worker_nodes import WorkerEngines, worker_nodes
 
 
 @click.command()

@@ -25,7 +25,7 @@ def k8s(spec: Path, out: Path, namespace: str | None, force: bool) -> None:
     LeaderWorkerSet when it spans nodes) and a Service, the front door with the site's nginx.conf
     and credentials (run `kit render` first), and NetworkPolicies. Prints what Kubernetes cannot
     do that the compose stack does."""
-    from kit.k8s import export_site  # PyYAML dumping and templates: only when exporting
+    from kit.render.k8s import export_site  # PyYAML dumping and templates: only when exporting
 
     result = export_site(Site.load(spec), out, namespace=namespace, force=force)
     click.echo("\n".join(result.summary(out)))

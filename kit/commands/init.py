@@ -7,7 +7,7 @@ import click
 
 from kit.errors import BadInput
 from kit.files import atomic_write, write_failure
-from kit.spec import DEFAULT_SPEC
+from kit.spec.model import DEFAULT_SPEC
 
 
 @click.command()

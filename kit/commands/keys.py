@@ -10,8 +10,8 @@ from kit.commands.options import (
     spec_argument,
     wait_lock_option,
 )
-from kit.credential_change import add_key, revoke_key
-from kit.credentials import read_keys
+from kit.credentials.material import read_keys
+from kit.front_door.credential_change import add_key, revoke_key
 from kit.layout import SiteLayout
 
 

@@ -5,13 +5,13 @@ from pathlib import Path
 import click
 
 from kit.commands.options import spec_argument
-from kit.docker_api import connect
+from kit.engine.docker_api import connect
+from kit.engine.observe import observe
 from kit.errors import BadInput
-from kit.logs import containers_of, log_lines
-from kit.observe import observe
 from kit.site import Site
-from kit.spec import DEFAULT_SPEC
-from kit.worker_nodes import WorkerEngines, worker_nodes
+from kit.spec.model import DEFAULT_SPEC
+from kit.stack.logs import containers_of, log_lines
+from kit.stack.worker_nodes import WorkerEngines, worker_nodes
 
 
 @click.command()

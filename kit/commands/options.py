@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING
 import click
 
 from kit.site_lock import DEFAULT_WAIT_SECONDS
-from kit.spec import DEFAULT_SPEC
+from kit.spec.model import DEFAULT_SPEC
 
 if TYPE_CHECKING:  # imported when a credential verb runs, not by every verb
-    from kit.credential_change import Outcome
-    from kit.front_door import Connection
+    from kit.front_door.credential_change import Outcome
+    from kit.front_door.reload import Connection
     from kit.layout import SiteLayout
-    from kit.spec import Spec
+    from kit.spec.model import Spec
 
 spec_argument = click.argument(
     "spec",
@@ -50,7 +50,7 @@ def holding(root: Path, verb: str, wait: float, stack: "tuple[str, str] | None" 
 def credential_holding(spec: "Spec", layout: "SiteLayout", verb: str, wait: float,
                        offline: bool):
     """A credential verb's site lock: the folder's, and the stack's when it reloads nginx."""
-    from kit.engine_url import resolve
+    from kit.engine.url import resolve
 
     return holding(layout.root, verb, wait, None if offline else (resolve(spec.engine), spec.site))
 
@@ -85,8 +85,8 @@ def credential_site(
 ) -> "tuple[Spec, SiteLayout, str, Connection | None]":
     """(spec, layout, name, connection) for the verbs that change credentials of a rendered
     site; the connection is the real engine and front door, or None with --offline."""
-    from kit.credential_files import require_rendered
-    from kit.front_door import live
+    from kit.credentials.store import require_rendered
+    from kit.front_door.reload import live
     from kit.site import Site
 
     spec_path, name = spec_and_name(values, what)
@@ -103,7 +103,7 @@ def read_passwords(
     From stdin: the new password on the first line, optionally the current one on the second.
     On a terminal: the current one first (optional), then the new one twice. Neither: generated.
     """
-    from kit.credentials import generate_password
+    from kit.credentials.material import generate_password
     from kit.errors import BadInput
 
     if from_stdin and generate:

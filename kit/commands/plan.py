@@ -12,11 +12,11 @@ from pathlib import Path
 
 import click
 
-from kit.capacity import DEFAULT_GPU_MEMORY_UTILIZATION
 from kit.errors import ExitCode
-from kit.service_capacity import capacity_table, fit_model_dir, fit_spec, fits_json, fits_text
-from kit.spec import DEFAULT_SPEC
-from kit.vllm_flags import choices
+from kit.plan.capacity import DEFAULT_GPU_MEMORY_UTILIZATION
+from kit.plan.fit import capacity_table, fit_model_dir, fit_spec, fits_json, fits_text
+from kit.spec.model import DEFAULT_SPEC
+from kit.spec.vllm_flags import choices
 
 
 @click.command()

@@ -6,10 +6,10 @@ from pathlib import Path
 import click
 
 from kit.commands.options import spec_argument
-from kit.docker_api import connect
+from kit.engine.docker_api import connect
 from kit.errors import ExitCode
-from kit.probe import run_probe
-from kit.replica_check import replica_checks
+from kit.front_door.gate import run_probe
+from kit.front_door.replica_check import replica_checks
 from kit.site import Site
 
 

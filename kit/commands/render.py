@@ -5,7 +5,7 @@ from pathlib import Path
 import click
 
 from kit.commands.options import holding, spec_argument, wait_lock_option
-from kit.render import render_site
+from kit.render.site_files import render_site
 from kit.site import Site
 
 

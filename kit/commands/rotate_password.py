@@ -11,7 +11,7 @@ from kit.commands.options import (
     wait_lock_option,
     with_password_options,
 )
-from kit.credential_change import rotate_password as rotate
+from kit.front_door.credential_change import rotate_password as rotate
 
 
 @click.command("rotate-password")

@@ -4,7 +4,7 @@ import json
 
 import click
 
-from kit.spec import Spec
+from kit.spec.model import Spec
 
 
 @click.command()

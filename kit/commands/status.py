@@ -7,9 +7,9 @@ from pathlib import Path
 import click
 
 from kit.commands.options import spec_argument
-from kit.docker_api import connect
+from kit.engine.docker_api import connect
 from kit.site import Site
-from kit.status import gather, render_text
+from kit.stack.status import gather, render_text
 
 
 @click.command()

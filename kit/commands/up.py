@@ -7,7 +7,7 @@ import click
 from kit.commands.options import holding, spec_argument, wait_lock_option
 from kit.errors import KitError
 from kit.site import Site
-from kit.up import up_site
+from kit.stack.up import up_site
 
 
 @click.command()

@@ -12,8 +12,8 @@ from kit.commands.options import (
     wait_lock_option,
     with_password_options,
 )
-from kit.credential_change import add_user, remove_user
-from kit.credential_files import listed_users
+from kit.credentials.store import listed_users
+from kit.front_door.credential_change import add_user, remove_user
 from kit.site import Site
 
 

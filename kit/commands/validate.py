@@ -5,9 +5,9 @@ from pathlib import Path
 import click
 
 from kit.commands.options import spec_argument
-from kit.plan import build_plan
+from kit.plan.build import build_plan
 from kit.site import Site
-from kit.spec import spec_warnings
+from kit.spec.model import spec_warnings
 
 
 @click.command()

@@ -27,18 +27,18 @@ from pathlib import Path
 import docker
 import yaml
 
-from kit.credentials import KEY_PREFIX
-from kit.desired import (
+from kit.credentials.material import KEY_PREFIX
+from kit.engine.desired import (
     NETWORK_LABEL,
     PROJECT_LABEL,
     PROMETHEUS_SERVICE,
     SERVICE_LABEL,
     VERIFIER_SERVICE,
 )
+from kit.front_door.gate import Gate, basic_header, probe_password, target_for
 from kit.layout import SiteLayout
-from kit.live_figures import api_argv
-from kit.probe import Gate, basic_header, probe_password, target_for
-from kit.spec import load_spec
+from kit.spec.model import load_spec
+from kit.stack.live_figures import api_argv
 from tests.conftest import LLAMA_8B
 from tests.e2e.conftest import IMAGES, REPO
 

@@ -26,7 +26,7 @@ import pytest
 import yaml
 from cryptography import x509
 
-from kit.plan import AcmePlan
+from kit.plan.build import AcmePlan
 from tests.e2e.acme import ACME_ADDRESS, Pebble, RateLimiter, add_acme_address, directory
 from tests.e2e.conftest import pick_free_port, remove_project
 from tests.e2e.stack import DOMAIN, LiveSite, checked, finished, kit, write_spec

@@ -14,7 +14,7 @@ import docker
 import pytest
 from docker.types import DeviceRequest
 
-from kit.diagnose import diagnose
+from kit.stack.diagnose import diagnose
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.e2e

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from kit.credentials import KEY_PREFIX
+from kit.credentials.material import KEY_PREFIX
+from kit.credentials.tls import new_ca, new_server_cert
 from kit.layout import SiteLayout
-from kit.tls import new_ca, new_server_cert
 from tests.conftest import LLAMA_8B
 from tests.e2e.stack import kit, reload_nginx
 

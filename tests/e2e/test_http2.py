@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from kit.probe import judge_stream, stream_stats
+from kit.front_door.gate import judge_stream, stream_stats
 from tests.e2e.stack import SERVED_NAME, LiveSite
 
 pytestmark = pytest.mark.e2e

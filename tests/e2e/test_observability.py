@@ -21,13 +21,13 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from kit.desired import (
+from kit.engine.desired import (
     DOOR_FIGURES_SERVICE,
     GRAFANA_SERVICE,
     PROMETHEUS_SERVICE,
     VERIFIER_SERVICE,
 )
-from kit.plan import VERIFIER_PORT
+from kit.plan.build import VERIFIER_PORT
 from tests.e2e.conftest import pick_free_port, remove_project
 from tests.e2e.stack import (
     SERVICE,

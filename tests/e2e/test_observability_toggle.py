@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from kit.desired import GRAFANA_SERVICE, PROMETHEUS_SERVICE
-from kit.replicas import compose_names
+from kit.engine.desired import GRAFANA_SERVICE, PROMETHEUS_SERVICE
+from kit.spec.replicas import compose_names
 from tests.e2e import stack
 from tests.e2e.conftest import pick_free_port, remove_project
 from tests.e2e.stack import SERVICE, LiveSite

@@ -23,7 +23,7 @@ import yaml
 from click.testing import CliRunner
 
 from kit.cli import cli
-from kit.desired import CONFIG_HASH_LABEL, PROJECT_LABEL, SERVICE_LABEL, load_desired
+from kit.engine.desired import CONFIG_HASH_LABEL, PROJECT_LABEL, SERVICE_LABEL, load_desired
 from kit.layout import SiteLayout
 from tests.e2e.stack import kill_port_forwarder, kit, write_spec
 
@@ -360,7 +360,7 @@ def test_a_missing_models_root_is_bad_input(make_site, tmp_path: Path) -> None:
 def test_a_models_folder_holding_a_socket_is_refused_on_the_engines_host(make_site) -> None:
     """What no path check sees: a socket inside the folder (e.g. an engine's socket bound into
     it). A throwaway container of the vLLM image looks on the engine's host, before anything
-    starts (kit/preflight.py)."""
+    starts (kit/stack/preflight.py)."""
     site = make_site()
     socket_path = Path(site.spec["models_root"]) / "run" / "engine.sock"
     socket_path.parent.mkdir()

@@ -10,8 +10,8 @@ import re
 import urllib.request
 from pathlib import Path
 
-from kit.bench_client import Endpoint, Load, StepRecord, run_step
-from kit.bench_run import parse_gauges, prompt_text
+from kit.bench.client import Endpoint, Load, StepRecord, run_step
+from kit.bench.run import parse_gauges, prompt_text
 from tests.unit.test_standin import serving
 
 # the stand-in's chat template around one user message: <s> <|start|> user <|sep|> … <|end|>

@@ -1,4 +1,4 @@
-"""An in-memory Docker engine with kit.docker_api.Engine's interface, for engine-free tests.
+"""An in-memory Docker engine with kit.engine.docker_api.Engine's interface, for engine-free tests.
 
 Same methods, same plain data (inspect-shaped dicts, (exit code, output), (pid, command)), and
 KitError where the real adapter raises one, so the executor, the health wait, the front-door
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from kit.desired import ContainerConfig, GpuRequest, Mount, NetworkState, VolumeState
-from kit.door_ports import PortProblem
+from kit.engine.desired import ContainerConfig, GpuRequest, Mount, NetworkState, VolumeState
+from kit.engine.door_ports import PortProblem
 from kit.errors import KitError
 
 NGINX_WORKER = "nginx: worker process"
@@ -41,7 +41,7 @@ class _Container:
 
 
 class FakeEngine:
-    """kit.docker_api.Engine over dicts. Scripting: `images`, `exec_results`, `reload_errors`,
+    """kit.engine.docker_api.Engine over dicts. Scripting: `images`, `exec_results`, `reload_errors`,
     `worker_log`, `dead_ports`, `fail(method, error)`, `schedule(container, after=n, **state)`,
     `write_log`."""
 
@@ -392,5 +392,5 @@ def _device_request(gpu: GpuRequest) -> dict:
 
 
 def _api_error(doing: str, text: str) -> KitError:
-    """What kit.docker_api.explain makes of an engine error it has no special words for."""
+    """What kit.engine.docker_api.explain makes of an engine error it has no special words for."""
     return KitError(f"Docker engine: {doing} failed: {text}")

@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from kit.desired import VERIFIER_SERVICE
+from kit.engine.desired import VERIFIER_SERVICE
 from kit.layout import NGINX_MOUNT, VERIFIER_AUTH_MOUNT, VERIFIER_MOUNT
 
 MODULES = "/usr/lib/nginx/modules"

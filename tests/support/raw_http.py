@@ -4,7 +4,7 @@ framing, huge lines, other HTTP versions), over TLS to the front door or in plai
 import socket
 from dataclasses import dataclass
 
-from kit.probe import Gate
+from kit.front_door.gate import Gate
 
 
 @dataclass(frozen=True)

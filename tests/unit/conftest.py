@@ -3,10 +3,10 @@ production cost say so with @pytest.mark.real_bcrypt_cost."""
 
 import pytest
 
-import kit.credentials
+import kit.credentials.material
 
 
 @pytest.fixture(autouse=True)
 def fast_bcrypt(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     if request.node.get_closest_marker("real_bcrypt_cost") is None:
-        monkeypatch.setattr(kit.credentials, "BCRYPT_COST", 4)
+        monkeypatch.setattr(kit.credentials.material, "BCRYPT_COST", 4)

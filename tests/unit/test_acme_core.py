@@ -1,4 +1,4 @@
-"""kit/acme.py without Docker: certbot's outcome file, the causes named from its output, the
+"""kit/front_door/acme.py without Docker: certbot's outcome file, the causes named from its output, the
 placeholder/issued decision the gate follows, the TLS facts of `kit status`, and `kit up`'s
 wait for the first certificate (the fake engine; certbot's runs written by hand)."""
 
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kit.acme import (
+from kit.credentials.tls import new_ca, new_server_cert
+from kit.front_door.acme import (
     AcmeStatus,
     Installed,
     LastRun,
@@ -22,13 +23,12 @@ from kit.acme import (
     installed,
     parse_last_run,
 )
-from kit.plan import AcmePlan
-from kit.probe import target_for
-from kit.render import render_site
+from kit.front_door.gate import target_for
+from kit.plan.build import AcmePlan
+from kit.render.site_files import render_site
 from kit.site import Site
-from kit.status import gather, render_text
-from kit.tls import new_ca, new_server_cert
-from kit.up import up_site
+from kit.stack.status import gather, render_text
+from kit.stack.up import up_site
 from tests.unit.test_desired import write_site
 from tests.unit.test_up_core import HealthyEngine
 
@@ -192,13 +192,13 @@ def test_up_waits_until_nginx_serves_an_installed_certificate(
         new = x509.load_pem_x509_certificate(site.layout.server_cert.read_bytes())
         return next(served, new.public_bytes(Encoding.DER))
 
-    monkeypatch.setattr("kit.acme.served_certificate", serving)
+    monkeypatch.setattr("kit.front_door.acme.served_certificate", serving)
     reported: list[str] = []
     status = await_certificate(site, reported.append, timeout=30, sleep=clock.sleep, clock=clock)
     assert not status.waiting and clock.now == 0.75  # three answers before the new certificate
     assert reported[-1].startswith("tls: nginx serves the installed certificate (installed ")
     clock.now = 0.0
-    monkeypatch.setattr("kit.acme.served_certificate", lambda _site: b"old")
+    monkeypatch.setattr("kit.front_door.acme.served_certificate", lambda _site: b"old")
     await_certificate(site, reported.append, timeout=30, sleep=clock.sleep, clock=clock)
     assert reported[-1].startswith("tls: nginx still serves another certificate")
 

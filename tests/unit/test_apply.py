@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from kit.apply import Executor
-from kit.desired import DesiredState
-from kit.docker_api import Engine
+from kit.engine.desired import DesiredState
+from kit.engine.docker_api import Engine
+from kit.engine.observe import observe, read_proxy_loaded
 from kit.errors import KitError
-from kit.observe import observe, read_proxy_loaded
-from kit.plan import NGINX_TEST
-from kit.reconcile import up_actions
+from kit.plan.build import NGINX_TEST
+from kit.stack.apply import Executor
+from kit.stack.reconcile import up_actions
 from tests.support.fake_engine import FakeEngine
 from tests.unit.test_reconcile import desired_state
 
@@ -107,4 +107,4 @@ def test_the_fake_engine_has_the_real_engines_interface() -> None:
         }
 
     assert interface(FakeEngine).items() >= interface(Engine).items()
-    assert len(interface(Engine)) == 28  # knock: kit/door_ports.py
+    assert len(interface(Engine)) == 28  # knock: kit/engine/door_ports.py

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from kit import bench_client, bench_run
-from kit.bench import LAG_LIMIT_MS, Slo, summarize
-from kit.bench_client import Endpoint, Load, run_step
-from kit.bench_run import BenchOptions, run_bench
+from kit.bench import client as bench_client
+from kit.bench import run as bench_run
+from kit.bench.analysis import LAG_LIMIT_MS, Slo, summarize
+from kit.bench.client import Endpoint, Load, run_step
+from kit.bench.run import BenchOptions, run_bench
 from kit.site import Site
 from tests.support.bench_door import stale_connection_run
 from tests.unit.test_standin import LLAMA_8B, model_dir, serving

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from kit.bench import (
+from kit.bench.analysis import (
     LAG_LIMIT_MS,
     BoundarySearch,
     Slo,
@@ -14,8 +14,8 @@ from kit.bench import (
     recommend,
     summarize,
 )
-from kit.bench_client import Outcome, StepRecord, has_choice
-from kit.bench_run import GaugeWatch, parse_gauges
+from kit.bench.client import Outcome, StepRecord, has_choice
+from kit.bench.run import GaugeWatch, parse_gauges
 
 SLO = Slo(ttft_p95_ms=200, tpot_p95_ms=30)
 

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from kit.bench import DEFAULT_SLO, Slo
-from kit.bench_run import slo_for
-from kit.spec import load_spec
+from kit.bench.analysis import DEFAULT_SLO, Slo
+from kit.bench.run import slo_for
+from kit.spec.model import load_spec
 from tests.conftest import REPO
 from tests.support.cli import run_kit
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from kit import bench_run
-from kit.bench import Slo
-from kit.bench_run import BenchOptions, run_bench
+from kit.bench import run as bench_run
+from kit.bench.analysis import Slo
+from kit.bench.run import BenchOptions, run_bench
 from kit.site import Site
 from tests.support.bench_door import local_door
 from tests.unit.test_standin import LLAMA_8B, model_dir, serving

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from kit import bench_run
-from kit.bench import Recommendation, Slo, recommend, summarize
-from kit.bench_client import Outcome, StepRecord
-from kit.bench_run import BenchRun
-from kit.bench_spec import with_max_num_seqs, write_max_num_seqs
+from kit.bench import run as bench_run
+from kit.bench.analysis import Recommendation, Slo, recommend, summarize
+from kit.bench.client import Outcome, StepRecord
+from kit.bench.run import BenchRun
+from kit.bench.spec_edit import with_max_num_seqs, write_max_num_seqs
 from kit.errors import BadInput
 from tests.conftest import LLAMA_8B, REPO, tree
 from tests.support.cli import run_kit

@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from kit.capacity import (
+from kit.errors import BadInput
+from kit.plan.capacity import (
     DTYPE_RUN_BYTES,
     KV_CACHE_DTYPE_BYTES,
     QUANTIZATION_BITS,
     plan_capacity,
     vllm_scheduler_defaults,
 )
-from kit.errors import BadInput
-from kit.modelinfo import inspect_model_dir
-from kit.vllm_flags import choices
+from kit.plan.modelinfo import inspect_model_dir
+from kit.spec.vllm_flags import choices
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 ACCURACY_SCRIPT = DATA.parent.parent / "scripts" / "plan_accuracy.py"

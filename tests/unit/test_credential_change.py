@@ -12,16 +12,16 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from kit import credential_files
-from kit.credential_change import add_key, add_user, revoke_key, rotate_password
-from kit.credential_files import snapshot, users
-from kit.desired import PROXY_SERVICE, load_desired
+from kit.credentials import store as credential_files
+from kit.credentials.store import snapshot, users
+from kit.engine.desired import PROXY_SERVICE, load_desired
+from kit.engine.observe import read_proxy_loaded
 from kit.errors import BadInput, ExitCode, KitError
-from kit.front_door import Connection
+from kit.front_door.credential_change import add_key, add_user, revoke_key, rotate_password
+from kit.front_door.reload import Connection
 from kit.layout import SiteLayout
-from kit.observe import read_proxy_loaded
-from kit.plan import NGINX_TEST
-from kit.spec import Spec, load_spec
+from kit.plan.build import NGINX_TEST
+from kit.spec.model import Spec, load_spec
 from tests.conftest import tree
 from tests.support.cli import run_kit
 from tests.support.fake_engine import FakeEngine

@@ -9,8 +9,8 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from kit.credential_files import with_password, write
-from kit.credentials import key_digest, parse_htpasswd
+from kit.credentials.material import key_digest, parse_htpasswd
+from kit.credentials.store import with_password, write
 from kit.layout import SiteLayout
 from kit.site_lock import site_lock
 from tests.conftest import tree

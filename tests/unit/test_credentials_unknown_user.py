@@ -14,7 +14,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from kit.credentials import BCRYPT_COST, UNKNOWN_USER, UNKNOWN_USER_HASH
+from kit.credentials.material import BCRYPT_COST, UNKNOWN_USER, UNKNOWN_USER_HASH
 from kit.layout import SiteLayout
 from kit.names import USER_NAME, is_name
 from tests.support import nginx_ns

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kit.desired import (
+from kit.engine.desired import (
     COMPOSE_VERSION,
     CONFIG_FILES_LABEL,
     CONFIG_HASH_LABEL,
@@ -26,8 +26,8 @@ from kit.desired import (
 )
 from kit.errors import KitError
 from kit.layout import SiteLayout
-from kit.observability import metrics_network
-from kit.render import render_site
+from kit.plan.observability import metrics_network
+from kit.render.site_files import render_site
 from kit.site import Site
 
 REPO = Path(__file__).resolve().parents[2]

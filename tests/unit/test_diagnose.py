@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.diagnose import RULES, diagnose
+from kit.stack.diagnose import RULES, diagnose
 
 SAMPLES = Path(__file__).parents[1] / "data" / "vllm-failures"
 

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from kit.engine.observe import read_proxy_loaded
 from kit.errors import KitError
-from kit.front_door import reload, running_proxy
-from kit.observe import read_proxy_loaded
-from kit.plan import NGINX_TEST
+from kit.front_door.reload import reload, running_proxy
+from kit.plan.build import NGINX_TEST
 from tests.support.fake_engine import FakeEngine
 from tests.unit.test_apply import IMAGES, converge, stack_folder
 from tests.unit.test_reconcile import desired_state

@@ -14,11 +14,11 @@ import pytest
 import yaml
 
 from kit.errors import BadInput
-from kit.k8s import Credentials, cannot_do, export, replica_count, shutdown_timeout
 from kit.layout import SiteLayout
-from kit.plan import Plan, build_plan
-from kit.spec import load_spec
-from kit.vllm_flags import flag_table
+from kit.plan.build import Plan, build_plan
+from kit.render.k8s import Credentials, cannot_do, export, replica_count, shutdown_timeout
+from kit.spec.model import load_spec
+from kit.spec.vllm_flags import flag_table
 from tests.conftest import REPO, tree
 from tests.support import nginx_ns
 from tests.support.cli import run_kit

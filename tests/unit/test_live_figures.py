@@ -3,7 +3,7 @@ here: live_figures uses nothing else of the engine)."""
 
 import json
 
-from kit.live_figures import FIGURES, api_argv, live_figures
+from kit.stack.live_figures import FIGURES, api_argv, live_figures
 
 
 class FakeEngine:

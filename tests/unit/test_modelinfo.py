@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kit.errors import BadInput, ExitCode
-from kit.modelinfo import (
+from kit.plan.modelinfo import (
     cache_space_warnings,
     derive_max_model_len,
     find_config,
@@ -213,7 +213,7 @@ def test_unreadable_file_is_an_error(tmp_path, monkeypatch):
     secret = model_dir / "tokenizer.json"
     secret.write_text("{}")
     real_access = __import__("os").access
-    monkeypatch.setattr("kit.modelinfo.os.access",
+    monkeypatch.setattr("kit.plan.modelinfo.os.access",
                         lambda path, mode: Path(path) != secret and real_access(path, mode))
     errors = inspect_model_dir(model_dir).errors
     assert [e for e in errors if "tokenizer.json is not readable" in e]

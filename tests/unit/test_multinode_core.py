@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kit.desired import CONFIG_HASH_LABEL, load_desired
+from kit.engine.desired import CONFIG_HASH_LABEL, load_desired
 from kit.layout import SiteLayout
-from kit.vllm_flags import flag_table
+from kit.spec.vllm_flags import flag_table
 from tests.conftest import tree
 from tests.support import nginx_ns
 from tests.support.cli import run_kit
@@ -142,7 +142,7 @@ def test_kit_up_refuses_a_worker_whose_engine_is_unknown_before_writing(multi: P
 
 def test_the_head_runs_on_host_networking_and_nginx_reaches_it_by_extra_hosts(
         multi: Path) -> None:
-    """The engine path applies what the rendered head asks (kit/desired.py → docker_api)."""
+    """The engine path applies what the rendered head asks (kit/engine/desired.py → docker_api)."""
     assert run_kit("render", multi / "site.yaml").exit_code == 0
     desired = load_desired(SiteLayout(multi), "test01")
     head = desired.service("big").config

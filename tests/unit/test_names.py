@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from kit import names
-from kit.spec import Service
+from kit.spec.model import Service
 
 # One ordinary value per pattern of kit.names (a test below proves the table covers them all).
 EXAMPLES = {

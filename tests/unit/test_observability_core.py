@@ -12,16 +12,21 @@ import pytest
 import yaml
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
-from kit.dashboards import DATASOURCE_UID, le_matcher
-from kit.desired import DOOR_FIGURES_SERVICE, GRAFANA_SERVICE, PROMETHEUS_SERVICE, load_desired
+from kit.engine.desired import (
+    DOOR_FIGURES_SERVICE,
+    GRAFANA_SERVICE,
+    PROMETHEUS_SERVICE,
+    load_desired,
+)
 from kit.layout import SiteLayout
-from kit.observability import (
+from kit.plan.observability import (
     HISTOGRAMS_FLAG,
     TTFT_DEFAULT_BOUNDS,
     ServiceSlo,
     histogram_args,
     metrics_network,
 )
+from kit.render.dashboards import DATASOURCE_UID, le_matcher
 from tests.conftest import REPO, tree
 from tests.standin.vllm_standin import buckets
 from tests.support import nginx_ns

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from kit.cli import main
+from kit.credentials.tls import new_ca, new_server_cert
 from kit.errors import BadInput, ExitCode
-from kit.layout import PROBE_USER, SiteLayout
-from kit.probe import (
+from kit.front_door.gate import (
     MIN_STREAM_TOKENS,
     StreamStats,
     judge_stream,
@@ -31,8 +31,8 @@ from kit.probe import (
     sse_events,
     stream_stats,
 )
-from kit.spec import Spec
-from kit.tls import new_ca, new_server_cert
+from kit.layout import PROBE_USER, SiteLayout
+from kit.spec.model import Spec
 
 DOMAIN = "llm.test"
 PASSWORD = "probe-password-0123456789"

@@ -9,10 +9,9 @@ import docker.errors
 import pytest
 import requests
 
-from kit.desired import DesiredState, parse_compose
-from kit.docker_api import explain
-from kit.errors import KitError
-from kit.observe import (
+from kit.engine.desired import DesiredState, parse_compose
+from kit.engine.docker_api import explain
+from kit.engine.observe import (
     ContainerState,
     NetworkFound,
     ObservedState,
@@ -20,9 +19,10 @@ from kit.observe import (
     container_state,
     parse_time,
 )
-from kit.preflight import check_ports, show_pull
-from kit.reconcile import Action, changes, down_actions, up_actions
-from kit.spec import Spec, parse_spec
+from kit.errors import KitError
+from kit.spec.model import Spec, parse_spec
+from kit.stack.preflight import check_ports, show_pull
+from kit.stack.reconcile import Action, changes, down_actions, up_actions
 from tests.unit.test_desired import rendered, write_site
 
 

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from kit.credential_change import rotate_password
-from kit.desired import PROXY_SERVICE
+from kit.engine.desired import PROXY_SERVICE
+from kit.engine.remote_files import SITE_FILES_LABEL, deliver, site_volumes, through_engine
 from kit.errors import BadInput, KitError
-from kit.front_door import Connection
-from kit.remote_files import SITE_FILES_LABEL, deliver, site_volumes, through_engine
+from kit.front_door.credential_change import rotate_password
+from kit.front_door.reload import Connection
 from kit.site import Site
-from kit.spec import Spec
-from kit.up import up_site
+from kit.spec.model import Spec
+from kit.stack.up import up_site
 from tests.support.fake_engine import FakeEngine
 from tests.unit.test_desired import write_site
 from tests.unit.test_up_core import HealthyEngine

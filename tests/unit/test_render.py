@@ -211,7 +211,7 @@ def test_validate_accepts_the_example(example_site: Path) -> None:
 
 @pytest.mark.parametrize("user", ["a:b", "a\nb", "Root", ""])
 def test_adversarial_user_names_are_refused(user: str) -> None:
-    from kit.credentials import check_user_name
+    from kit.credentials.material import check_user_name
     from kit.errors import BadInput
 
     with pytest.raises(BadInput):
@@ -219,8 +219,8 @@ def test_adversarial_user_names_are_refused(user: str) -> None:
 
 
 def test_auto_max_num_seqs_comes_from_the_capacity_plan(site: Path) -> None:
-    from kit.capacity import plan_capacity
-    from kit.modelinfo import inspect_model_dir
+    from kit.plan.capacity import plan_capacity
+    from kit.plan.modelinfo import inspect_model_dir
 
     spec = site / "site.yaml"
     spec.write_text(spec.read_text().replace("max_num_seqs: 64", "max_num_seqs: auto")

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kit.desired import VERIFIER_SERVICE, load_desired
+from kit.credentials.tls import new_ca, new_server_cert
+from kit.engine.desired import VERIFIER_SERVICE, load_desired
 from kit.layout import SiteLayout
-from kit.tls import new_ca, new_server_cert
 from tests.conftest import BASE_SPEC, LLAMA_8B, REPO, spec_in_folder
 from tests.support import nginx_ns
 from tests.support.cli import run_kit

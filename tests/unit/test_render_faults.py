@@ -20,8 +20,8 @@ import bcrypt
 import pytest
 from click.testing import Result
 
-from kit.credential_files import with_password, write
-from kit.credentials import parse_htpasswd
+from kit.credentials.material import parse_htpasswd
+from kit.credentials.store import with_password, write
 from kit.files import digest
 from kit.layout import PROBE_USER, SiteLayout
 from tests.conftest import REPO
@@ -189,8 +189,8 @@ def test_a_first_render_failing_at_every_step_writes_nothing(
 def dies_before_printing(spec: Path, monkeypatch: pytest.MonkeyPatch) -> SiteLayout:
     """A render whose process ends after writing everything, before printing the passwords."""
     with monkeypatch.context() as patch:
-        patch.setattr("kit.render.RenderResult.summary", lambda result: [])
-        patch.setattr("kit.render.RenderResult.passwords_shown", lambda result: None)
+        patch.setattr("kit.render.site_files.RenderResult.summary", lambda result: [])
+        patch.setattr("kit.render.site_files.RenderResult.passwords_shown", lambda result: None)
         assert render(spec).exit_code == 0
     return SiteLayout(spec.parent)
 

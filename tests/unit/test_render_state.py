@@ -11,14 +11,14 @@ import pytest
 import yaml
 from click.testing import Result
 
-from kit.credential_files import with_password, write
-from kit.credentials import parse_htpasswd
-from kit.desired import load_desired
-from kit.envfile import env_file_text, parse_env_file
+from kit.credentials.material import parse_htpasswd
+from kit.credentials.store import with_password, write
+from kit.credentials.tls import new_ca, new_server_cert
+from kit.engine.desired import load_desired
+from kit.engine.envfile import env_file_text, parse_env_file
 from kit.errors import KitError
 from kit.layout import SiteLayout
-from kit.status import _last_probe
-from kit.tls import new_ca, new_server_cert
+from kit.stack.status import _last_probe
 from tests.support.cli import run_kit
 from tests.unit.test_render_faults import snapshot
 

@@ -9,18 +9,18 @@ from pathlib import Path
 
 import pytest
 
-import kit.rollout
-from kit.desired import REPLICA_INDEX_LABEL, REPLICA_SERVICE_LABEL, SERVICE_LABEL
+import kit.stack.rollout
+from kit.engine.desired import REPLICA_INDEX_LABEL, REPLICA_SERVICE_LABEL, SERVICE_LABEL
 from kit.errors import KitError
-from kit.plan import build_plan
-from kit.reconcile import RecreateContainer, RollReplicas, up_actions
-from kit.replica_check import CURL, prove_replica, replica_checks
-from kit.replicas import gpu_layout, replica_plans, split_gpus
-from kit.rollout import mark, read_start_times
+from kit.front_door.replica_check import CURL, prove_replica, replica_checks
+from kit.plan.build import build_plan
 from kit.site import Site
-from kit.spec import load_spec
-from kit.status import StackStatus, gather, render_text
-from kit.up import up_site
+from kit.spec.model import load_spec
+from kit.spec.replicas import gpu_layout, replica_plans, split_gpus
+from kit.stack.reconcile import RecreateContainer, RollReplicas, up_actions
+from kit.stack.rollout import mark, read_start_times
+from kit.stack.status import StackStatus, gather, render_text
+from kit.stack.up import up_site
 from tests.conftest import REPO, spec_in_folder
 from tests.support import nginx_ns
 from tests.support.cli import run_kit
@@ -267,8 +267,8 @@ def brought_up(replicas_site: Path, engine: ReplicaEngine) -> Site:
 @pytest.fixture(autouse=True)
 def quick_drain(monkeypatch: pytest.MonkeyPatch) -> None:
     """Drained after a few idle polls, not after seconds (the fake engine has no clock)."""
-    monkeypatch.setattr(kit.rollout, "DRAIN_QUIET_SECONDS", 0.02)
-    monkeypatch.setattr(kit.rollout, "DRAIN_POLL_SECONDS", 0.01)
+    monkeypatch.setattr(kit.stack.rollout, "DRAIN_QUIET_SECONDS", 0.02)
+    monkeypatch.setattr(kit.stack.rollout, "DRAIN_POLL_SECONDS", 0.01)
 
 
 def test_a_changed_service_is_rolled_one_replica_at_a_time(replicas_site: Path) -> None:
@@ -464,9 +464,9 @@ def test_only_a_healthy_replica_is_drained(replicas_site: Path) -> None:
                        for name in ("llama8b-r0", "llama8b-r1"))
     engine.set_health(broken.id, "unhealthy")
     engine.calls.clear()
-    assert kit.rollout.drain(engine, broken, 5) == 0
+    assert kit.stack.rollout.drain(engine, broken, 5) == 0
     assert not [call for call in engine.calls if call[0] == "exec"]
-    assert kit.rollout.drain(engine, healthy, 5) == 0
+    assert kit.stack.rollout.drain(engine, healthy, 5) == 0
     assert ("exec", "http://127.0.0.1:8000/metrics") in engine.calls
 
 

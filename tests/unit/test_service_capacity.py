@@ -207,7 +207,7 @@ def test_hf_cache_without_room_for_the_weights_warns(tmp_path, monkeypatch):
     header = b'{"w": {"dtype": "BF16", "shape": [8], "data_offsets": [0, 16]}}'
     (model_dir / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header
                                                   + bytes(16))
-    monkeypatch.setattr("kit.modelinfo.free_disk_gib", lambda path: 0.0)
+    monkeypatch.setattr("kit.plan.modelinfo.free_disk_gib", lambda path: 0.0)
     report = json.loads(run("--model-dir", str(model_dir), "--gpu-memory-gib", "80",
                             "--max-model-len", "8192", "--hf-cache", str(tmp_path / "hf"),
                             "--json").output)
@@ -226,9 +226,9 @@ def test_hf_cache_without_room_for_the_weights_warns(tmp_path, monkeypatch):
 )
 def test_extra_args_that_change_the_memory_account_reach_it(extra_args, expert_parallel, batched,
                                                             expert_gpus):
-    from kit.modelinfo import inspect_model_dir
-    from kit.service_capacity import service_capacity
-    from kit.spec import Service
+    from kit.plan.fit import service_capacity
+    from kit.plan.modelinfo import inspect_model_dir
+    from kit.spec.model import Service
 
     service = Service(name="moe", model="qwen3-30b-a3b", gpus=[0, 1], max_model_len=8192,
                       extra_args=extra_args)

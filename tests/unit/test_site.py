@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from kit import spec as spec_module
 from kit.errors import KitError
 from kit.site import Site
+from kit.spec import model as spec_module
 from tests.unit.test_desired import write_site
 
 
@@ -15,7 +15,7 @@ def test_the_desired_state_is_read_on_first_use_and_kept(tmp_path: Path) -> None
     site = Site.load(spec)  # nothing rendered yet: loading the site must not need the compose file
     with pytest.raises(KitError, match="does not exist"):
         _ = site.desired
-    from kit.render import render_site
+    from kit.render.site_files import render_site
 
     render_site(site)
     assert site.desired is site.desired  # parsed once
@@ -27,7 +27,7 @@ def test_a_render_and_a_dry_run_parse_the_spec_once(tmp_path: Path, monkeypatch)
     loads = []
     real = spec_module.parse_spec  # every spec load, from any module, ends here
     monkeypatch.setattr(spec_module, "parse_spec", lambda *a, **k: loads.append(a) or real(*a, **k))
-    from kit.render import render_site
+    from kit.render.site_files import render_site
 
     site = Site.load(spec)
     render_site(site)

@@ -14,7 +14,7 @@ from unittest import mock
 
 import pytest
 
-from kit.tls import new_ca, new_server_cert
+from kit.credentials.tls import new_ca, new_server_cert
 from tests.conftest import LLAMA_8B, REPO, tree
 from tests.support.cli import run_kit
 
@@ -66,7 +66,7 @@ def certificate(domain: str, *, issued_days_ago: int = 0, other_key: bool = Fals
 
     def prepare(site: Path) -> None:
         issued = dt.datetime.now(dt.UTC) - dt.timedelta(days=issued_days_ago)
-        with mock.patch("kit.tls._now", return_value=issued):
+        with mock.patch("kit.credentials.tls._now", return_value=issued):
             ca_cert, ca_key = new_ca("test")
             cert, key = new_server_cert(domain, ca_cert, ca_key)
             if other_key:

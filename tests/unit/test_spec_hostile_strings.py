@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from kit.errors import BadInput
-from kit.plan import build_plan
-from kit.render import generated_files
-from kit.spec import Spec, load_spec
+from kit.plan.build import build_plan
+from kit.render.site_files import generated_files
+from kit.spec.model import Spec, load_spec
 from tests.conftest import LLAMA_8B
 from tests.support import nginx_ns
 from tests.support.cli import run_kit

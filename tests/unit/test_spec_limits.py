@@ -14,7 +14,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from kit.spec import MAX_TIMEOUT, Spec
+from kit.spec.model import MAX_TIMEOUT, Spec
 from tests.support import nginx_ns
 from tests.support.cli import run_kit
 from tests.unit.test_render_configs import compose_binaries, services_of

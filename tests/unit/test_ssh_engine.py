@@ -13,8 +13,9 @@ import pytest
 import requests
 from paramiko.ssh_exception import NoValidConnectionsError
 
-from kit import docker_api, ssh_engine
-from kit.engine_url import resolve, spec_engine, ssh_target
+from kit.engine import docker_api
+from kit.engine import ssh as ssh_engine
+from kit.engine.url import resolve, spec_engine, ssh_target
 from kit.errors import BadInput, ExitCode, KitError
 from tests.support.cli import run_kit
 from tests.unit.test_desired import write_site

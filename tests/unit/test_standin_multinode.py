@@ -1,6 +1,6 @@
 """The stand-in's multi-node mode: inconsistent flags refused as vLLM refuses them, the head ready
 only once every node joined (with the argv kit renders for each node), and each multi-node
-failure printing what kit.diagnose recognises."""
+failure printing what kit.stack.diagnose recognises."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kit.diagnose import diagnose
+from kit.stack.diagnose import diagnose
 from tests.support.cli import run_kit
 from tests.unit.test_multinode_core import MULTI_NODE
 from tests.unit.test_standin import (

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from kit.engine.observe import read_proxy_loaded
 from kit.errors import BadInput, ExitCode
-from kit.observe import read_proxy_loaded
 from kit.state import json_object, read_state
 
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from kit.apply import Executor
-from kit.door_ports import PortProblem, knock
-from kit.reconcile import RecreateContainer, down_actions
+from kit.engine.door_ports import PortProblem, knock
 from kit.site import Site
-from kit.status import gather, render_text
-from kit.up import up_site
+from kit.stack.apply import Executor
+from kit.stack.reconcile import RecreateContainer, down_actions
+from kit.stack.status import gather, render_text
+from kit.stack.up import up_site
 from tests.unit.test_desired import write_site
 from tests.unit.test_up_core import HealthyEngine
 
@@ -158,8 +158,8 @@ def test_knock_completes_a_tls_handshake_whoever_signed_the_certificate(
     listener: socket.socket, tmp_path: Path,
 ) -> None:
     """Trust is the gate's question: status asks only whether TLS answers."""
+    from kit.credentials.tls import self_signed_files
     from kit.layout import SiteLayout
-    from kit.tls import self_signed_files
 
     files = self_signed_files(SiteLayout(tmp_path), "unit01", "llm.test.internal")
     (tmp_path / "c.pem").write_bytes(files.server_cert)

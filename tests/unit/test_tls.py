@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from kit.credentials.tls import new_ca, new_server_cert, user_files
 from kit.errors import BadInput
-from kit.tls import new_ca, new_server_cert, user_files
 from tests.support.cli import run_kit
 
 

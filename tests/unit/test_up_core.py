@@ -4,11 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from kit.desired import NetworkState
+from kit.engine.desired import NetworkState
 from kit.errors import KitError
-from kit.observability import metrics_network
+from kit.plan.observability import metrics_network
 from kit.site import Site
-from kit.up import up_site
+from kit.stack.up import up_site
 from tests.support.fake_engine import FakeEngine
 from tests.unit.test_desired import write_site
 

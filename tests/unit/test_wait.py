@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kit.desired import DesiredState
+from kit.engine.desired import DesiredState
 from kit.errors import KitError
-from kit.wait import wait_healthy
+from kit.stack.wait import wait_healthy
 from tests.conftest import REPO
 from tests.support.fake_engine import FakeEngine
 from tests.unit.test_apply import IMAGES, converge, stack_folder

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from kit.desired import PROJECT_LABEL
+from kit.engine.desired import PROJECT_LABEL
+from kit.engine.observe import observe
 from kit.errors import BadInput, KitError
-from kit.logs import log_lines
-from kit.observe import observe
 from kit.site import Site
-from kit.status import gather, render_text
-from kit.up import up_site
-from kit.worker_nodes import WorkerEngines, WorkerFailed, worker_nodes
+from kit.stack.logs import log_lines
+from kit.stack.status import gather, render_text
+from kit.stack.up import up_site
+from kit.stack.worker_nodes import WorkerEngines, WorkerFailed, worker_nodes
 from tests.support.cli import run_kit
 from tests.support.fake_engine import FakeEngine
 from tests.unit.test_multinode_core import MULTI_NODE

@@ -1,0 +1,1 @@
+"""kit bench: the load client, the run against a live site, the analysis and the report."""

@@ -1,0 +1,1 @@
+"""Credential material, the credential files on disk, and the TLS certificates."""

@@ -1,0 +1,1 @@
+"""Reaching a Docker engine and what runs on it: docker-py behind one class, desired and observed state."""

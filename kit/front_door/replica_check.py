@@ -1,0 +1,122 @@
+"""One replica proven on its own: /health, then a real 1-token completion, from inside its
+container (its port is on a private network, and through nginx a request reaches *some* replica).
+
+Used by the probe, so that every replica of a multi-replica service is shown to answer, and by
+the rolling update, which gates each new replica before nginx sends it traffic. curl is in
+vLLM's image (its healthcheck uses it); the key vLLM may require (VLLM_API_KEY) is read there.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kit.engine.observe import ContainerState
+from kit.errors import KitError
+from kit.front_door.gate import Check
+from kit.plan.build import VLLM_PORT
+from kit.spec.replicas import compose_names
+
+if TYPE_CHECKING:
+    from kit.engine.docker_api import Engine
+    from kit.site import Site
+
+CHECK_TIMEOUT_S = 60  # a loaded vLLM answers one token in well under a second
+# $1 URL, $2 JSON body (argv, never shell text), $3 seconds; prints the body, then the status.
+CURL = (
+    'exec curl -sS -m "$3" -o - -w "\\n%{http_code}" '
+    '${VLLM_API_KEY:+-H "Authorization: Bearer $VLLM_API_KEY"} '
+    '-H "Content-Type: application/json" ${2:+-d "$2"} "$1"'
+)
+
+
+@dataclass(frozen=True)
+class ReplicaVerdict:
+    ok: bool
+    detail: str
+    latency_ms: float
+
+
+def prove_replica(
+    engine: Engine, container: ContainerState, api_name: str, timeout: float = CHECK_TIMEOUT_S
+) -> ReplicaVerdict:
+    """Health, then one completion token from this container's vLLM, as its own verdict."""
+    started = time.perf_counter()
+    if not container.running:
+        return ReplicaVerdict(False, f"{container.name} is {container.state}", 0.0)
+    status, body = _request(engine, container, "/health", None, timeout)
+    if status != 200:
+        return ReplicaVerdict(False, f"/health answered {status or 'nothing'}: {body[:300]}",
+                              _ms_since(started))
+    completion = {"model": api_name, "messages": [{"role": "user", "content": "Say OK."}],
+                  "max_tokens": 1, "temperature": 0}
+    status, body = _request(engine, container, "/v1/chat/completions", completion, timeout)
+    if status != 200:
+        return ReplicaVerdict(False, f"a 1-token completion got {status or 'no answer'}: "
+                              f"{body[:300]}",
+                              _ms_since(started))
+    try:
+        tokens = json.loads(body)["usage"]["completion_tokens"]
+    except (ValueError, KeyError, TypeError):
+        return ReplicaVerdict(False, f"a completion without usage: {body[:160]}",
+                              _ms_since(started))
+    return ReplicaVerdict(True, f"health 200, {tokens} completion token(s)", _ms_since(started))
+
+
+def in_flight(engine: Engine, container: ContainerState) -> int | None:
+    """vllm:num_requests_running + waiting of this replica; None when it cannot tell (it
+    stopped, or runs with --disable-log-stats, which removes every vllm:* metric)."""
+    if not container.running:
+        return None
+    status, body = _request(engine, container, "/metrics", None, CHECK_TIMEOUT_S)
+    values = [
+        float(line.rpartition(" ")[2])
+        for line in body.splitlines()
+        if line.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{"))
+    ]
+    return round(sum(values)) if status == 200 and values else None
+
+
+def replica_checks(site: Site, connect: Callable[[], Engine]) -> list[Check]:
+    """A check per replica of every multi-replica service (none for a single-replica site: the
+    front door's own chat and stream checks already reach its only container)."""
+    services = [s for s in site.spec.services if s.replica_count > 1]
+    if not services:
+        return []
+    engine = connect()
+    observed = site.observe(engine, with_images=False)
+    checks = []
+    for service in services:
+        for host in compose_names(service.name, service.replica_count):
+            found = sorted(observed.of(host), key=lambda c: not c.running)
+            if not found:
+                checks.append(Check(f"replica {host}", False, "no container: run kit up"))
+                continue
+            verdict = prove_replica(engine, found[0], service.api_name)
+            checks.append(Check(f"replica {host}", verdict.ok, verdict.detail, verdict.latency_ms))
+    return checks
+
+
+def _request(
+    engine: Engine, container: ContainerState, path: str, body: dict | None, timeout: float
+) -> tuple[int, str]:
+    """(HTTP status, body) of one request to the replica's own port; status 0 when none came."""
+    url = f"http://127.0.0.1:{VLLM_PORT}{path}"
+    payload = json.dumps(body) if body is not None else ""
+    try:
+        code, output = engine.exec(
+            container.id, ["sh", "-c", CURL, "kit-check", url, payload, str(int(timeout))]
+        )
+    except KitError as error:
+        return 0, error.message
+    text, _, status = output.rstrip("\n").rpartition("\n")
+    if code != 0 or not status.isdigit():
+        return 0, output.strip()[-200:]
+    return int(status), text.strip()
+
+
+def _ms_since(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 1)

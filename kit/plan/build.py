@@ -1,0 +1,418 @@
+"""Spec → Plan: what the spec means on this server, decided once and in one place.
+
+The plan holds every decision the templates need (vLLM argv, GPU pinning, IPC mode, health timing,
+nginx sizing); templates only lay it out. Pure apart from reading model configs on this host.
+"""
+
+import shlex
+from dataclasses import dataclass, field
+
+from kit.errors import BadInput
+from kit.layout import ACME_LAST_RUN, NGINX_MOUNT
+from kit.plan.multinode import MultiNodePlan, multinode_plan
+from kit.plan.observability import (
+    MetricsNetwork,
+    ObservabilityPlan,
+    histogram_args,
+    metrics_network,
+    observability_plan,
+    service_slo,
+)
+from kit.spec.model import Spec
+from kit.spec.replicas import ReplicaPlan, replica_plans
+
+VLLM_PORT = 8000
+MODELS_MOUNT = "/models"
+HF_CACHE_MOUNT = "/root/.cache/huggingface"
+DEFAULT_ENGINE_READY_TIMEOUT = 600  # vLLM's VLLM_ENGINE_READY_TIMEOUT_S default
+WEIGHT_LOAD_ALLOWANCE = 300  # seconds beyond the engine-ready timeout for download + load
+STREAMS_WHEN_UNKNOWN = 256  # vLLM's max_num_seqs default on A100-class GPUs
+HEALTHZ_PORT = 8081  # nginx's and the verifier's loopback healthcheck (/kit-healthz)
+VERIFIER_PORT = 8081  # the verifier container's /verify, on the private auth network only
+BCRYPT_PORT = 8082  # inside the verifier: the auth_basic check, behind the failed-login guard
+# Limits set to `auto`: one address may use every stream slot, each starting a request a second.
+REQUESTS_PER_SLOT_PER_MINUTE = 60
+CONNECTIONS_PER_SLOT = 2  # a stream plus a keep-alive connection waiting for its next request
+MAX_CONNECTIONS_PER_IP = 65535  # limit_conn's largest value
+NGINX_CONF = f"{NGINX_MOUNT}/nginx.conf"
+NGINX_TEST = ["nginx", "-c", NGINX_CONF, "-t"]  # how a reload is checked first, in any mode
+# A replica that refused a connection (or timed out) is skipped for this long by each worker.
+REPLICA_FAIL_TIMEOUT = 10
+# A replica on this host's private network accepts within milliseconds or is gone (a killed
+# container's address answers nothing): after this long nginx gives the request to another one.
+REPLICA_CONNECT_TIMEOUT = 2
+# Stopping a replica (a rolling update drained it first): vLLM finishes what it still runs for
+# up to --shutdown-timeout seconds, and the engine waits a little longer before SIGKILL.
+REPLICA_SHUTDOWN_TIMEOUT = 30
+STOP_GRACE_PERIOD = 30  # a single-replica service (no --shutdown-timeout: vLLM's default, 0)
+UNAVAILABLE_RETRY_AFTER = 5  # seconds a client is told to wait when no replica can take it
+PREFIX_KEY = "$kit_prefix"  # kit.js: a digest of the conversation's leading text
+
+
+@dataclass(frozen=True)
+class ServicePlan:
+    name: str
+    api_name: str
+    image: str
+    command: list[str]
+    gpus: list[str]
+    env: dict[str, str]
+    ipc_host: bool
+    model_is_local: bool
+    start_period: int  # seconds the healthcheck tolerates failures: the model loads meanwhile
+    max_num_seqs: int | None
+    max_num_seqs_reason: str
+    capacity: dict | None = None  # CapacityReport.to_json() when the model could be inspected
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    multinode: MultiNodePlan | None = None  # one vLLM over several servers (kit/plan/multinode.py)
+    api_host: str = "127.0.0.1"  # where the healthcheck reaches vLLM inside its network
+    # Each replica is its own container on its own tensor-parallel group of `gpus` (see
+    # kit/spec/replicas.py). A single-replica service has one, named like the service itself.
+    replicas: list[ReplicaPlan] = field(default_factory=list)
+    affinity: str = "none"  # routing.affinity: none | header | prefix (multi-replica only)
+    affinity_key: str | None = None  # the nginx variable the affinity upstream hashes
+    connect_timeout: int = 10  # nginx's proxy_connect_timeout to it (seconds)
+    stop_grace_period: int = STOP_GRACE_PERIOD  # seconds the engine waits after SIGTERM
+
+    @property
+    def retry_window(self) -> int:
+        """Seconds after which nginx stops passing a request on to another replica: long enough
+        to try each one, far shorter than a generation (a begun answer is never resent)."""
+        return self.connect_timeout * len(self.replicas)
+
+    @property
+    def streams(self) -> int:
+        """Requests the whole service runs at once: every replica's max_num_seqs."""
+        return (self.max_num_seqs or STREAMS_WHEN_UNKNOWN) * max(1, len(self.replicas))
+
+
+MAX_WORKER_CONNECTIONS = 65536
+
+
+@dataclass(frozen=True)
+class NginxPlan:
+    bind: str
+    https_port: int
+    http_port: int
+    max_body: str
+    read_timeout: int
+    connect_timeout: int
+    worker_connections: int
+    # Set by nginx.conf alone (a reload applies it, up to the engine's hard limit: checked by
+    # kit/front_door/reload.py), never by the container's config: that would recreate the front door,
+    # cutting every stream, whenever replicas or max_num_seqs change.
+    worker_rlimit_nofile: int
+    upstream_keepalive: int
+    rate_per_ip: int
+    rate_per_credential: int
+    failed_logins_per_ip: int
+    max_connections_per_ip: int
+    api_keys: bool
+    verifier_port: int = VERIFIER_PORT
+    bcrypt_port: int = BCRYPT_PORT
+    healthz_port: int = HEALTHZ_PORT
+
+    @property
+    def http2_streams_per_connection(self) -> int:
+        """A gateway may carry all its address's streams on one HTTP/2 connection: limit_conn
+        counts each h2 stream as a connection, so the per-address limit is the only bound
+        (nginx's default of 128 streams would queue a 256-stream gateway for no reason)."""
+        return self.max_connections_per_ip
+
+    @property
+    def retry_after(self) -> int:
+        """Seconds until a rate-limited client has a request's worth of budget again."""
+        return max(1, -(-60 // min(self.rate_per_ip, self.rate_per_credential)))
+
+    @property
+    def published(self) -> list[str]:
+        """Compose port mappings: host bind address (bracketed when IPv6) → nginx's 443/80."""
+        host = f"[{self.bind}]" if ":" in self.bind else self.bind
+        return [f"{host}:{self.https_port}:443", f"{host}:{self.http_port}:80"]
+
+
+@dataclass(frozen=True)
+class AcmePlan:
+    """Certificates from an ACME CA: certbot answers the HTTP-01 challenge through nginx."""
+
+    image: str
+    email: str
+    domain: str
+    server: str | None
+    staging: bool
+    renew_every: int = 43200  # seconds between `certbot certonly --keep-until-expiring` runs
+    retry_first: int = 60  # after a failed run: retry this soon, doubling up to retry_max
+    retry_max: int = 3600
+    watch_every: int = 5  # nginx checks its certificate file this often and reloads on change
+    webroot: str = "/var/www/acme"
+    cert_name: str = "kit"
+    tls_mount: str = "/kit-tls"  # nginx/tls of the site, writable for certbot only
+    certbot_log: str = "/var/log/letsencrypt/letsencrypt.log"  # certbot's log of its last run
+    trusts_bundle: bool = False  # tls.ca_bundle: certbot trusts it (only it) for the directory
+    trust_mount: str = "/kit-trust"  # nginx/trust of the site, read-only
+    trust_file: str = "/kit-trust/ca-bundle.pem"  # REQUESTS_CA_BUNDLE in certbot's container
+
+    @property
+    def install(self) -> str:
+        """Copy certbot's certificate into nginx/tls unless nginx/tls already holds it: after a
+        renewal, and also when certbot had nothing to renew but nginx/tls is new (a re-created
+        site with the letsencrypt volume kept). Key first, each by rename, key private."""
+        live = f"/etc/letsencrypt/live/{self.cert_name}"
+        tls = self.tls_mount
+        return (
+            f"cmp -s {live}/fullchain.pem {tls}/server.crt || {{ "
+            f"install -m 600 {live}/privkey.pem {tls}/.server.key.new && "
+            f"install -m 644 {live}/fullchain.pem {tls}/.server.crt.new && "
+            f"mv -f {tls}/.server.key.new {tls}/server.key && "
+            f"mv -f {tls}/.server.crt.new {tls}/server.crt; }}"
+        )
+
+    @property
+    def loop(self) -> str:
+        """certbot obtains the certificate, then keeps renewing it (a no-op until 30 days left);
+        each run's outcome lands in nginx/tls for `kit up`/`kit status` (with the seconds until
+        the next run), a failure is retried within minutes (doubling), not at the next 12-hourly
+        run. A failed run's outcome ends with the CA's problem from certbot's log: certbot before
+        2.2 on Python 3.11+ (Debian 12's 2.1) prints only "AttributeError: can't set attribute"
+        for an error the CA answered, a rate limit among them (certbot/certbot#9539)."""
+        argv = [
+            "certbot", "certonly", "--webroot", "-w", self.webroot, "-d", self.domain,
+            "--cert-name", self.cert_name, "--email", self.email, "--agree-tos",
+            "--non-interactive", "--keep-until-expiring",
+        ]
+        if self.staging:
+            argv.append("--staging")
+        if self.server:
+            argv += ["--server", self.server]
+        tls, result = self.tls_mount, f"{self.tls_mount}/{ACME_LAST_RUN}"
+        return (
+            f"trap exit TERM; rm -f {result}; delay={self.retry_first}; while :; do "
+            f"{shlex.join(argv)} >{tls}/.acme-run 2>&1 && {{ {self.install}; }} >>{tls}/.acme-run "
+            f"2>&1; rc=$?; [ $rc = 0 ] || grep -m 1 -F 'acme.messages.Error: ' "
+            f"{self.certbot_log} >>{tls}/.acme-run 2>/dev/null; "
+            f"next=$delay; [ $rc = 0 ] && next={self.renew_every}; {self._ca_retry_after}"
+            f"{{ echo \"exit=$rc at=$(date +%s) next=$next\"; cat {tls}/.acme-run; }} "
+            f">{result}.new && mv -f {result}.new {result}; "
+            f"if [ $rc = 0 ]; then delay={self.retry_first}; else delay=$((delay * 2 > "
+            f"{self.retry_max} ? {self.retry_max} : delay * 2)); fi; sleep $next & wait; done"
+        )
+
+    @property
+    def _ca_retry_after(self) -> str:
+        """A failed run waits at least until the time the CA named: Let's Encrypt's rate-limit
+        problem says "retry after 2026-12-01 09:00:00 UTC", and asking earlier is refused again."""
+        return (
+            f"[ $rc = 0 ] || {{ ra=$(grep -o 'retry after [0-9-]* [0-9:]* UTC' "
+            f"{self.tls_mount}/.acme-run | tail -n 1 | cut -d ' ' -f 3,4); [ -n \"$ra\" ] && "
+            "ra=$(date -u -d \"$ra\" +%s 2>/dev/null) && wait_s=$((ra - $(date +%s) + 1)) && "
+            "[ $wait_s -gt $next ] && next=$wait_s; }; "
+        )
+
+    @property
+    def watch(self) -> str:
+        """nginx's side: reload in place (new workers, streams finish on the old ones) within
+        watch_every seconds of certbot installing a certificate, once it passes `nginx -t`."""
+        cert = f"{NGINX_MOUNT}/tls/server.crt"
+        return (
+            f"old=$(cksum < {cert}); while :; do sleep {self.watch_every}; "
+            f"new=$(cksum < {cert}); if [ \"$new\" != \"$old\" ] && "
+            f"{shlex.join(NGINX_TEST)} -q; then nginx -c {NGINX_CONF} -s reload && old=$new; fi; "
+            "done"
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    site: str
+    domain: str
+    nginx_image: str
+    models_root: str
+    hf_cache: str | None
+    backend_internal: bool  # no egress for vLLM when every model is local
+    healthcheck_interval: int
+    services: list[ServicePlan]
+    nginx: NginxPlan
+    tls_mode: str
+    # the front door's private network towards Prometheus and Grafana (there even when
+    # observability is off, so turning it on reloads the front door instead of recreating it)
+    metrics: MetricsNetwork
+    acme: AcmePlan | None = None
+    warnings: list[str] = field(default_factory=list)
+    observability: ObservabilityPlan | None = None  # Prometheus + Grafana when enabled
+
+    @property
+    def url_host(self) -> str:
+        """The domain as it stands in a URL or a Host header: an IPv6 address in brackets."""
+        return f"[{self.domain}]" if ":" in self.domain else self.domain
+
+    @property
+    def nginx_command(self) -> list[str]:
+        """nginx in the foreground; with ACME, a watcher reloads it when the certificate changes."""
+        run = ["nginx", "-c", NGINX_CONF, "-g", "daemon off;"]
+        if self.acme is None:
+            return run
+        return ["/bin/sh", "-c", f"{self.acme.watch} & exec {shlex.join(run)}"]
+
+
+def build_plan(spec: Spec) -> Plan:
+    services = [_service_plan(spec, service) for service in spec.services]
+    streams = sum(s.streams for s in services)
+    # Each stream holds a client and an upstream connection; leave room for queued clients.
+    worker_connections = min(MAX_WORKER_CONNECTIONS, max(4096, _next_power_of_two(streams * 4)))
+    per_minute = streams * REQUESTS_PER_SLOT_PER_MINUTE
+    warnings = [w for s in services for w in (s.capacity or {}).get("warnings", [])]
+    return Plan(
+        site=spec.site,
+        domain=spec.domain,
+        nginx_image=spec.images.nginx,
+        models_root=str(spec.models_root),
+        hf_cache=str(spec.hf_cache) if spec.hf_cache else None,
+        backend_internal=all(s.model_is_local for s in services),
+        healthcheck_interval=spec.healthcheck_interval,
+        services=services,
+        nginx=NginxPlan(
+            bind=spec.proxy.bind,
+            https_port=spec.proxy.https_port,
+            http_port=spec.proxy.http_port,
+            max_body=spec.proxy.max_body,
+            read_timeout=spec.proxy.read_timeout,
+            connect_timeout=spec.proxy.connect_timeout,
+            worker_connections=worker_connections,
+            worker_rlimit_nofile=worker_connections * 2,
+            upstream_keepalive=256,  # a burst of streams reuses the last burst's connections
+            rate_per_ip=_or_auto(spec.proxy.rate_limit_per_ip, per_minute),
+            rate_per_credential=_or_auto(spec.proxy.rate_limit_per_credential, per_minute),
+            failed_logins_per_ip=spec.proxy.failed_logins_per_ip,
+            max_connections_per_ip=_or_auto(
+                spec.proxy.max_connections_per_ip,
+                min(MAX_CONNECTIONS_PER_IP, streams * CONNECTIONS_PER_SLOT),
+            ),
+            api_keys=spec.auth.api_keys,
+        ),
+        tls_mode=spec.tls.mode,
+        metrics=metrics_network(spec.site, spec.observability.subnet),
+        acme=AcmePlan(
+            image=spec.images.certbot,
+            email=spec.tls.email,
+            domain=spec.domain,
+            server=spec.tls.acme_server,
+            staging=spec.tls.staging,
+            trusts_bundle=spec.tls.ca_bundle is not None,
+        ) if spec.tls.mode == "acme" else None,
+        warnings=warnings,
+        observability=observability_plan(spec),
+    )
+
+
+def _or_auto(value: int | str, derived: int) -> int:
+    """A limit as set in the spec, or derived from the site's stream capacity when `auto`."""
+    return derived if value == "auto" else int(value)
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def model_is_local(spec: Spec, model: str) -> bool:
+    """`org/name` is a Hub id unless that directory exists here; a bare name is always local."""
+    return "/" not in model or (spec.models_root / model).is_dir()
+
+
+def _service_plan(spec: Spec, service) -> ServicePlan:
+    is_local = model_is_local(spec, service.model)
+    # The capacity model covers one tensor-parallel group on one server.
+    planned = is_local and service.nodes is None and service.pipeline_parallel == 1
+    capacity = _capacity(spec, service) if planned else None
+    max_num_seqs, reason = _max_num_seqs(service, capacity)
+    command = [
+        "--model", f"{MODELS_MOUNT}/{service.model}" if is_local else service.model,
+        "--served-model-name", service.api_name,
+        "--tensor-parallel-size", str(service.tp),
+        *(["--pipeline-parallel-size", str(service.pipeline_parallel)]
+          if service.pipeline_parallel > 1 else []),
+        "--max-model-len", str(service.max_model_len),
+        "--gpu-memory-utilization", f"{service.gpu_memory_utilization:g}",
+    ]
+    if max_num_seqs is not None:
+        command += ["--max-num-seqs", str(max_num_seqs)]
+    if service.dtype != "auto":
+        command += ["--dtype", service.dtype]
+    if service.quantization:
+        command += ["--quantization", service.quantization]
+    if service.kv_cache_dtype != "auto":
+        command += ["--kv-cache-dtype", service.kv_cache_dtype]
+    if service.trust_remote_code:
+        command += ["--trust-remote-code"]
+    # A multi-node service is one replica here (its head) over all of gpus.
+    replicas = replica_plans(service.name, service.gpus,
+                             len(service.gpus) // service.replica_count)
+    grace = STOP_GRACE_PERIOD
+    if len(replicas) > 1:
+        command += ["--shutdown-timeout", str(REPLICA_SHUTDOWN_TIMEOUT)]
+        grace = REPLICA_SHUTDOWN_TIMEOUT + 10
+    command += ["--port", str(VLLM_PORT), *histogram_args(service_slo(service)),
+                *service.extra_args]
+    env = {"HF_HOME": HF_CACHE_MOUNT, **service.env}
+    affinity = service.routing.affinity if len(replicas) > 1 else "none"
+    engine_timeout = service.engine_ready_timeout or DEFAULT_ENGINE_READY_TIMEOUT
+    nodes = multinode_plan(service, command, env)
+    return ServicePlan(
+        name=service.name,
+        api_name=service.api_name,
+        image=spec.images.vllm,
+        # This server runs the head of a multi-node service (the front door is here).
+        command=nodes.args(nodes.head) if nodes else command,
+        gpus=[str(gpu) for gpu in service.gpus],
+        env=nodes.env(nodes.head) if nodes else env,
+        ipc_host=service.tp > 1 or nodes is not None,
+        model_is_local=is_local,
+        start_period=service.startup_timeout or engine_timeout + WEIGHT_LOAD_ALLOWANCE,
+        max_num_seqs=max_num_seqs,
+        max_num_seqs_reason=reason,
+        capacity=capacity,
+        tensor_parallel=service.tp,
+        pipeline_parallel=service.pipeline_parallel,
+        multinode=nodes,
+        api_host=nodes.head.address if nodes else "127.0.0.1",
+        replicas=replicas,
+        affinity=affinity,
+        affinity_key=_affinity_key(affinity, service.routing.header),
+        connect_timeout=spec.proxy.connect_timeout if len(replicas) == 1
+        else min(spec.proxy.connect_timeout, REPLICA_CONNECT_TIMEOUT),
+        stop_grace_period=grace,
+    )
+
+
+def _affinity_key(affinity: str, header: str | None) -> str | None:
+    """What the affinity upstream hashes: the header's nginx variable, or kit.js's prefix key."""
+    if affinity == "header" and header is not None:
+        return "$http_" + header.lower().replace("-", "_")
+    return PREFIX_KEY if affinity == "prefix" else None
+
+
+def _capacity(spec: Spec, service) -> dict | None:
+    """The capacity plan when both the model config and the GPU size are known here."""
+    from kit.plan.fit import fit_service  # reads model files: only when rendering
+
+    fit = fit_service(spec, service)
+    if fit.failed:
+        errors = fit.report.errors if fit.report else [fit.unplanned]
+        raise BadInput(
+            f"service {service.name} cannot start on this hardware:\n  - " + "\n  - ".join(errors),
+            fix="see `kit plan` for the capacity table",
+        )
+    return fit.report.to_json() if fit.report else None
+
+
+def _max_num_seqs(service, capacity: dict | None) -> tuple[int | None, str]:
+    if service.max_num_seqs != "auto":
+        return service.max_num_seqs, "set in the spec"
+    if capacity is None:
+        return None, (
+            "auto, but the capacity plan needs the model's config.json and gpu_memory_gib on "
+            "this host: vLLM's own default applies"
+        )
+    return capacity["recommended_max_num_seqs"], capacity.get(
+        "recommended_max_num_seqs_reason", "from the capacity plan"
+    )

@@ -1,0 +1,1 @@
+"""The plan written as files: compose, nginx, Prometheus, Grafana, worker nodes, Kubernetes."""

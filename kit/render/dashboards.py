@@ -1,0 +1,243 @@
+"""kit's Grafana dashboards and provisioning, generated from the plan with Grafana's own
+dashboards-as-code library (grafana-foundation-sdk), from the metric names vLLM 0.33 exports.
+
+One dashboard per service (per replica: load, KV cache, preemptions, tokens/s, TTFT / TPOT /
+ITL / E2E p50 and p95, prefix-cache hit rate, responses by status class; with an `slo:`, the
+share of requests within it, exact because the SLO is a bucket bound) and one for the front
+door. Every query goes to the provisioned Prometheus data source.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from grafana_foundation_sdk.builders import dashboard, prometheus, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.dashboard import DataSourceRef, Threshold, ThresholdsMode
+
+from kit.plan.observability import (
+    DOOR_JOB,
+    DOOR_LOG_JOB,
+    DOOR_STATES,
+    GRAFANA_DASHBOARDS_MOUNT,
+    PROMETHEUS_PASSWORD_ENV,
+    PROMETHEUS_PORT,
+    PROMETHEUS_USER,
+    VLLM_JOB,
+    ServiceSlo,
+    generated_yaml,
+    quantile,
+)
+
+if TYPE_CHECKING:
+    from kit.plan.build import Plan, ServicePlan
+
+DATASOURCE_UID = "kit-prometheus"
+RATE = "$__rate_interval"  # Grafana's rate window: at least four scrape intervals
+DATASOURCE = DataSourceRef(type_val="prometheus", uid=DATASOURCE_UID)
+LATENCIES = (
+    ("TTFT", "vllm:time_to_first_token_seconds", "time to first token"),
+    ("TPOT", "vllm:request_time_per_output_token_seconds", "time per output token, per request"),
+    ("ITL", "vllm:inter_token_latency_seconds", "time between two tokens of a stream"),
+    ("E2E latency", "vllm:e2e_request_latency_seconds", "arrival to last token"),
+)
+
+
+def _panel(title: str, unit: str, targets: list[tuple[str, str]], description: str,
+           line_at: float | None = None) -> timeseries.Panel:
+    """A time series of PromQL `targets` (expression, legend); `line_at` draws a threshold."""
+    panel = (timeseries.Panel().title(title).description(description).unit(unit)
+             .datasource(DATASOURCE).height(8).span(12))
+    for ref, (expr, legend) in zip("ABCDEFGH", targets, strict=False):
+        panel = panel.with_target(
+            prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(ref)
+            .datasource(DATASOURCE)
+        )
+    if line_at is not None:
+        panel = panel.thresholds(_threshold_line(line_at))
+    return panel
+
+
+def _threshold_line(value: float) -> dashboard.ThresholdsConfig:
+    return (dashboard.ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE)
+            .steps([Threshold(color="green", value=None), Threshold(color="red", value=value)]))
+
+
+def le_matcher(bound: float) -> str:
+    """A label matcher for the bucket whose upper bound is `bound`, whichever way the `le` value
+    is spelt: vLLM writes Python's repr ("1.0"), Prometheus 3 normalises it ("1")."""
+    spellings = sorted({repr(float(bound)), repr(float(bound)).removesuffix(".0")})
+    if len(spellings) == 1:
+        return f'le="{spellings[0]}"'
+    return 'le=~"' + "|".join(s.replace(".", "\\\\.") for s in spellings) + '"'
+
+
+def slo_share(histogram: str, selector: str, bound: float) -> str:
+    """The share of requests at or under `bound` (a bucket bound, so exact)."""
+    return (f"sum(rate({histogram}_bucket{{{selector},{le_matcher(bound)}}}[{RATE}])) / "
+            f"sum(rate({histogram}_count{{{selector}}}[{RATE}]))")
+
+
+def service_dashboard(service: ServicePlan, slo: ServiceSlo | None) -> dashboard.Dashboard:
+    sel = f'job="{VLLM_JOB}",service="{service.name}"'
+    door = f'job="{DOOR_LOG_JOB}",service="{service.name}"'
+    by = "replica {{replica}}"
+
+    def per_replica(metric: str, how: str = "sum") -> tuple[str, str]:
+        return f"{how} by (replica) ({metric}{{{sel}}})", by
+
+    def rate_of(counter: str) -> str:
+        return f"sum by (replica) (rate({counter}{{{sel}}}[{RATE}]))"
+
+    panels = [
+        _panel("Replica up", "none", [(f"up{{{sel}}}", by)],
+               "1 while Prometheus can scrape the replica's /metrics"),
+        _panel("Requests running", "none", [per_replica("vllm:num_requests_running")],
+               "requests in the running batch"),
+        _panel("Requests waiting", "none", [per_replica("vllm:num_requests_waiting")],
+               "requests queued for a batch slot or KV-cache space"),
+        _panel("KV-cache usage", "percentunit",
+               [per_replica("vllm:kv_cache_usage_perc", "max")],
+               "share of the KV cache in use (the alert fires above 95 % for 5 minutes)",
+               line_at=0.95),
+        _panel("Preemptions", "ops", [(rate_of("vllm:num_preemptions_total"), by)],
+               "requests preempted per second (KV cache exhausted)"),
+        _panel("Tokens per second", "short",
+               [(rate_of("vllm:prompt_tokens_total"), "prompt, " + by),
+                (rate_of("vllm:generation_tokens_total"), "generation, " + by)],
+               "prompt (prefill) and generated tokens per second"),
+    ]
+    slo_bounds = {"TTFT": slo.ttft_s if slo else None, "TPOT": slo.tpot_s if slo else None}
+    for name, histogram, meaning in LATENCIES:
+        panels.append(_panel(
+            f"{name} p50 / p95", "s",
+            [(quantile(q, histogram, sel, "replica", RATE), f"p{round(q * 100)}, {by}")
+             for q in (0.5, 0.95)],
+            f"{meaning} (from vLLM's histogram)", line_at=slo_bounds.get(name),
+        ))
+    panels += [
+        _panel("Prefix-cache hit rate", "percentunit",
+               [(f"{rate_of('vllm:prefix_cache_hits_total')} / "
+                 f"{rate_of('vllm:prefix_cache_queries_total')}", by)],
+               "share of prompt tokens found in the prefix cache"),
+        _panel("Responses by status class", "reqps",
+               [(f"sum by (status) (rate(http_requests_total{{{sel}}}[{RATE}]))", "{{status}}")],
+               "vLLM's own responses per second (2xx, 4xx, 5xx)"),
+        _panel("Front door: answers for this service by status", "reqps",
+               [(f"sum by (status) (rate(kit_door_requests_total{{{door}}}[{RATE}]))",
+                 "{{status}}")],
+               "what clients got from the front door for requests routed to this service "
+               "(a 502 here: no replica answered)"),
+        _panel("Front door: upstream response time p50 / p95", "s",
+               [(quantile(q, "kit_door_upstream_response_seconds", door, "", RATE),
+                 f"p{round(q * 100)}") for q in (0.5, 0.95)],
+               "nginx's $upstream_response_time: the whole answer, a stream's included"),
+    ]
+    for name, histogram, bound in (
+        ("TTFT", "vllm:time_to_first_token_seconds", slo_bounds["TTFT"]),
+        ("TPOT", "vllm:request_time_per_output_token_seconds", slo_bounds["TPOT"]),
+    ):
+        if bound is not None:
+            panels.append(_panel(
+                f"Requests within the {name} SLO ({bound * 1000:g} ms)", "percentunit",
+                [(slo_share(histogram, sel, bound), "within SLO")],
+                f"share of requests whose {name} is at most the SLO: exact, the SLO is a "
+                "bucket bound (--custom-histogram-buckets)",
+            ))
+    return _dashboard(f"kit-svc-{service.name}", f"kit · {service.name}", panels)
+
+
+def door_dashboard(plan: Plan) -> dashboard.Dashboard:
+    door = f'job="{DOOR_JOB}"'
+    door_log = f'job="{DOOR_LOG_JOB}"'
+    vllm = f'job="{VLLM_JOB}"'
+    panels = [
+        _panel("Front door up", "none", [(f"up{{{door}}}", "nginx")],
+               "1 while Prometheus can read the front door's figures"),
+        _panel("Connections", "none",
+               [(f'kit_door_connections{{{door},state="{state}"}}', state)
+                for state in DOOR_STATES],
+               "nginx's client connections: open, reading a request, writing a response, idle"),
+        _panel("Requests by status", "reqps",
+               [(f"sum by (status) (rate(kit_door_requests_total{{{door_log}}}[{RATE}]))",
+                 "{{status}}")],
+               "every answer of the front door per second, by HTTP status"),
+        _panel("Refused: 401, 413, 429", "reqps",
+               [(f'sum by (status) (rate(kit_door_requests_total{{{door_log},'
+                 f'status=~"401|413|429"}}[{RATE}]))', "{{status}}")],
+               "no or wrong credentials, body too large, rate or connection limit"),
+        _panel("Request time p50 / p95", "s",
+               [(quantile(q, "kit_door_request_duration_seconds", door_log, "", RATE),
+                 f"p{round(q * 100)}") for q in (0.5, 0.95)],
+               "nginx's $request_time of every answer (streams: until the last byte)"),
+        _panel("Upstream response time p95 by service", "s",
+               [(quantile(0.95, "kit_door_upstream_response_seconds", door_log, "service",
+                          RATE), "{{service}}")],
+               "nginx's $upstream_response_time"),
+        _panel("Responses by service and status class", "reqps",
+               [(f"sum by (service, status) (rate(http_requests_total{{{vllm}}}[{RATE}]))",
+                 "{{service}} {{status}}")],
+               "what each service answered per second"),
+        _panel("Requests running and waiting", "none",
+               [(f"sum by (service) (vllm:num_requests_running{{{vllm}}})",
+                 "running, {{service}}"),
+                (f"sum by (service) (vllm:num_requests_waiting{{{vllm}}})",
+                 "waiting, {{service}}")],
+               "load of every service of the site"),
+    ]
+    return _dashboard("kit-front-door", f"kit · {plan.site} · front door", panels)
+
+
+def _dashboard(uid: str, title: str, panels: list[timeseries.Panel]) -> dashboard.Dashboard:
+    board = (dashboard.Dashboard(title).uid(uid).tags(["kit"]).refresh("30s")
+             .time("now-1h", "now").editable())
+    for panel in panels:
+        board = board.with_panel(panel)
+    return board
+
+
+def dashboard_files(plan: Plan) -> dict[str, str]:
+    """File name → dashboard JSON for Grafana's file provider."""
+    boards = {"kit-front-door.json": door_dashboard(plan)}
+    for service in plan.services:
+        slo = plan.observability.slo(service.name) if plan.observability else None
+        boards[f"kit-svc-{service.name}.json"] = service_dashboard(service, slo)
+    return {name: json.dumps(board.build(), cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
+            for name, board in boards.items()}
+
+
+def datasource_provisioning(prometheus_host: str) -> str:
+    """The Prometheus data source, signed in with Basic auth: the password is Grafana's
+    environment variable (set from the 0600 compose/prometheus-auth.env), which Grafana
+    expands in provisioning files, so this file holds no secret."""
+    return generated_yaml({
+        "apiVersion": 1,
+        "datasources": [{
+            "name": "Prometheus",
+            "uid": DATASOURCE_UID,
+            "type": "prometheus",
+            "access": "proxy",
+            "url": f"http://{prometheus_host}:{PROMETHEUS_PORT}",
+            "basicAuth": True,
+            "basicAuthUser": PROMETHEUS_USER,
+            "secureJsonData": {"basicAuthPassword": f"${{{PROMETHEUS_PASSWORD_ENV}}}"},
+            "isDefault": True,
+            "editable": False,
+        }],
+    })
+
+
+def dashboard_provisioning() -> str:
+    return generated_yaml({
+        "apiVersion": 1,
+        "providers": [{
+            "name": "kit",
+            "folder": "kit",
+            "type": "file",
+            "disableDeletion": True,
+            "allowUiUpdates": False,
+            "options": {"path": GRAFANA_DASHBOARDS_MOUNT},
+        }],
+    })
+

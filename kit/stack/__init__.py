@@ -1,0 +1,1 @@
+"""The stack on the engine: observe, reconcile, apply, wait, roll out, status, logs."""

@@ -1,0 +1,106 @@
+"""Execute a plan, action by action, in its order. No decisions here: `kit.stack.reconcile` made them."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kit.engine.desired import ServiceState
+from kit.engine.docker_api import Engine
+from kit.engine.observe import ContainerState, read_proxy_loaded, write_proxy_loaded
+from kit.errors import KitError
+from kit.front_door import reload as front_door
+from kit.layout import SiteLayout
+from kit.stack.reconcile import (
+    Action,
+    CreateContainer,
+    CreateNetwork,
+    CreateVolume,
+    RecreateContainer,
+    ReloadProxy,
+    RemoveContainer,
+    RemoveNetwork,
+    RemoveVolume,
+    RetireReplica,
+    RollReplicas,
+    StartContainer,
+    WaitHealthy,
+)
+from kit.stack.rollout import Rollout, drain
+
+
+@dataclass(frozen=True)
+class Executor:
+    engine: Engine
+    applied: Path  # the state file recording what the proxy has loaded
+    wait: Callable[[tuple[ServiceState, ...]], None]
+    report: Callable[[str], None]
+    layout: SiteLayout | None = None  # the site and project a rolling update rewrites and
+    project: str = ""  # reloads (kit up passes them; a plan without RollReplicas needs none)
+
+    def run(self, plan: list[Action]) -> None:
+        for action in plan:
+            self.report(str(action))
+            self.execute(action)
+
+    def execute(self, action: Action) -> None:
+        match action:
+            case RemoveContainer(container=container):
+                self._remove(container)
+            case RemoveNetwork(name=name):
+                self.engine.remove_network(name)
+            case CreateNetwork(network=network):
+                self.engine.create_network(network)
+            case CreateVolume(volume=volume):
+                self.engine.create_volume(volume)
+            case RemoveVolume(name=name):
+                self.engine.remove_volume(name)
+            case CreateContainer(service=service):
+                self._create(service)
+            case RecreateContainer(service=service, old=old):
+                self._remove(old)
+                self._create(service)
+            case StartContainer(service=service, container=container):
+                self.engine.start(container.id)
+                front_door.record_loaded(self.applied, service, container.id)
+            case ReloadProxy(service=service, container=container):
+                front_door.reload(self.engine, service, container, self.applied)
+            case WaitHealthy(services=services):
+                self.wait(services)
+            case RollReplicas():
+                self._roll(action)
+            case RetireReplica(container=container):
+                self._retire(container)
+
+    def _roll(self, action: RollReplicas) -> None:
+        if self.layout is None:
+            raise KitError("a rolling update needs the site folder", fix="run it through kit up")
+        Rollout(self.engine, self.layout, self.project, self._remove, self._create, self.wait,
+                self.report).run(action)
+
+    def _retire(self, container: ContainerState) -> None:
+        """nginx no longer routes to it (reloaded earlier in the plan): let its streams end."""
+        left = drain(self.engine, container)
+        self.report(f"  {container.name}: drained" if left == 0 else
+                    f"  {container.name}: {left} request(s) still running after the drain "
+                    "deadline; stopping it (vLLM's --shutdown-timeout lets them finish)")
+        self._remove(container)
+
+    def _remove(self, container: ContainerState) -> None:
+        if container.running or container.state == "restarting":
+            self.engine.stop(container.id)
+        self.engine.remove(container.id)
+        loaded = read_proxy_loaded(self.applied)
+        if loaded is not None and loaded.container_id == container.id:
+            write_proxy_loaded(self.applied, None)
+
+    def _create(self, service: ServiceState) -> str:
+        container_id = self.engine.create_container(
+            service.container_name,
+            service.config,
+            service.labels,
+            aliases=[service.name, service.container_name],
+        )
+        self.engine.start(container_id)
+        front_door.record_loaded(self.applied, service, container_id)
+        return container_id
+
