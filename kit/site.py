@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from kit.engine import url as engine_url
 from kit.engine.desired import PROXY_SERVICE, DesiredState, load_desired
-from kit.engine.door_ports import door_answers
+from kit.engine.door_ports import EVERY_ADDRESS, PortAnswer
 from kit.layout import SiteLayout
 from kit.spec.model import Spec, load_spec
 
@@ -57,7 +57,8 @@ class Site:
     def observe(self, engine: Engine, *, with_images: bool = True,
                 knock: bool = False) -> ObservedState:
         """The running stack; `with_images` also resolves the desired images' ids, `knock`
-        also asks whether the running front door's published ports answer (kit/engine/door_ports.py)."""
+        also asks whether the running front door's published ports answer
+        (kit/engine/door_ports.py)."""
         from kit.engine.observe import observe
 
         images = tuple(s.config.image for s in self.desired.services) if with_images else ()
@@ -78,3 +79,25 @@ def desired_for(spec: Spec, layout: SiteLayout) -> DesiredState:
     from kit.engine.remote_files import through_engine
 
     return through_engine(desired, layout.root)
+
+
+def door_answers(spec: Spec, engine: Engine, host_ports: tuple[tuple[str, int], ...]
+                 ) -> tuple[PortAnswer, ...]:
+    """Knock on each port the running front door publishes, where a client reaches it (a port
+    bound to every address: this host's loopback for a local engine, else the domain), asking
+    `engine` (kit/engine/docker_api.py's `knock`, a test's fake)."""
+    answers = []
+    for host_ip, port in dict.fromkeys(host_ports):
+        address = front_door_host(spec) if host_ip in EVERY_ADDRESS else host_ip
+        tls = port == spec.proxy.https_port
+        if any((a.address, a.port) == (address, port) for a in answers):
+            continue  # 0.0.0.0 and :: are one door seen from here
+        problem = engine.knock(address, port, spec.domain if tls else None)
+        answers.append(PortAnswer(address, port, tls, problem, engine.is_local))
+    return tuple(answers)
+
+
+def front_door_host(spec: Spec) -> str:
+    """Where a front door listening on every address is reached: this host's loopback when the
+    engine is local, else the spec's domain (it names the remote host; `--address` overrides)."""
+    return "127.0.0.1" if engine_url.is_local(engine_url.resolve(spec.engine)) else spec.domain

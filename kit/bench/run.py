@@ -1,7 +1,8 @@
 """`kit bench` against a live site: the SLO search (or a grid) through the front door, with the
 server's gauges per step and, optionally, the same steps straight at one replica.
 
-The front door is reached as the probe reaches it (kit/front_door/gate.py: the published port, TLS checked
+The front door is reached as the probe reaches it (kit/front_door/gate.py: the published port, TLS
+checked
 against the site CA, kit's probe identity — or a Bearer key from KIT_BENCH_API_KEY). Each step runs
 in its own event loop, so Ctrl-C ends the running step and keeps the finished ones.
 """

@@ -18,15 +18,16 @@ import yaml
 
 from kit.engine.envfile import env_file_text
 from kit.errors import BadInput
-from kit.files import Output
+from kit.files import Output, generated_yaml
 from kit.files import read_existing as read_if_present
 from kit.layout import PROBE_USER, SiteLayout
 from kit.names import USER_NAME, is_name
-from kit.plan.observability import PROMETHEUS_PASSWORD_ENV, PROMETHEUS_USER, web_config
 from kit.state import read_state
 
 BCRYPT_COST = 12
 MIN_PASSWORD_LENGTH = 12
+PROMETHEUS_USER = "kit"  # the one account of Prometheus's API (Grafana, kit status, healthcheck)
+PROMETHEUS_PASSWORD_ENV = "KIT_PROMETHEUS_PASSWORD"  # its secret, in Prometheus's and Grafana's env
 MAX_PASSWORD_BYTES = 72  # bcrypt ignores everything past 72 bytes: refuse instead of truncating
 SECRET = 0o600
 NGINX_GID = 101  # the nginx group in the official image: its workers read htpasswd per request
@@ -364,3 +365,10 @@ def _web_config_hash(layout: SiteLayout) -> str | None:
     except (yaml.YAMLError, TypeError, KeyError):
         return None
     return hashed if isinstance(hashed, str) and hashed.startswith("$2") else None
+
+
+def web_config(password_hash: str) -> str:
+    """web.yml (`--web.config.file`): every path of Prometheus's API asks for Basic credentials,
+    whatever the network lets through (an engine run with --iptables=false forwards between all
+    its bridges). Valid for Prometheus 2.24 and later, 3 included."""
+    return generated_yaml({"basic_auth_users": {PROMETHEUS_USER: password_hash}})

@@ -255,3 +255,27 @@ def tls_outputs(layout: SiteLayout, files: TLSFiles) -> list[Output]:
             Output(layout.ca_key.relative_to(rel), files.ca_key, SECRET, generated=False),
         ]
     return outputs
+
+
+@dataclass(frozen=True)
+class Installed:
+    """The certificate in nginx/tls, the one nginx serves after its next reload."""
+
+    pem: bytes
+    issuer: str
+    not_after: dt.datetime
+    placeholder: bool  # kit's own CA signed it: certbot has not installed one yet
+
+
+def installed(layout: SiteLayout) -> Installed | None:
+    pem = read_if_present(layout.server_cert)
+    if pem is None:
+        return None
+    try:
+        cert = x509.load_pem_x509_certificate(pem)
+    except ValueError:
+        return None
+    names = cert.issuer.get_attributes_for_oid(NameOID.COMMON_NAME)
+    issuer = str(names[0].value) if names else cert.issuer.rfc4514_string()
+    ca = read_if_present(layout.ca_cert)
+    return Installed(pem, issuer, cert.not_valid_after_utc, ca is not None and signed_by(pem, ca))

@@ -4,7 +4,8 @@ A healthy nginx inside its container says nothing about the port the engine publ
 the engine's port forwarder can die (docker-proxy under thousands of idle connections, a
 firewall reload flushing its rules) while the container runs on. `kit status` shows each port's
 answer, and `kit up` counts a port that does not answer as drift of the front door
-(kit/stack/reconcile.py recreates it, which makes the engine publish its ports again; the gate proves
+(kit/stack/reconcile.py recreates it, which makes the engine publish its ports again; the gate
+proves
 it). Stdlib sockets only: the answer must be what any client would see.
 """
 
@@ -13,11 +14,6 @@ from __future__ import annotations
 import socket
 import ssl
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from kit.engine.docker_api import Engine
-    from kit.spec.model import Spec
 
 KNOCK_TIMEOUT_S = 3.0
 EVERY_ADDRESS = ("0.0.0.0", "::", "")
@@ -96,21 +92,3 @@ def knock(address: str, port: int, server_name: str | None,
         return PortProblem(f"TLS handshake failed: {error.reason or error}", host_answered=True)
     except OSError as error:
         return PortProblem(error.strerror or str(error), host_answered=False)
-
-
-def door_answers(spec: Spec, engine: Engine, host_ports: tuple[tuple[str, int], ...]
-                 ) -> tuple[PortAnswer, ...]:
-    """Knock on each port the running front door publishes, where a client reaches it (a port
-    bound to every address: this host's loopback for a local engine, else the domain), asking
-    `engine` (kit/engine/docker_api.py's `knock`, a test's fake)."""
-    from kit.front_door.gate import front_door_host
-
-    answers = []
-    for host_ip, port in dict.fromkeys(host_ports):
-        address = front_door_host(spec) if host_ip in EVERY_ADDRESS else host_ip
-        tls = port == spec.proxy.https_port
-        if any((a.address, a.port) == (address, port) for a in answers):
-            continue  # 0.0.0.0 and :: are one door seen from here
-        problem = engine.knock(address, port, spec.domain if tls else None)
-        answers.append(PortAnswer(address, port, tls, problem, engine.is_local))
-    return tuple(answers)

@@ -21,12 +21,11 @@ from typing import TYPE_CHECKING
 
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
-from cryptography.x509.oid import NameOID
 
 from kit.credentials.material import read_if_present
-from kit.credentials.tls import signed_by
+from kit.credentials.tls import Installed, installed
 from kit.engine.desired import ACME_SERVICE
-from kit.layout import SiteLayout
+from kit.front_door.gate import target_for
 from kit.plan.build import AcmePlan
 
 if TYPE_CHECKING:
@@ -131,30 +130,6 @@ def parse_last_run(text: str) -> LastRun | None:
         return None
     at = dt.datetime.fromtimestamp(int(match[2]), dt.UTC)
     return LastRun(int(match[1]), at, output, None if match[3] is None else int(match[3]))
-
-
-@dataclass(frozen=True)
-class Installed:
-    """The certificate in nginx/tls, the one nginx serves after its next reload."""
-
-    pem: bytes
-    issuer: str
-    not_after: dt.datetime
-    placeholder: bool  # kit's own CA signed it: certbot has not installed one yet
-
-
-def installed(layout: SiteLayout) -> Installed | None:
-    pem = read_if_present(layout.server_cert)
-    if pem is None:
-        return None
-    try:
-        cert = x509.load_pem_x509_certificate(pem)
-    except ValueError:
-        return None
-    names = cert.issuer.get_attributes_for_oid(NameOID.COMMON_NAME)
-    issuer = str(names[0].value) if names else cert.issuer.rfc4514_string()
-    ca = read_if_present(layout.ca_cert)
-    return Installed(pem, issuer, cert.not_valid_after_utc, ca is not None and signed_by(pem, ca))
 
 
 @dataclass(frozen=True)
@@ -264,8 +239,6 @@ def acme_status(site: Site) -> AcmeStatus:
 
 def served_certificate(site: Site, timeout: float = 5) -> bytes | None:
     """The leaf certificate nginx serves now (DER), unverified: which one, not whether trusted."""
-    from kit.front_door.gate import target_for
-
     target = target_for(site.spec, site.layout, None, timeout)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = False
@@ -330,4 +303,3 @@ def await_certificate(
         report(f"tls: nginx still serves another certificate {age:.0f}s after certbot "
                "installed this one (see `kit logs` of nginx)")
     return status
-

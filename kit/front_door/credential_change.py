@@ -3,7 +3,8 @@
 Every credential verb runs through `live_change`. Under the site's credential lock it snapshots
 the files; the caller computes the new ones (every refusal comes before anything is written);
 the engine is reached before the first write, so when it cannot be the files stay as they were;
-then the files are installed, the running nginx reloads in place (kit/front_door/reload.py, the reload
+then the files are installed, the running nginx reloads in place (kit/front_door/reload.py, the
+reload
 `kit up` uses) and logins through the front door prove the change live. Any failure after the
 first write — a write error, `nginx -t`, the reload, the proof, an interrupt — restores the
 previous files byte for byte (with a fresh auth epoch, so no verdict cached meanwhile survives)

@@ -25,10 +25,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from kit.engine import url as engine_url
+from kit.credentials.tls import installed
 from kit.errors import BadInput
 from kit.files import atomic_write
 from kit.layout import PROBE_USER, SiteLayout
+from kit.site import front_door_host
 from kit.spec.model import Service, Spec
 from kit.state import read_state
 
@@ -127,14 +128,8 @@ def target_for(spec: Spec, layout: SiteLayout, address: str | None, timeout: flo
 
 def _acme_placeholder(layout: SiteLayout) -> bool:
     """acme mode before the first certificate: nginx serves the kit CA's, the gate trusts it."""
-    from kit.front_door.acme import installed
-
     cert = installed(layout)
     return cert is not None and cert.placeholder
-def front_door_host(spec: Spec) -> str:
-    """Where a front door listening on every address is reached: this host's loopback when the
-    engine is local, else the spec's domain (it names the remote host; `--address` overrides)."""
-    return "127.0.0.1" if engine_url.is_local(engine_url.resolve(spec.engine)) else spec.domain
 
 
 def probe_password(layout: SiteLayout) -> str:

@@ -1,1 +1,2 @@
-"""What a spec means on its servers: vLLM flags, GPU pinning, capacity, observability, host checks."""
+"""What a spec means on its servers: vLLM flags, GPU pinning, capacity, observability, host
+checks."""

@@ -100,7 +100,8 @@ class NginxPlan:
     connect_timeout: int
     worker_connections: int
     # Set by nginx.conf alone (a reload applies it, up to the engine's hard limit: checked by
-    # kit/front_door/reload.py), never by the container's config: that would recreate the front door,
+    # kit/front_door/reload.py), never by the container's config: that would recreate the front
+    # door,
     # cutting every stream, whenever replicas or max_num_seqs change.
     worker_rlimit_nofile: int
     upstream_keepalive: int

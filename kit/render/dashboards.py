@@ -16,17 +16,16 @@ from grafana_foundation_sdk.builders import dashboard, prometheus, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import DataSourceRef, Threshold, ThresholdsMode
 
+from kit.credentials.material import PROMETHEUS_PASSWORD_ENV, PROMETHEUS_USER
+from kit.files import generated_yaml
 from kit.plan.observability import (
     DOOR_JOB,
     DOOR_LOG_JOB,
     DOOR_STATES,
     GRAFANA_DASHBOARDS_MOUNT,
-    PROMETHEUS_PASSWORD_ENV,
     PROMETHEUS_PORT,
-    PROMETHEUS_USER,
     VLLM_JOB,
     ServiceSlo,
-    generated_yaml,
     quantile,
 )
 

@@ -1,1 +1,2 @@
-"""The operator's site.yaml: its schema, loading with positions, and the checks on the spec alone."""
+"""The operator's site.yaml: its schema, loading with positions, and the checks on the spec
+alone."""

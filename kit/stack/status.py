@@ -38,7 +38,8 @@ class StackStatus:
     last_probe: dict | None
     figures: LiveFigures | None = None  # observability on: Prometheus's live view
     acme: AcmeStatus | None = None  # tls.mode acme: the certificate and certbot's last run
-    nodes: tuple[NodeContainers, ...] = ()  # a multi-node service's workers (kit/stack/worker_nodes.py)
+    # a multi-node service's workers (kit/stack/worker_nodes.py)
+    nodes: tuple[NodeContainers, ...] = ()
     node_problems: tuple[str, ...] = ()  # why the multi-node service does not serve, if not
     door: tuple[PortAnswer, ...] = ()  # the running front door's ports, knocked on from here
     out_of_rotation: frozenset[str] = frozenset()  # replicas nginx's server lists leave out

@@ -41,7 +41,8 @@ class _Container:
 
 
 class FakeEngine:
-    """kit.engine.docker_api.Engine over dicts. Scripting: `images`, `exec_results`, `reload_errors`,
+    """kit.engine.docker_api.Engine over dicts. Scripting: `images`, `exec_results`,
+    `reload_errors`,
     `worker_log`, `dead_ports`, `fail(method, error)`, `schedule(container, after=n, **state)`,
     `write_log`."""
 

@@ -1,4 +1,5 @@
-"""kit/front_door/acme.py without Docker: certbot's outcome file, the causes named from its output, the
+"""kit/front_door/acme.py without Docker: certbot's outcome file, the causes named from its output,
+the
 placeholder/issued decision the gate follows, the TLS facts of `kit status`, and `kit up`'s
 wait for the first certificate (the fake engine; certbot's runs written by hand)."""
 
@@ -12,15 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from kit.credentials.tls import new_ca, new_server_cert
+from kit.credentials.tls import Installed, installed, new_ca, new_server_cert
 from kit.front_door.acme import (
     AcmeStatus,
-    Installed,
     LastRun,
     acme_status,
     await_certificate,
     classify,
-    installed,
     parse_last_run,
 )
 from kit.front_door.gate import target_for

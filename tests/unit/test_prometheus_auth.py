@@ -11,10 +11,10 @@ from pathlib import Path
 import bcrypt
 import yaml
 
+from kit.credentials.material import PROMETHEUS_PASSWORD_ENV, PROMETHEUS_USER
 from kit.engine.desired import GRAFANA_SERVICE, PROMETHEUS_SERVICE, load_desired
 from kit.engine.envfile import parse_env_file
 from kit.layout import SiteLayout
-from kit.plan.observability import PROMETHEUS_PASSWORD_ENV, PROMETHEUS_USER
 from kit.stack.live_figures import api_argv
 from tests.support.cli import run_kit
 from tests.unit.test_observability_core import enable, promtool  # noqa: F401 - a fixture
