@@ -59,8 +59,8 @@ def one_writer_per_stack(specs: list[Path]) -> None:
     parallel they would drive one set of containers. A spec that does not load is left to its
     own row."""
     from kit.engine.url import resolve
+    from kit.plan.host import load_spec
     from kit.site_lock import stack_key
-    from kit.spec.model import load_spec
 
     stacks: dict[str, list[Path]] = {}
     described: dict[str, str] = {}

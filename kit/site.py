@@ -15,7 +15,8 @@ from kit.engine import url as engine_url
 from kit.engine.desired import PROXY_SERVICE, DesiredState, load_desired
 from kit.engine.door_ports import EVERY_ADDRESS, PortAnswer
 from kit.layout import SiteLayout
-from kit.spec.model import Spec, load_spec
+from kit.plan.host import load_spec
+from kit.spec.model import Spec
 
 if TYPE_CHECKING:  # docker-py loads only for the verbs that talk to the engine
     from kit.engine.docker_api import Engine

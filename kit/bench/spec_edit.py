@@ -20,7 +20,8 @@ from ruamel.yaml.comments import CommentedMap
 
 from kit.errors import BadInput
 from kit.files import atomic_write, write_failure
-from kit.spec.model import parse_spec
+from kit.plan.host import host_checks
+from kit.spec.load import parse_spec
 
 BOM = "\ufeff"
 # a plain or quoted scalar as it ends in block (comment, line end) or flow (`,` `}`) context
@@ -104,7 +105,7 @@ def write_max_num_seqs(spec_path: Path, service: str, max_num_seqs: int) -> Path
     raw = target.read_bytes()
     text = with_max_num_seqs(raw.decode(), service, max_num_seqs)
     # validated as the spec it is read as: relative paths from the folder the user named
-    parse_spec(text, spec_path, check_host=False, check_capacity=False)
+    parse_spec(text, spec_path, host=host_checks(check_host=False, check_capacity=False))
     status = target.stat()
     try:
         atomic_write(target, text.encode(), mode=status.st_mode & 0o7777,

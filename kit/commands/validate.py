@@ -6,8 +6,8 @@ import click
 
 from kit.commands.options import spec_argument
 from kit.plan.build import build_plan
+from kit.plan.host import spec_warnings
 from kit.site import Site
-from kit.spec.model import spec_warnings
 
 
 @click.command()

@@ -67,12 +67,13 @@ from kit.plan.build import (
     ServicePlan,
     build_plan,
 )
+from kit.plan.host import spec_warnings
 from kit.plan.observability import DOOR_SCRIPT, prometheus_config, rules_file, template_facts
 from kit.render.dashboards import dashboard_files, dashboard_provisioning, datasource_provisioning
 from kit.render.node_files import worker_outputs
 from kit.site import Site
 from kit.site_lock import site_lock
-from kit.spec.model import Spec, spec_warnings
+from kit.spec.model import Spec
 
 # What may stand bare in an nginx directive: no space, quote, `;`, `{`, `}`, `#` or `$`.
 NGINX_TOKEN = re.compile(r"[A-Za-z0-9._:/@\[\]-]+")

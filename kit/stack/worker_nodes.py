@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 from kit.engine.desired import DesiredState, ServiceState, load_desired
 from kit.engine.observe import ContainerState, ObservedState, observe
 from kit.errors import BadInput, KitError
-from kit.spec.model import DEFAULT_SPEC, load_spec
+from kit.plan.host import load_spec
+from kit.spec.model import DEFAULT_SPEC
 from kit.stack.diagnose import diagnose
 from kit.stack.node_preflight import check_nodes
 from kit.stack.preflight import check_services

@@ -37,7 +37,7 @@ from kit.engine.desired import (
 )
 from kit.front_door.gate import Gate, basic_header, probe_password, target_for
 from kit.layout import SiteLayout
-from kit.spec.model import load_spec
+from kit.plan.host import load_spec
 from kit.stack.live_figures import api_argv
 from tests.conftest import LLAMA_8B
 from tests.e2e.conftest import IMAGES, REPO

@@ -6,7 +6,7 @@ import pytest
 
 from kit.bench.analysis import DEFAULT_SLO, Slo
 from kit.bench.run import slo_for
-from kit.spec.model import load_spec
+from kit.plan.host import load_spec
 from tests.conftest import REPO
 from tests.support.cli import run_kit
 

@@ -21,7 +21,8 @@ from kit.front_door.credential_change import add_key, add_user, revoke_key, rota
 from kit.front_door.reload import Connection
 from kit.layout import SiteLayout
 from kit.plan.build import NGINX_TEST
-from kit.spec.model import Spec, load_spec
+from kit.plan.host import load_spec
+from kit.spec.model import Spec
 from tests.conftest import tree
 from tests.support.cli import run_kit
 from tests.support.fake_engine import FakeEngine

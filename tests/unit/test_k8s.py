@@ -16,8 +16,8 @@ import yaml
 from kit.errors import BadInput
 from kit.layout import SiteLayout
 from kit.plan.build import Plan, build_plan
+from kit.plan.host import load_spec
 from kit.render.k8s import Credentials, cannot_do, export, replica_count, shutdown_timeout
-from kit.spec.model import load_spec
 from kit.spec.vllm_flags import flag_table
 from tests.conftest import REPO, tree
 from tests.support import nginx_ns

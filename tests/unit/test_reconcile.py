@@ -20,7 +20,8 @@ from kit.engine.observe import (
     parse_time,
 )
 from kit.errors import KitError
-from kit.spec.model import Spec, parse_spec
+from kit.spec.load import parse_spec
+from kit.spec.model import Spec
 from kit.stack.preflight import check_ports, show_pull
 from kit.stack.reconcile import Action, changes, down_actions, up_actions
 from tests.unit.test_desired import rendered, write_site
@@ -366,7 +367,6 @@ def spec_with_ports(https: int, http: int) -> Spec:
         f"proxy: {{bind: 127.0.0.1, https_port: {https}, http_port: {http}}}\n"
         "services: [{name: a, model: m, gpus: [0]}]\n",
         Path("site.yaml"),
-        check_host=False,
     )
 
 

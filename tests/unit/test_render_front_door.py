@@ -9,9 +9,9 @@ import pytest
 
 from kit.errors import BadInput
 from kit.plan.build import build_plan
+from kit.plan.host import load_spec
 from kit.render.site_files import comment, nginx_string, nginx_token, render_site, routes_module
 from kit.site import Site
-from kit.spec.model import load_spec
 from tests.support.nginx_structure import parse
 
 

@@ -14,8 +14,8 @@ from kit.engine.desired import REPLICA_INDEX_LABEL, REPLICA_SERVICE_LABEL, SERVI
 from kit.errors import KitError
 from kit.front_door.replica_check import CURL, prove_replica, replica_checks
 from kit.plan.build import build_plan
+from kit.plan.host import load_spec
 from kit.site import Site
-from kit.spec.model import load_spec
 from kit.spec.replicas import gpu_layout, replica_plans, split_gpus
 from kit.stack.reconcile import RecreateContainer, RollReplicas, up_actions
 from kit.stack.rollout import mark, read_start_times

@@ -6,7 +6,7 @@ import pytest
 
 from kit.errors import KitError
 from kit.site import Site
-from kit.spec import model as spec_module
+from kit.spec import load as spec_module
 from tests.unit.test_desired import write_site
 
 

@@ -20,8 +20,9 @@ from pydantic import BaseModel
 
 from kit.errors import BadInput
 from kit.plan.build import build_plan
+from kit.plan.host import load_spec
 from kit.render.site_files import generated_files
-from kit.spec.model import Spec, load_spec
+from kit.spec.model import Spec
 from tests.conftest import LLAMA_8B
 from tests.support import nginx_ns
 from tests.support.cli import run_kit

@@ -1,0 +1,304 @@
+"""Checks across the fields of a spec, on every part that validated on its own.
+
+A typo in one key does not hide a GPU clash in another: `Parts` salvages what validated, and
+every check here reads only the spec (what it names on this host: kit/plan/host.py).
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    Field,
+    TypeAdapter,
+    ValidationError,
+)
+
+from kit import names
+from kit.engine.desired import KIT_SERVICES
+from kit.names import (
+    SITE_NAME,
+)
+from kit.spec.model import (
+    ENGINE_READY_TIMEOUT,
+    GPU_SHARE_LIMIT,
+    MAX_TIMEOUT,
+    STRICT,
+    TLS,
+    EngineAddress,
+    GpuMemory,
+    Host,
+    HostPath,
+    Observability,
+    Service,
+    Spec,
+)
+from kit.spec.problems import SpecProblem
+from kit.spec.replicas import compose_names
+from kit.spec.vllm_flags import (
+    check_extra_args,
+    flag_table,
+    flag_uses,
+    parallel_sizes,
+)
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The parts of a spec the cross-field checks read, each one that validated on its own:
+    the checks run even when other keys failed, so one typo does not hide a GPU clash."""
+
+    services: list[tuple[int, Service]]
+    domain: str | None
+    tls: TLS | None
+    models_root: Path | None
+    gpu_memory_gib: float | dict[int, float] | None
+    site: str | None = None
+    observability: Observability | None = None
+    engine: str | None = None
+    hf_cache: Path | None = None
+
+    @classmethod
+    def of(cls, spec: Spec) -> "Parts":
+        return cls(list(enumerate(spec.services)), spec.domain, spec.tls, spec.models_root,
+                   spec.gpu_memory_gib, spec.site, spec.observability, spec.engine,
+                   spec.hf_cache)
+
+    @classmethod
+    def salvage(cls, data: dict) -> "Parts":
+        raw_services = data.get("services")
+        listed = raw_services if isinstance(raw_services, list) else []
+        services = [(i, service) for i, raw in enumerate(listed)
+                    if (service := _valid(Service, raw)) is not None]
+        return cls(
+            services,
+            _valid(Host, data.get("domain")),
+            _valid(TLS, data.get("tls", {})),
+            _valid(HostPath, data.get("models_root")),
+            _valid(GpuMemory, data.get("gpu_memory_gib")),
+            _valid(Annotated[str, Field(pattern=SITE_NAME)], data.get("site")),
+            _valid(Observability, data.get("observability", {})),
+            _valid(EngineAddress, data.get("engine")),
+            _valid(HostPath, data.get("hf_cache")),
+        )
+
+
+def _valid(kind: Any, value: Any) -> Any:
+    """`value` validated as `kind` under the spec's strict rules, or None when it is not."""
+    config = None if isinstance(kind, type) and issubclass(kind, BaseModel) else STRICT
+    try:
+        return TypeAdapter(kind, config=config).validate_python(value)
+    except ValidationError:
+        return None
+
+
+def cross_checks(parts: Parts) -> list[SpecProblem]:
+    """The checks that read the spec alone: names, GPUs, vLLM flags, metrics, ACME, nodes."""
+    problems: list[SpecProblem] = []
+    problems += _unique_names(parts.services)
+    problems += _gpu_sharing(parts.services)
+    problems += _extra_args(parts.services)
+    problems += _metrics_flags(parts.services, parts.observability)
+    problems += _kit_read_env(parts.services)
+    problems += _acme_domain(parts)
+    problems += _multi_node(parts)
+    return problems
+
+
+def _unique_names(services: list[tuple[int, Service]]) -> list[SpecProblem]:
+    """Service names are compose keys; served names are nginx `map` keys, which nginx compares
+    in lower case: two that differ only in case would collide there (vLLM tells them apart)."""
+    problems = []
+    seen_names: dict[str, int] = {}
+    seen_served: dict[str, int] = {}
+    for i, service in services:
+        if service.name in KIT_SERVICES:
+            problems.append(SpecProblem(
+                ("services", i, "name"),
+                f"{service.name!r} is {KIT_SERVICES[service.name]}", "choose another name",
+            ))
+        if service.name in seen_names:
+            problems.append(SpecProblem(
+                ("services", i, "name"),
+                f"duplicate service name {service.name!r} "
+                f"(also services[{seen_names[service.name]}])",
+            ))
+        seen_names.setdefault(service.name, i)
+        problems += _replica_names(services, i, service)
+        served = service.api_name  # case-sensitive, as vLLM and the front door's routing are
+        if served in seen_served:
+            problems.append(SpecProblem(
+                ("services", i, "served_name"),
+                f"duplicate served name {served!r} (also services[{seen_served[served]}]); "
+                "clients pick a model by it",
+                "give each service its own served_name",
+            ))
+        seen_served.setdefault(served, i)
+    return problems
+
+
+def _replica_names(
+    services: list[tuple[int, Service]], i: int, service: Service
+) -> list[SpecProblem]:
+    """A replica's compose name (`<service>-r<index>`) must not be another service's name."""
+    if service.replica_count == 1:
+        return []
+    taken = {other.name: j for j, other in services if j != i}
+    return [
+        SpecProblem(
+            ("services", taken[host], "name"),
+            f"{host!r} is also the name of replica {index} of service {service.name} "
+            f"(services[{i}])",
+            "rename one of them",
+        )
+        for index, host in enumerate(compose_names(service.name, service.replica_count))
+        if host in taken
+    ]
+
+
+def _gpu_sharing(services: list[tuple[int, Service]]) -> list[SpecProblem]:
+    by_index = dict(services)
+    share: dict[int, list[int]] = {}
+    for i, service in services:
+        for gpu in service.gpus:
+            share.setdefault(gpu, []).append(i)
+    problems = []
+    for gpu, users in sorted(share.items()):
+        total = sum(by_index[i].gpu_memory_utilization for i in users)
+        if len(users) > 1 and total > GPU_SHARE_LIMIT + 1e-9:
+            names_ = ", ".join(by_index[i].name for i in users)
+            problems.append(SpecProblem(
+                ("services", users[-1], "gpus"),
+                f"GPU {gpu} is shared by {names_} whose gpu_memory_utilization adds up to "
+                f"{total:.2f} (> {GPU_SHARE_LIMIT}); vLLM would fail to allocate at start",
+                "lower gpu_memory_utilization of the services sharing it, or move one elsewhere",
+            ))
+    return problems
+
+
+def _extra_args(services: list[tuple[int, Service]]) -> list[SpecProblem]:
+    """Flags vLLM would refuse, and parallel sizes that need more GPUs than the service pins."""
+    table = flag_table()
+    problems = [
+        SpecProblem(("services", i, "extra_args", index), message)
+        for i, service in services
+        for index, message in check_extra_args(service.extra_args, table)
+    ]
+    for i, service in services:
+        sizes = parallel_sizes(service.extra_args, table)
+        if service.pipeline_parallel > 1 and "--pipeline-parallel-size" in sizes:
+            problems.append(SpecProblem(
+                ("services", i, "extra_args", sizes["--pipeline-parallel-size"][0]),
+                "--pipeline-parallel-size repeats the service's pipeline_parallel",
+                "keep pipeline_parallel and remove the flag from extra_args",
+            ))
+            continue
+        world = service.tp * service.pipeline_parallel
+        for _, size in sizes.values():
+            world *= size
+        if world != service.tp * service.pipeline_parallel:  # a replica's (or the nodes') GPUs
+            index, _ = max(sizes.values())
+            written = " x ".join(f"{flag} {size}" for flag, (_, size) in sizes.items())
+            has = (f"gpus lists {len(service.gpus)}" if service.replica_count == 1 else
+                   f"each of its {service.replica_count} replicas has {service.tp}")
+            problems.append(SpecProblem(
+                ("services", i, "extra_args", index),
+                f"tensor parallel {service.tp} x {written} needs {world} GPUs but {has}; "
+                "vLLM would wait for GPUs the container does not have",
+                "list that many GPUs in gpus, or remove the size from extra_args "
+                "(kit runs one tensor-parallel group over the service's GPUs)",
+            ))
+    return problems
+
+
+def _multi_node(parts: Parts) -> list[SpecProblem]:
+    """The head of a multi-node service runs here, beside the front door; one such service per
+    site, since its API and master port are on the head's host network."""
+    spanning = [(i, service) for i, service in parts.services if service.nodes]
+    problems = [
+        SpecProblem(
+            ("services", i, "nodes", 0, "name"),
+            f"the first node is the head, which runs on this site ({parts.site!r}) with the "
+            f"front door, not {service.nodes[0].name!r}",
+            f"list {parts.site} first in nodes (its fleet siblings after it)",
+        )
+        for i, service in spanning
+        if parts.site is not None and service.nodes and service.nodes[0].name != parts.site
+    ]
+    problems += [
+        SpecProblem(("services", i, "nodes"),
+                    f"a second multi-node service (also services[{spanning[0][0]}]): both heads "
+                    "would serve on this host's network at the same ports",
+                    "run one multi-node service per site")
+        for i, _ in spanning[1:]
+    ]
+    return problems
+
+
+# extra_args flags that would undo what the observability keys ask of vLLM: key → flag → why.
+METRICS_FLAGS = {
+    "slo": {"--custom-histogram-buckets": "kit writes the histogram bounds from slo (vLLM's "
+            "defaults plus the SLO, so the SLO line is exact) and vLLM would keep only one"},
+    "observability.enabled": {"--disable-log-stats": "it removes every vllm:* metric "
+                              "Prometheus scrapes"},
+}
+
+
+def _metrics_flags(
+    services: list[tuple[int, Service]], observability: Observability | None
+) -> list[SpecProblem]:
+    """A flag in extra_args that contradicts slo or observability.enabled."""
+    table = flag_table()
+    enabled = observability is not None and observability.enabled
+    problems = []
+    for i, service in services:
+        keys = [key for key, on in (("slo", service.slo is not None),
+                                    ("observability.enabled", enabled)) if on]
+        for use in flag_uses(service.extra_args, table):
+            canonical = use.option.canonical if use.option else use.flag
+            problems += [
+                SpecProblem(("services", i, "extra_args", use.index),
+                            f"{use.flag} conflicts with {key}: {METRICS_FLAGS[key][canonical]}",
+                            f"remove {use.flag} from extra_args")
+                for key in keys if canonical in METRICS_FLAGS[key]
+            ]
+    return problems
+
+
+def _kit_read_env(services: list[tuple[int, Service]]) -> list[SpecProblem]:
+    """Env values kit reads itself (the healthcheck's start period follows vLLM's timeout)."""
+    problems = []
+    for i, service in services:
+        value = service.env.get(ENGINE_READY_TIMEOUT)
+        if value is not None and not (value.isascii() and value.isdigit()
+                                      and 1 <= int(value) <= MAX_TIMEOUT):
+            problems.append(SpecProblem(
+                ("services", i, "env", ENGINE_READY_TIMEOUT),
+                f"{value!r} is not a whole number of seconds from 1 to {MAX_TIMEOUT} "
+                "(vLLM reads it with int())",
+                f'write seconds, e.g. {ENGINE_READY_TIMEOUT}: "1200" for 20 minutes',
+            ))
+    return problems
+
+
+def _acme_domain(parts: Parts) -> list[SpecProblem]:
+    """An ACME CA issues for public DNS names only: certbot would fail at every renewal."""
+    if parts.tls is None or parts.tls.mode != "acme" or parts.domain is None:
+        return []
+    if _is_ip(parts.domain) or "." not in parts.domain:
+        return [SpecProblem(
+            ("domain",),
+            f"tls.mode acme needs a public DNS name with a dot, not {parts.domain!r} "
+            "(ACME CAs do not issue certificates for IP addresses or single-label names)",
+            "set domain to the server's DNS name, or use tls.mode self-signed or files",
+        )]
+    return []
+
+
+def _is_ip(value: str) -> bool:
+    try:
+        names.ip(value)
+    except ValueError:
+        return False
+    return True
