@@ -26,8 +26,8 @@ from kit.plan.observability import (
     PROMETHEUS_PORT,
     VLLM_JOB,
     ServiceSlo,
-    quantile,
 )
+from kit.render.prometheus import quantile
 
 if TYPE_CHECKING:
     from kit.plan.build import Plan, ServicePlan

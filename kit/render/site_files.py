@@ -68,9 +68,10 @@ from kit.plan.build import (
     build_plan,
 )
 from kit.plan.host import spec_warnings
-from kit.plan.observability import DOOR_SCRIPT, prometheus_config, rules_file, template_facts
+from kit.plan.observability import DOOR_SCRIPT
 from kit.render.dashboards import dashboard_files, dashboard_provisioning, datasource_provisioning
 from kit.render.node_files import worker_outputs
+from kit.render.prometheus import prometheus_config, rules_file, template_facts
 from kit.site import Site
 from kit.site_lock import site_lock
 from kit.spec.model import Spec

@@ -9,7 +9,8 @@ from urllib.parse import urlencode
 
 from kit.engine.docker_api import Engine
 from kit.errors import KitError
-from kit.plan.observability import VLLM_JOB, prometheus_get
+from kit.plan.observability import VLLM_JOB
+from kit.render.prometheus import prometheus_get
 
 # figure → the PromQL that gives it per (service, replica)
 FIGURES = {

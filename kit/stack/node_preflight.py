@@ -16,6 +16,8 @@ A failure is BadInput (exit 2) naming the node, the cause and the fix, and nothi
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kit.engine.desired import Mount, ServiceState
@@ -25,7 +27,6 @@ from kit.stack.preflight import model_below
 
 if TYPE_CHECKING:
     from kit.engine.docker_api import Engine
-    from kit.stack.worker_nodes import WorkerNode
 
 HELPER_TIMEOUT_S = 60
 LISTEN_S = 20  # how long the head's listener waits for every worker's connection
@@ -68,6 +69,17 @@ while True:
 """
 
 Node = tuple[str, "Engine"]  # (node name, its engine)
+
+
+@dataclass(frozen=True)
+class WorkerNode:
+    """One worker node of the site's multi-node service and where kit reaches it."""
+
+    service: str
+    name: str
+    engine_url: str
+    project: str  # its compose project: <site>-<name>
+    compose_file: Path  # compose/node-<name>.yml of the site folder
 
 
 def check_nodes(head: Node, workers: list[tuple[WorkerNode, Engine]], service: ServiceState,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kit.engine.desired import DesiredState, ServiceState, load_desired
@@ -27,7 +26,7 @@ from kit.errors import BadInput, KitError
 from kit.plan.host import load_spec
 from kit.spec.model import DEFAULT_SPEC
 from kit.stack.diagnose import diagnose
-from kit.stack.node_preflight import check_nodes
+from kit.stack.node_preflight import WorkerNode, check_nodes
 from kit.stack.preflight import check_services
 from kit.stack.reconcile import Action, changes, down_actions, starting_services, up_actions
 from kit.stack.wait import stopped
@@ -41,17 +40,6 @@ LOG_TAIL_LINES = 40
 
 class WorkerFailed(KitError):
     """A worker node's container stopped while the head waited (already explained)."""
-
-
-@dataclass(frozen=True)
-class WorkerNode:
-    """One worker node of the site's multi-node service and where kit reaches it."""
-
-    service: str
-    name: str
-    engine_url: str
-    project: str  # its compose project: <site>-<name>
-    compose_file: Path  # compose/node-<name>.yml of the site folder
 
 
 def worker_nodes(site: Site) -> list[WorkerNode]:
@@ -235,4 +223,3 @@ class WorkerEngines:
                     rooted = True
         return KitError(message, fix=fix or "read the logs: kit logs, and on the node: "
                         "docker logs <container> (kit status lists them)")
-

@@ -1,0 +1,275 @@
+"""Prometheus's files from the plan: what it scrapes (each replica through the front door's
+metrics listener), the alert rules, its one shell GET with credentials, and what the compose and
+nginx templates lay out for observability. Pure: the plan in, file text out (Grafana's side is
+kit/render/dashboards.py; the facts they share: kit/plan/observability.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kit.credentials.material import PROMETHEUS_PASSWORD_ENV, PROMETHEUS_USER
+from kit.engine.desired import DOOR_FIGURES_SERVICE, GRAFANA_SERVICE, PROMETHEUS_SERVICE
+from kit.files import generated_yaml
+from kit.layout import PROMETHEUS_AUTH_ENV_FILE, PROMETHEUS_WEB_CONFIG
+from kit.plan.observability import (
+    DOOR_FIGURES_PATH,
+    DOOR_FIGURES_PORT,
+    DOOR_JOB,
+    DOOR_LOG_JOB,
+    DOOR_LOG_MOUNT,
+    DOOR_LOG_PORT,
+    DOOR_LOG_SOCKET,
+    DOOR_SCRIPT,
+    DOOR_SCRIPT_MOUNT,
+    DOOR_STATES,
+    GRAFANA_DASHBOARDS_MOUNT,
+    GRAFANA_PATH,
+    GRAFANA_PORT,
+    GRAFANA_PROVISIONING_MOUNT,
+    GRAFANA_USER_HEADER,
+    PROMETHEUS_MOUNT,
+    PROMETHEUS_PORT,
+    RATE_WINDOW,
+    SCRAPE_PATH,
+    VLLM_JOB,
+)
+
+if TYPE_CHECKING:
+    from kit.plan.build import Plan, ServicePlan
+
+
+@dataclass(frozen=True)
+class Target:
+    """One scrape target: a replica of a service, read through the front door's listener."""
+
+    service: str
+    replica: int
+    host: str  # the replica's compose host (the door's scrape listener forwards to it)
+
+
+def replica_hosts(service: ServicePlan) -> list[tuple[int, str]]:
+    """(replica index, compose host) of each replica of a service: the one place that says
+    which containers serve it."""
+    return [(replica.index, replica.host) for replica in service.replicas]
+
+
+def scrape_targets(plan: Plan) -> list[Target]:
+    """Every replica, by the host the front door's scrape listener forwards its path to."""
+    return [Target(service.name, index, host)
+            for service in plan.services for index, host in replica_hosts(service)]
+
+
+def prometheus_config(plan: Plan) -> str:
+    """prometheus.yml: every replica's /metrics and the front door's figures, all read from the
+    front door's listener on the metrics network (Prometheus reaches nothing else), with
+    `service` and `replica` labels that the dashboards and rules group by. No self-scrape: its
+    API needs the secret, which would have to lie in a file Prometheus's user can read."""
+    obs = plan.observability
+    assert obs is not None
+    interval = f"{obs.scrape_interval}s"
+    door = f"{plan.metrics.door}:{DOOR_FIGURES_PORT}"
+    config = {
+        "global": {
+            "scrape_interval": interval,
+            "evaluation_interval": interval,
+            "external_labels": {"site": plan.site},
+        },
+        "rule_files": [f"{PROMETHEUS_MOUNT}/rules.yml"],
+        "scrape_configs": [
+            {
+                "job_name": VLLM_JOB,
+                "metrics_path": "/metrics",
+                "static_configs": [
+                    {"targets": [door],
+                     "labels": {"service": target.service, "replica": str(target.replica),
+                                "instance": target.host,
+                                "__metrics_path__": SCRAPE_PATH + target.host}}
+                    for target in scrape_targets(plan)
+                ],
+            },
+            {
+                "job_name": DOOR_JOB,
+                "metrics_path": DOOR_FIGURES_PATH,
+                "static_configs": [{"targets": [door]}],
+            },
+            {
+                "job_name": DOOR_LOG_JOB,
+                "metrics_path": SCRAPE_PATH + DOOR_FIGURES_SERVICE,
+                "static_configs": [{"targets": [door], "labels": {
+                    "instance": DOOR_FIGURES_SERVICE}}],
+            },
+        ],
+    }
+    return generated_yaml(config)
+
+
+@dataclass(frozen=True)
+class AlertRule:
+    """An alert as a signal compared with a threshold: the signal alone is what a test queries
+    to prove the rule reads metrics that exist."""
+
+    name: str
+    signal: str
+    op: str
+    threshold: float
+    for_s: int
+    severity: str
+    summary: str
+
+    @property
+    def expr(self) -> str:
+        return f"{self.signal} {self.op} {self.threshold:g}"
+
+
+def quantile(q: float, histogram: str, selector: str, by: str, window: str) -> str:
+    """`histogram_quantile` of a vLLM histogram's rate, grouped `by` (plus le)."""
+    group = f"{by}, le" if by else "le"
+    return (f"histogram_quantile({q:g}, sum by ({group}) "
+            f"(rate({histogram}_bucket{{{selector}}}[{window}])))")
+
+
+def alert_rules(plan: Plan) -> list[AlertRule]:
+    obs = plan.observability
+    assert obs is not None
+    job = f'job="{VLLM_JOB}"'
+    down = obs.replica_down_after
+    rules = [
+        AlertRule("KitReplicaDown", f"up{{{job}}}", "==", 0, down, "critical",
+                  "{{ $labels.service }} replica {{ $labels.replica }} does not answer /metrics"),
+        AlertRule("KitServiceDown", f"sum by (service) (up{{{job}}})", "==", 0, down, "critical",
+                  "no replica of {{ $labels.service }} answers"),
+        AlertRule("KitNoServiceReady", f"sum(up{{{job}}})", "==", 0, down, "critical",
+                  "no vLLM service of the site answers"),
+        AlertRule("KitKVCacheFull",
+                  f"max by (service, replica) (vllm:kv_cache_usage_perc{{{job}}})", ">", 0.95,
+                  300, "warning",
+                  "{{ $labels.service }} replica {{ $labels.replica }}: KV cache above 95 %"),
+        AlertRule("KitRequestsWaiting",
+                  f"min by (service, replica) (vllm:num_requests_waiting{{{job}}})", ">", 0, 60,
+                  "warning",
+                  "{{ $labels.service }} replica {{ $labels.replica }}: requests waiting for "
+                  "more than a minute"),
+        AlertRule("KitServerErrors", _error_ratio(), ">", 0.01, 300, "warning",
+                  "{{ $labels.service }}: more than 1 % of responses are 5xx"),
+    ]
+    for slo in obs.slos:
+        selector = f'{job},service="{slo.service}"'
+        if slo.ttft_s is not None:
+            rules.append(AlertRule(
+                "KitTTFTAboveSLO",
+                quantile(0.95, "vllm:time_to_first_token_seconds", selector, "service",
+                         RATE_WINDOW),
+                ">", slo.ttft_s, 600, "warning",
+                f"{slo.service}: TTFT p95 above the SLO ({slo.ttft_s * 1000:g} ms)"))
+        if slo.tpot_s is not None:
+            rules.append(AlertRule(
+                "KitTPOTAboveSLO",
+                quantile(0.95, "vllm:request_time_per_output_token_seconds", selector,
+                         "service", RATE_WINDOW),
+                ">", slo.tpot_s, 600, "warning",
+                f"{slo.service}: TPOT p95 above the SLO ({slo.tpot_s * 1000:g} ms)"))
+    return rules
+
+
+def _error_ratio() -> str:
+    """5xx share of the front door's answers per service (a 502 from a replica that is gone
+    counts too); `or 0 * …` keeps a service without any 5xx yet at 0 rather than absent."""
+    door = f'job="{DOOR_LOG_JOB}",service!=""'
+    total = f"rate(kit_door_requests_total{{{door}}}[{RATE_WINDOW}])"
+    errors = f'rate(kit_door_requests_total{{{door},status=~"5.."}}[{RATE_WINDOW}])'
+    return f"sum by (service) ({errors} or 0 * {total}) / sum by (service) ({total})"
+
+
+def rules_file(plan: Plan) -> str:
+    """rules.yml: kit's alerts, one group evaluated at the scrape interval."""
+    rules = [
+        {
+            "alert": rule.name,
+            "expr": rule.expr,
+            "for": f"{rule.for_s}s",
+            "labels": {"severity": rule.severity},
+            "annotations": {"summary": rule.summary},
+        }
+        for rule in alert_rules(plan)
+    ]
+    return generated_yaml({"groups": [{"name": "kit", "rules": rules}]})
+
+
+def prometheus_get(path: str, output: str = "-") -> str:
+    """A shell command that GETs `path` (URL-encoded) of Prometheus's API from inside its
+    container, with the password from the container's own environment (never in kit's request
+    nor in the compose file): busybox wget in the official image, curl in Debian-based ones."""
+    where = shlex.quote(f"127.0.0.1:{PROMETHEUS_PORT}{path}")
+    secret = f'"{PROMETHEUS_USER}:${PROMETHEUS_PASSWORD_ENV}"'
+    return (f'wget -q -O {output} "http://"{secret}"@"{where} 2>/dev/null || '
+            f'curl -fsS -o {output} -u {secret} "http://"{where}')
+
+
+def template_facts(plan: Plan) -> dict:
+    """What the compose and nginx templates lay out for observability (`o` in them)."""
+    obs = plan.observability
+    https = plan.nginx.https_port
+    root_url = f"https://{plan.url_host}{'' if https == 443 else f':{https}'}{GRAFANA_PATH}"
+    return {
+        "prometheus_service": PROMETHEUS_SERVICE,
+        "grafana_service": GRAFANA_SERVICE,
+        "grafana_path": GRAFANA_PATH,
+        "grafana_port": GRAFANA_PORT,
+        "grafana_user_header": GRAFANA_USER_HEADER,
+        "prometheus_mount": PROMETHEUS_MOUNT,
+        "grafana_provisioning_mount": GRAFANA_PROVISIONING_MOUNT,
+        "grafana_dashboards_mount": GRAFANA_DASHBOARDS_MOUNT,
+        "prometheus_health": ["CMD-SHELL", prometheus_get("/-/ready", "/dev/null")],
+        "prometheus_auth_env_file": PROMETHEUS_AUTH_ENV_FILE,
+        "grafana_health": f"http://127.0.0.1:{GRAFANA_PORT}{GRAFANA_PATH}api/health",
+        "door_figures_port": DOOR_FIGURES_PORT,
+        "scrape_path": SCRAPE_PATH,
+        "door_figures_path": DOOR_FIGURES_PATH,
+        "door_states": DOOR_STATES,
+        "door_figures_service": DOOR_FIGURES_SERVICE,
+        "door_log_port": DOOR_LOG_PORT,
+        "door_log_mount": DOOR_LOG_MOUNT,
+        "door_log_socket": DOOR_LOG_SOCKET,
+        "door_script_mount": DOOR_SCRIPT_MOUNT,
+        "door_figures_command": [
+            f"{DOOR_SCRIPT_MOUNT}/{DOOR_SCRIPT}", "--socket", DOOR_LOG_SOCKET,
+            "--port", str(DOOR_LOG_PORT), "--upstreams", json.dumps(upstreams(plan)),
+        ],
+        "door_figures_health": [
+            "CMD", "python3", "-c", "import urllib.request; urllib.request.urlopen("
+            f"'http://127.0.0.1:{DOOR_LOG_PORT}/metrics', timeout=4)"],
+        "prometheus_command": [
+            f"--config.file={PROMETHEUS_MOUNT}/prometheus.yml",
+            "--storage.tsdb.path=/prometheus",
+            f"--storage.tsdb.retention.time={obs.retention_days}d",
+            f"--web.listen-address=:{PROMETHEUS_PORT}",
+            f"--web.config.file={PROMETHEUS_MOUNT}/{PROMETHEUS_WEB_CONFIG}",
+        ] if obs else [],
+        # Grafana behind the door: served under /grafana/, every user the door let in signed in
+        # as a Viewer by name (auth proxy), no login form, no calls home.
+        "grafana_env": {
+            "GF_SERVER_ROOT_URL": root_url,
+            "GF_SERVER_SERVE_FROM_SUB_PATH": "true",
+            "GF_AUTH_PROXY_ENABLED": "true",
+            "GF_AUTH_PROXY_HEADER_NAME": GRAFANA_USER_HEADER,
+            "GF_AUTH_PROXY_HEADER_PROPERTY": "username",
+            "GF_AUTH_PROXY_WHITELIST": plan.metrics.door,  # no one else may send the header
+            "GF_AUTH_PROXY_AUTO_SIGN_UP": "true",
+            "GF_AUTH_DISABLE_LOGIN_FORM": "true",
+            "GF_AUTH_BASIC_ENABLED": "false",
+            "GF_USERS_AUTO_ASSIGN_ORG_ROLE": "Viewer",
+            "GF_ANALYTICS_REPORTING_ENABLED": "false",
+            "GF_ANALYTICS_CHECK_FOR_UPDATES": "false",
+            "GF_ANALYTICS_CHECK_FOR_PLUGIN_UPDATES": "false",
+        },
+    }
+
+
+def upstreams(plan: Plan) -> dict[str, str]:
+    """nginx upstream name (`$proxy_host` in its log) → service: the door's figures by service.
+    The same rule as the nginx template's `upstream` filter."""
+    return {"kit_" + service.name.replace("-", "_"): service.name for service in plan.services}
