@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from bench_frontdoor import NGINX_URL, arguments, bench_stack, machine
 
-from kit.front_door.gate import basic_header
+from kit.front_door.client import basic_header
 from tests.e2e.stack import DOMAIN
 
 VERDICT_TTL_S = 60

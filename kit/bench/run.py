@@ -1,10 +1,9 @@
 """`kit bench` against a live site: the SLO search (or a grid) through the front door, with the
 server's gauges per step and, optionally, the same steps straight at one replica.
 
-The front door is reached as the probe reaches it (kit/front_door/gate.py: the published port, TLS
-checked
-against the site CA, kit's probe identity — or a Bearer key from KIT_BENCH_API_KEY). Each step runs
-in its own event loop, so Ctrl-C ends the running step and keeps the finished ones.
+The front door is reached as the probe reaches it (kit/front_door/client.py: the published port, TLS
+checked against the site CA, kit's probe identity — or a Bearer key from KIT_BENCH_API_KEY). Each
+step runs in its own event loop, so Ctrl-C ends the running step and keeps the finished ones.
 """
 
 from __future__ import annotations
@@ -35,7 +34,13 @@ from kit.bench.analysis import (
 )
 from kit.bench.client import Endpoint, Load, Outcome, StepRecord
 from kit.errors import BadInput, KitError
-from kit.front_door.gate import Gate, ProbeFailure, basic_header, probe_password, target_for
+from kit.front_door.client import (
+    DoorClient,
+    ProbeFailure,
+    basic_header,
+    probe_password,
+    target_for,
+)
 from kit.layout import PROBE_USER
 from kit.plan.build import VLLM_PORT, ServicePlan, build_plan
 from kit.site import Site
@@ -139,7 +144,7 @@ class FrontDoor:
 
     def __init__(self, site: Site, service: Service) -> None:
         self.target = target_for(site.spec, site.layout, None, timeout=30)
-        self.gate = Gate(self.target, probe_password(site.layout))
+        self.client = DoorClient(self.target, probe_password(site.layout))
         key = os.environ.get(API_KEY_ENV)
         self.authorization = f"Bearer {key}" if key else basic_header(
             PROBE_USER, probe_password(site.layout))
@@ -158,7 +163,7 @@ class FrontDoor:
         body = {"model": self.service.api_name, "max_tokens": 1,
                 "messages": [{"role": "user", "content": content}]}
         try:
-            reply = self.gate.fetch("POST", "/v1/chat/completions", body=body,
+            reply = self.client.fetch("POST", "/v1/chat/completions", body=body,
                                     credentials=self.authorization)
         except ProbeFailure as failure:
             raise KitError(f"sizing the prompt: {failure}", fix="check the site: kit probe") \
@@ -181,8 +186,8 @@ class FrontDoor:
     def server_gauges(self) -> dict[str, float] | None:
         """The replica's vLLM gauges through /metrics/<service>; None when not readable."""
         try:
-            reply = self.gate.fetch("GET", f"/metrics/{self.service.name}",
-                                    credentials=self.gate.credentials)
+            reply = self.client.fetch("GET", f"/metrics/{self.service.name}",
+                                    credentials=self.client.credentials)
         except ProbeFailure:
             return None
         return parse_gauges(reply.body.decode(errors="replace")) if reply.status == 200 else None

@@ -3,8 +3,8 @@
 Every change is first computed as new file contents (all checks before anything is written),
 then written atomically under the site's lock (kit/site_lock.py: two racing commands serialise
 instead of merging), with the previous credential files kept as 0600 backups, so the file on disk is
-always either the old or the new one. Making a change live is kit/front_door/credential_change.py's
-job.
+always either the old or the new one. Making a change live is
+kit/front_door/credential_change.py's job.
 """
 
 import datetime as dt

@@ -1,2 +1,2 @@
-"""Reaching a Docker engine and what runs on it: docker-py behind one class, desired and observed
-state."""
+"""Reaching a Docker engine and what runs on it: docker-py behind one class, the desired and
+the observed state."""

@@ -5,8 +5,7 @@ the engine's port forwarder can die (docker-proxy under thousands of idle connec
 firewall reload flushing its rules) while the container runs on. `kit status` shows each port's
 answer, and `kit up` counts a port that does not answer as drift of the front door
 (kit/stack/reconcile.py recreates it, which makes the engine publish its ports again; the gate
-proves
-it). Stdlib sockets only: the answer must be what any client would see.
+proves it). Stdlib sockets only: the answer must be what any client would see.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from kit.credentials.material import read_if_present
 from kit.credentials.tls import Installed, installed
 from kit.engine.desired import ACME_SERVICE
-from kit.front_door.gate import target_for
+from kit.front_door.client import target_for
 from kit.plan.build import AcmePlan
 
 if TYPE_CHECKING:

@@ -1,14 +1,13 @@
 """One owner for a live credential change: lock, snapshot, write, reload, prove — or undo.
 
-Every credential verb runs through `live_change`. Under the site's credential lock it snapshots
-the files; the caller computes the new ones (every refusal comes before anything is written);
-the engine is reached before the first write, so when it cannot be the files stay as they were;
-then the files are installed, the running nginx reloads in place (kit/front_door/reload.py, the
-reload
-`kit up` uses) and logins through the front door prove the change live. Any failure after the
-first write — a write error, `nginx -t`, the reload, the proof, an interrupt — restores the
-previous files byte for byte (with a fresh auth epoch, so no verdict cached meanwhile survives)
-and reloads nginx with them. `--offline` (no connection) changes the files only.
+Every credential verb runs through `live_change`. Under the site's credential lock it snapshots the
+files; the caller computes the new ones (every refusal comes before anything is written); the engine
+is reached before the first write, so when it cannot be the files stay as they were; then the files
+are installed, the running nginx reloads in place (kit/front_door/reload.py, the reload `kit up`
+uses) and logins through the front door prove the change live. Any failure after the first write — a
+write error, `nginx -t`, the reload, the proof, an interrupt — restores the previous files byte for
+byte (with a fresh auth epoch, so no verdict cached meanwhile survives) and reloads nginx with them.
+`--offline` (no connection) changes the files only.
 """
 
 import time
@@ -34,7 +33,7 @@ from kit.engine.observe import ContainerState
 from kit.engine.remote_files import deliver
 from kit.engine.url import resolve
 from kit.errors import KitError
-from kit.front_door.gate import basic_header
+from kit.front_door.client import basic_header
 from kit.front_door.reload import Connection, reload, running_proxy
 from kit.layout import SiteLayout
 from kit.site import desired_for

@@ -10,7 +10,6 @@ Stdlib only (http.client + ssl): a client library could buffer, retry or follow 
 so hide exactly what the gate must see.
 """
 
-import base64
 import datetime as dt
 import http.client
 import json
@@ -20,18 +19,21 @@ import ssl
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from urllib.parse import urlsplit
 
-from kit.credentials.tls import installed
-from kit.errors import BadInput
 from kit.files import atomic_write
+from kit.front_door.client import (
+    DoorClient,
+    DoorConnection,
+    ProbeFailure,
+    basic_header,
+    ms_since,
+    probe_password,
+    target_for,
+)
 from kit.layout import PROBE_USER, SiteLayout
-from kit.site import front_door_host
 from kit.spec.model import Service, Spec
-from kit.state import read_state
 
 STREAM_TOKENS = 24  # asked for, with ignore_eos, so the stream is long enough to judge
 MIN_STREAM_TOKENS = 16
@@ -84,62 +86,6 @@ class ProbeResult:
         }
 
 
-@dataclass(frozen=True)
-class Target:
-    """Where the front door is and how a client must trust it."""
-
-    address: str  # what to connect to; the domain still goes in SNI, Host and the cert check
-    domain: str
-    https_port: int
-    http_port: int
-    ca_file: Path | None  # the kit CA in self-signed mode, tls.ca_bundle; None: the system store
-    timeout: float
-    bundle: bool = False  # ca_file is the operator's tls.ca_bundle (not the kit CA)
-
-    @property
-    def https_authority(self) -> str:
-        host = f"[{self.domain}]" if ":" in self.domain else self.domain
-        return host if self.https_port == 443 else f"{host}:{self.https_port}"
-
-
-def target_for(spec: Spec, layout: SiteLayout, address: str | None, timeout: float) -> Target:
-    ca_file = None
-    bundle = spec.tls.ca_bundle is not None
-    if spec.tls.mode == "self-signed" or (spec.tls.mode == "acme" and _acme_placeholder(layout)):
-        ca_file, bundle = layout.ca_cert, False
-    elif bundle:
-        ca_file = layout.ca_bundle  # the site's copy of tls.ca_bundle (kit render writes it)
-    if ca_file is not None and not ca_file.is_file():
-        raise BadInput(
-            f"{ca_file} does not exist: the probe cannot verify the server's certificate",
-            fix="run kit render first",
-        )
-    bind = spec.proxy.bind
-    return Target(
-        address=address or (front_door_host(spec) if bind in ("0.0.0.0", "::") else bind),
-        domain=spec.domain,
-        https_port=spec.proxy.https_port,
-        http_port=spec.proxy.http_port,
-        ca_file=ca_file,
-        timeout=timeout,
-        bundle=bundle,
-    )
-
-
-def _acme_placeholder(layout: SiteLayout) -> bool:
-    """acme mode before the first certificate: nginx serves the kit CA's, the gate trusts it."""
-    cert = installed(layout)
-    return cert is not None and cert.placeholder
-
-
-def probe_password(layout: SiteLayout) -> str:
-    fix = "run kit render first (it creates the probe identity)"
-    password = read_state(layout.probe_password, str.strip, fix=fix)
-    if not password:
-        raise BadInput(f"no probe credentials in {layout.probe_password}", fix=fix)
-    return password
-
-
 def run_probe(
     spec: Spec, layout: SiteLayout, *, address: str | None = None, timeout: float = 30,
     replicas: Callable[[], list[Check]] = list,
@@ -162,51 +108,8 @@ def run_probe(
 # --------------------------------------------------------------------------- HTTP as a client
 
 
-@dataclass(frozen=True)
-class Reply:
-    status: int
-    headers: http.client.HTTPMessage
-    body: bytes
-    latency_ms: float
-
-    def json(self) -> dict:
-        return json.loads(self.body)
-
-
-class _Connection(http.client.HTTPConnection):
-    """HTTP(S) to `address` while Host, SNI and the certificate check use the domain."""
-
-    def __init__(self, target: Target, context: ssl.SSLContext | None) -> None:
-        port = target.https_port if context else target.http_port
-        self.default_port = 443 if context else 80  # Host omits the port when it is the default
-        super().__init__(target.domain, port, timeout=target.timeout)
-        self._address = target.address
-        self._tls = context
-
-    def connect(self) -> None:
-        raw = socket.create_connection((self._address, self.port), self.timeout)
-        self.sock = self._tls.wrap_socket(raw, server_hostname=self.host) if self._tls else raw
-
-
-class ProbeFailure(Exception):
-    """A check's request could not complete; the message says why in the operator's terms."""
-
-
-class Gate:
+class Gate(DoorClient):
     """The checks, in order; each returns a Check and never raises for a network problem."""
-
-    def __init__(self, target: Target, password: str) -> None:
-        self.target = target
-        self.context = self._client_context()
-        self.credentials = basic_header(PROBE_USER, password)
-
-    def _client_context(self) -> ssl.SSLContext:
-        """TLS 1.2+ verified against the site's CA (or the system's), as clients verify."""
-        context = ssl.create_default_context(
-            cafile=str(self.target.ca_file) if self.target.ca_file else None
-        )
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        return context
 
     def run(self, services: Sequence[Service]) -> list[Check]:
         tls = self.tls()
@@ -221,75 +124,6 @@ class Gate:
         checks += [self.side_door_closed(method, path) for method, path in SIDE_DOORS]
         return checks
 
-    # ---- requests
-
-    def fetch(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: dict | None = None,
-        credentials: str | None = None,
-        tls: bool = True,
-    ) -> Reply:
-        started = time.perf_counter()
-        with self.exchange(method, path, body=body, credentials=credentials, tls=tls) as response:
-            data = response.read()
-        return Reply(response.status, response.headers, data, _ms_since(started))
-
-    @contextmanager
-    def exchange(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: dict | None = None,
-        credentials: str | None = None,
-        tls: bool = True,
-    ) -> Iterator[http.client.HTTPResponse]:
-        """One request on a fresh connection; network and TLS errors become ProbeFailure."""
-        connection = _Connection(self.target, self.context if tls else None)
-        headers = {"Accept": "application/json, text/event-stream", "User-Agent": "kit-probe"}
-        if credentials:
-            headers["Authorization"] = credentials
-        payload = None
-        if body is not None:
-            payload = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        try:
-            connection.request(method, path, body=payload, headers=headers)
-            yield connection.getresponse()
-        except (OSError, http.client.HTTPException) as error:
-            raise ProbeFailure(self._explain(error, tls)) from error
-        finally:
-            connection.close()
-
-    def _explain(self, error: Exception, tls: bool) -> str:
-        where = f"{self.target.address}:{self.target.https_port if tls else self.target.http_port}"
-        if isinstance(error, ssl.SSLCertVerificationError):
-            return f"TLS verification failed: {error.verify_message} — {self._trust_hint(error)}"
-        if isinstance(error, ConnectionRefusedError):
-            return f"cannot connect to {where}: connection refused — is the stack up (kit up)?"
-        if isinstance(error, ssl.SSLEOFError | ConnectionResetError):  # incl. RemoteDisconnected
-            return (f"{where} accepted the connection and closed it without an answer: the port "
-                    "is published but nothing answers behind it (is nginx up and listening "
-                    "inside its container? kit status)")
-        if isinstance(error, TimeoutError):
-            return f"no answer from {where} within {self.target.timeout:g} s"
-        return f"{where}: {type(error).__name__}: {error}"
-
-    def _trust_hint(self, error: ssl.SSLCertVerificationError) -> str:
-        if error.verify_code == 62:  # X509_V_ERR_HOSTNAME_MISMATCH
-            return f"the server certificate does not name {self.target.domain}"
-        if self.target.bundle:
-            return ("the server certificate is not signed by a CA of tls.ca_bundle "
-                    f"({self.target.ca_file}): put the CA that issued it there")
-        if self.target.ca_file:
-            return f"the server certificate is not signed by the kit CA ({self.target.ca_file})"
-        return ("the server certificate is not trusted by the system CA store (incomplete "
-                "chain?); a private CA's (e.g. of tls.acme_server: step-ca, pebble): set "
-                "tls.ca_bundle to its PEM certificate")
-
     def _checked(self, name: str, run: Callable[[], Check]) -> Check:
         try:
             return run()
@@ -302,7 +136,7 @@ class Gate:
 
     def tls(self) -> Check:
         def run() -> Check:
-            connection = _Connection(self.target, self.context)
+            connection = DoorConnection(self.target, self.context)
             started = time.perf_counter()
             try:
                 connection.connect()
@@ -316,7 +150,7 @@ class Gate:
                      else "system CAs")
             return Check(
                 "tls", True, f"{version}, certificate for {self.target.domain} verified against "
-                f"{trust}", _ms_since(started),
+                f"{trust}", ms_since(started),
             )
 
         return self._checked("tls", run)
@@ -331,7 +165,7 @@ class Gate:
         def chosen(offer: list[str]) -> str | None:
             context = self._client_context()
             context.set_alpn_protocols(offer)
-            connection = _Connection(self.target, context)
+            connection = DoorConnection(self.target, context)
             try:
                 connection.connect()
                 return connection.sock.selected_alpn_protocol()
@@ -347,12 +181,12 @@ class Gate:
                 got = h2 or "no ALPN answer"
                 return Check(name, False, f"a client offering h2 and http/1.1 got {got}: the "
                              "door does not serve HTTP/2 (nginx >= 1.25.1 with `http2 on;`, as "
-                             "kit render writes it)", _ms_since(started))
+                             "kit render writes it)", ms_since(started))
             if h1 not in ("http/1.1", None):
                 return Check(name, False, f"a client offering only http/1.1 got {h1}",
-                             _ms_since(started))
+                             ms_since(started))
             return Check(name, True, "ALPN: h2 when offered, http/1.1 otherwise",
-                         _ms_since(started))
+                         ms_since(started))
 
         return self._checked(name, run)
 
@@ -385,13 +219,13 @@ class Gate:
         except ssl.SSLError as error:
             if error.reason == "NO_PROTOCOLS_AVAILABLE":
                 return skipped(error.reason)
-            return Check(name, True, f"TLS 1.1 refused ({error.reason})", _ms_since(started))
+            return Check(name, True, f"TLS 1.1 refused ({error.reason})", ms_since(started))
         except (ConnectionResetError, BrokenPipeError):
-            return Check(name, True, "TLS 1.1 refused (connection reset)", _ms_since(started))
+            return Check(name, True, "TLS 1.1 refused (connection reset)", ms_since(started))
         except OSError as error:
             return Check(name, False, self._explain(error, tls=True))
         return Check(name, False, f"the server accepted {accepted}: nginx must allow only "
-                     "ssl_protocols TLSv1.2 TLSv1.3", _ms_since(started))
+                     "ssl_protocols TLSv1.2 TLSv1.3", ms_since(started))
 
     def http_redirect(self) -> Check:
         def run() -> Check:
@@ -506,11 +340,11 @@ class Gate:
                                credentials=self.credentials) as response:
                 if response.status != 200:
                     return Check(name, False, f"got {response.status}: "
-                                 f"{_snippet(response.read())}", _ms_since(sent))
+                                 f"{_snippet(response.read())}", ms_since(sent))
                 kind = response.headers.get("Content-Type", "")
                 if not kind.startswith("text/event-stream"):
                     return Check(name, False, f"answer is not an event stream ({kind})",
-                                 _ms_since(sent))
+                                 ms_since(sent))
                 stats = stream_stats(sent, sse_events(response))
             ok, detail = judge_stream(stats)
             return Check(name, ok, detail, stats.first_s * 1000)
@@ -628,14 +462,6 @@ def judge_stream(stats: StreamStats) -> tuple[bool, str]:
 
 
 # --------------------------------------------------------------------------- small helpers
-
-
-def basic_header(user: str, password: str) -> str:
-    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-
-
-def _ms_since(started: float) -> float:
-    return round((time.perf_counter() - started) * 1000, 1)
 
 
 def _max_age(hsts: str) -> int:

@@ -15,7 +15,7 @@ from kit.engine.desired import PROXY_SERVICE, SERVICE_LABEL, ServiceState, proje
 from kit.engine.docker_api import Engine, connect
 from kit.engine.observe import ContainerState, ProxyLoaded, container_state, write_proxy_loaded
 from kit.errors import KitError
-from kit.front_door.gate import Gate, ProbeFailure, probe_password, target_for
+from kit.front_door.client import DoorClient, ProbeFailure, probe_password, target_for
 from kit.layout import SiteLayout
 from kit.plan.build import NGINX_TEST
 from kit.spec.model import Spec
@@ -114,9 +114,9 @@ def _workers(engine: Engine, container_id: str) -> set[int]:
 
 def login_status(spec: Spec, layout: SiteLayout, authorization: str) -> int:
     """The HTTP status the front door gives `GET /v1/models` with this Authorization header."""
-    gate = Gate(target_for(spec, layout, None, timeout=10), probe_password(layout))
+    client = DoorClient(target_for(spec, layout, None, timeout=10), probe_password(layout))
     try:
-        return gate.fetch("GET", "/v1/models", credentials=authorization).status
+        return client.fetch("GET", "/v1/models", credentials=authorization).status
     except ProbeFailure as error:
         raise KitError(
             f"the front door did not answer a login: {error}",

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from kit.engine.observe import ContainerState
 from kit.errors import KitError
+from kit.front_door.client import ms_since
 from kit.front_door.gate import Check
 from kit.plan.build import VLLM_PORT
 from kit.spec.replicas import compose_names
@@ -50,20 +51,20 @@ def prove_replica(
     status, body = _request(engine, container, "/health", None, timeout)
     if status != 200:
         return ReplicaVerdict(False, f"/health answered {status or 'nothing'}: {body[:300]}",
-                              _ms_since(started))
+                              ms_since(started))
     completion = {"model": api_name, "messages": [{"role": "user", "content": "Say OK."}],
                   "max_tokens": 1, "temperature": 0}
     status, body = _request(engine, container, "/v1/chat/completions", completion, timeout)
     if status != 200:
         return ReplicaVerdict(False, f"a 1-token completion got {status or 'no answer'}: "
                               f"{body[:300]}",
-                              _ms_since(started))
+                              ms_since(started))
     try:
         tokens = json.loads(body)["usage"]["completion_tokens"]
     except (ValueError, KeyError, TypeError):
         return ReplicaVerdict(False, f"a completion without usage: {body[:160]}",
-                              _ms_since(started))
-    return ReplicaVerdict(True, f"health 200, {tokens} completion token(s)", _ms_since(started))
+                              ms_since(started))
+    return ReplicaVerdict(True, f"health 200, {tokens} completion token(s)", ms_since(started))
 
 
 def in_flight(engine: Engine, container: ContainerState) -> int | None:
@@ -116,7 +117,3 @@ def _request(
     if code != 0 or not status.isdigit():
         return 0, output.strip()[-200:]
     return int(status), text.strip()
-
-
-def _ms_since(started: float) -> float:
-    return round((time.perf_counter() - started) * 1000, 1)

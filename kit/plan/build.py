@@ -101,8 +101,7 @@ class NginxPlan:
     worker_connections: int
     # Set by nginx.conf alone (a reload applies it, up to the engine's hard limit: checked by
     # kit/front_door/reload.py), never by the container's config: that would recreate the front
-    # door,
-    # cutting every stream, whenever replicas or max_num_seqs change.
+    # door, cutting every stream, whenever replicas or max_num_seqs change.
     worker_rlimit_nofile: int
     upstream_keepalive: int
     rate_per_ip: int

@@ -71,9 +71,9 @@ LARGE_GPU_GIB = 160
 HOPPER_CLASS_GIB = 70
 
 # One entry per choice of vLLM's flag table (kit.spec.vllm_flags.choices, the one list of valid
-# values;
-# a test keeps these in step). A valid value missing here is planned with a fallback and a warning.
-# Bytes per element vLLM computes in for each --dtype (None: the checkpoint's, at most 16 bits).
+# values; a test keeps these in step). A valid value missing here is planned with a fallback and a
+# warning. Bytes per element vLLM computes in for each --dtype (None: the checkpoint's, at most 16
+# bits).
 DTYPE_RUN_BYTES: dict[str, int | None] = {
     "auto": None, "bfloat16": 2, "float16": 2, "half": 2, "float": 4, "float32": 4,
 }

@@ -1,2 +1,2 @@
 """The operator's site.yaml: its schema, loading with positions, and the checks on the spec
-alone."""
+itself (what it names on the host: kit/plan/host.py)."""

@@ -1,5 +1,6 @@
-"""Execute a plan, action by action, in its order. No decisions here: `kit.stack.reconcile` made
-them."""
+"""Execute a plan, action by action, in its order.
+
+No decisions here: `kit.stack.reconcile` made them."""
 
 from collections.abc import Callable
 from dataclasses import dataclass

@@ -1,8 +1,8 @@
 """Desired vs observed → the list of actions that converges the stack (pure; no engine).
 
 Every decision `kit up` and `kit down` make is taken here, so the plan prints as text that tests
-compare exactly, and an unchanged, healthy stack gives an empty plan. `kit.stack.apply` only
-executes.
+compare exactly, and an unchanged, healthy stack gives an empty plan. `kit.stack.apply`
+only executes.
 
 Order matters and is decided here: containers that must go are removed first (a vLLM container
 holds GPU memory its replacement needs, so it is removed before the new one is created), then

@@ -35,7 +35,8 @@ from kit.engine.desired import (
     SERVICE_LABEL,
     VERIFIER_SERVICE,
 )
-from kit.front_door.gate import Gate, basic_header, probe_password, target_for
+from kit.front_door.client import basic_header, probe_password, target_for
+from kit.front_door.gate import Gate
 from kit.layout import SiteLayout
 from kit.plan.host import load_spec
 from kit.stack.live_figures import api_argv

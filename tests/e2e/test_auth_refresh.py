@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from kit.front_door.gate import basic_header
+from kit.front_door.client import basic_header
 from tests.e2e.stack import LiveSite, finished
 
 pytestmark = pytest.mark.e2e

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kit.front_door.gate import basic_header
+from kit.front_door.client import basic_header
 from tests.e2e.conftest import pick_free_port, remove_project
 from tests.e2e.stack import LiveSite
 

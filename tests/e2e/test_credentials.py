@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from kit.front_door.gate import basic_header
+from kit.front_door.client import basic_header
 from tests.e2e.stack import SERVED_NAME, LiveSite, finished, kit
 
 pytestmark = pytest.mark.e2e

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kit.front_door.gate import Reply
+from kit.front_door.client import Reply
 from tests.e2e.conftest import pick_free_port, remove_project
 from tests.e2e.stack import DOMAIN, SERVED_NAME, SERVICE, LiveSite
 from tests.support.raw_http import RawReply, exchange, request

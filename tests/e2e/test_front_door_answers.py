@@ -7,7 +7,7 @@ compared exactly and case-sensitively, as vLLM compares them.
 
 import pytest
 
-from kit.front_door.gate import basic_header
+from kit.front_door.client import basic_header
 from tests.e2e.stack import SERVED_NAME, LiveSite
 
 pytestmark = pytest.mark.e2e

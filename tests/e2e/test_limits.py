@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from kit.front_door.gate import basic_header
+from kit.front_door.client import basic_header
 from tests.e2e.stack import SERVED_NAME, SERVICE, LiveSite, finished
 
 pytestmark = pytest.mark.e2e

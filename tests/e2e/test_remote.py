@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kit.front_door.gate import basic_header
+from kit.front_door.client import basic_header
 from tests.conftest import LLAMA_8B
 from tests.e2e.remote_host import (
     REMOTE_IP,

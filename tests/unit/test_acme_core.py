@@ -1,6 +1,5 @@
 """kit/front_door/acme.py without Docker: certbot's outcome file, the causes named from its output,
-the
-placeholder/issued decision the gate follows, the TLS facts of `kit status`, and `kit up`'s
+the placeholder/issued decision the gate follows, the TLS facts of `kit status`, and `kit up`'s
 wait for the first certificate (the fake engine; certbot's runs written by hand)."""
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from kit.front_door.acme import (
     classify,
     parse_last_run,
 )
-from kit.front_door.gate import target_for
+from kit.front_door.client import target_for
 from kit.plan.build import AcmePlan
 from kit.render.site_files import render_site
 from kit.site import Site
