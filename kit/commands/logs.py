@@ -5,13 +5,10 @@ from pathlib import Path
 import click
 
 from kit.commands.options import spec_argument
-from kit.engine.docker_api import connect
-from kit.engine.observe import observe
 from kit.errors import BadInput
 from kit.site import Site
 from kit.spec.model import DEFAULT_SPEC
-from kit.stack.logs import containers_of, log_lines
-from kit.stack.worker_nodes import WorkerEngines, worker_nodes
+from kit.stack.logs import site_log_lines
 
 
 @click.command()
@@ -31,13 +28,6 @@ def logs(spec: Path, service: str | None, follow: bool, tail: str) -> None:
     if tail != "all" and not tail.isdigit():
         raise BadInput(f"--tail {tail!r} is not a number of lines", fix="use e.g. -n 100")
     site = Site.load(spec, check_host=False)
-    workers = worker_nodes(site)  # a multi-node service's workers: their logs on their engines
-    engine = connect(site.engine_url)
     lines = int(tail) if tail.isdigit() else "all"
-    sources = [(engine, c, c.service) for c in containers_of(site, engine, service)]
-    sources += [(node_engine, c, f"{c.service}@{worker.name}")
-                for worker, node_engine in WorkerEngines.connect(site, workers, connect).nodes
-                for c in observe(node_engine, worker.project).containers
-                if service in (None, c.service)]
-    for line in log_lines(sources, follow=follow, tail=lines):
+    for line in site_log_lines(site, service, follow=follow, tail=lines):
         click.echo(line)

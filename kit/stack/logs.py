@@ -1,13 +1,28 @@
-"""The containers' logs of a site: one service or all of them, merged line by line."""
+"""The containers' logs of a site: one service or all of them (a multi-node service's worker
+nodes included, each on its own engine), merged line by line."""
 
 import queue
 import threading
 from collections.abc import Iterator
 
-from kit.engine.docker_api import Engine
+from kit.engine.docker_api import Engine, connect
 from kit.engine.observe import ContainerState, observe
 from kit.errors import BadInput, KitError
 from kit.site import Site
+from kit.stack.worker_nodes import WorkerEngines, worker_nodes
+
+
+def site_log_lines(site: Site, service: str | None, *, follow: bool,
+                   tail: int | str) -> Iterator[str]:
+    """`kit logs`: the lines of the site's containers, or of `service`'s, worker nodes' too."""
+    workers = worker_nodes(site)  # a multi-node service's workers: their logs on their engines
+    engine = connect(site.engine_url)
+    sources = [(engine, c, c.service) for c in containers_of(site, engine, service)]
+    sources += [(node_engine, c, f"{c.service}@{worker.name}")
+                for worker, node_engine in WorkerEngines.connect(site, workers, connect).nodes
+                for c in observe(node_engine, worker.project).containers
+                if service in (None, c.service)]
+    return log_lines(sources, follow=follow, tail=tail)
 
 
 def containers_of(site: Site, engine: Engine, service: str | None) -> list[ContainerState]:
