@@ -1,8 +1,11 @@
-"""docs/architecture.md is the map a newcomer reads first: it must name every module of kit/ and
-nothing that does not exist."""
+"""docs/architecture.md is the map a newcomer reads first: it must name every module of kit/ (in
+every wing) and nothing that does not exist — no file, and no `kit.…` function or class."""
 
+import importlib
 import re
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MAP = ROOT / "docs" / "architecture.md"
@@ -10,11 +13,12 @@ NAMED = re.compile(r"\b((?:kit|templates|scripts|tests)/[\w/.-]+\.(?:py|j2|js|sh
 
 
 def modules() -> set[str]:
-    """kit's core modules (the verbs under kit/commands/ are one row of the map)."""
+    """kit's modules in every wing (the verbs under kit/commands/ are one row of the map)."""
     return {
         str(path.relative_to(ROOT))
-        for path in (ROOT / "kit").glob("*.py")
+        for path in (ROOT / "kit").rglob("*.py")
         if path.name not in ("__init__.py", "__main__.py")
+        and not {"commands", "templates", "data"} & set(path.relative_to(ROOT).parts)
     }
 
 
@@ -29,3 +33,41 @@ def test_every_module_is_on_the_map() -> None:
     absent = sorted(modules() - named)
     assert not absent, f"modules missing from docs/architecture.md: {absent}"
     assert "`kit/commands/*.py`" in MAP.read_text()
+
+
+DOTTED = re.compile(r"`(kit(?:\.\w+)+)`")
+CALLS = re.compile(r"\b(kit(?:\.\w+){2,})\b(?!/|\.py)")
+
+
+def resolve(dotted: str) -> object:
+    """The object `kit.wing.module.name` names: the longest importable module, then attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attribute in parts[cut:]:
+            found = getattr(found, attribute)
+        return found
+    raise ModuleNotFoundError(dotted)
+
+
+def test_every_name_the_map_gives_exists() -> None:
+    """The call chains name functions as `kit.wing.module.function`: each one must resolve, so
+    a rename or a move that forgets the map fails here."""
+    text = MAP.read_text()
+    named = sorted(set(CALLS.findall(text)) | set(DOTTED.findall(text)))
+    assert len(named) > 30  # the chains are written with full names
+    missing = []
+    for dotted in named:
+        try:
+            resolve(dotted)
+        except (ImportError, AttributeError):
+            missing.append(dotted)
+    assert not missing, f"docs/architecture.md names what does not exist: {missing}"
+
+
+def test_the_resolver_refuses_a_name_that_does_not_exist() -> None:
+    with pytest.raises(AttributeError):
+        resolve("kit.stack.up.no_such_function")

@@ -1,0 +1,167 @@
+"""kit's plan of the house, kept by a test: every module sits in a wing, every import (deferred and
+TYPE_CHECKING ones included) runs down the wings' order, and no modules import each other in a
+circle. docs/architecture.md draws the same order; a test below holds the two together."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+KIT = REPO / "kit"
+# The wings, lowest first. A wing imports only wings before it (and itself); wings on one rank
+# are siblings and never import each other.
+ORDER: tuple[tuple[str, ...], ...] = (
+    ("ground",), ("engine",), ("spec",), ("credentials",), ("plan",), ("site",),
+    ("front_door", "render"), ("stack",), ("bench",), ("fleet",), ("commands",), ("entry",),
+)
+# The top-level modules of kit/, each a wing of its own name unless named here.
+GROUND = {"kit", "kit.errors", "kit.files", "kit.layout", "kit.names", "kit.site_lock",
+          "kit.state"}
+ENTRY = {"kit.cli", "kit.__main__"}
+RANK = {wing: rank for rank, wings in enumerate(ORDER) for wing in wings}
+
+
+def wing_of(module: str) -> str:
+    if module in GROUND:
+        return "ground"
+    if module in ENTRY:
+        return "entry"
+    return module.split(".")[1]
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(source: str, module: str, package: bool) -> list[tuple[str, int]]:
+    """(imported name, line) for every import statement anywhere in the module: at the top, in
+    a function (deferred), under `if TYPE_CHECKING:`; relative ones resolved."""
+    found = []
+    here = module if package else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = here.split(".")[: len(here.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            found += [(f"{base}.{alias.name}", node.lineno) for alias in node.names]
+    return found
+
+
+def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, dict[str, int]]:
+    """module → {kit module it imports: line}, from {module: (source, is a package)}."""
+    graph: dict[str, dict[str, int]] = {}
+    for module, (source, package) in sources.items():
+        edges: dict[str, int] = {}
+        for name, line in imports(source, module, package):
+            while name and name not in sources:  # `from kit.x import name` → kit.x
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                edges.setdefault(name, line)
+        graph[module] = edges
+    return graph
+
+
+def against_direction(graph: dict[str, dict[str, int]]) -> list[str]:
+    problems = []
+    for module, edges in graph.items():
+        for target, line in edges.items():
+            here, there = wing_of(module), wing_of(target)
+            if here != there and RANK[there] >= RANK[here]:
+                problems.append(f"{module}:{line} ({here}) imports {target} ({there})")
+    return problems
+
+
+def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in graph[module]:
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            group = [stack.pop()]
+            while group[-1] != module:
+                group.append(stack.pop())
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in graph:
+        if module not in index:
+            visit(module)
+    return found
+
+
+def kit_sources() -> dict[str, tuple[str, bool]]:
+    return {module_name(path, REPO): (path.read_text(), path.name == "__init__.py")
+            for path in sorted(KIT.rglob("*.py")) if not {"templates", "data"} & set(path.parts)}
+
+
+def test_every_module_sits_in_a_known_wing() -> None:
+    unknown = sorted(m for m in kit_sources() if wing_of(m) not in RANK)
+    assert not unknown, f"place these in a wing (tests/unit/test_wings.py ORDER): {unknown}"
+
+
+def test_no_import_runs_against_the_wings_order() -> None:
+    problems = against_direction(import_graph(kit_sources()))
+    assert not problems, "imports against the direction:\n" + "\n".join(problems)
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    found = cycles(import_graph(kit_sources()))
+    assert not found, f"import cycles: {found}"
+
+
+def test_wing_packages_import_nothing() -> None:
+    """An empty package keeps every verb's imports lazy: importing kit.stack.up must not pull in
+    the rest of the stack wing (python -X importtime)."""
+    for package in sorted(KIT.glob("*/__init__.py")):
+        if package.parent.name in ("commands", "data"):
+            continue
+        body = ast.parse(package.read_text()).body
+        assert all(isinstance(node, ast.Expr) for node in body), f"{package}: docstring only"
+
+
+@pytest.mark.parametrize(("statement", "line"), [
+    ("from kit.stack.up import up_site", 1),  # at the top
+    ("def later():\n    from kit.stack import up\n", 2),  # deferred
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from kit.stack.up import X\n", 3),
+    ("import kit.stack.up", 1),
+    ("from ..stack.up import up_site", 1),  # relative
+])
+def test_the_check_sees_every_form_of_import(statement: str, line: int) -> None:
+    """The checker itself: an import from the spec wing up to the stack wing, in any form, is
+    found, and so is the circle it closes."""
+    sources = {"kit.spec.model": (statement, False),
+               "kit.stack.up": ("from kit.spec.model import Spec\n", False)}
+    graph = import_graph(sources)
+    assert against_direction(graph) == [
+        f"kit.spec.model:{line} (spec) imports kit.stack.up (stack)"]
+    assert cycles(graph) == [["kit.spec.model", "kit.stack.up"]]
+
+
+def test_siblings_do_not_import_each_other() -> None:
+    sources = {"kit.render.k8s": ("from kit.front_door.gate import Gate\n", False),
+               "kit.front_door.gate": ("", False)}
+    assert against_direction(import_graph(sources)) == [
+        "kit.render.k8s:1 (render) imports kit.front_door.gate (front_door)"]
+
+
+def test_the_map_draws_the_same_order() -> None:
+    """docs/architecture.md states the direction in one line; it is this test's ORDER."""
+    line = " → ".join(" | ".join(wings) for wings in ORDER)
+    assert f"**{line}**" in (REPO / "docs" / "architecture.md").read_text()
