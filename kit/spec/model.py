@@ -221,7 +221,7 @@ class Node(StrictModel):
 
 class Slo(StrictModel):
     """A service's latency objective (p95): exact bucket bounds in vLLM's histograms, the SLO
-    panels and the SLO alerts (kit/plan/observability.py)."""
+    panels and the SLO alerts (docs/observability.md)."""
 
     ttft_p95_ms: Annotated[int, Field(ge=1, le=3_600_000)] | None = None  # time to first token
     tpot_p95_ms: Annotated[int, Field(ge=1, le=60_000)] | None = None  # time per output token
