@@ -3,6 +3,7 @@ TYPE_CHECKING ones included) runs down the wings' order, and no modules import e
 circle. docs/architecture.md draws the same order; a test below holds the two together."""
 
 import ast
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,11 @@ def test_the_map_draws_the_same_order() -> None:
     """docs/architecture.md states the direction in one line; it is this test's ORDER."""
     line = " → ".join(" | ".join(wings) for wings in ORDER)
     assert f"**{line}**" in (REPO / "docs" / "architecture.md").read_text()
+
+
+def test_every_wing_ships_in_the_wheel() -> None:
+    """pyproject lists kit's packages by name: a wing missing there would install without it."""
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"])
+    packages = {module_name(path, REPO) for path in KIT.rglob("__init__.py")}
+    assert packages - listed == set(), "add them to [tool.setuptools] packages in pyproject.toml"
