@@ -87,7 +87,7 @@ def door_answers(spec: Spec, engine: Engine, host_ports: tuple[tuple[str, int], 
     """Knock on each port the running front door publishes, where a client reaches it (a port
     bound to every address: this host's loopback for a local engine, else the domain), asking
     `engine` (kit/engine/docker_api.py's `knock`, a test's fake)."""
-    answers = []
+    answers: list[PortAnswer] = []
     for host_ip, port in dict.fromkeys(host_ports):
         address = front_door_host(spec) if host_ip in EVERY_ADDRESS else host_ip
         tls = port == spec.proxy.https_port

@@ -30,6 +30,8 @@ python3 -m pip install -q --disable-pip-version-check -e '.[test]'
 
 # Lint first: a finding fails the run before any engine work (ruff is in the test extra).
 python3 -m ruff check kit tests scripts
+# Type check kit (pyproject.toml [tool.mypy]): a finding fails the run too (mypy is in the extra).
+python3 -m mypy
 
 if docker info >/dev/null 2>&1; then
   scripts/dockerd.sh start            # only checks; an engine already answers: never stopped here

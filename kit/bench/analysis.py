@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from kit.bench.client import StepRecord
 
@@ -106,7 +107,7 @@ def summarize(record: StepRecord, slo: Slo, server: dict[str, float] | None = No
     itls = [gap * 1000 for o in done for gap in o.itl]
     e2els = [o.latency * 1000 for o in done]
     duration = max(record.duration_s, 1e-9)
-    figures = {
+    figures: dict[str, Any] = {
         "max_concurrency": record.concurrency,
         "completed": len(done),
         "failed": sum(failures.values()),

@@ -191,6 +191,7 @@ class Stream:
     async def _status_line(self, data: bytes) -> bytes:
         """The request written, the answer's first line read; b"" when the connection ended
         before a byte of it (a reset while writing or waiting counts the same)."""
+        assert self.writer is not None and self.reader is not None  # _exchange opened it
         try:
             self.writer.write(data)
             return await self.reader.readline()
@@ -213,6 +214,7 @@ class Stream:
             started = time.perf_counter()
             status_line = await self._status_line(data)
         reader = self.reader
+        assert reader is not None  # opened above, and _status_line does not close it
         if not status_line:
             raise RequestFailed("connection: closed before an answer")
         status = int(status_line.split()[1])
@@ -393,6 +395,8 @@ async def _open_loop(streams: list[Stream], load: Load, requests: int,
     """Requests at exponential gaps of mean 1/rate (vLLM's gamma with shape 1), each on an idle
     connection or a new one; returns the most in flight at once. `streams` holds the warm-up's
     connection and collects every one opened, so the caller closes them all."""
+    rate = load.rate
+    assert rate is not None  # Load: the poisson arrival has a rate
     gaps = random.Random(load.seed)
     idle = list(streams)
     in_flight = peak = 0
@@ -419,7 +423,7 @@ async def _open_loop(streams: list[Stream], load: Load, requests: int,
         in_flight += 1
         peak = max(peak, in_flight)
         tasks.append(asyncio.create_task(one(stream)))
-        due += gaps.expovariate(load.rate)
+        due += gaps.expovariate(rate)
     await asyncio.gather(*tasks)
     return peak
 

@@ -245,7 +245,8 @@ class GaugeWatch:
 
     async def _sample(self) -> None:
         while True:
-            self.add(await asyncio.to_thread(self.door.server_gauges) or {})
+            gauges = await asyncio.to_thread(self.door.server_gauges)
+            self.add(gauges or {})
             await asyncio.sleep(GAUGE_EVERY_S)
 
     async def during(self, work) -> StepRecord:
@@ -254,7 +255,8 @@ class GaugeWatch:
             record = await work
         finally:
             self.task.cancel()
-        self.add(await asyncio.to_thread(self.door.server_gauges) or {})  # the step's end
+        gauges = await asyncio.to_thread(self.door.server_gauges)
+        self.add(gauges or {})  # the step's end
         return record
 
 

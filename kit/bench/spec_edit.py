@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any, cast
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
@@ -81,7 +82,7 @@ def with_max_num_seqs(text: str, service: str, max_num_seqs: int) -> str:
 def _check_only_change(before: CommentedMap, after: CommentedMap, service: str,
                        max_num_seqs: int) -> None:
     """The edited text means the old document with one value set (a guard on the splice)."""
-    expected = _plain(before)
+    expected = cast(dict[str, Any], _plain(before))  # before is a mapping: so is its copy
     for entry in expected["services"]:
         if entry.get("name") == service:
             entry["max_num_seqs"] = max_num_seqs

@@ -1,6 +1,7 @@
 """kit logs: the containers' logs, one service or all of them (prefixed), optionally followed."""
 
 from pathlib import Path
+from typing import Literal
 
 import click
 
@@ -28,6 +29,6 @@ def logs(spec: Path, service: str | None, follow: bool, tail: str) -> None:
     if tail != "all" and not tail.isdigit():
         raise BadInput(f"--tail {tail!r} is not a number of lines", fix="use e.g. -n 100")
     site = Site.load(spec, check_host=False)
-    lines = int(tail) if tail.isdigit() else "all"
+    lines: int | Literal["all"] = int(tail) if tail.isdigit() else "all"
     for line in site_log_lines(site, service, follow=follow, tail=lines):
         click.echo(line)

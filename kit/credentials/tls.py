@@ -9,10 +9,15 @@ import ipaddress
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.types import (
+    CertificateIssuerPrivateKeyTypes,
+    CertificateIssuerPublicKeyTypes,
+)
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from kit.credentials.material import SECRET, read_if_present
@@ -84,7 +89,10 @@ def new_ca(site: str) -> tuple[bytes, bytes]:
 
 def new_server_cert(domain: str, ca_cert_pem: bytes, ca_key_pem: bytes) -> tuple[bytes, bytes]:
     ca_cert = x509.load_pem_x509_certificate(ca_cert_pem)
-    ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
+    # a key that cannot sign certificates fails in sign(), as cryptography checks at run time
+    ca_key = cast(CertificateIssuerPrivateKeyTypes,
+                  serialization.load_pem_private_key(ca_key_pem, password=None))
+    ca_public_key = cast(CertificateIssuerPublicKeyTypes, ca_cert.public_key())
     key = ec.generate_private_key(ec.SECP256R1())
     now = _now()
     cert = (
@@ -99,7 +107,7 @@ def new_server_cert(domain: str, ca_cert_pem: bytes, ca_key_pem: bytes) -> tuple
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()), critical=False
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_public_key), critical=False
         )
         .sign(ca_key, hashes.SHA256())
     )

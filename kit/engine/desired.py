@@ -16,7 +16,7 @@ import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -79,7 +79,7 @@ DURATION_SECONDS = {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e
 
 @dataclass(frozen=True)
 class Mount:
-    type: str  # bind | volume
+    type: Literal["bind", "volume"]
     source: str  # absolute host path, or the engine's volume name
     target: str
     read_only: bool

@@ -13,7 +13,7 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import docker
 import docker.errors
@@ -27,8 +27,13 @@ from kit.engine.desired import Mount as MountState
 from kit.engine.door_ports import PortProblem, knock
 from kit.errors import KitError
 
+if TYPE_CHECKING:  # docker-py imports paramiko for it: only on an ssh:// engine
+    from docker.transport.sshconn import SSHHTTPAdapter
+
 DEFAULT_HOST = engine_url.DEFAULT_HOST
-CONNECT_ERRORS = {  # errno → what it means for the engine's address, in the operator's words
+# errno (None: an OSError without one) → what it means for the engine's address, in the
+# operator's words
+CONNECT_ERRORS: dict[int | None, str] = {
     errno.ENOENT: "there is no socket at that path",
     errno.EACCES: "permission denied on its socket (run as root or join the docker group)",
     errno.EPERM: "permission denied on its socket (run as root or join the docker group)",
@@ -55,10 +60,11 @@ def explain(error: Exception, doing: str, address: str | None = None) -> KitErro
         and not isinstance(error, docker.errors.APIError)
         and ("Connection" in text or "connect" in text or "API version" in text)
     ):
-        cause = _os_error(error)
+        os_error = _os_error(error)
         return KitError(
             f"cannot reach the Docker engine at {address} while {doing}: "
-            + (CONNECT_ERRORS.get(cause.errno, cause.strerror or "no answer") if cause else text),
+            + (CONNECT_ERRORS.get(os_error.errno, os_error.strerror or "no answer") if os_error
+               else text),
             fix="is dockerd running? start it (systemctl start docker), or point "
             f"DOCKER_HOST at the engine (DOCKER_HOST={os.environ.get('DOCKER_HOST', '<unset>')})",
         )
@@ -262,10 +268,15 @@ class Engine:
         Engine API 1.41 attaches one network at create; the others are connected before start.
         On host networking (a multi-node service's node) there is no network to attach.
         """
-        first, *others = config.networks or [config.network_mode]
+        first: str | None
+        others: list[str]
+        if config.networks:
+            first, *others = config.networks
+        else:
+            first, others = config.network_mode, []
         endpoints = {} if config.network_mode else {
-            first: self._api.create_endpoint_config(
-                aliases=aliases, ipv4_address=config.address(first))}
+            first: self._api.create_endpoint_config(  # first is None: no address either
+                aliases=aliases, ipv4_address=config.address(first) if first is not None else None)}
         with self._errors(f"creating container {name}"):
             response = self._api.create_container(
                 image=config.image,
@@ -279,7 +290,9 @@ class Engine:
                 stop_signal=config.stop_signal,
                 stop_timeout=config.stop_timeout,
                 host_config=self._api.create_host_config(**_host_config(config, first)),
-                networking_config=self._api.create_networking_config(endpoints),
+                # types-docker types the argument as one EndpointConfig; docker-py takes (and
+                # documents) a {network name: EndpointConfig} dict
+                networking_config=self._api.create_networking_config(endpoints),  # type: ignore[arg-type]
             )
             container_id = response["Id"]
             for network in others:
@@ -329,7 +342,8 @@ class Engine:
         with self._errors(f"reading the log of container {_short(container_id)}"):
             return self._api.logs(container_id, tail=lines).decode(errors="replace")
 
-    def log_stream(self, container_id: str, *, follow: bool, tail: int | str) -> Iterator[bytes]:
+    def log_stream(self, container_id: str, *, follow: bool, tail: int | Literal["all"]
+                   ) -> Iterator[bytes]:
         """The container's log as it arrives (stdout and stderr interleaved)."""
         with self._errors(f"reading the log of container {_short(container_id)}"):
             yield from self._api.logs(container_id, stream=True, follow=follow, tail=tail)
@@ -386,7 +400,8 @@ class Engine:
                 )
                 self._api.put_archive(name, "/", archive)
                 self._api.start(name)
-                code = self._api.wait(name, timeout=timeout)["StatusCode"]
+                # types-docker: int; docker-py hands it to requests, which takes float seconds
+                code = self._api.wait(name, timeout=timeout)["StatusCode"]  # type: ignore[arg-type]
                 return code, self._api.logs(name).decode(errors="replace")
         finally:
             self.remove(name)
@@ -411,7 +426,8 @@ class Engine:
         """(exit code, log) of a helper once it ends; it is removed either way."""
         try:
             with self._errors(f"waiting for the helper container {name}"):
-                code = self._api.wait(name, timeout=timeout)["StatusCode"]
+                # types-docker: int; docker-py hands it to requests, which takes float seconds
+                code = self._api.wait(name, timeout=timeout)["StatusCode"]  # type: ignore[arg-type]
                 return code, self._api.logs(name).decode(errors="replace")
         finally:
             self.remove(name)
@@ -474,14 +490,16 @@ def _one_pool(api: docker.APIClient) -> None:
     one more `docker system dial-stdio` on the server (~0.3 s each); sharing one pool reuses
     the open sessions, at most MAX_CONCURRENT_CALLS of them.
     """
-    adapter = api.get_adapter("http+docker://ssh")
+    adapter = cast("SSHHTTPAdapter", api.get_adapter("http+docker://ssh"))
     per_url = adapter.get_connection
-    adapter.get_connection = lambda url, proxies=None: per_url("http+docker://ssh/", proxies)
+    # replacing the bound method on this one adapter is the point (mypy forbids it by default)
+    adapter.get_connection = lambda url, proxies=None: per_url(  # type: ignore[method-assign]
+        "http+docker://ssh/", proxies)
 
 
 def _ssh_client(api: docker.APIClient) -> Any:
     """The paramiko client docker-py's SSH adapter holds (for the no-docker diagnosis)."""
-    return api.get_adapter("http+docker://ssh").ssh_client
+    return cast("SSHHTTPAdapter", api.get_adapter("http+docker://ssh")).ssh_client
 
 
 def _short(container: str) -> str:
@@ -517,7 +535,7 @@ def _device_requests(gpus: tuple[GpuRequest, ...]) -> list[DeviceRequest]:
     ]
 
 
-def _host_config(config: ContainerConfig, network: str) -> dict[str, Any]:
+def _host_config(config: ContainerConfig, network: str | None) -> dict[str, Any]:
     return {
         "mounts": [
             Mount(m.target, m.source, type=m.type, read_only=m.read_only) for m in config.mounts

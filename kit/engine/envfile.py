@@ -23,7 +23,7 @@ def env_file_text(env: dict[str, str], source: str) -> str:
 
 def parse_env_file(text: str) -> tuple[dict[str, str], int | None]:
     """name → value, and the number of the first line kit did not write (None: all fine)."""
-    env = {}
+    env: dict[str, str] = {}
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.startswith("#"):
             continue

@@ -12,10 +12,13 @@ import base64
 import hashlib
 import importlib.util
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from kit.engine.url import SshTarget
 from kit.errors import BadInput, KitError
+
+if TYPE_CHECKING:
+    import paramiko
 
 CONNECT_TIMEOUT = 10  # seconds for the TCP connection to sshd
 DIAGNOSE_TIMEOUT = 5  # seconds to wait for `docker system dial-stdio` to fail on the remote
@@ -70,6 +73,7 @@ def explain(error: BaseException, target: SshTarget, doing: str) -> KitError | N
     if not module.startswith("paramiko") and not socket_error:
         return None
     if name == "BadHostKeyException":
+        error = cast("paramiko.BadHostKeyException", error)  # paramiko is imported only on use
         return BadInput(
             f"the host key of {target.known_hosts_name} CHANGED: the server offers "
             f"{fingerprint(error.key)} but {KNOWN_HOSTS} has {fingerprint(error.expected_key)}; "

@@ -20,6 +20,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
+from typing import cast
 from urllib.parse import urlsplit
 
 from kit.files import atomic_write
@@ -140,7 +141,7 @@ class Gate(DoorClient):
             started = time.perf_counter()
             try:
                 connection.connect()
-                version = connection.sock.version()
+                version = cast(ssl.SSLSocket, connection.sock).version()  # a TLS context
             except OSError as error:
                 raise ProbeFailure(self._explain(error, tls=True)) from error
             finally:
@@ -168,7 +169,7 @@ class Gate(DoorClient):
             connection = DoorConnection(self.target, context)
             try:
                 connection.connect()
-                return connection.sock.selected_alpn_protocol()
+                return cast(ssl.SSLSocket, connection.sock).selected_alpn_protocol()
             except OSError as error:
                 raise ProbeFailure(self._explain(error, tls=True)) from error
             finally:

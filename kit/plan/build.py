@@ -6,6 +6,7 @@ nginx sizing); templates only lay it out. Pure apart from reading model configs 
 
 import shlex
 from dataclasses import dataclass, field
+from typing import cast
 
 from kit.errors import BadInput
 from kit.layout import ACME_LAST_RUN, NGINX_MOUNT
@@ -294,7 +295,7 @@ def build_plan(spec: Spec) -> Plan:
         metrics=metrics_network(spec.site, spec.observability.subnet),
         acme=AcmePlan(
             image=spec.images.certbot,
-            email=spec.tls.email,
+            email=cast(str, spec.tls.email),  # the spec requires one in acme mode
             domain=spec.domain,
             server=spec.tls.acme_server,
             staging=spec.tls.staging,
@@ -397,7 +398,8 @@ def _capacity(spec: Spec, service) -> dict | None:
 
     fit = fit_service(spec, service)
     if fit.failed:
-        errors = fit.report.errors if fit.report else [fit.unplanned]
+        # no report: unplanned says why (ServiceFit)
+        errors = fit.report.errors if fit.report else [cast(str, fit.unplanned)]
         raise BadInput(
             f"service {service.name} cannot start on this hardware:\n  - " + "\n  - ".join(errors),
             fix="see `kit plan` for the capacity table",

@@ -372,6 +372,7 @@ def plan_capacity(
             "take KV memory but hold nothing"
         )
     if layout.sliding_layers:
+        assert model.sliding_window is not None  # ModelInfo: sliding layers come with a window
         warnings.append(
             f"{layout.sliding_layers} of {model.num_hidden_layers} layers use a "
             f"{model.sliding_window}-token sliding window: each request keeps at most "

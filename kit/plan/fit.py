@@ -112,10 +112,11 @@ def fit_service(spec: Spec, service: Service, detected: dict[int, Gpu] | None = 
         return ServiceFit(service, unplanned=(
             "GPU memory unknown: set gpu_memory_gib in the spec or run kit plan on the GPU "
             "server (nvidia-smi)"))
+    sizes = [gib for gib in memory if gib is not None]  # all of them: None returned above
     model = inspect_model_dir(model_dir)
     names = {detected[gpu].name for gpu in service.gpus if gpu in detected}
     try:
-        report = service_capacity(model, service, min(memory),
+        report = service_capacity(model, service, min(sizes),
                                   gpu_name=names.pop() if len(names) == 1 else None, **context)
     except BadInput as error:
         return ServiceFit(service, model, unplanned=str(error), failed=True)

@@ -192,9 +192,10 @@ def _model_problems(
             "set trust_remote_code: true if you trust this model's code",
         ))
     memory = [gpu_memory_for(parts.gpu_memory_gib, gpu) for gpu in service.gpus]
-    if check_capacity and None not in memory:  # the plan covers heads and max_model_len too
+    sizes = [gib for gib in memory if gib is not None]
+    if check_capacity and len(sizes) == len(memory):  # the plan covers heads and max_model_len too
         try:
-            errors = service_capacity(info, service, min(memory)).errors
+            errors = service_capacity(info, service, min(sizes)).errors
         except BadInput as error:
             errors = [error.message]
         return problems + [

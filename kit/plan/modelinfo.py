@@ -79,7 +79,7 @@ DTYPE_BYTES = {
     "float8_e4m3fn": 1,
     "float8_e5m2": 1,
 }
-SAFETENSORS_DTYPE_NAMES = {
+SAFETENSORS_DTYPE_NAMES: dict[Any, str] = {  # looked up with a header's raw value
     "F64": "float64",
     "F32": "float32",
     "F16": "float16",

@@ -335,6 +335,7 @@ def site_outputs(
     if spec.tls.mode == "self-signed":
         tls = self_signed_files(layout, spec.site, spec.domain)
     elif spec.tls.mode == "files":
+        assert spec.tls.cert is not None and spec.tls.key is not None  # the spec checks it
         cert = spec.tls.cert if spec.tls.cert.is_absolute() else spec_dir / spec.tls.cert
         key = spec.tls.key if spec.tls.key.is_absolute() else spec_dir / spec.tls.key
         tls = user_files(cert, key, spec.domain)

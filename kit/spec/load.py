@@ -20,6 +20,7 @@ from pydantic import (
     BaseModel,
     ValidationError,
 )
+from pydantic_core import ErrorDetails
 
 from kit.errors import BadInput
 from kit.spec.checks import Parts, cross_checks
@@ -52,7 +53,7 @@ class _SpecLoader(yaml.SafeLoader):
 
     depth = 0
 
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
             raise Refused(
@@ -83,7 +84,7 @@ def parse_yaml(text: str) -> Located:
         return located
     finally:
         loader.dispose()
-COLLECTION_TAGS = {
+COLLECTION_TAGS: dict[type[yaml.Node], str] = {
     yaml.MappingNode: "tag:yaml.org,2002:map", yaml.SequenceNode: "tag:yaml.org,2002:seq"
 }
 
@@ -165,8 +166,9 @@ def read_spec(path: Path, *, host: HostChecks | None = None) -> Spec:
 
 def _line_column(text: str | bytes, offset: int) -> tuple[int, int]:
     before = text[:offset]
-    newline = "\n" if isinstance(before, str) else b"\n"
-    return before.count(newline) + 1, offset - (before.rfind(newline) + 1) + 1
+    if isinstance(before, str):
+        return before.count("\n") + 1, offset - (before.rfind("\n") + 1) + 1
+    return before.count(b"\n") + 1, offset - (before.rfind(b"\n") + 1) + 1
 
 
 def parse_spec(text: str, source: Path, *, host: HostChecks | None = None) -> Spec:
@@ -212,7 +214,7 @@ def parse_spec(text: str, source: Path, *, host: HostChecks | None = None) -> Sp
     return spec
 
 
-def _from_pydantic(errors: list[dict]) -> list[SpecProblem]:
+def _from_pydantic(errors: list[ErrorDetails]) -> list[SpecProblem]:
     """One problem per key (a union reports each alternative: the first says enough)."""
     problems: dict[tuple, SpecProblem] = {}
     for error in errors:
@@ -221,13 +223,15 @@ def _from_pydantic(errors: list[dict]) -> list[SpecProblem]:
     return list(problems.values())
 
 
-def _problem(error: dict) -> SpecProblem:
+def _problem(error: ErrorDetails) -> SpecProblem:
     path = tuple(part for part in error["loc"] if not _is_union_tag(part))
     kind = error["type"]
     if kind == "extra_forbidden":
         allowed = _allowed_keys(path[:-1])
         hint = difflib.get_close_matches(str(path[-1]), allowed, n=1, cutoff=0.6)
-        fix = f"did you mean {hint[0]!r}?" if hint else f"known keys: {', '.join(allowed)}"
+        fix: str | None = (
+            f"did you mean {hint[0]!r}?" if hint else f"known keys: {', '.join(allowed)}"
+        )
         return SpecProblem(path, f"unknown key {path[-1]!r}", fix)
     if kind == "missing":
         return SpecProblem(path, "required key is missing", f"add {dotted(path)}: to the spec")

@@ -7,7 +7,7 @@ the pinned flag table (kit/spec/vllm_flags.py). Loading with positions: kit/spec
 import difflib
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, overload
 
 import yaml
 from pydantic import (
@@ -394,6 +394,12 @@ class Service(StrictModel):
         return self.served_name or self.name
 
 
+@overload
+def _one_of(value: str, flag: str) -> str: ...
+@overload
+def _one_of(value: None, flag: str) -> None: ...
+@overload
+def _one_of(value: str | None, flag: str) -> str | None: ...
 def _one_of(value: str | None, flag: str) -> str | None:
     valid = choices(flag)
     if value is not None and valid and value not in valid:

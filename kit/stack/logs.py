@@ -4,6 +4,7 @@ nodes included, each on its own engine), merged line by line."""
 import queue
 import threading
 from collections.abc import Iterator
+from typing import Literal
 
 from kit.engine.docker_api import Engine, connect
 from kit.engine.observe import ContainerState, observe
@@ -13,7 +14,7 @@ from kit.stack.worker_nodes import WorkerEngines, worker_nodes
 
 
 def site_log_lines(site: Site, service: str | None, *, follow: bool,
-                   tail: int | str) -> Iterator[str]:
+                   tail: int | Literal["all"]) -> Iterator[str]:
     """`kit logs`: the lines of the site's containers, or of `service`'s, worker nodes' too."""
     workers = worker_nodes(site)  # a multi-node service's workers: their logs on their engines
     engine = connect(site.engine_url)
@@ -43,7 +44,7 @@ def containers_of(site: Site, engine: Engine, service: str | None) -> list[Conta
 Source = tuple[Engine, ContainerState, str]  # a container, its engine, its name in the prefix
 
 
-def log_lines(sources: list[Source], *, follow: bool, tail: int | str) -> Iterator[str]:
+def log_lines(sources: list[Source], *, follow: bool, tail: int | Literal["all"]) -> Iterator[str]:
     """Every log at once, as lines (prefixed by service when there are several; a worker
     node's container, on its own engine, as service@node).
 

@@ -115,7 +115,7 @@ def check_same_model_files(nodes: list[Node], service: ServiceState) -> None:
     if model is None:  # a hub model: each node downloads it into its own cache
         return
     folder = f"{MODELS_MOUNT}/{model}"
-    found = {}
+    found: dict[str, dict[str, str]] = {}
     for name, engine in nodes:
         helper = f"{service.container_name}-kit-model-files"
         engine.helper_start(helper, service.config.image, ["python3", "-c", HASH_FILES, folder],
@@ -127,7 +127,10 @@ def check_same_model_files(nodes: list[Node], service: ServiceState) -> None:
                 f"(exit {code}): {log.strip()[-300:] or 'no config.json there'}",
                 fix=f"copy the model folder to {models.source}/{model} on {name}",
             )
-        found[name] = dict(reversed(line.split(None, 1)) for line in log.strip().splitlines())
+        found[name] = {
+            path: digest
+            for digest, path in (line.split(None, 1) for line in log.strip().splitlines())
+        }
     head_name, reference = next(iter(found.items()))
     for name, files in found.items():
         differ = sorted(f for f in reference.keys() | files.keys()

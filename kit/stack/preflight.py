@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, cast
 
 from kit.engine.desired import GpuRequest, Mount, NetworkState, ServiceState
 from kit.engine.docker_api import Engine
@@ -116,7 +116,7 @@ def check_subnets(engine: Engine, networks: list[NetworkState]) -> None:
              for found in engine.networks([])
              for pool in (found.get("IPAM") or {}).get("Config") or [] if pool.get("Subnet")]
     for network in asked:
-        mine = ipaddress.ip_network(network.subnet)
+        mine = ipaddress.ip_network(cast(str, network.subnet))  # asked: those with a subnet
         for name, subnet in taken:
             other = ipaddress.ip_network(subnet, strict=False)
             if name != network.name and mine.version == other.version and mine.overlaps(other):

@@ -183,10 +183,11 @@ def up_actions(desired: DesiredState, observed: ObservedState) -> list[Action]:
     kept: dict[str, ContainerState] = {}
     gone = [c for c in observed.containers if c.service not in {s.name for s in desired.services}]
     for service in desired.services:
-        first, *extra = sorted(
+        ordered = sorted(
             observed.of(service.name),
             key=lambda c: (c.name != service.container_name, not c.running, c.name),
-        ) or [None]
+        )
+        first, extra = (ordered[0], ordered[1:]) if ordered else (None, [])
         removals += [RemoveContainer(c, f"extra container of {service.name}") for c in extra]
         if first is not None:
             kept[service.name] = first

@@ -147,7 +147,7 @@ class WorkerEngines:
 
         for plan in plans:
             Executor(engine=plan.engine, applied=self.site.layout.applied, wait=lambda _: None,
-                     report=lambda line, name=plan.worker.name: report(f"node {name}: {line}")
+                     report=_node_report(report, plan.worker.name)
                      ).run(plan.actions)
         self.baseline = {c.id: c.restart_count for _, c in self.containers()}
 
@@ -159,7 +159,7 @@ class WorkerEngines:
         for worker, engine in self.nodes:
             plan = down_actions(observe(engine, worker.project), volumes)
             Executor(engine=engine, applied=self.site.layout.applied, wait=lambda _: None,
-                     report=lambda line, name=worker.name: report(f"node {name}: {line}")
+                     report=_node_report(report, worker.name)
                      ).run(plan)
             done += len(plan)
         return done
@@ -223,3 +223,8 @@ class WorkerEngines:
                     rooted = True
         return KitError(message, fix=fix or "read the logs: kit logs, and on the node: "
                         "docker logs <container> (kit status lists them)")
+
+
+def _node_report(report: Callable[[str], None], name: str) -> Callable[[str], None]:
+    """`report` with each line prefixed by the worker node's name."""
+    return lambda line: report(f"node {name}: {line}")
