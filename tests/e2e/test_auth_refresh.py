@@ -13,7 +13,7 @@ import time
 import pytest
 
 from kit.probe import basic_header
-from tests.e2e.stack import LiveSite, finished
+from tests.support.live_stack import LiveSite, finished
 
 pytestmark = pytest.mark.e2e
 

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import pytest
 
 from kit.probe import basic_header
-from tests.e2e.conftest import pick_free_port, remove_project
-from tests.e2e.stack import LiveSite
+from tests.support.docker_engine import pick_free_port, remove_project
+from tests.support.live_stack import LiveSite
 
 pytestmark = pytest.mark.e2e
 

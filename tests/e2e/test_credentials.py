@@ -11,7 +11,7 @@ import time
 import pytest
 
 from kit.probe import basic_header
-from tests.e2e.stack import SERVED_NAME, LiveSite, finished, kit
+from tests.support.live_stack import SERVED_NAME, LiveSite, finished, kit
 
 pytestmark = pytest.mark.e2e
 

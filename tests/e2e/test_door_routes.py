@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import pytest
 
 from kit.probe import Reply
-from tests.e2e.conftest import pick_free_port, remove_project
-from tests.e2e.stack import DOMAIN, SERVED_NAME, SERVICE, LiveSite
+from tests.support.docker_engine import pick_free_port, remove_project
+from tests.support.live_stack import DOMAIN, SERVED_NAME, SERVICE, LiveSite
 from tests.support.raw_http import RawReply, exchange, request
 from tests.support.vllm_routes import classify, vllm_routes
 

@@ -8,7 +8,7 @@ compared exactly and case-sensitively, as vLLM compares them.
 import pytest
 
 from kit.probe import basic_header
-from tests.e2e.stack import SERVED_NAME, LiveSite
+from tests.support.live_stack import SERVED_NAME, LiveSite
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from kit.probe import judge_stream, stream_stats
-from tests.e2e.stack import SERVED_NAME, LiveSite
+from tests.support.live_stack import SERVED_NAME, LiveSite
 
 pytestmark = pytest.mark.e2e
 

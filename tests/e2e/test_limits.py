@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 
 from kit.probe import basic_header
-from tests.e2e.stack import SERVED_NAME, SERVICE, LiveSite, finished
+from tests.support.live_stack import SERVED_NAME, SERVICE, LiveSite, finished
 
 pytestmark = pytest.mark.e2e
 

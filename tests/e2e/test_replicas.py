@@ -24,8 +24,8 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from tests.e2e.conftest import pick_free_port, remove_project
-from tests.e2e.stack import (
+from tests.support.docker_engine import pick_free_port, remove_project
+from tests.support.live_stack import (
     DOMAIN,
     SERVED_NAME,
     SERVICE,

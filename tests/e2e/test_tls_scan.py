@@ -17,7 +17,7 @@ from sslyze import (
     ServerScanStatusEnum,
 )
 
-from tests.e2e.stack import DOMAIN, LiveSite
+from tests.support.live_stack import DOMAIN, LiveSite
 
 pytestmark = pytest.mark.e2e
 

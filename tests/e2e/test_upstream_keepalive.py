@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.e2e.stack import SERVICE, LiveSite, finished, nginx_workers
+from tests.support.live_stack import SERVICE, LiveSite, finished, nginx_workers
 
 pytestmark = pytest.mark.e2e
 

@@ -1,7 +1,7 @@
 """pytest imports test modules by basename (rootdir-relative packages aside): a unit test file and
 an e2e test file of the same name make collection of the whole suite fail."""
 
-from tests.conftest import REPO
+from tests.support.sites import REPO
 
 
 def test_unit_and_e2e_test_files_have_different_names() -> None:
