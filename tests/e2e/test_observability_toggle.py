@@ -14,7 +14,6 @@ import yaml
 from kit.desired import GRAFANA_SERVICE, PROMETHEUS_SERVICE
 from kit.replicas import compose_names
 from tests.support import live_stack
-from tests.support.docker_engine import pick_free_port, remove_project
 from tests.support.live_stack import SERVICE, LiveSite
 
 pytestmark = pytest.mark.e2e
@@ -25,18 +24,13 @@ REPLICAS = compose_names(SERVICE, 2)
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
-    root = tmp_path_factory.mktemp("toggle") / "site"
-    site = LiveSite.create(
-        root, docker_client, pick_free_port(), pick_free_port(), prefix="tog",
+    with live_stack.running(
+        tmp_path_factory.mktemp("toggle") / "site", docker_client, prefix="tog",
         proxy={"rate_limit_per_ip": 100000, "rate_limit_per_credential": 100000},
         overrides={SERVICE: {"gpus": [0, 1], "tensor_parallel": 1,
                              "gpu_memory_utilization": 0.9}},
-    )
-    try:
-        site.up()
+    ) as site:
         yield site
-    finally:
-        remove_project(docker_client, site.name)
 
 
 def turn(site: LiveSite, enabled: bool) -> None:

@@ -39,7 +39,7 @@ from kit.layout import SiteLayout
 from kit.live_figures import api_argv
 from kit.probe import Gate, basic_header, probe_password, target_for
 from kit.spec import load_spec
-from tests.support.docker_engine import IMAGES
+from tests.support.docker_engine import IMAGES, pick_free_port, remove_project
 from tests.support.sites import LLAMA_8B, REPO
 
 LOADGEN = REPO / "scripts" / "loadgen.py"
@@ -442,6 +442,18 @@ def cpu_seconds(container) -> float:
     """CPU time the container has used so far (its cgroup's total)."""
     stats = container.client.api.stats(container.id, stream=False, one_shot=True)
     return stats["cpu_stats"]["cpu_usage"]["total_usage"] / 1e9
+
+
+@contextmanager
+def running(root: Path, client: docker.DockerClient, **options) -> Iterator[LiveSite]:
+    """For the tests' fixtures: a site (LiveSite.create's options) on two free ports, up; its
+    compose project removed afterwards, also when `kit up` failed."""
+    site = LiveSite.create(root, client, pick_free_port(), pick_free_port(), **options)
+    try:
+        site.up()
+        yield site
+    finally:
+        remove_project(client, site.name)
 
 
 @contextmanager
