@@ -34,9 +34,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from kit.engine.desired import PROJECT_LABEL, SERVICE_LABEL  # noqa: E402
-from tests.e2e.conftest import BUILD, pick_free_port  # noqa: E402
-from tests.e2e.stack import SERVICE, kit, running_site  # noqa: E402
 from tests.support.cpus import ContainerSplit  # noqa: E402
+from tests.support.docker_engine import BUILD, pick_free_port  # noqa: E402
+from tests.support.live_stack import SERVICE, kit, running_site  # noqa: E402
 
 PROXY = {"rate_limit_per_ip": 1000000, "rate_limit_per_credential": 1000000,
          "max_connections_per_ip": 4096}

@@ -59,8 +59,8 @@ sys.path.insert(0, str(ROOT))
 from kit.bench.analysis import Slo, StepResult, summarize  # noqa: E402
 from kit.bench.client import Endpoint, Load, run_step  # noqa: E402
 from kit.bench.run import prompt_text  # noqa: E402
-from tests.conftest import LLAMA_8B  # noqa: E402
-from tests.unit.test_standin import serving  # noqa: E402
+from tests.support.sites import LLAMA_8B  # noqa: E402
+from tests.support.standin_process import serving  # noqa: E402
 
 VENV = Path.home() / ".cache" / "kit-aiperf-venv"
 AIPERF = "aiperf==0.13.0"

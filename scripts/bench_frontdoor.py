@@ -49,8 +49,8 @@ sys.path.insert(0, str(ROOT))
 
 from kit.plan.build import VLLM_PORT  # noqa: E402
 from kit.spec.replicas import replica_host  # noqa: E402
-from tests.e2e.conftest import BUILD, pick_free_port  # noqa: E402
-from tests.e2e.stack import (  # noqa: E402
+from tests.support.docker_engine import BUILD, pick_free_port  # noqa: E402
+from tests.support.live_stack import (  # noqa: E402
     DOMAIN,
     SERVED_NAME,
     SERVICE,

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from bench_frontdoor import NGINX_URL, arguments, bench_stack, machine
 
 from kit.front_door.client import basic_header
-from tests.e2e.stack import DOMAIN
+from tests.support.live_stack import DOMAIN
 
 VERDICT_TTL_S = 60
 GAP_TOLERANCE_MS = 50

@@ -12,7 +12,7 @@ this way against a real vLLM.
 Prints the failures by cause, the requests the client wrote once more on a fresh connection,
 and the chat requests the stand-in received against the client's count (warm-ups + counted): a
 request sent twice would make the stand-in's count higher. Exit 1 unless nothing failed and the
-counts match. The fast version runs in the unit suite (tests/unit/test_bench_client.py).
+counts match. The fast version runs in the unit suite (tests/unit/bench/test_client.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from kit.bench import client as bench_client  # noqa: E402
 from kit.bench.analysis import Slo, summarize  # noqa: E402
 from tests.support.bench_door import stale_connection_run  # noqa: E402
-from tests.unit.test_standin import LLAMA_8B, model_dir  # noqa: E402
+from tests.support.standin_process import LLAMA_8B, model_dir  # noqa: E402
 
 
 def main() -> int:

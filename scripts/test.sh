@@ -17,7 +17,7 @@ command -v dockerd >/dev/null || missing+=(docker.io)
 command -v docker-compose >/dev/null || missing+=(docker-compose)
 command -v curl >/dev/null || missing+=(curl)
 command -v openssl >/dev/null || missing+=(openssl)   # build.sh: the test ACME server's CA
-command -v ip >/dev/null || missing+=(iproute2)        # tests/e2e/acme.py: pebble's address
+command -v ip >/dev/null || missing+=(iproute2)        # tests/support/acme_ca.py: pebble's address
 if [ ${#missing[@]} -gt 0 ]; then
   echo "test.sh: installing ${missing[*]}"
   apt-get update -q

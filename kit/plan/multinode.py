@@ -4,7 +4,7 @@ vLLM's multiprocessing backend spans nodes by itself (no Ray): every node starts
 with the same model and parallel sizes plus `--nnodes`, its `--node-rank` and the head's
 `--master-addr`/`--master-port`; the workers run `--headless` (no API server), the head serves
 the API once every node has joined. Every flag here is in vLLM 0.33.0's `vllm serve` list
-(tests/unit/test_multinode_core.py checks them against kit/data/vllm-serve-flags-0.33.0.json).
+(tests/unit/plan/test_multinode.py checks them against kit/data/vllm-serve-flags-0.33.0.json).
 """
 
 from dataclasses import dataclass

@@ -1,5 +1,6 @@
-"""tls.mode acme end to end against a real ACME server: Debian's pebble (tests/e2e/acme.py) as
-tls.acme_server and Debian's certbot as the spec's certbot image (tests/images/build.sh).
+"""tls.mode acme end to end against a real ACME server: Debian's pebble
+(tests/support/acme_ca.py) as tls.acme_server and Debian's certbot as the spec's certbot image
+(tests/images/build.sh).
 
 `kit up` on a first deployment: certbot answers HTTP-01 through kit's nginx, the certificate is
 installed, nginx reloads in place, and the gate verifies the chain against pebble's root, which
@@ -7,7 +8,7 @@ only the site trusts (tls.ca_bundle: pebble's root and the CA of its directory's
 certificate, for the gate and for certbot; --ca for the load client). Then a
 renewal under 50 streams, a site re-created with its letsencrypt volume kept, and each way the
 first certificate can fail, provoked for real and named by `kit up` and `kit status` (a rate
-limit by a real rate limiter in front of pebble, which has none: tests/e2e/acme_limiter).
+limit by a real rate limiter in front of pebble, which has none: tests/support/acme_limiter).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ import yaml
 from cryptography import x509
 
 from kit.plan.build import AcmePlan
-from tests.e2e.acme import ACME_ADDRESS, Pebble, RateLimiter, add_acme_address, directory
-from tests.e2e.conftest import pick_free_port, remove_project
-from tests.e2e.stack import DOMAIN, LiveSite, checked, finished, kit, write_spec
+from tests.support.acme_ca import ACME_ADDRESS, Pebble, RateLimiter, add_acme_address, directory
+from tests.support.docker_engine import pick_free_port, remove_project
+from tests.support.live_stack import DOMAIN, LiveSite, checked, finished, kit, write_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -319,7 +320,7 @@ def test_a_rate_limited_first_certificate_is_named_and_retried_without_hammering
         docker_client, test_images, tmp_path) -> None:
     """The common way into Let's Encrypt's limits: a site re-created with its letsencrypt volume
     deleted orders the certificate it already got. The CA here grants one order a minute
-    (tests/e2e/acme_limiter): the first deployment's order is granted, the re-created site's is
+    (tests/support/acme_limiter): the first deployment's order is granted, the re-created site's is
     refused with a real 429, and certbot's next run, at the time `kit status` gives, is granted."""
     add_acme_address()
     http_port = pick_free_port()

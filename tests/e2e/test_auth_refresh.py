@@ -9,11 +9,12 @@ against the failed-login budget. This soak runs across three expiries with the d
 """
 
 import time
+from collections.abc import Iterator
 
 import pytest
 
 from kit.front_door.client import basic_header
-from tests.e2e.stack import LiveSite, finished
+from tests.support.live_stack import LiveSite, finished, running
 
 pytestmark = pytest.mark.e2e
 
@@ -27,12 +28,9 @@ GAP_TOLERANCE_MS = 50
 
 
 @pytest.fixture
-def site(tmp_path, docker_client, test_images, free_port, cleanup_project) -> LiveSite:
-    site = LiveSite.create(tmp_path / "site", docker_client, free_port(), free_port(),
-                       prefix="soak", users=tuple(USERS))
-    cleanup_project(site.name)
-    site.up()
-    return site
+def site(tmp_path, docker_client, test_images) -> Iterator[LiveSite]:
+    with running(tmp_path / "site", docker_client, prefix="soak", users=tuple(USERS)) as site:
+        yield site
 
 
 def test_expiring_verdicts_under_64_streams_fail_nothing_and_check_once(site: LiveSite) -> None:

@@ -15,8 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from kit.front_door.client import basic_header
-from tests.e2e.conftest import pick_free_port, remove_project
-from tests.e2e.stack import LiveSite
+from tests.support.live_stack import LiveSite, running
 
 pytestmark = pytest.mark.e2e
 
@@ -26,13 +25,9 @@ WARM_UP = 3
 
 @pytest.fixture
 def site(tmp_path, docker_client, test_images) -> Iterator[LiveSite]:
-    site = LiveSite.create(tmp_path / "site", docker_client, pick_free_port(), pick_free_port(),
-                           prefix="tim", proxy={"failed_logins_per_ip": 10000})
-    try:
-        site.up()
+    with running(tmp_path / "site", docker_client, prefix="tim",
+                 proxy={"failed_logins_per_ip": 10000}) as site:
         yield site
-    finally:
-        remove_project(docker_client, site.name)
 
 
 def refusal_ms(site: LiveSite, user: str) -> float:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.e2e.stack import SERVICE, LiveSite
+from tests.support.live_stack import SERVICE, LiveSite
 
 pytestmark = pytest.mark.e2e
 

@@ -7,11 +7,12 @@ and removed must get in and then not.
 """
 
 import time
+from collections.abc import Iterator
 
 import pytest
 
 from kit.front_door.client import basic_header
-from tests.e2e.stack import SERVED_NAME, LiveSite, finished, kit
+from tests.support.live_stack import SERVED_NAME, LiveSite, finished, kit, running
 
 pytestmark = pytest.mark.e2e
 
@@ -22,13 +23,11 @@ OLD_REFUSED_WITHIN_S = 1.0
 
 
 @pytest.fixture
-def site(tmp_path, docker_client, test_images, free_port, cleanup_project) -> LiveSite:
+def site(tmp_path, docker_client, test_images) -> Iterator[LiveSite]:
     """A one-service site, up, the stand-in pacing a token every TOKEN_INTERVAL_MS."""
-    site = LiveSite.create(tmp_path / "site", docker_client, free_port(), free_port(),
-                       prefix="cred", env={"STANDIN_TOKEN_INTERVAL_MS": str(TOKEN_INTERVAL_MS)})
-    cleanup_project(site.name)
-    site.up()
-    return site
+    with running(tmp_path / "site", docker_client, prefix="cred",
+                 env={"STANDIN_TOKEN_INTERVAL_MS": str(TOKEN_INTERVAL_MS)}) as site:
+        yield site
 
 
 def test_a_rotation_under_200_streams_drops_none_and_refuses_the_old_password(

@@ -15,7 +15,7 @@ import pytest
 from docker.types import DeviceRequest
 
 from kit.stack.diagnose import diagnose
-from tests.conftest import REPO
+from tests.support.sites import REPO
 
 pytestmark = pytest.mark.e2e
 

@@ -16,8 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from kit.front_door.client import Reply
-from tests.e2e.conftest import pick_free_port, remove_project
-from tests.e2e.stack import DOMAIN, SERVED_NAME, SERVICE, LiveSite
+from tests.support.live_stack import DOMAIN, SERVED_NAME, SERVICE, LiveSite, running
 from tests.support.raw_http import RawReply, exchange, request
 from tests.support.vllm_routes import classify, vllm_routes
 
@@ -30,13 +29,9 @@ PARAMETERS = {"{path}": "x", "{response_id}": "resp_1", "{model}": SERVED_NAME}
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
-    root = tmp_path_factory.mktemp("routes") / "site"
-    site = LiveSite.create(root, docker_client, pick_free_port(), pick_free_port(), prefix="rts")
-    try:
-        site.up()
+    with running(tmp_path_factory.mktemp("routes") / "site", docker_client,
+                 prefix="rts") as site:
         yield site
-    finally:
-        remove_project(docker_client, site.name)
 
 
 @pytest.fixture(scope="module")

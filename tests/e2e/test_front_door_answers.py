@@ -5,10 +5,12 @@ SDKs) parse that shape, so nginx's own refusals (401, 413, 429) use it too. Mode
 compared exactly and case-sensitively, as vLLM compares them.
 """
 
+from collections.abc import Iterator
+
 import pytest
 
 from kit.front_door.client import basic_header
-from tests.e2e.stack import SERVED_NAME, LiveSite
+from tests.support.live_stack import SERVED_NAME, LiveSite, running
 
 pytestmark = pytest.mark.e2e
 
@@ -16,12 +18,10 @@ ERROR_KEYS = ["message", "type", "param", "code"]
 
 
 @pytest.fixture
-def site(tmp_path, docker_client, test_images, free_port, cleanup_project) -> LiveSite:
-    site = LiveSite.create(tmp_path / "site", docker_client, free_port(), free_port(), prefix="ans",
-                       proxy={"max_body": "2k", "rate_limit_per_ip": 30})
-    cleanup_project(site.name)
-    site.up()
-    return site
+def site(tmp_path, docker_client, test_images) -> Iterator[LiveSite]:
+    with running(tmp_path / "site", docker_client, prefix="ans",
+                 proxy={"max_body": "2k", "rate_limit_per_ip": 30}) as site:
+        yield site
 
 
 def error_of(reply, status: int) -> dict:
@@ -76,12 +76,10 @@ def test_models_are_found_by_their_exact_name(site: LiveSite) -> None:
 
 
 @pytest.fixture
-def two_services(tmp_path, docker_client, test_images, free_port, cleanup_project) -> LiveSite:
-    site = LiveSite.create(tmp_path / "site", docker_client, free_port(), free_port(), prefix="two",
-                       more_services={"second": "Second-Chat"})
-    cleanup_project(site.name)
-    site.up()
-    return site
+def two_services(tmp_path, docker_client, test_images) -> Iterator[LiveSite]:
+    with running(tmp_path / "site", docker_client, prefix="two",
+                 more_services={"second": "Second-Chat"}) as site:
+        yield site
 
 
 def test_each_model_is_answered_by_the_service_that_serves_it(two_services: LiveSite) -> None:

@@ -20,8 +20,8 @@ import pytest
 from kit.credentials.material import KEY_PREFIX
 from kit.credentials.tls import new_ca, new_server_cert
 from kit.layout import SiteLayout
-from tests.conftest import LLAMA_8B
-from tests.e2e.stack import kit, reload_nginx
+from tests.support.live_stack import kit, reload_nginx
+from tests.support.sites import LLAMA_8B
 
 pytestmark = pytest.mark.e2e
 

@@ -8,11 +8,12 @@ gateway's streams over one connection are not queued behind an arbitrary 128.
 
 import asyncio
 import time
+from collections.abc import Iterator
 
 import pytest
 
 from kit.front_door.gate import judge_stream, stream_stats
-from tests.e2e.stack import SERVED_NAME, LiveSite
+from tests.support.live_stack import SERVED_NAME, LiveSite, running
 
 pytestmark = pytest.mark.e2e
 
@@ -20,23 +21,18 @@ STREAMS = 256
 TOKENS = 64  # 20 ms a token in the stand-in: every stream is still running when the last starts
 
 
-def live_site(tmp_path, docker_client, free_port, cleanup_project, streams: int) -> LiveSite:
-    site = LiveSite.create(tmp_path / "site", docker_client, free_port(), free_port(),
-                           prefix="h2", max_num_seqs=streams)
-    cleanup_project(site.name)
-    site.up()
-    return site
+@pytest.fixture
+def site(tmp_path, docker_client, test_images) -> Iterator[LiveSite]:
+    with running(tmp_path / "site", docker_client, prefix="h2", max_num_seqs=STREAMS) as site:
+        yield site
 
 
 @pytest.fixture
-def site(tmp_path, docker_client, test_images, free_port, cleanup_project) -> LiveSite:
-    return live_site(tmp_path, docker_client, free_port, cleanup_project, STREAMS)
-
-
-@pytest.fixture
-def gateway_site(tmp_path, docker_client, test_images, free_port, cleanup_project) -> LiveSite:
+def gateway_site(tmp_path, docker_client, test_images) -> Iterator[LiveSite]:
     """A service that carries 512 sequences at once, with kit's default limits."""
-    return live_site(tmp_path, docker_client, free_port, cleanup_project, 2 * STREAMS)
+    with running(tmp_path / "site", docker_client, prefix="h2",
+                 max_num_seqs=2 * STREAMS) as site:
+        yield site
 
 
 async def one_stream(client, credentials: str, tokens: int = TOKENS) -> dict:

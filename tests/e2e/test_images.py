@@ -10,7 +10,7 @@ import time
 import pytest
 from docker.types import DeviceRequest
 
-from tests.e2e.conftest import NGINX_VERSION, NJS_VERSION
+from tests.support.docker_engine import NGINX_VERSION, NJS_VERSION
 
 pytestmark = pytest.mark.e2e
 

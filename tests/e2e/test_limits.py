@@ -5,14 +5,15 @@ this host reaches nginx from the same address, so a test that exhausts one would
 next.
 """
 
+import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from kit.front_door.client import basic_header
-from tests.e2e.stack import SERVED_NAME, SERVICE, LiveSite, finished
+from tests.support.live_stack import SERVED_NAME, SERVICE, LiveSite, finished, running
 
 pytestmark = pytest.mark.e2e
 
@@ -23,18 +24,11 @@ WRONG_PASSWORDS = 20
 
 
 @pytest.fixture
-def make_site(tmp_path, docker_client, test_images, free_port,
-              cleanup_project) -> Callable[..., LiveSite]:
+def make_site(tmp_path, docker_client, test_images) -> Iterator[Callable[..., LiveSite]]:
     """`make_site(**proxy)`: a one-service site with these proxy settings, up."""
-
-    def make(**proxy) -> LiveSite:
-        site = LiveSite.create(tmp_path / "site", docker_client, free_port(), free_port(),
-                           prefix="lim", proxy=proxy)
-        cleanup_project(site.name)
-        site.up()
-        return site
-
-    return make
+    with contextlib.ExitStack() as sites:
+        yield lambda **proxy: sites.enter_context(
+            running(tmp_path / "site", docker_client, prefix="lim", proxy=proxy))
 
 
 def chat_body(size: int) -> dict:

@@ -9,7 +9,6 @@ worker stops the head with a log kit.stack.diagnose explains.
 
 from __future__ import annotations
 
-import json
 import secrets
 import subprocess
 import time
@@ -18,10 +17,9 @@ from pathlib import Path
 import pytest
 
 from kit.stack.diagnose import diagnose
-from tests.conftest import LLAMA_8B
-from tests.e2e.conftest import PROJECT_LABEL, remove_project
-from tests.e2e.stack import DOMAIN, SERVICE, kit, write_spec
-from tests.unit.test_render_configs import COMPOSE_V2
+from tests.support.compose import COMPOSE_V2
+from tests.support.docker_engine import PROJECT_LABEL, remove_project
+from tests.support.live_stack import kit, write_multinode_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -44,23 +42,6 @@ def node_addresses() -> str:
         yield INTERFACE
     finally:
         subprocess.run(["ip", "link", "del", INTERFACE], check=False)
-
-
-def write_multinode_spec(spec: Path, models: Path, site: str, free_port, **service) -> None:
-    """A site whose service `big` runs the stand-in over the given nodes (1 GPU each);
-    `models` holds its config.json (the same path on every node: the hosts share a disk)."""
-    (models / SERVICE).mkdir(parents=True)
-    (models / SERVICE / "config.json").write_text(json.dumps(LLAMA_8B))
-    write_spec(spec, {
-        "site": site, "domain": DOMAIN, "models_root": str(models), "healthcheck_interval": 1,
-        "auth": {"users": ["ops"], "api_keys": True},
-        "proxy": {"bind": "127.0.0.1", "https_port": free_port(), "http_port": free_port()},
-        "services": [{
-            "name": "big", "model": SERVICE, "served_name": "big-chat", "gpus": [0],
-            "tensor_parallel": 1, "pipeline_parallel": 2, "max_model_len": 4096, **service,
-            "env": {"STANDIN_LOAD_SECONDS": "1", "STANDIN_JOIN_TIMEOUT_S": "120"},
-        }],
-    })
 
 
 def compose(project: str, file: str, *args: str, cwd: Path) -> subprocess.Popen:

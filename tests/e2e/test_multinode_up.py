@@ -1,11 +1,11 @@
 """`kit up` of a multi-node service over two real engines in two network namespaces.
 
 The head runs on this namespace's engine (host networking on its end of a veth pair), the worker
-on a second host (tests/e2e/remote_host.py: its own namespace, dockerd and sshd), reached only as
-the node's `engine: ssh://…`. With the vLLM stand-in: kit's preflight proves the master port from
-the worker's network, the head becomes ready only after the worker joined, the gate passes
-through the head's front door, a killed worker is diagnosed by `kit status`, the next `kit up`
-brings the service back, and `kit down` removes the containers on both engines.
+on a second host (tests/support/remote_host.py: its own namespace, dockerd and sshd), reached
+only as the node's `engine: ssh://…`. With the vLLM stand-in: kit's preflight proves the master
+port from the worker's network, the head becomes ready only after the worker joined, the gate
+passes through the head's front door, a killed worker is diagnosed by `kit status`, the next
+`kit up` brings the service back, and `kit down` removes the containers on both engines.
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import PROJECT_LABEL, remove_project
-from tests.e2e.remote_host import LOCAL_IP, REMOTE_IP, RemoteHost, remote_host
-from tests.e2e.stack import kit
-from tests.e2e.test_multinode import write_multinode_spec
+from tests.support.docker_engine import PROJECT_LABEL, remove_project
+from tests.support.live_stack import kit, write_multinode_spec
+from tests.support.remote_host import LOCAL_IP, REMOTE_IP, RemoteHost, remote_host
 
 pytestmark = pytest.mark.e2e
 

@@ -28,8 +28,8 @@ from kit.engine.desired import (
     VERIFIER_SERVICE,
 )
 from kit.plan.build import VERIFIER_PORT
-from tests.e2e.conftest import pick_free_port, remove_project
-from tests.e2e.stack import (
+from tests.support.docker_engine import pick_free_port, remove_project
+from tests.support.live_stack import (
     SERVICE,
     UNREACHABLE,
     LiveSite,

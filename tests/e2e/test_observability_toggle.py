@@ -13,9 +13,8 @@ import yaml
 
 from kit.engine.desired import GRAFANA_SERVICE, PROMETHEUS_SERVICE
 from kit.spec.replicas import compose_names
-from tests.e2e import stack
-from tests.e2e.conftest import pick_free_port, remove_project
-from tests.e2e.stack import SERVICE, LiveSite
+from tests.support import live_stack
+from tests.support.live_stack import SERVICE, LiveSite
 
 pytestmark = pytest.mark.e2e
 
@@ -25,24 +24,19 @@ REPLICAS = compose_names(SERVICE, 2)
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
-    root = tmp_path_factory.mktemp("toggle") / "site"
-    site = LiveSite.create(
-        root, docker_client, pick_free_port(), pick_free_port(), prefix="tog",
+    with live_stack.running(
+        tmp_path_factory.mktemp("toggle") / "site", docker_client, prefix="tog",
         proxy={"rate_limit_per_ip": 100000, "rate_limit_per_credential": 100000},
         overrides={SERVICE: {"gpus": [0, 1], "tensor_parallel": 1,
                              "gpu_memory_utilization": 0.9}},
-    )
-    try:
-        site.up()
+    ) as site:
         yield site
-    finally:
-        remove_project(docker_client, site.name)
 
 
 def turn(site: LiveSite, enabled: bool) -> None:
     spec = yaml.safe_load(site.spec_path.read_text())
     spec["observability"] = {"enabled": enabled, "scrape_interval": 1}
-    stack.write_spec(site.spec_path, spec)
+    live_stack.write_spec(site.spec_path, spec)
 
 
 def test_observability_on_and_off_under_64_streams_drops_none(site: LiveSite) -> None:
@@ -50,7 +44,7 @@ def test_observability_on_and_off_under_64_streams_drops_none(site: LiveSite) ->
     for enabled in (True, False):
         turn(site, enabled)
         result, requests, failed = site.up_under_load(STREAMS)
-        stack.checked(result)
+        live_stack.checked(result)
         said = result.stdout
         print(f"observability {'on' if enabled else 'off'}: {requests} streams, "
               f"failed {failed or 0}")
@@ -63,19 +57,20 @@ def test_observability_on_and_off_under_64_streams_drops_none(site: LiveSite) ->
             assert not [line for line in actions if replica in line], said
         if enabled:
             def every_target_up() -> bool:
-                targets = stack.query(site, "/api/v1/targets")["activeTargets"]
+                targets = live_stack.query(site, "/api/v1/targets")["activeTargets"]
                 return len(targets) == 2 + len(REPLICAS) and all(
                     t["health"] == "up" for t in targets)
 
-            stack.wait_for("every target up", every_target_up, 30)
-            scraped = sorted(t["labels"]["instance"] for t in stack.query(
+            live_stack.wait_for("every target up", every_target_up, 30)
+            scraped = sorted(t["labels"]["instance"] for t in live_stack.query(
                 site, "/api/v1/targets")["activeTargets"] if t["labels"]["job"] == "vllm")
             assert scraped == sorted(REPLICAS)
             for replica in REPLICAS:
                 for url in (f"http://{GRAFANA_SERVICE}:3000/grafana/api/user",
                             f"http://{PROMETHEUS_SERVICE}:9090/api/v1/targets"):
-                    code, answered = stack.curl(site.container(replica), url, "X-Kit-User: admin")
-                    assert code in stack.UNREACHABLE, f"{replica}: {url} answered {answered}"
+                    code, answered = live_stack.curl(site.container(replica), url,
+                                                     "X-Kit-User: admin")
+                    assert code in live_stack.UNREACHABLE, f"{replica}: {url} answered {answered}"
         else:
             services = {c.labels.get("com.docker.compose.service") for c in
                         site.client.containers.list(all=True, filters={

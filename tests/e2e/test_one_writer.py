@@ -13,8 +13,8 @@ import time
 import pytest
 import yaml
 
-from tests.e2e.conftest import pick_free_port, remove_project
-from tests.e2e.stack import SERVICE, LiveSite, finished, write_spec
+from tests.support.docker_engine import pick_free_port, remove_project
+from tests.support.live_stack import SERVICE, LiveSite, finished, write_spec
 
 pytestmark = pytest.mark.e2e
 

@@ -1,7 +1,7 @@
 """A site on a second host, driven from a working folder that host cannot see, over ssh:// only.
 
-One remote host (tests/e2e/remote_host.py: its own namespace, dockerd and sshd) serves every test
-of this module. The refusals are provoked for real (no known_hosts entry, a wrong host key, no
+One remote host (tests/support/remote_host.py: its own namespace, dockerd and sshd) serves every
+test of this module. The refusals are provoked for real (no known_hosts entry, a wrong host key, no
 client key, sshd stopped); then `kit up` brings the stack up there and the gate passes through
 its front door, a password rotation under running streams drops none, a fleet of two servers
 (this machine's engine and the remote one) is one status table within 5 s and names the remote
@@ -21,15 +21,7 @@ import pytest
 import yaml
 
 from kit.front_door.client import basic_header
-from tests.conftest import LLAMA_8B
-from tests.e2e.remote_host import (
-    REMOTE_IP,
-    SSH_PORT,
-    RemoteHost,
-    remote_host,
-    write_sshd_config,
-)
-from tests.e2e.stack import (
+from tests.support.live_stack import (
     LOADGEN,
     SERVED_NAME,
     SERVICE,
@@ -39,6 +31,14 @@ from tests.e2e.stack import (
     kit,
     write_spec,
 )
+from tests.support.remote_host import (
+    REMOTE_IP,
+    SSH_PORT,
+    RemoteHost,
+    remote_host,
+    write_sshd_config,
+)
+from tests.support.sites import LLAMA_8B
 
 pytestmark = pytest.mark.e2e
 

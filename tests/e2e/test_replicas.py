@@ -24,14 +24,14 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from tests.e2e.conftest import pick_free_port, remove_project
-from tests.e2e.stack import (
+from tests.support.live_stack import (
     DOMAIN,
     SERVED_NAME,
     SERVICE,
     LiveSite,
     checked,
     finished,
+    running,
     write_spec,
 )
 
@@ -46,9 +46,8 @@ METRIC = re.compile(r"^(vllm:[a-z_]+)\{[^}]*\} ([0-9.e+-]+)$", re.MULTILINE)
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
-    root = tmp_path_factory.mktemp("replicas") / "site"
-    site = LiveSite.create(
-        root, docker_client, pick_free_port(), pick_free_port(), prefix="rep",
+    with running(
+        tmp_path_factory.mktemp("replicas") / "site", docker_client, prefix="rep",
         more_services={SECOND: SECOND_SERVED},
         proxy={"rate_limit_per_ip": 100000, "rate_limit_per_credential": 100000},
         overrides={
@@ -57,12 +56,8 @@ def site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
             SECOND: {"gpus": [4, 5, 6, 7], "tensor_parallel": 2, "replicas": 2,
                      "gpu_memory_utilization": 0.9, "routing": {"affinity": "prefix"}},
         },
-    )
-    try:
-        site.up()
+    ) as site:
         yield site
-    finally:
-        remove_project(docker_client, site.name)
 
 
 def post(site: LiveSite, body: dict, headers: dict[str, str] | None = None) -> tuple[int, dict]:

@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from tests.e2e.stack import LiveSite, write_spec
+from tests.support.live_stack import LiveSite, write_spec
 
 pytestmark = pytest.mark.e2e
 

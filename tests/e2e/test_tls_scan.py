@@ -6,6 +6,8 @@ HSTS for at least a year. A second test weakens the running config by hand and c
 same judgement names each weakness, so the first one cannot pass by seeing nothing.
 """
 
+from collections.abc import Iterator
+
 import pytest
 from sslyze import (
     ScanCommand,
@@ -17,7 +19,7 @@ from sslyze import (
     ServerScanStatusEnum,
 )
 
-from tests.e2e.stack import DOMAIN, LiveSite
+from tests.support.live_stack import DOMAIN, LiveSite, running
 
 pytestmark = pytest.mark.e2e
 
@@ -34,11 +36,9 @@ HSTS_MIN_AGE_S = 365 * 24 * 3600
 
 
 @pytest.fixture
-def site(tmp_path, docker_client, test_images, free_port, cleanup_project) -> LiveSite:
-    site = LiveSite.create(tmp_path / "site", docker_client, free_port(), free_port(), prefix="tls")
-    cleanup_project(site.name)
-    site.up()
-    return site
+def site(tmp_path, docker_client, test_images) -> Iterator[LiveSite]:
+    with running(tmp_path / "site", docker_client, prefix="tls") as site:
+        yield site
 
 
 def scan(site: LiveSite) -> ServerScanResult:

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import PROJECT_LABEL, REPO
+from tests.support.docker_engine import PROJECT_LABEL
 from tests.support.readme import shell_blocks
+from tests.support.sites import REPO
 
 pytestmark = pytest.mark.e2e
 

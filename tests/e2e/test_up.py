@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from kit.cli import cli
 from kit.engine.desired import CONFIG_HASH_LABEL, PROJECT_LABEL, SERVICE_LABEL, load_desired
 from kit.layout import SiteLayout
-from tests.e2e.stack import kill_port_forwarder, kit, write_spec
+from tests.support.live_stack import kill_port_forwarder, kit, write_spec
 
 pytestmark = pytest.mark.e2e
 

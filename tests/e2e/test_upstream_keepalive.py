@@ -13,10 +13,11 @@ import os
 import re
 import signal
 import time
+from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.stack import SERVICE, LiveSite, finished, nginx_workers
+from tests.support.live_stack import SERVICE, LiveSite, finished, nginx_workers, running
 
 pytestmark = pytest.mark.e2e
 
@@ -28,12 +29,10 @@ RETRIED = re.compile(r"urt=[\d.]+, [\d.]+")  # two upstream attempts in one acce
 
 
 @pytest.fixture
-def site(tmp_path, docker_client, test_images, free_port, cleanup_project) -> LiveSite:
-    site = LiveSite.create(tmp_path / "site", docker_client, free_port(), free_port(), prefix="ka",
-                       env={"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(IDLE_CLOSE_S)})
-    cleanup_project(site.name)
-    site.up()
-    return site
+def site(tmp_path, docker_client, test_images) -> Iterator[LiveSite]:
+    with running(tmp_path / "site", docker_client, prefix="ka",
+                 env={"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(IDLE_CLOSE_S)}) as site:
+        yield site
 
 
 def frozen_nginx_run(site: LiveSite) -> tuple[dict, str]:

@@ -21,7 +21,7 @@
 #    nginx:1.27-alpine (njs 0.8) -- as kit-test/nginx:1.26, tagged with every --nginx-tag (default
 #    nginx:1.27-alpine); and Debian 12's nginx 1.22 + njs 0.7.9 as kit-test/nginx:1.22 (kit's front
 #    door needs nginx >= 1.25.1, docs/compatibility.md: this one only runs the ACME tests' own
-#    rate limiter, tests/e2e/acme_limiter).
+#    rate limiter, tests/support/acme_limiter).
 # 4. Debian's Prometheus (tests/images/prometheus.sh unpacks the package) tagged
 #    prom/prometheus:v3.5.0 and kit-test/prometheus:debian; a Grafana STAND-IN (NOT Grafana,
 #    tests/images/grafana-standin) tagged grafana/grafana:12.1.1 and
@@ -44,7 +44,7 @@ SUITE="bookworm"
 PACKAGES="python3,curl,ca-certificates,nginx-light,libnginx-mod-http-js"
 LABEL="kit.test.inputs"
 ACME_PACKAGES="pebble,certbot,ca-certificates"
-ACME_TEST_ADDRESS="10.77.0.1" # where tests/e2e/test_acme.py puts pebble (tests/e2e/acme.py)
+ACME_TEST_ADDRESS="10.77.0.1" # where tests/e2e/test_acme.py puts pebble (tests/support/acme_ca.py)
 STANDIN_PACKAGES="$PACKAGES,python3-uvloop"
 
 # Official-image layout on top of Debian's nginx (run inside mmdebstrap on the new root "$1").

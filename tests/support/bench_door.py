@@ -12,7 +12,7 @@ from pathlib import Path
 
 from kit.bench.client import Endpoint, Load, StepRecord, run_step
 from kit.bench.run import parse_gauges, prompt_text
-from tests.unit.test_standin import serving
+from tests.support.standin_process import serving
 
 # the stand-in's chat template around one user message: <s> <|start|> user <|sep|> … <|end|>
 # <|start|> assistant <|sep|>, plus the request number kit puts in front of the prompt

@@ -5,6 +5,10 @@ KitError where the real adapter raises one, so the executor, the health wait, th
 reload and the credential change run unmodified against it. Tests script what a real engine
 would do on its own (a container exiting, health changing, nginx refusing a reload) and read
 `calls`, the order in which kit asked for things.
+
+The one family of engine fakes: FakeEngine, and for what a test needs the engine to do on its
+own, HealthyEngine (healthy at start), ReplicaEngine (each replica's vLLM answering kit's direct
+check), NodeEngine (one server of a multi-node service) and ExecOnlyEngine (exec answers alone).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import copy
 import io
 import itertools
+import json
 import shutil
 import subprocess
 import tarfile
@@ -25,6 +30,7 @@ from pathlib import Path
 from kit.engine.desired import ContainerConfig, GpuRequest, Mount, NetworkState, VolumeState
 from kit.engine.door_ports import PortProblem
 from kit.errors import KitError
+from kit.front_door.replica_check import CURL
 
 NGINX_WORKER = "nginx: worker process"
 
@@ -62,6 +68,9 @@ class FakeEngine:
         # host port → why it does not answer (the engine's forwarder died); others answer
         self.dead_ports: dict[int, PortProblem] = {}
         self.knocked: list[tuple[str, int, str | None]] = []  # (address, port, TLS name)
+        # host port → containers this engine runs outside any stack the test made (another
+        # project's nginx): named by `publishers` along with the running containers here
+        self.other_publishers: dict[int, list[str]] = {}
         self._failures: dict[str, KitError] = {}
         self._local = local
         self._containers: dict[str, _Container] = {}
@@ -126,7 +135,7 @@ class FakeEngine:
 
     def publishers(self, host_port: int) -> list[str]:
         self._call("publishers", str(host_port))
-        return [
+        return list(self.other_publishers.get(host_port, ())) + [
             c.attrs["Name"].lstrip("/") for c in self._containers.values()
             if c.attrs["State"]["Running"] and any(
                 binding["HostPort"] == str(host_port)
@@ -247,8 +256,7 @@ class FakeEngine:
     def exec(self, container_id: str, argv: list[str]) -> tuple[int, str]:
         self._call("exec", " ".join(argv))
         self._running(container_id, f"running {argv[0]} in container")
-        results = self.exec_results.get(tuple(argv), [(0, "")])
-        return results.pop(0) if len(results) > 1 else results[0]
+        return self._scripted_exec(argv)
 
     def signal(self, container_id: str, signal: str) -> None:
         self._call("signal", signal)
@@ -345,6 +353,11 @@ class FakeEngine:
 
     # ----------------------------------------------------------------- internals
 
+    def _scripted_exec(self, argv: list[str]) -> tuple[int, str]:
+        """exec_results' next answer for argv (the last one repeats); (0, "") unscripted."""
+        results = self.exec_results.get(tuple(argv), [(0, "")])
+        return results.pop(0) if len(results) > 1 else results[0]
+
     def _call(self, method: str, about: str) -> None:
         self.calls.append((method, about))
         if method in self._failures:
@@ -395,3 +408,84 @@ def _device_request(gpu: GpuRequest) -> dict:
 def _api_error(doing: str, text: str) -> KitError:
     """What kit.engine.docker_api.explain makes of an engine error it has no special words for."""
     return KitError(f"Docker engine: {doing} failed: {text}")
+
+
+SERVED_IMAGES = ("vllm/vllm-openai:v0.33.0", "nginx:1.27-alpine")  # the spec's defaults
+
+
+class HealthyEngine(FakeEngine):
+    """Every container with a healthcheck reports healthy as soon as it starts."""
+
+    def start(self, container_id: str) -> None:
+        super().start(container_id)
+        if self.inspect(container_id)["State"].get("Health"):
+            self.set_health(container_id, "healthy")
+
+
+def engine_with_images() -> HealthyEngine:
+    """A remote HealthyEngine (no host bind or port checks) holding the spec's default images."""
+    engine = HealthyEngine(local=False)
+    for image in SERVED_IMAGES:
+        engine.images[image] = f"sha256:{len(engine.images)}"
+    return engine
+
+
+class ReplicaEngine(HealthyEngine):
+    """Containers healthy at start; each replica's vLLM answers the direct check as scripted."""
+
+    def __init__(self, answers: dict[str, tuple[int, str]]) -> None:
+        super().__init__(local=False)
+        self.answers = answers  # container name → (exit code, curl's output) for a completion
+        for image in SERVED_IMAGES:
+            self.images[image] = f"sha256:{len(self.images)}"
+
+    def exec(self, container_id: str, argv: list[str]) -> tuple[int, str]:
+        if argv[:3] != ["sh", "-c", CURL]:
+            return super().exec(container_id, argv)
+        self._call("exec", argv[4])
+        if argv[4].endswith("/health"):
+            return 0, "\n200"
+        if argv[4].endswith("/metrics"):  # nothing running or waiting: drained at once
+            idle = 'vllm:num_requests_running{m="x"} 0.0\nvllm:num_requests_waiting{m="x"} 0.0'
+            return 0, idle + "\n200"
+        name = self.inspect(container_id)["Name"].lstrip("/")
+        one_token = json.dumps({"usage": {"completion_tokens": 1}}) + "\n200"
+        return self.answers.get(name, (0, one_token))
+
+
+class NodeEngine(FakeEngine):
+    """A server's engine under a multi-node service: vLLM on the head (container `head`) turns
+    healthy only once the worker's container runs on the worker's engine (vLLM serves after
+    every node joined), every other container with a healthcheck at once."""
+
+    def __init__(self, images: dict[str, str], *, head: str, worker_container: str,
+                 worker: NodeEngine | None = None) -> None:
+        super().__init__(images, local=False)
+        self.head, self.worker_container, self.worker = head, worker_container, worker
+
+    def start(self, container_id: str) -> None:
+        super().start(container_id)
+        head = self.inspect(container_id)["Name"] == f"/{self.head}"
+        if self.inspect(container_id)["State"].get("Health") and not (
+                head and not (self.worker and self.worker_container in self.worker.running())):
+            self.set_health(container_id, "healthy")
+
+    def running(self) -> list[str]:
+        return [c["Name"].lstrip("/") for c in self.containers([]) if c["State"]["Running"]]
+
+
+class ExecOnlyEngine(FakeEngine):
+    """An engine read through exec alone (kit status's live figures ask Prometheus so): exec in
+    one of `containers` answers from exec_results without a container made; others do not
+    exist."""
+
+    def __init__(self, *containers: str) -> None:
+        super().__init__()
+        self.exec_containers = set(containers)
+
+    def exec(self, container_id: str, argv: list[str]) -> tuple[int, str]:
+        self._call("exec", " ".join(argv))
+        if container_id not in self.exec_containers:
+            raise _api_error(f"running {argv[0]} in container {container_id}",
+                             f"No such container: {container_id}")
+        return self._scripted_exec(argv)

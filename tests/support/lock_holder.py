@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from kit.site_lock import site_lock
-from tests.conftest import REPO
+from tests.support.sites import REPO
 
 
 def start_holder(root: Path, verb: str, seconds: float,

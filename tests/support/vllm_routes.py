@@ -2,7 +2,7 @@
 each route: the unit test checks the classification, the e2e test sends every route."""
 
 from kit.names import DOOR_ROUTES, OPENAI_ROUTES, REFUSED_ROUTES
-from tests.conftest import REPO
+from tests.support.sites import REPO
 
 VLLM_ROUTES = REPO / "tests" / "standin" / "vllm-0.33.0-routes.txt"
 

@@ -11,9 +11,10 @@ import pytest
 from kit import names
 from kit.errors import BadInput, ExitCode
 from kit.site import Site
-from tests.conftest import tree
 from tests.support.cli import run_kit
-from tests.unit.test_remote_files import engine_with_images, remote_site, up
+from tests.support.fake_engine import engine_with_images
+from tests.support.fake_stack import remote_site, up
+from tests.support.sites import tree
 
 
 @pytest.mark.parametrize("path", [
@@ -123,7 +124,7 @@ def test_the_remote_engines_host_is_asked_what_the_folder_holds(tmp_path: Path, 
             path.mkdir()
         else:
             path.write_text("x")
-    engine = engine_with_images(site)
+    engine = engine_with_images()
     engine.run_helpers = True
     try:
         with pytest.raises(BadInput) as refused:
@@ -139,7 +140,7 @@ def test_the_remote_engines_host_is_asked_what_the_folder_holds(tmp_path: Path, 
 
 def test_a_plain_models_folder_passes_the_remote_check(tmp_path: Path):
     site = remote_site(tmp_path)
-    engine = engine_with_images(site)
+    engine = engine_with_images()
     engine.run_helpers = True
     up(site, engine)
     checks = [about for method, about in engine.calls if method == "helper_start"]

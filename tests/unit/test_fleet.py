@@ -10,7 +10,7 @@ import pytest
 from kit.errors import BadInput, ExitCode
 from kit.fleet import fleet_specs
 from tests.support.cli import run_kit
-from tests.unit.test_desired import write_site
+from tests.support.sites import write_site
 
 NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}
 

@@ -12,7 +12,7 @@ import zipfile
 from pathlib import Path
 
 from kit.names import DOOR_ROUTES, OPENAI_ROUTES, REFUSED_ROUTES
-from tests.conftest import REPO
+from tests.support.sites import REPO
 from tests.support.vllm_routes import classify, vllm_routes
 
 SCRIPT = REPO / "scripts" / "gen_vllm_routes.py"

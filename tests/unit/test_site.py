@@ -7,7 +7,7 @@ import pytest
 from kit.errors import KitError
 from kit.site import Site
 from kit.spec import load as spec_module
-from tests.unit.test_desired import write_site
+from tests.support.sites import write_site
 
 
 def test_the_desired_state_is_read_on_first_use_and_kept(tmp_path: Path) -> None:

@@ -11,9 +11,9 @@ import pytest
 
 from kit.errors import KitError
 from kit.site_lock import site_lock, stack_key
-from tests.conftest import tree
 from tests.support.cli import run_kit
 from tests.support.lock_holder import start_holder
+from tests.support.sites import tree
 
 ENGINE = "unix:///run/test-engine.sock"
 

@@ -10,8 +10,8 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tests.conftest import REPO
 from tests.support.readme import shell_blocks
+from tests.support.sites import REPO
 
 DOCKERD = REPO / "scripts" / "dockerd.sh"
 TRY = REPO / "scripts" / "try-without-gpu.sh"

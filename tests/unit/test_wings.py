@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.support.sites import REPO
 
 KIT = REPO / "kit"
 # The wings, lowest first. A wing imports only wings before it (and itself); wings on one rank

@@ -1,0 +1,25 @@
+"""Docker Compose as the unit tests run it on rendered files: the binaries installed here (v1
+and the pinned v2, scripts/test.sh installs both) and the backend services of a site."""
+
+import shutil
+from pathlib import Path
+
+import yaml
+
+from kit.engine.desired import VERIFIER_SERVICE
+
+COMPOSE_V2 = Path("/usr/local/lib/kit-test/docker-compose-v2")
+
+
+def compose_binaries() -> list[list[str]]:
+    found = []
+    if shutil.which("docker-compose"):
+        found.append(["docker-compose"])
+    if COMPOSE_V2.exists():
+        found.append([str(COMPOSE_V2)])
+    return found
+
+
+def services_of(folder: Path) -> list[str]:
+    compose = yaml.safe_load((folder / "compose" / "docker-compose.yml").read_text())
+    return [name for name in compose["services"] if name not in {"nginx", VERIFIER_SERVICE}]

@@ -1,0 +1,19 @@
+"""The render wing's tools: Debian's promtool, for the rendered Prometheus files."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support.sites import REPO
+
+PROMETHEUS_SH = REPO / "tests" / "images" / "prometheus.sh"
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    """Debian's promtool (unpacked by tests/images/prometheus.sh, as the test image's is)."""
+    result = subprocess.run(["bash", str(PROMETHEUS_SH)], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    return str(Path(result.stdout.strip()) / "usr" / "bin" / "promtool")

@@ -1,0 +1,465 @@
+"""kit export k8s: golden manifests, strict schema validation for Kubernetes 1.33-1.37, the
+LeaderWorkerSet against its published layout, the front door's config under real nginx, names,
+and the command's writes. Regenerate the golden files with
+`python3 -m tests.unit.render.test_k8s`."""
+
+import base64
+import dataclasses
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from kit.errors import BadInput
+from kit.layout import SiteLayout
+from kit.plan.build import Plan, build_plan
+from kit.plan.host import load_spec
+from kit.render.k8s import Credentials, cannot_do, export, replica_count, shutdown_timeout
+from kit.spec.vllm_flags import flag_table
+from tests.support import nginx_ns
+from tests.support.cli import run_kit
+from tests.support.sites import REPO, tree
+
+DATA = REPO / "tests" / "data" / "k8s"
+VERSIONS = ["1.33.0", "1.34.0", "1.35.0", "1.36.0", "1.37.0"]
+# Fixed credential files, so the golden Secrets do not change from run to run.
+CREDENTIALS = Credentials(
+    htpasswd=b"ops:$2b$12$abcdefghijklmnopqrstuu5l9GQ5LkZ2WbZLc3Ed8bYqv7jA0nBS6\n",
+    keys_map=b'    "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0" "ci";\n',
+    auth_state=b"map $host $kit_auth_epoch { default \"1\"; }\n",
+    server_crt=b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+    server_key=b"-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n",
+)
+
+
+def _plan(spec: Path) -> Plan:
+    return build_plan(load_spec(spec))
+
+
+CASES = {
+    "example": lambda: _plan(REPO / "site.yaml"),
+    "multi-replica": lambda: _plan(DATA / "multi-replica" / "site.yaml"),
+    "multi-model": lambda: _plan(DATA / "multi-model" / "site.yaml"),
+    "multi-node": lambda: _plan(DATA / "multi-node" / "site.yaml"),
+}
+
+
+def _export(case: str) -> dict[str, bytes]:
+    plan = CASES[case]()
+    namespace = "llm" if case == "multi-node" else plan.site
+    result = export(plan, CREDENTIALS, namespace=namespace, service_type=_service_type(case),
+                    spec_name="site.yaml")
+    return {str(output.path): output.content for output in result.files}
+
+
+def _service_type(case: str) -> str:
+    spec = REPO / "site.yaml" if case == "example" else DATA / case / "site.yaml"
+    return load_spec(spec).kubernetes.service_type
+
+
+def _objects(files: dict[str, bytes]) -> list[dict]:
+    return [obj for content in files.values() for obj in yaml.safe_load_all(content) if obj]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_golden_manifests(case: str) -> None:
+    files = _export(case)
+    folder = DATA / case / "expected"
+    assert sorted(files) == sorted(p.name for p in folder.iterdir())
+    for name, content in files.items():
+        assert content == (folder / name).read_bytes(), (
+            f"{case}/{name} drifted: check the change, then "
+            "`python3 -m tests.unit.render.test_k8s`")
+
+
+def test_the_installed_validator_bundles_kubernetes_1_33_to_1_37() -> None:
+    from kubernetes_validate.utils import all_versions
+
+    assert set(VERSIONS) <= set(all_versions())
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_manifest_passes_strict_validation(tmp_path: Path, version: str) -> None:
+    paths = []
+    for case in CASES:
+        for name, content in _export(case).items():
+            path = tmp_path / f"{case}-{name}"
+            path.write_bytes(content)
+            paths.append(str(path))
+    result = subprocess.run(
+        [sys.executable, "-m", "kubernetes_validate", "--strict", "-k", version, *paths],
+        capture_output=True, text=True, check=False,
+    )
+    lines = result.stdout.splitlines()
+    assert result.returncode == 0 and not [line for line in lines if "ERROR" in line], result.stdout
+    passed = [line for line in lines if line.startswith("INFO")]
+    skipped = [line for line in lines if line.startswith("WARN")]
+    assert len(passed) >= 60
+    # The one kind without a bundled schema: checked by test_leader_worker_set_layout.
+    assert skipped and all("LeaderWorkerSet" in line for line in skipped), skipped
+
+
+def test_strict_validation_catches_a_field_kubernetes_does_not_know(tmp_path: Path) -> None:
+    """The check above can fail: the same validator refuses an unknown key."""
+    content = _export("example")["service-llama8b.yaml"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(content.replace(b"maxSurge: 0", b"maxSurge: 0\n      maxSurplus: 1"))
+    result = subprocess.run([sys.executable, "-m", "kubernetes_validate", "--strict", "-k",
+                             VERSIONS[0], str(bad)], capture_output=True, text=True, check=False)
+    assert result.returncode == 1 and "maxSurplus" in result.stdout
+
+
+# LeaderWorkerSet leaderworkerset.x-k8s.io/v1, as published in kubernetes-sigs/lws
+# (config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml): the spec's fields, types
+# and enums; its two pod templates are core PodTemplateSpecs (checked with the bundled schema).
+POD_TEMPLATE = {"$ref": "https://kubernetes.io/api/podtemplatespec/v1"}
+LWS_SPEC = {
+    "type": "object", "additionalProperties": False, "required": ["leaderWorkerTemplate"],
+    "properties": {
+        "replicas": {"type": "integer"},
+        "startupPolicy": {"enum": ["LeaderCreated", "LeaderReady"]},
+        "networkConfig": {"type": "object", "additionalProperties": False,
+                          "required": ["subdomainPolicy"],
+                          "properties": {"subdomainPolicy": {"enum": ["Shared",
+                                                                      "UniquePerReplica"]}}},
+        "rolloutStrategy": {
+            "type": "object", "additionalProperties": False, "required": ["type"],
+            "properties": {
+                "type": {"enum": ["RollingUpdate"]},
+                "rollingUpdateConfiguration": {
+                    "type": "object", "additionalProperties": False,
+                    "properties": {"maxSurge": {"type": ["integer", "string"]},
+                                   "maxUnavailable": {"type": ["integer", "string"]},
+                                   "partition": {"type": "integer"}}},
+            },
+        },
+        "leaderWorkerTemplate": {
+            "type": "object", "additionalProperties": False, "required": ["workerTemplate"],
+            "properties": {
+                "size": {"type": "integer", "minimum": 1},
+                "restartPolicy": {"enum": ["Default", "RecreateGroupOnPodRestart",
+                                           "RecreateGroupAfterStart", "None"]},
+                "leaderTemplate": POD_TEMPLATE,
+                "workerTemplate": POD_TEMPLATE,
+                "subGroupPolicy": {"type": "object"},
+                "volumeClaimTemplates": {"type": "array"},
+                "persistentVolumeClaimRetentionPolicy": {"type": "object"},
+            },
+        },
+    },
+}
+
+
+def _lws_validator() -> jsonschema.Draft202012Validator:
+    """The layout above, with PodTemplateSpec from kubernetes-validate's strict 1.33 schemas."""
+    from kubernetes_validate.utils import schema_contents
+    from referencing import Registry, Resource
+
+    folder = "kubernetes-json-schema/v1.33.0-local-strict"
+    pod_template = schema_contents(f"{folder}/podtemplatespec-v1.json", "1.33.0")
+    definitions = schema_contents(f"{folder}/_definitions.json", "1.33.0")
+    registry = Resource.from_contents(pod_template) @ Registry()
+    registry = Resource.from_contents(definitions) @ registry
+    schema = {
+        "$id": "https://kubernetes.io/api/leaderworkerset/v1",
+        "type": "object", "additionalProperties": False,
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {"apiVersion": {"const": "leaderworkerset.x-k8s.io/v1"},
+                       "kind": {"const": "LeaderWorkerSet"}, "metadata": {"type": "object"},
+                       "spec": LWS_SPEC},
+    }
+    return jsonschema.Draft202012Validator(schema, registry=registry)
+
+
+def _lws() -> dict:
+    return next(obj for obj in _objects(_export("multi-node")) if obj["kind"] == "LeaderWorkerSet")
+
+
+def test_leader_worker_set_layout() -> None:
+    validator = _lws_validator()
+    lws = _lws()
+    assert list(validator.iter_errors(lws)) == []
+    template = lws["spec"]["leaderWorkerTemplate"]
+    assert template["size"] == 2 and lws["spec"]["replicas"] == 1
+    # The check can fail: a misplaced field and a wrong container field are both caught.
+    broken = yaml.safe_load(yaml.safe_dump(lws))
+    broken["spec"]["leaderWorkerTemplate"]["startupPolicy"] = "LeaderCreated"
+    broken["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["gpus"] = 8
+    messages = [error.message for error in validator.iter_errors(broken)]
+    assert any("startupPolicy" in m for m in messages) and any("gpus" in m for m in messages)
+
+
+def test_multi_node_pods_run_vllm_native_multi_node_with_known_flags() -> None:
+    lws = _lws()["spec"]["leaderWorkerTemplate"]
+    leader = lws["leaderTemplate"]["spec"]["containers"][0]
+    worker = lws["workerTemplate"]["spec"]["containers"][0]
+    table = flag_table()
+    for args in (leader["args"], worker["args"]):
+        unknown = [a for a in args if a.startswith("-") and table.lookup(a) is None]
+        assert unknown == []
+        pairs = dict(zip(args, args[1:], strict=False))
+        assert pairs["--nnodes"] == "2" and pairs["--master-addr"] == "$(LWS_LEADER_ADDRESS)"
+        assert pairs["--tensor-parallel-size"] == "8" and pairs["--pipeline-parallel-size"] == "2"
+        assert pairs["--distributed-executor-backend"] == "mp"
+    assert "--headless" in worker["args"] and "--headless" not in leader["args"]
+    assert dict(zip(leader["args"], leader["args"][1:], strict=False))["--node-rank"] == "0"
+    assert "$(LWS_WORKER_INDEX)" in worker["args"]
+    assert "startupProbe" in leader and "startupProbe" not in worker  # headless: no API
+    assert leader["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert leader["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+
+
+def test_the_api_service_of_a_multi_node_service_selects_the_head() -> None:
+    objects = _objects(_export("multi-node"))
+    api = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == "big")
+    assert api["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
+    policy = next(o for o in objects if o["metadata"]["name"] == "big-nodes"
+                  and o["kind"] == "NetworkPolicy")
+    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": policy["spec"]["podSelector"]}]}]
+
+
+def test_vllm_deployments_fit_scarce_gpus_and_model_loading() -> None:
+    objects = _objects(_export("multi-model"))
+    chat = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "chat")
+    assert chat["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    pod = chat["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": 2}
+    # 1800 s engine-ready timeout + 300 s load allowance, probed every 15 s
+    assert container["startupProbe"]["failureThreshold"] * 15 == 2100
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
+    assert pod["terminationGracePeriodSeconds"] == 30
+    embed = next(o for o in objects if o["kind"] == "Deployment"
+                 and o["metadata"]["name"] == "embed")
+    assert embed["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 45
+
+
+def test_only_the_front_door_reaches_vllm_and_the_verifier() -> None:
+    policies = [o for o in _objects(_export("example")) if o["kind"] == "NetworkPolicy"]
+    by_name = {p["metadata"]["name"]: p["spec"] for p in policies}
+    for name, component, port in (("vllm-from-front-door", "vllm", 8000),
+                                  ("verifier-from-front-door", "verifier", 8081)):
+        spec = by_name[name]
+        assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == component
+        [rule] = spec["ingress"]
+        assert rule["ports"] == [{"protocol": "TCP", "port": port}]
+        assert rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == (
+            "front-door")
+
+
+def test_vllm_has_no_internet_when_every_model_is_local() -> None:
+    """As compose's internal backend network: only other vLLM pods and DNS; a site that
+    downloads a model from the Hub keeps its egress."""
+    policies = {o["metadata"]["name"]: o["spec"] for o in _objects(_export("example"))
+                if o["kind"] == "NetworkPolicy"}
+    egress = policies["vllm-no-egress"]
+    assert egress["policyTypes"] == ["Egress"]
+    assert egress["egress"][0]["to"] == [{"podSelector": egress["podSelector"]}]
+    assert {p["port"] for p in egress["egress"][1]["ports"]} == {53}
+    downloads = [o["metadata"]["name"] for o in _objects(_export("multi-model"))
+                 if o["kind"] == "NetworkPolicy"]
+    assert "vllm-no-egress" not in downloads
+
+
+def test_front_door_service_type_and_ports_follow_the_spec() -> None:
+    objects = _objects(_export("multi-model"))
+    nginx = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == "nginx")
+    assert nginx["spec"]["type"] == "ClusterIP"
+    assert [(p["port"], p["targetPort"]) for p in nginx["spec"]["ports"]] == [(8443, 443),
+                                                                             (8080, 80)]
+
+
+def test_the_nginx_pods_stop_gracefully_as_compose_stops_them() -> None:
+    """Compose stops nginx with SIGQUIT (requests finish); Kubernetes' SIGTERM comes after a
+    hook that asks the same, well within the pod's grace period."""
+    objects = _objects(_export("example"))
+    for name, config in (("nginx", "/etc/nginx/kit/nginx.conf"),
+                         ("kit-auth", "/etc/nginx/kit-verifier/nginx.conf")):
+        pod = next(o for o in objects if o["kind"] == "Deployment"
+                   and o["metadata"]["name"] == name)["spec"]["template"]["spec"]
+        hook = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][-1]
+        assert hook.startswith(f"nginx -c {config} -s quit; sleep ")
+        assert int(hook.rsplit(" ", 1)[1]) < pod["terminationGracePeriodSeconds"]
+
+
+def test_replica_count_is_the_gpus_over_one_copy() -> None:
+    assert [replica_count(s) for s in CASES["multi-replica"]().services] == [2]
+    assert [replica_count(s) for s in CASES["multi-model"]().services] == [1, 1, 1]
+    assert [replica_count(s) for s in CASES["multi-node"]().services] == [1]
+
+
+def test_termination_grace_follows_the_last_shutdown_timeout() -> None:
+    service = CASES["example"]().services[0]
+    assert shutdown_timeout(service) == 0
+    longer = dataclasses.replace(service, command=[*service.command, "--shutdown-timeout", "5",
+                                                   "--shutdown-timeout=120"])
+    assert shutdown_timeout(longer) == 120
+
+
+def test_what_kubernetes_cannot_do_is_said() -> None:
+    example = " ".join(cannot_do(CASES["example"]()))
+    assert "GPU index pinning" in example and "GPU sharing" not in example
+    assert "GPU sharing: GPU(s) 2 serve" in " ".join(cannot_do(CASES["multi-model"]()))
+    assert "LeaderWorkerSet" in " ".join(cannot_do(CASES["multi-node"]()))
+
+
+def _front_door_folders(files: dict[str, bytes], root: Path) -> tuple[Path, Path]:
+    """The front door's and the verifier's projected volumes as their containers see them."""
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in _objects(files)}
+    folders = []
+    for deployment in ("nginx", "kit-auth"):
+        pod = objects[("Deployment", deployment)]["spec"]["template"]["spec"]
+        base = root / deployment
+        for volume in pod["volumes"]:
+            for source in volume.get("projected", {}).get("sources", []):
+                kind, ref = next(iter(source.items()))
+                obj = objects[("ConfigMap" if kind == "configMap" else "Secret", ref["name"])]
+                for item in ref["items"]:
+                    if kind == "configMap":
+                        content = obj["data"][item["key"]].encode()
+                    else:
+                        content = base64.b64decode(obj["data"][item["key"]])
+                    path = base / volume["name"] / item["path"]
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_bytes(content)
+        folders.append(base)
+    return folders[0] / "kit", folders[1]
+
+
+@pytest.mark.skipif(nginx_ns.available() is not None, reason=str(nginx_ns.available()))
+def test_front_door_config_passes_nginx_t(site: Path) -> None:
+    """The exported nginx.conf and verifier config, laid out as the projected volumes present
+    them, with the site's real credentials: nginx -t accepts both."""
+    assert run_kit("render", site / "site.yaml").exit_code == 0
+    plan = build_plan(load_spec(site / "site.yaml"))
+    result = export(plan, Credentials.read(SiteLayout(site)), namespace="llm",
+                    service_type="LoadBalancer", spec_name="site.yaml")
+    files = {str(o.path): o.content for o in result.files}
+    nginx_dir, verifier = _front_door_folders(files, site.parent / "pods")
+    checked = nginx_ns.nginx_t(nginx_dir, ["llama8b.llm.svc", "kit-auth.llm.svc"])
+    assert checked.returncode == 0, checked.stderr
+    checked = nginx_ns.verifier_t(_verifier_view(verifier, site.parent / "verifier-view"))
+    assert checked.returncode == 0, checked.stderr
+
+
+def _verifier_view(verifier: Path, view: Path) -> Path:
+    """nginx_ns.verifier_t reads <dir>/verifier and <dir>/auth: the two volumes there."""
+    shutil.copytree(verifier / "config", view / "verifier")
+    shutil.copytree(verifier / "auth", view / "auth")
+    return view
+
+
+def test_export_writes_manifests_then_changes_nothing(site: Path) -> None:
+    assert run_kit("render", site / "site.yaml").exit_code == 0
+    out = site / "k8s"
+    first = run_kit("export", "k8s", site / "site.yaml", "--out", out)
+    assert first.exit_code == 0, first.output
+    assert "created" in first.output and "GPU index pinning" in first.output
+    assert (out / "secrets.yaml").stat().st_mode & 0o777 == 0o600
+    assert (out / "front-door.yaml").stat().st_mode & 0o777 == 0o644
+    before = tree(out)
+    again = run_kit("export", "k8s", site / "site.yaml", "--out", out)
+    assert again.exit_code == 0 and "no change" in again.output and tree(out) == before
+
+
+def test_a_manifest_of_a_removed_service_is_named(site: Path) -> None:
+    """kubectl apply -f DIR would bring a removed service back: the export says so."""
+    assert run_kit("render", site / "site.yaml").exit_code == 0
+    out = site / "k8s"
+    assert run_kit("export", "k8s", site / "site.yaml", "--out", out).exit_code == 0
+    spec = site / "site.yaml"
+    spec.write_text(spec.read_text().replace("name: llama8b", "name: llama"))
+    result = run_kit("export", "k8s", spec, "--out", out)
+    assert result.exit_code == 0
+    assert f"warning: {out / 'service-llama8b.yaml'} is from an earlier export" in result.output
+    assert (out / "service-llama.yaml").is_file()
+
+
+def test_a_hand_edited_manifest_is_kept_unless_forced(site: Path) -> None:
+    assert run_kit("render", site / "site.yaml").exit_code == 0
+    out = site / "k8s"
+    assert run_kit("export", "k8s", site / "site.yaml", "--out", out).exit_code == 0
+    (out / "service-llama8b.yaml").write_text("# mine\n")
+    (site / "site.yaml").write_text((site / "site.yaml").read_text().replace("max_num_seqs: 64",
+                                                                              "max_num_seqs: 32"))
+    refused = run_kit("export", "k8s", site / "site.yaml", "--out", out)
+    assert refused.exit_code == 2 and "edited by hand" in refused.output
+    assert (out / "service-llama8b.yaml").read_text() == "# mine\n"
+    forced = run_kit("export", "k8s", site / "site.yaml", "--out", out, "--force")
+    assert forced.exit_code == 0 and b"'32'" in (out / "service-llama8b.yaml").read_bytes()
+
+
+@pytest.mark.parametrize(("change", "fragment"), [
+    (lambda t: t, "run `kit render SPEC` first"),  # no credentials yet
+    (lambda t: t.replace("name: llama8b", "name: llama8b-"), "DNS-1035"),
+    (lambda t: t.replace("site: test01", "site: test-"), "namespace 'test-'"),
+    (lambda t: t.replace("tls: {mode: self-signed}", "tls: {mode: acme, email: a@b.example}")
+     .replace("domain: llm.test.internal", "domain: llm.example.com"), "tls.mode acme"),
+])
+def test_bad_input_exits_2_and_writes_nothing(site: Path, change, fragment: str) -> None:
+    spec = site / "site.yaml"
+    spec.write_text(change(spec.read_text()))
+    if "first" not in fragment:
+        (site / "nginx" / "auth").mkdir(parents=True)
+        (site / "nginx" / "tls").mkdir()
+        layout = SiteLayout(site)
+        for path in (layout.htpasswd, layout.keys_map, layout.auth_state, layout.server_cert,
+                     layout.server_key):
+            path.write_bytes(b"x\n")
+    before = tree(site)
+    result = run_kit("export", "k8s", spec, "--out", site / "k8s")
+    assert result.exit_code == 2, result.output
+    assert fragment in result.output
+    assert tree(site) == before
+
+
+def test_a_bad_namespace_option_is_refused(site: Path) -> None:
+    assert run_kit("render", site / "site.yaml").exit_code == 0
+    result = run_kit("export", "k8s", site / "site.yaml", "--out", site / "k8s",
+                     "--namespace", "Prod_1")
+    assert result.exit_code == 2 and "namespace 'Prod_1'" in result.output
+    assert not (site / "k8s").exists()
+
+
+def test_two_objects_of_one_name_are_refused() -> None:
+    plan = CASES["multi-node"]()
+    clash = dataclasses.replace(plan.services[0], name="big-nodes", multinode=None,
+                                tensor_parallel=8, pipeline_parallel=1)
+    plan = dataclasses.replace(plan, services=[*plan.services, clash])
+    with pytest.raises(BadInput, match="two Service objects would be named 'big-nodes'"):
+        export(plan, CREDENTIALS, namespace="llm", service_type="NodePort", spec_name="s")
+
+
+def regenerate() -> None:
+    for case in CASES:
+        folder = DATA / case / "expected"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        for name, content in _export(case).items():
+            (folder / name).write_bytes(content)
+
+
+if __name__ == "__main__":
+    regenerate()
+
+
+def test_observability_is_named_and_left_out_of_the_front_door() -> None:
+    """The cluster has none of kit's Prometheus/Grafana/door-figures: nginx must neither log to
+    the figures socket nor route /grafana/, and the output says so."""
+    plan = CASES["example"]()
+    spec = load_spec(REPO / "site.yaml")
+    observed = build_plan(spec.model_copy(update={
+        "observability": spec.observability.model_copy(update={"enabled": True})}))
+    assert observed.observability is not None
+    result = export(observed, CREDENTIALS, namespace=plan.site, service_type="LoadBalancer",
+                    spec_name="site.yaml")
+    assert any(note.startswith("observability: ") for note in result.notes)
+    front_door = next(o for o in result.files if str(o.path) == "front-door.yaml").content
+    assert b"/grafana/" not in front_door and b"access.sock" not in front_door
+    plain = export(plan, CREDENTIALS, namespace=plan.site, service_type="LoadBalancer",
+                   spec_name="site.yaml")
+    assert not any(note.startswith("observability: ") for note in plain.notes)
