@@ -143,7 +143,7 @@ def test_wing_packages_import_nothing() -> None:
     ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from kit.stack.up import X\n", 3),
     ("import kit.stack.up", 1),
     ("from ..stack.up import up_site", 1),  # relative
-])
+], ids=["top", "deferred", "type-checking", "import", "relative"])
 def test_the_check_sees_every_form_of_import(statement: str, line: int) -> None:
     """The checker itself: an import from the spec wing up to the stack wing, in any form, is
     found, and so is the circle it closes."""
