@@ -3,6 +3,10 @@ TYPE_CHECKING ones included) runs down the wings' order, and no modules import e
 circle. docs/architecture.md draws the same order; a test below holds the two together."""
 
 import ast
+import os
+import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -174,3 +178,23 @@ def test_every_wing_ships_in_the_wheel() -> None:
         "packages"])
     packages = {module_name(path, REPO) for path in KIT.rglob("__init__.py")}
     assert packages - listed == set(), "add them to [tool.setuptools] packages in pyproject.toml"
+
+
+# What `kit validate` and `kit render` must not load: the engine's client and what only other
+# verbs use (docs/architecture.md: wing packages stay empty so each verb imports what it uses).
+NOT_FOR_RENDER = {"docker", "paramiko", "requests", "matplotlib", "ruamel", "numpy"}
+NOT_FOR_VALIDATE = NOT_FOR_RENDER | {"jinja2", "bcrypt", "cryptography", "grafana_foundation_sdk"}
+
+
+@pytest.mark.parametrize(("verb", "unwanted"), [("validate", NOT_FOR_VALIDATE),
+                                                ("render", NOT_FOR_RENDER)])
+def test_validate_and_render_import_only_what_they_use(tmp_path: Path, verb: str,
+                                                       unwanted: set[str]) -> None:
+    shutil.copy(REPO / "site.yaml", tmp_path / "site.yaml")
+    run = subprocess.run([sys.executable, "-X", "importtime", "-m", "kit", verb, "site.yaml"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert run.returncode == 0, run.stdout + run.stderr
+    loaded = {line.rpartition("|")[2].strip().split(".")[0]
+              for line in run.stderr.splitlines() if line.startswith("import time:")}
+    assert "kit" in loaded and not loaded & unwanted, sorted(loaded & unwanted)
