@@ -66,12 +66,19 @@ def site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
         remove_project(docker_client, live.name)
 
 
-def test_every_target_is_up(site: LiveSite) -> None:
+def wait_every_target_up(site: LiveSite) -> None:
+    """Prometheus has scraped each of its three targets successfully (a new Prometheus has no
+    sample until its first scrape; `kit status` shows that as `not scraped yet`)."""
+
     def all_up() -> bool:
         targets = query(site, "/api/v1/targets")["activeTargets"]
         return len(targets) == 3 and all(t["health"] == "up" for t in targets)
 
     wait_for("every target up", all_up, 30)
+
+
+def test_every_target_is_up(site: LiveSite) -> None:
+    wait_every_target_up(site)
     jobs = sorted((t["labels"]["job"], t["labels"].get("service", "-"))
                   for t in query(site, "/api/v1/targets")["activeTargets"])
     assert jobs == [("front-door", "-"), ("front-door-requests", "-"), ("vllm", SERVICE)]
@@ -141,6 +148,9 @@ def test_a_second_up_changes_nothing_and_a_new_secret_recreates_only_its_holders
     assert query(site, "/api/v1/query", query="up")["result"]  # kit up waited for its health
     reply = site.gate().fetch("GET", "/grafana/", credentials=site.basic("ops"))
     assert reply.json()["datasource_answers"] == {"Prometheus": 200}, reply.body
+    # the tests after this one read the new Prometheus: its first scrapes and rule evaluations
+    wait_every_target_up(site)
+    wait_for("no alert firing", lambda: not query(site, "/api/v1/alerts")["alerts"], 30)
 
 
 def test_status_shows_live_figures(site: LiveSite) -> None:
