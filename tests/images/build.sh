@@ -22,8 +22,9 @@
 #    nginx:1.27-alpine); and Debian 12's nginx 1.22 + njs 0.7.9 as kit-test/nginx:1.22 (kit's front
 #    door needs nginx >= 1.25.1, docs/compatibility.md: this one only runs the ACME tests' own
 #    rate limiter, tests/support/acme_limiter).
-# 4. Debian's Prometheus (tests/images/prometheus.sh unpacks the package) tagged
-#    prom/prometheus:v3.5.0 and kit-test/prometheus:debian; a Grafana STAND-IN (NOT Grafana,
+# 4. Prometheus 3.5 (Debian forky's prometheus + promtool packages, unpacked and cached by
+#    tests/images/prometheus.sh) tagged prom/prometheus:v3.5.0 and kit-test/prometheus:3; a
+#    Grafana STAND-IN (NOT Grafana,
 #    tests/images/grafana-standin) tagged grafana/grafana:12.1.1 and
 #    kit-test/grafana-standin:latest.
 # 5. For tls.mode acme: Debian's pebble (ACME test server + mock DNS) as kit-test/pebble:2.4, and
@@ -87,7 +88,7 @@ NGINX_OLDEST_IMAGE="kit-test/nginx:1.22"
 # Debian 13's nginx (trixie has no nginx-light; its minimal root lacks passwd's groupadd).
 NGINX_SUITE="trixie"
 NGINX_PACKAGES="curl,ca-certificates,passwd,nginx,libnginx-mod-http-js"
-PROMETHEUS_IMAGE="kit-test/prometheus:debian"
+PROMETHEUS_IMAGE="kit-test/prometheus:3"
 GRAFANA_IMAGE="kit-test/grafana-standin:latest"
 prometheus_tags=("prom/prometheus:v3.5.0")  # kit's pinned images.prometheus and images.grafana
 grafana_tags=("grafana/grafana:12.1.1")
@@ -236,7 +237,7 @@ if [ "$serving_only" = 1 ]; then
     exit 0
 fi
 
-# Observability: Debian's Prometheus as the pinned Prometheus image, and a Grafana STAND-IN
+# Observability: Prometheus 3.5 (Debian's build) as the pinned Prometheus image, and a Grafana STAND-IN
 # (NOT Grafana: no Debian package, no registry) as the pinned Grafana image.
 mkdir -p "$work/prometheus" "$work/grafana"
 prometheus_dir="$(bash "$HERE/prometheus.sh")"

@@ -1,4 +1,4 @@
-# Debian's Prometheus (the `prometheus` package's binaries, unpacked by prometheus.sh) laid out
+# Prometheus 3.5 (Debian forky's prometheus + promtool binaries, unpacked by prometheus.sh) laid out
 # like the official image: ENTRYPOINT /bin/prometheus, user nobody, data in /prometheus.
 # Built by tests/images/build.sh; never pulls.
 ARG BASE

@@ -12,7 +12,8 @@ PROMETHEUS_SH = REPO / "tests" / "images" / "prometheus.sh"
 
 @pytest.fixture(scope="module")
 def promtool() -> str:
-    """Debian's promtool (unpacked by tests/images/prometheus.sh, as the test image's is)."""
+    """Prometheus 3.5's promtool (Debian forky's, unpacked by tests/images/prometheus.sh), the
+    same build as the Prometheus test image's."""
     result = subprocess.run(["bash", str(PROMETHEUS_SH)], capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stderr
