@@ -64,12 +64,11 @@ def _threshold_line(value: float) -> dashboard.ThresholdsConfig:
 
 
 def le_matcher(bound: float) -> str:
-    """A label matcher for the bucket whose upper bound is `bound`, whichever way the `le` value
-    is spelt: vLLM writes Python's repr ("1.0"), Prometheus 3 normalises it ("1")."""
-    spellings = sorted({repr(float(bound)), repr(float(bound)).removesuffix(".0")})
-    if len(spellings) == 1:
-        return f'le="{spellings[0]}"'
-    return 'le=~"' + "|".join(s.replace(".", "\\\\.") for s in spellings) + '"'
+    """A label matcher for the bucket whose upper bound is `bound`. Prometheus 3 stores every
+    `le` value in one float spelling whatever the exporter wrote ("1" and "1.0" are both stored
+    as "1.0"): Go's shortest form plus ".0" for a whole number, which is Python's repr (what vLLM
+    writes) for every bound an SLO can have (0.001 s to 3600 s, below Go's 1e+06 exponent form)."""
+    return f'le="{float(bound)!r}"'
 
 
 def slo_share(histogram: str, selector: str, bound: float) -> str:

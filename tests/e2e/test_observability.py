@@ -1,6 +1,7 @@
-"""observability: a real Prometheus (Debian's, as prom/prometheus) scrapes the stand-in stack
-that `kit up` started; Grafana's side runs a labelled STAND-IN (tests/images/grafana-standin,
-NOT Grafana) so the front door's routing and authentication are proven, not Grafana itself.
+"""observability: a real Prometheus 3.5 (Debian's build, as prom/prometheus) scrapes the
+stand-in stack that `kit up` started; Grafana's side runs a labelled STAND-IN
+(tests/images/grafana-standin, NOT Grafana) so the front door's routing and authentication are
+proven, not Grafana itself.
 
 One site for the module, checked in order: every target up; after a short load every PromQL
 expression of every dashboard panel and every alert rule's signal returns data; promtool
@@ -28,6 +29,7 @@ from kit.engine.desired import (
     VERIFIER_SERVICE,
 )
 from kit.plan.build import VERIFIER_PORT
+from kit.render.dashboards import le_matcher
 from tests.support.docker_engine import pick_free_port, remove_project
 from tests.support.live_stack import (
     SERVICE,
@@ -127,6 +129,23 @@ def test_every_panel_and_rule_queries_metrics_that_exist(site: LiveSite) -> None
     share = next(expr for where, expr in walked if "within the TTFT SLO" in where)
     value = float(query(site, "/api/v1/query", query=share)["result"][0]["value"][1])
     assert 0 < value <= 1
+
+
+def test_prometheus_3_stores_one_spelling_of_each_bucket_bound(site: LiveSite) -> None:
+    """The stack runs Prometheus 3.5, which stores every `le` value in one float spelling (a
+    whole number keeps its ".0"; Go's exponent form from 1e+06 on): no bound is stored twice,
+    and each is Python's repr of the bound, the one spelling the dashboards' exact-bucket
+    matchers use (kit.render.dashboards.le_matcher)."""
+    version = query(site, "/api/v1/status/buildinfo")["version"]
+    assert version.startswith("3.5."), version
+    stored = query(site, "/api/v1/label/le/values")
+    bounds = [float(value) for value in stored]
+    assert len(set(bounds)) == len(bounds), stored  # "1" and "1.0" would be two
+    assert "1.0" in stored and "0.2" in stored, stored  # whole and not; 0.2: the TTFT SLO's
+    respelt = [value for value, bound in zip(stored, bounds, strict=True)
+               if value != "+Inf" and bound < 1e6 and value != le_matcher(bound)[4:-1]]
+    assert not respelt, respelt
+    print(f"Prometheus {version}: {len(stored)} le values, each in one spelling")
 
 
 def test_a_second_up_changes_nothing_and_a_new_secret_recreates_only_its_holders(

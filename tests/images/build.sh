@@ -106,14 +106,8 @@ mkdir -p "$CACHE"
 exec 9>"$CACHE/build.lock"
 flock 9 # one build at a time on this machine
 
-debian_mirror() {
-    local uri
-    uri="$(awk '/^URIs:/ { print $2; exit }' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)"
-    if [ -z "$uri" ] && [ -f /etc/apt/sources.list ]; then
-        uri="$(awk '$1 == "deb" && $2 !~ /^\[/ { print $2; exit }' /etc/apt/sources.list)"
-    fi
-    echo "${uri:-http://deb.debian.org/debian}"
-}
+# shellcheck source=tests/images/debian-mirror.sh
+source "$HERE/debian-mirror.sh"
 
 # rootfs_image NAME PACKAGES [HOOK]...: a Debian $SUITE (override per call: SUITE=trixie) root filesystem with PACKAGES imported
 # as kit-test/NAME:<hash of the inputs>, its tarball cached; prints the image name.

@@ -21,14 +21,8 @@ mkdir -p "$CACHE"
 exec 8>"$CACHE/prometheus.lock"
 flock 8 # build.sh and the unit tests' fixture may both ask at once
 
-debian_mirror() {
-    local uri
-    uri="$(awk '/^URIs:/ { print $2; exit }' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)"
-    if [ -z "$uri" ] && [ -f /etc/apt/sources.list ]; then
-        uri="$(awk '$1 == "deb" && $2 !~ /^\[/ { print $2; exit }' /etc/apt/sources.list)"
-    fi
-    echo "${uri:-http://deb.debian.org/debian}"
-}
+# shellcheck source=tests/images/debian-mirror.sh
+source "$(dirname "${BASH_SOURCE[0]}")/debian-mirror.sh"
 
 apt_root="$CACHE/apt-$SUITE"
 apt_options=(

@@ -21,7 +21,7 @@ IMAGES = {
     "vllm_standin": "kit-test/vllm-standin:latest",
     "nginx": "nginx:1.27-alpine",  # Debian 13's nginx 1.26.3 + njs 0.8.9
     "nginx_debian": "kit-test/nginx:1.22",  # Debian 12's: only the ACME tests' rate limiter
-    "prometheus": "prom/prometheus:v3.5.0",  # Debian's Prometheus 2.42
+    "prometheus": "prom/prometheus:v3.5.0",  # Debian forky's Prometheus 3.5.3
     "grafana": "grafana/grafana:12.1.1",  # a stand-in, NOT Grafana (tests/images/grafana-standin)
     "pebble": "kit-test/pebble:2.4",  # tls.mode acme: the ACME server (tests/support/acme_ca.py)
     "certbot": "certbot/certbot:v3.1.0",  # Debian's certbot under the spec's default name

@@ -92,6 +92,12 @@ def test_promtool_accepts_the_config_and_rules(observed: Path, promtool: str,
         assert "SUCCESS" in result.stdout + result.stderr
 
 
+def test_promtool_is_prometheus_3(promtool: str) -> None:
+    """The checks run the LTS line of the pinned prom/prometheus:v3.5.0, not an older one."""
+    result = subprocess.run([promtool, "--version"], capture_output=True, text=True, timeout=60)
+    assert result.stdout.startswith("promtool, version 3.5."), result.stdout + result.stderr
+
+
 def test_promtool_refuses_a_broken_rule(observed: Path, promtool: str) -> None:
     """The check itself can fail: a rule with a PromQL syntax error is refused."""
     rules = observed / "observability" / "prometheus" / "rules.yml"
@@ -138,10 +144,13 @@ def test_histogram_args_per_objective() -> None:
     assert only_ttft["time_to_first_token"].count(0.25) == 1  # already a default bound
 
 
-def test_le_matcher_matches_both_spellings() -> None:
+def test_le_matcher_spells_the_bound_as_prometheus_3_stores_it() -> None:
+    """One spelling, the one Prometheus 3 normalises every `le` value to (a whole number keeps
+    its ".0"); tests/e2e/test_observability.py reads the stored values back."""
     assert le_matcher(0.2) == 'le="0.2"'
-    # PromQL reads `\\.` in a string as `\.`: a literal dot in the regex
-    assert le_matcher(1.0) == 'le=~"1|1\\\\.0"'
+    assert le_matcher(1) == 'le="1.0"'
+    assert le_matcher(0.001) == 'le="0.001"'  # the smallest SLO bound (1 ms)
+    assert le_matcher(3600) == 'le="3600.0"'  # the largest (ttft_p95_ms: 3600000)
 
 
 def test_dashboards_round_trip_through_the_library(observed: Path) -> None:
