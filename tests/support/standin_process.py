@@ -13,6 +13,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.support.docker_engine import pick_free_port
+
 STANDIN = Path(__file__).resolve().parents[1] / "standin"
 
 # The model the reference start-up errors were produced with: Llama-3.1-8B's dimensions.
@@ -25,11 +27,6 @@ LLAMA_8B = {
     "torch_dtype": "bfloat16", "tie_word_embeddings": False,
 }
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def model_dir(root: Path, name: str, config: dict) -> Path:
@@ -57,7 +54,7 @@ def run_standin(*args: str, timeout: float = 15, **env: str) -> subprocess.Compl
 @contextmanager
 def serving(*args: str, **env: str):
     """A stand-in serving on a free port; yields (port, process). Stops it with SIGTERM."""
-    port = free_port()
+    port = pick_free_port()
     proc = subprocess.Popen(
         [sys.executable, str(STANDIN / "vllm"), "serve", *args, "--port", str(port),
          "--host", "127.0.0.1"],

@@ -16,11 +16,11 @@ import yaml
 
 from kit.stack.diagnose import diagnose
 from tests.support.cli import run_kit
+from tests.support.docker_engine import pick_free_port
 from tests.support.sites import MULTI_NODE
 from tests.support.standin_process import (
     LLAMA_8B,
     STANDIN,
-    free_port,
     model_dir,
     run_standin,
     standin_env,
@@ -73,7 +73,7 @@ def two_nodes(model: Path, master: int, api: int) -> tuple[list[str], list[str]]
 def test_inconsistent_multi_node_flags_are_refused(tmp_path: Path, args: list[str],
                                                    text: str) -> None:
     result = run_standin("serve", str(model_dir(tmp_path, "m", LLAMA_8B)), "--port",
-                         str(free_port()), *args)
+                         str(pick_free_port()), *args)
     assert result.returncode == 1
     assert "validation error for ParallelConfig" in result.stderr and text in result.stderr
 
@@ -85,14 +85,14 @@ def test_rendered_nodes_join_and_the_head_serves_only_then(site: Path, tmp_path:
         "10.213.0.1", "127.0.0.1").replace("10.213.0.2", "127.0.0.2").replace(
         "tensor_parallel: 2", "tensor_parallel: 1").replace("gpus: [0, 1]", "gpus: [0]").replace(
         "    network_interface: veth-kit0\n", "")
-    spec.write_text(text.replace("master_port: 29600", f"master_port: {free_port()}"))
+    spec.write_text(text.replace("master_port: 29600", f"master_port: {pick_free_port()}"))
     assert run_kit("render", spec).exit_code == 0, run_kit("render", spec).output
     head_argv = yaml.safe_load((site / "compose" / "docker-compose.yml").read_text())[
         "services"]["big"]["command"]
     worker_argv = yaml.safe_load((site / "compose" / "node-gpu02.yml").read_text())[
         "services"]["big"]["command"]
     model = str(model_dir(tmp_path, "llama", LLAMA_8B))
-    api = free_port()
+    api = pick_free_port()
 
     def local(argv: list[str]) -> list[str]:
         """The model from this host's folder, the API on a free port."""
@@ -127,7 +127,7 @@ def test_rendered_nodes_join_and_the_head_serves_only_then(site: Path, tmp_path:
 
 def test_a_worker_of_another_spec_is_refused(tmp_path: Path) -> None:
     model = model_dir(tmp_path, "m", LLAMA_8B)
-    master, api = free_port(), free_port()
+    master, api = pick_free_port(), pick_free_port()
     head_args, _ = two_nodes(model, master, api)
     head = node(*head_args, STANDIN_JOIN_TIMEOUT_S="3")
     worker = node(str(model), "--max-model-len", "4096", "-pp", "3", "--nnodes", "3",
@@ -143,7 +143,8 @@ def test_a_worker_of_another_spec_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_worker_that_cannot_reach_the_head_says_where(tmp_path: Path) -> None:
-    _, worker_args = two_nodes(model_dir(tmp_path, "m", LLAMA_8B), free_port(), free_port())
+    _, worker_args = two_nodes(model_dir(tmp_path, "m", LLAMA_8B), pick_free_port(),
+                               pick_free_port())
     code, output = finish(node(*worker_args, STANDIN_JOIN_TIMEOUT_S="1"))
     assert code == 1
     found = diagnose(output)
@@ -152,7 +153,7 @@ def test_a_worker_that_cannot_reach_the_head_says_where(tmp_path: Path) -> None:
 
 
 def test_an_interface_the_node_lacks_is_diagnosed(tmp_path: Path) -> None:
-    head_args, _ = two_nodes(model_dir(tmp_path, "m", LLAMA_8B), free_port(), free_port())
+    head_args, _ = two_nodes(model_dir(tmp_path, "m", LLAMA_8B), pick_free_port(), pick_free_port())
     code, output = finish(node(*head_args, GLOO_SOCKET_IFNAME="kit-nosuch0",
                                NCCL_SOCKET_IFNAME="kit-nosuch0"))
     assert code == 1

@@ -19,10 +19,10 @@ import time
 
 import pytest
 
+from tests.support.docker_engine import pick_free_port
 from tests.support.standin_process import (
     LLAMA_8B,
     STANDIN,
-    free_port,
     model_dir,
     run_standin,
     serving,
@@ -158,7 +158,7 @@ def test_refuses_removed_flags_and_bad_values(argv, capsys):
 
 def test_refuses_connections_while_loading_then_serves(tmp_path):
     model = model_dir(tmp_path, "llama", LLAMA_8B)
-    port = free_port()
+    port = pick_free_port()
     proc = subprocess.Popen(
         [sys.executable, str(STANDIN / "vllm"), "serve", "--model", str(model), "--port",
          str(port), "--max-model-len", "8192"],
@@ -187,7 +187,7 @@ def test_refuses_connections_while_loading_then_serves(tmp_path):
 def test_sigterm_while_loading_exits_at_once(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, str(STANDIN / "vllm"), "serve", str(model_dir(tmp_path, "m", LLAMA_8B)),
-         "--port", str(free_port()), "--max-model-len", "4096"],
+         "--port", str(pick_free_port()), "--max-model-len", "4096"],
         env=standin_env(STANDIN_LOAD_SECONDS="30"), stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -239,7 +239,7 @@ def failing(tmp_path_factory):
         if name == "weight files too big":
             with open(path / "model.safetensors", "wb") as f:
                 f.truncate(90 << 30)  # sparse: 90 GiB of weights that take no disk space
-        port = holder.getsockname()[1] if name == "port in use" else free_port()
+        port = holder.getsockname()[1] if name == "port in use" else pick_free_port()
         procs[name] = (time.monotonic(), subprocess.Popen(
             [sys.executable, str(STANDIN / "vllm"), "serve", model, "--port", str(port), *args],
             env=standin_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
