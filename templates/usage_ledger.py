@@ -456,11 +456,24 @@ class Collector:
         self.lock = threading.Lock()
         self.recovered = False
         self.spool_fd: int | None = None
+        self.discarding = False  # inside an overlong line: skip to its end
+        self.caught_up = False
+        self.problems: collections.deque[str] = collections.deque(maxlen=20)
+        self.disk_full_since: str | None = None
+        self.last_error: str | None = None
+        self.over_max_bytes = False
+        self.ledger_bytes = 0
+        self.per_second: collections.deque = collections.deque(maxlen=61)
+        self.state_written = -math.inf
+        self.dirty = True
+        self.started = time.time()
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """What the ledger and the spool say, before recovery reads them."""
         self.inode = 0
         self.offset = 0
         self.saved_offset = 0
-        self.discarding = False  # inside an overlong line: skip to its end
-        self.caught_up = False
         self.last_seq = 0
         self.last_hash = GENESIS
         self.last_time: str | None = None
@@ -471,15 +484,6 @@ class Collector:
                        "late_lines": 0, "spool_resets": 0, "segments_pruned": 0}
         self.replaced: dict[str, int] = {}
         self.series: dict[tuple[str, str, str], list[int]] = {}
-        self.problems: list[str] = []
-        self.disk_full_since: str | None = None
-        self.last_error: str | None = None
-        self.over_max_bytes = False
-        self.ledger_bytes = 0
-        self.per_second: collections.deque = collections.deque(maxlen=61)
-        self.state_written = -math.inf
-        self.dirty = True
-        self.started = time.time()
 
     # -- recovery ------------------------------------------------------------------------------
 
@@ -487,15 +491,16 @@ class Collector:
         """Reconcile state.json with the segments as they are: cut a torn last line, take every
         record after the state's last one (a kill between the segment's fsync and the state's
         rename) into the counts and the door's counters, so no spool line is written twice."""
+        self._fresh()  # a recovery cut short (a full disk) starts again from nothing
         self.ledger.prepare()
         state, problem = self.ledger.read_state()
         if problem:
             self.problems.append(problem)
+        if state is not None:
+            self._restore(state)
         names = self.ledger.segment_names()
         if names and self.ledger.cut_torn_tail(names[-1]):
             self.counts["torn_lines"] += 1
-        if state is not None:
-            self._restore(state)
         after = self.last_seq
         for name in self._segments_after(names, after):
             for record in self.ledger.records(name):
@@ -624,9 +629,6 @@ class Collector:
             lines, self.discarding = lines[1:], False
         batch: set[tuple[str, int]] = set()
         for raw in lines:
-            if len(raw) > MAX_LINE:
-                tally["unreadable_lines"] += 1
-                continue
             try:
                 line = json.loads(raw)
             except ValueError:
@@ -642,7 +644,7 @@ class Collector:
                 batch.add(position)
                 tally["late_lines"] += seen == "late"
             try:
-                if position is None or not isinstance(line, dict):
+                if position is None or len(raw) > MAX_LINE:
                     raise Unreadable("not a spool line")
                 record, replaced = self.checker.record(line)
             except Unreadable:
@@ -774,7 +776,6 @@ class Collector:
                 self.problems.append(f"the disk was full from {self.disk_full_since} to "
                                      f"{_now_iso()}; nothing was lost")
                 self.disk_full_since = None
-            del self.problems[:-20]
 
     # -- what it shows -------------------------------------------------------------------------
 
