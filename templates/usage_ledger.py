@@ -12,6 +12,7 @@ import collections
 import contextlib
 import ctypes
 import ctypes.util
+import dataclasses
 import datetime
 import errno
 import hashlib
@@ -265,6 +266,17 @@ class DoorSequence:
                    int(data["lost"]), tuple(tuple(pair) for pair in data["lost_ranges"]), now)
 
 
+@dataclasses.dataclass
+class Batch:
+    """What one read of the spool comes to, applied only once its records are on disk."""
+
+    used: int  # spool bytes consumed
+    staged: list[dict] = dataclasses.field(default_factory=list)
+    tally: dict[str, int] = dataclasses.field(default_factory=lambda: {
+        "unreadable_lines": 0, "duplicates_skipped": 0, "late_lines": 0})
+    discarding: bool = False  # the chunk ends inside an overlong line
+
+
 class Ledger:
     """The ledger folder: daily segments, pruned.jsonl, state.json. Every write is durable
     before it counts: segment lines are fsynced before the state that covers them, the state is
@@ -461,6 +473,7 @@ class Collector:
         self.problems: collections.deque[str] = collections.deque(maxlen=20)
         self.disk_full_since: str | None = None
         self.last_error: str | None = None
+        self.failing_since: str | None = None
         self.over_max_bytes = False
         self.ledger_bytes = 0
         self.per_second: collections.deque = collections.deque(maxlen=61)
@@ -495,9 +508,16 @@ class Collector:
         self.ledger.prepare()
         state, problem = self.ledger.read_state()
         if problem:
-            self.problems.append(problem)
+            self._problem(problem)
         if state is not None:
-            self._restore(state)
+            try:
+                self._restore(state)
+            except (KeyError, TypeError, ValueError, AttributeError) as error:
+                self._fresh()
+                state = None
+                self._problem(f"state.json does not fit ({error!r}): rebuilt from the segments")
+        if state is None:
+            self._continue_after_pruned()
         names = self.ledger.segment_names()
         if names and self.ledger.cut_torn_tail(names[-1]):
             self.counts["torn_lines"] += 1
@@ -505,7 +525,7 @@ class Collector:
         for name in self._segments_after(names, after):
             for record in self.ledger.records(name):
                 if record is None:
-                    self.problems.append(f"segment {name} has a line that is not a record")
+                    self._problem(f"segment {name} has a line that is not a record")
                 elif record["seq"] > self.last_seq:
                     self._take_existing(record)
         if state is None:  # the spool is read again from its start: what the ledger holds of
@@ -513,9 +533,25 @@ class Collector:
                 if door.seen:
                     door.through, door.seen = max(door.through, door.seen[-1][1]), []
         if state is not None and self.last_seq < int(state.get("last_seq", 0)):
-            self.problems.append(f"state.json names record {state['last_seq']} but the segments "
+            self._problem(f"state.json names record {state['last_seq']} but the segments "
                                  f"end at {self.last_seq}")
         self.recovered = True
+
+    def _continue_after_pruned(self) -> None:
+        """Without a state, the chain goes on from the last pruned segment (the segments found
+        after it, if any, take over)."""
+        try:
+            with open(self.ledger.pruned_file, "rb") as file:
+                size = file.seek(0, os.SEEK_END)
+                file.seek(max(0, size - MAX_LINE))
+                last = json.loads(file.read().splitlines()[-1])
+            self.last_seq, self.last_hash = int(last["last_seq"]), str(last["last_hash"])
+        except (OSError, IndexError, ValueError, KeyError, TypeError):
+            return
+
+    def _problem(self, text: str) -> None:
+        with self.lock:
+            self.problems.append(text)
 
     def _segments_after(self, names: list[str], seq: int) -> list[str]:
         """The newest segments that may hold records after `seq`, oldest first."""
@@ -569,7 +605,7 @@ class Collector:
             assert self.spool_fd is not None
             chunk = os.pread(self.spool_fd, READ_CHUNK, self.offset)
             more = len(chunk) == READ_CHUNK
-            self._append(*self._read(chunk))
+            self._append(self._read(chunk))
             self.caught_up = not more
         now = time.monotonic()
         if self.caught_up:
@@ -603,7 +639,7 @@ class Collector:
         if info.st_ino != self.inode or info.st_size < self.offset:
             if self.inode or self.offset:
                 self.counts["spool_resets"] += 1
-                self.problems.append(f"the spool was replaced at {_now_iso()}: read from its start")
+                self._problem(f"the spool was replaced at {_now_iso()}: read from its start")
             self.inode, self.offset, self.saved_offset, self.discarding = info.st_ino, 0, 0, False
             self.puncher.punched_to = 0
             self.dirty = True
@@ -612,22 +648,20 @@ class Collector:
         self.spool_fd = fd
         return True
 
-    def _read(self, chunk: bytes) -> tuple[list[dict], int, dict]:
-        """The records of the whole lines in `chunk` (nothing changed yet) and the bytes used."""
+    def _read(self, chunk: bytes) -> "Batch":
+        """The records of the whole lines in `chunk` and what they count; nothing changed yet."""
         used = chunk.rfind(b"\n") + 1
-        tally = {"unreadable_lines": 0, "duplicates_skipped": 0, "late_lines": 0}
-        staged: list[dict] = []
+        batch = Batch(used=used)
         if used == 0:
             if len(chunk) >= MAX_LINE:  # no end in sight: not a line nginx writes
-                if not self.discarding:
-                    tally["unreadable_lines"] += 1
-                self.discarding = True
-                return staged, len(chunk), tally
-            return staged, 0, tally
+                batch.tally["unreadable_lines"] += not self.discarding
+                batch.used, batch.discarding = len(chunk), True
+            return batch
         lines = chunk[:used].split(b"\n")[:-1]
-        if self.discarding:
-            lines, self.discarding = lines[1:], False
-        batch: set[tuple[str, int]] = set()
+        if self.discarding:  # the rest of an overlong line, counted when it began
+            lines = lines[1:]
+        tally, staged = batch.tally, batch.staged
+        positions: set[tuple[str, int]] = set()
         for raw in lines:
             try:
                 line = json.loads(raw)
@@ -638,10 +672,10 @@ class Collector:
             if position is not None:
                 door = self.doors.get(position[0])
                 seen = door.status(position[1]) if door else "new"
-                if position in batch or seen == "duplicate":
+                if position in positions or seen == "duplicate":
                     tally["duplicates_skipped"] += 1
                     continue
-                batch.add(position)
+                positions.add(position)
                 tally["late_lines"] += seen == "late"
             try:
                 if position is None or len(raw) > MAX_LINE:
@@ -653,15 +687,15 @@ class Collector:
                 continue
             record["door_time"] = line["t"]
             staged.append({"position": position, "record": record, "replaced": replaced})
-        return staged, used, tally
+        return batch
 
-    def _append(self, staged: list[dict], used: int, tally: dict) -> None:
+    def _append(self, batch: "Batch") -> None:
         """Chain and write the batch, fsync it, then count it. A failed write changes nothing:
         the segment is cut back and the same lines are read again."""
-        if not used:
+        if not batch.used:
             return
         previous, seq, lines, records = self.last_hash, self.last_seq, [], []
-        for item in staged:
+        for item in batch.staged:
             if "record" not in item:
                 continue
             record = {key: item["record"][key] for key in RECORD_FIELDS if key != "seq"}
@@ -677,14 +711,16 @@ class Collector:
             new_segment = None if os.path.exists(path) else name
             _write_all(path, ("\n".join(lines) + "\n").encode(),
                        os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        self._commit(staged, used, tally, records)
+        self._commit(batch, records)
         if new_segment:  # after the commit: the records are written, whatever this says
             _fsync_folder(self.ledger.segments)
 
-    def _commit(self, staged: list[dict], used: int, tally: dict, records: list[dict]) -> None:
+    def _commit(self, batch: "Batch", records: list[dict]) -> None:
         now = time.monotonic()
+        staged, tally = batch.staged, batch.tally
         with self.lock:
-            self.offset += used
+            self.offset += batch.used
+            self.discarding = batch.discarding
             for item in staged:
                 if item["position"] is not None:
                     self._door(item["position"][0]).admit(item["position"][1], now)
@@ -747,7 +783,11 @@ class Collector:
                 reason = "max_bytes"
             else:
                 continue
-            self.ledger.prune(name, reason)
+            try:
+                self.ledger.prune(name, reason)
+            except OSError as error:
+                self._problem(f"{_now_iso()} could not prune {name}: {error}")
+                break
             del sizes[name]
             with self.lock:
                 self.counts["segments_pruned"] += 1
@@ -764,14 +804,16 @@ class Collector:
             self.state_written = time.monotonic()
             self.dirty = False
 
-    def failed(self, error: OSError) -> None:
+    def failed(self, error: Exception) -> None:
         with self.lock:
-            self.last_error = f"{_now_iso()} {error}"
-            if error.errno in DISK_FULL and self.disk_full_since is None:
+            self.last_error = f"{_now_iso()} {error!r}"
+            self.failing_since = self.failing_since or _now_iso()
+            if getattr(error, "errno", None) in DISK_FULL and self.disk_full_since is None:
                 self.disk_full_since = _now_iso()
 
     def succeeded(self) -> None:
         with self.lock:
+            self.failing_since = None
             if self.disk_full_since is not None:
                 self.problems.append(f"the disk was full from {self.disk_full_since} to "
                                      f"{_now_iso()}; nothing was lost")
@@ -801,6 +843,8 @@ class Collector:
             problems = list(self.problems)
             if size is None:
                 problems.append(f"no spool at {spool} yet (the front door writes it)")
+            if self.failing_since and not self.disk_full_since:
+                problems.append(f"failing since {self.failing_since}: {self.last_error}")
             if self.disk_full_since:
                 problems.append(f"the ledger's disk is full since {self.disk_full_since}: "
                                 "records wait in the spool")
@@ -811,7 +855,7 @@ class Collector:
             return {
                 "version": FORMAT_VERSION,
                 "updated": _now_iso(),
-                "ok": self.recovered and size is not None and not self.disk_full_since
+                "ok": self.recovered and size is not None and not self.failing_since
                 and not self.over_max_bytes,
                 "problems": problems,
                 "recovering": not self.recovered,
@@ -842,6 +886,7 @@ class Collector:
                 "hole_punching": {"supported": self.puncher.supported,
                                   "error": self.puncher.error},
                 "disk_full_since": self.disk_full_since,
+                "failing_since": self.failing_since,
                 "last_error": self.last_error,
                 "door_seq": {boot: door.to_json() for boot, door in self.doors.items()},
                 "series": [[*key, *totals] for key, totals in sorted(self.series.items())],
@@ -898,13 +943,13 @@ def _label(value: str) -> str:
 
 
 def run(collector: Collector, stop: threading.Event) -> None:
-    """Work until stopped; a failure (a full disk, an I/O error) is reported and retried with a
-    growing pause, never a crash: the spool keeps every record meanwhile."""
+    """Work until stopped; a failure (a full disk, an I/O error, a bug) is reported and retried
+    with a growing pause, never a crash loop: the spool keeps every record meanwhile."""
     pause = 0.0
     while not stop.is_set():
         try:
             more = collector.step()
-        except OSError as error:
+        except Exception as error:  # noqa: BLE001 - PID 1 reports and retries, the spool waits
             collector.failed(error)
             pause = min(max(pause * 2, collector.options.poll_interval),
                         collector.options.retry_max)

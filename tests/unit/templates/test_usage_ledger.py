@@ -355,3 +355,31 @@ def test_bad_arguments_exit_2_naming_them(tmp_path) -> None:
         done = subprocess.run(["python3", script, *common, *extra], capture_output=True,
                               text=True)
         assert done.returncode == 2 and says in done.stderr, done.stderr
+
+
+def test_a_line_with_no_end_is_skipped_and_counted_once(run, tmp_path) -> None:
+    """Not what nginx writes (its lines are far shorter): skipped in pieces, memory bounded."""
+    spool = tmp_path / "door.jsonl"
+    collector = run(grace=0.2)
+    append_spool(spool, [spool_line(1), b"x" * (3 * usage_ledger.MAX_LINE)])
+    collector.wait_for(lambda h: h["lost"]["unreadable_lines"] == 1, "the long line counted")
+    append_spool(spool, [b"x" * 100 + b"\n", spool_line(2)])
+    health = collector.wait_for(lambda h: h["records"] == 2, "2 records")
+    assert health["lost"]["unreadable_lines"] == 1 and health["lost"]["total"] == 0
+
+
+def test_an_unreadable_state_is_rebuilt_from_the_segments_without_duplicates(
+        run, tmp_path) -> None:
+    spool, ledger = tmp_path / "door.jsonl", tmp_path / "ledger"
+    append_spool(spool, [spool_line(seq) for seq in (1, 2, 3)])
+    collector = run()
+    collector.wait_for(lambda h: h["records"] == 3, "3 records")
+    assert collector.stop() == 0
+    (ledger / "state.json").write_text("{not json")
+    append_spool(spool, [spool_line(4)])
+    collector.start()
+    health = collector.wait_for(lambda h: h["records"] == 4, "4 records")
+    assert health["duplicates_skipped"] == 3
+    assert any(problem.startswith("state.json unreadable") for problem in health["problems"])
+    records = ledger_records(ledger)
+    assert [r["door_seq"] for r in records] == [1, 2, 3, 4] and chain_breaks(records) == []
