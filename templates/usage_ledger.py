@@ -980,9 +980,9 @@ def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-bytes", type=int, required=True)
     parser.add_argument("--port", type=int, required=True, help="HTTP: /health and /metrics")
     parser.add_argument("--host", default="0.0.0.0", help="the address to listen on")
-    parser.add_argument("--models", type=_json_names, default=[],
+    parser.add_argument("--models", type=_json_names, required=True,
                         help="JSON list of the served model names")
-    parser.add_argument("--routes", type=_json_names, default=[],
+    parser.add_argument("--routes", type=_json_names, required=True,
                         help="JSON list of the door's routes")
     parser.add_argument("--grace", type=float, default=30.0,
                         help="seconds a missing door seq may wait before it counts as lost")

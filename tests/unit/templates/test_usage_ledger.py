@@ -159,10 +159,10 @@ def test_label_values_are_escaped() -> None:
 def test_out_of_order_within_the_grace_is_not_lost_and_a_real_gap_is_counted(
         run, tmp_path) -> None:
     spool = tmp_path / "door.jsonl"
-    collector = run(grace=1.0)
+    collector = run(grace=2.0)
     append_spool(spool, [spool_line(seq) for seq in (1, 3)])
     collector.wait_for(lambda h: h["records"] == 2, "2 records")
-    time.sleep(0.5)  # within the grace: the other worker's buffer (2) comes late
+    time.sleep(0.3)  # within the grace: the other worker's buffer (2) comes late
     append_spool(spool, [spool_line(2), spool_line(4), spool_line(6)])
     collector.wait_for(lambda h: h["records"] == 5, "5 records")
     health = collector.wait_for(lambda h: h["lost"]["total"] == 1, "seq 5 lost", timeout=10)
@@ -349,9 +349,12 @@ def test_bad_arguments_exit_2_naming_them(tmp_path) -> None:
     script = str(usage_ledger.__file__)
     common = ["--spool", "s", "--ledger", str(tmp_path), "--retention-days", "1",
               "--max-bytes", "1", "--port", "1"]
-    for extra, says in ((["--models", '{"a": 1}'], "--models"),
-                        (["--routes", "not json"], "--routes"),
-                        (["--grace", "-1"], "--grace")):
+    models, routes = ["--models", '["tiny"]'], ["--routes", '["/v1/models"]']
+    for extra, says in (([*routes, "--models", '{"a": 1}'], "--models"),
+                        ([*models, "--routes", "not json"], "--routes"),
+                        ([*models], "--routes"),
+                        ([*models, *routes, "--grace", "-1"], "--grace"),
+                        ([*models, *routes, "--max-bytes", "0"], "--max-bytes")):
         done = subprocess.run(["python3", script, *common, *extra], capture_output=True,
                               text=True)
         assert done.returncode == 2 and says in done.stderr, done.stderr
