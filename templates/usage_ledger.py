@@ -74,6 +74,7 @@ _SECONDS = re.compile(r"[0-9]{1,9}(\.[0-9]{1,6})?")
 _COUNT = re.compile(r"0|[1-9][0-9]{0,14}")
 _STATUS = re.compile(r"[1-5][0-9]{2}")
 _REQUEST_ID = re.compile(r"[0-9a-f]{32}")
+_SEQ_PREFIX = re.compile(rb'\{"seq":([0-9]{1,18}),')  # how the collector writes a record
 _PRINCIPAL = re.compile(r"(key|user):(" + PRINCIPAL_NAME[1:-1] + r")|-")
 
 
@@ -342,10 +343,14 @@ class Ledger:
             os.fsync(file.fileno())
             return True
 
-    def records(self, name: str):
-        """Each record of a segment in order; a line that does not parse is yielded as None."""
+    def records(self, name: str, after: int = 0):
+        """Each record of a segment in order (those after `after` only: the others are not
+        parsed); a line that does not parse is yielded as None."""
         with open(self.path(name), "rb") as file:
             for line in file:
+                head = _SEQ_PREFIX.match(line)
+                if head is not None and int(head[1]) <= after:
+                    continue
                 try:
                     record = json.loads(line)
                 except ValueError:
@@ -523,7 +528,7 @@ class Collector:
             self.counts["torn_lines"] += 1
         after = self.last_seq
         for name in self._segments_after(names, after):
-            for record in self.ledger.records(name):
+            for record in self.ledger.records(name, after):
                 if record is None:
                     self._problem(f"segment {name} has a line that is not a record")
                 elif record["seq"] > self.last_seq:
