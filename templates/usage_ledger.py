@@ -51,7 +51,7 @@ def record_hash(previous: str, record: dict) -> str:
 
 
 # The name of a key or a Basic user: kit/names.py's USER_NAME, mirrored here because this script
-# runs alone in its container (tests/unit/usage/test_usage_ledger.py asserts they are the same).
+# runs alone in its container (tests/unit/templates/test_usage_ledger.py asserts they are the same).
 PRINCIPAL_NAME = r"^[a-z][a-z0-9._-]{0,31}$"
 METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "TRACE", "CONNECT")
 SPOOL_KEYS = ("v", "boot", "seq", "t", "id", "who", "addr", "model", "route", "method", "status",
@@ -188,8 +188,11 @@ def _utc_time(text: str) -> str:
 
 
 def _address(text: str) -> str | None:
+    """An IP address in its normal form (no %zone: Python takes any text after it), or unix:."""
     if text == "unix:":
         return text
+    if "%" in text:
+        return None
     try:
         return str(ipaddress.ip_address(text))
     except ValueError:
@@ -533,14 +536,22 @@ class Collector:
                     self._problem(f"segment {name} has a line that is not a record")
                 elif record["seq"] > self.last_seq:
                     self._take_existing(record)
-        if state is None:  # the spool is read again from its start: what the ledger holds of
-            for door in self.doors.values():  # each boot counts as accounted up to its highest
-                if door.seen:
-                    door.through, door.seen = max(door.through, door.seen[-1][1]), []
-        if state is not None and self.last_seq < int(state.get("last_seq", 0)):
-            self._problem(f"state.json names record {state['last_seq']} but the segments "
-                                 f"end at {self.last_seq}")
+        if state is None:
+            self._accounted_up_to_the_highest()
+        elif self.last_seq < int(state.get("last_seq", 0)):
+            self._problem(f"state.json names record {state['last_seq']} but the segments end "
+                          f"at {self.last_seq}")
         self.recovered = True
+
+    def _accounted_up_to_the_highest(self) -> None:
+        """Without a state the spool is read again from its start: what the ledger holds of each
+        boot counts as accounted up to its highest seq, and the loss counts, whose history went
+        with the state, start again from 0 (a gap in the old records is not a new loss)."""
+        self.lost_total = 0
+        for door in self.doors.values():
+            if door.seen:
+                door.through, door.seen = max(door.through, door.seen[-1][1]), []
+            door.lost, door.lost_ranges = 0, []
 
     def _continue_after_pruned(self) -> None:
         """Without a state, the chain goes on from the last pruned segment (the segments found

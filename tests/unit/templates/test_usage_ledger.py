@@ -116,6 +116,7 @@ def test_hostile_field_values_are_never_written_as_is(run, tmp_path) -> None:
         spool_line(8, prompt="NaN", completion="-1"),
         spool_line(9, prompt="1e3", ttft="soon"),
         spool_line(10, addr="<script>"),
+        spool_line(21, addr="fe80::1%a b<script>"),
     ]
     unreadable = [
         spool_line(11, status="2OO"),
@@ -132,27 +133,27 @@ def test_hostile_field_values_are_never_written_as_is(run, tmp_path) -> None:
     ]
     append_spool(spool, [*replaced, *unreadable, spool_line(20)])
     collector = run(grace=0.3)
-    health = collector.wait_for(lambda h: h["records"] == 11, "11 records")
+    health = collector.wait_for(lambda h: h["records"] == 12, "12 records")
     records = {r["door_seq"]: r for r in ledger_records(tmp_path / "ledger")}
-    assert sorted(records) == [*range(1, 11), 20]
+    assert sorted(records) == [*range(1, 11), 20, 21]
     assert [records[seq]["who"] for seq in (1, 2, 3)] == ["-", "-", "-"]
     assert [records[seq]["model"] for seq in (4, 5)] == [None, None]
     assert records[6]["route"] == "other" and records[7]["method"] == "OTHER"
     assert (records[8]["prompt_tokens"], records[8]["completion_tokens"]) == (None, None)
     assert (records[9]["prompt_tokens"], records[9]["ttft_ms"]) == (None, None)
-    assert records[10]["client"] is None
+    assert records[10]["client"] is None and records[21]["client"] is None
     text = "".join(p.read_text() for p in (tmp_path / "ledger" / "segments").iterdir())
     for hostile in ("eve", "aaaa", "admin", "gpt-4", "../", "GE", "NaN", "soon", "script"):
         assert hostile not in text
     # lines 11..19 carry a readable (boot, seq): unreadable, and not lost as well
     assert health["lost"]["unreadable_lines"] == 11
     assert health["replaced_values"] == {"who": 3, "model": 2, "route": 1, "method": 1,
-                                         "tokens": 3, "ttft": 1, "client": 1}
+                                         "tokens": 3, "ttft": 1, "client": 2}
     time.sleep(0.5)
     health = collector.health()
     assert health["lost"]["total"] == 0, health
     metrics = collector.get("/metrics")
-    assert "kit_usage_records_total 11\n" in metrics and "user:eve" not in metrics
+    assert "kit_usage_records_total 12\n" in metrics and "user:eve" not in metrics
 
 
 def test_label_values_are_escaped() -> None:
@@ -389,3 +390,19 @@ def test_an_unreadable_state_is_rebuilt_from_the_segments_without_duplicates(
     assert any(problem.startswith("state.json unreadable") for problem in health["problems"])
     records = ledger_records(ledger)
     assert [r["door_seq"] for r in records] == [1, 2, 3, 4] and chain_breaks(records) == []
+
+
+def test_with_every_segment_pruned_and_no_state_the_chain_goes_on_from_pruned_jsonl(
+        run, tmp_path) -> None:
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    last = chained([ledger_record(seq, seq) for seq in range(1, 7)])[-1]
+    (ledger / "pruned.jsonl").write_text(json.dumps({
+        "segment": "2020-01-01.jsonl", "first_seq": 1, "last_seq": 6, "last_hash": last["hash"],
+        "reason": "retention", "at": "2020-02-01T00:00:00.000Z"}) + "\n")
+    append_spool(tmp_path / "door.jsonl", [spool_line(1)])
+    collector = run()
+    collector.wait_for(lambda h: h["records"] == 7, "record 7")
+    records = ledger_records(ledger)
+    assert [r["seq"] for r in records] == [7]
+    assert chain_breaks(records, previous=last["hash"]) == []
