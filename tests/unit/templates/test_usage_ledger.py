@@ -406,3 +406,26 @@ def test_with_every_segment_pruned_and_no_state_the_chain_goes_on_from_pruned_js
     records = ledger_records(ledger)
     assert [r["seq"] for r in records] == [7]
     assert chain_breaks(records, previous=last["hash"]) == []
+
+
+def test_memory_stays_bounded_as_the_spool_grows(run, tmp_path) -> None:
+    """Four times the spool, the same peak: read in chunks, counters by label set only."""
+    spool = tmp_path / "door.jsonl"
+
+    def peak_kib(collector: CollectorProcess) -> int:
+        assert collector.process is not None
+        status = Path(f"/proc/{collector.process.pid}/status").read_text()
+        return int(next(line for line in status.splitlines()
+                        if line.startswith("VmHWM:")).split()[1])
+
+    append_spool(spool, [spool_line(seq) for seq in range(1, 10001)])
+    collector = run()
+    collector.wait_for(lambda h: h["records"] == 10000, "10000 records", 60)
+    first = peak_kib(collector)
+    append_spool(spool, [spool_line(seq) for seq in range(10001, 50001)])
+    collector.wait_for(lambda h: h["records"] == 50000, "50000 records", 120)
+    second = peak_kib(collector)
+    grown = (os.stat(spool).st_size >> 10)
+    print(f"peak RSS {first} KiB after 10000 records, {second} KiB after 50000 "
+          f"(spool {grown} KiB)")
+    assert second - first < 8 << 10 < grown
