@@ -679,8 +679,8 @@ class Collector:
         tally, staged = batch.tally, batch.staged
         positions: set[tuple[str, int]] = set()
         for raw in lines:
-            try:
-                line = json.loads(raw)
+            try:  # escape=json leaves bytes >= 0x80 as they came: a client's invalid UTF-8
+                line = json.loads(raw.decode("utf-8", "replace"))  # fails the allow-lists
             except ValueError:
                 tally["unreadable_lines"] += 1
                 continue

@@ -117,6 +117,9 @@ def test_hostile_field_values_are_never_written_as_is(run, tmp_path) -> None:
         spool_line(9, prompt="1e3", ttft="soon"),
         spool_line(10, addr="<script>"),
         spool_line(21, addr="fe80::1%a b<script>"),
+        # nginx's escape=json passes bytes >= 0x80 through: a URI and a Basic name not UTF-8
+        json.dumps(spool_line(22, route="/v1/@@", who="user:@@")).encode().replace(
+            b"@@", b"\xff\xfe") + b"\n",
     ]
     unreadable = [
         spool_line(11, status="2OO"),
@@ -133,9 +136,10 @@ def test_hostile_field_values_are_never_written_as_is(run, tmp_path) -> None:
     ]
     append_spool(spool, [*replaced, *unreadable, spool_line(20)])
     collector = run(grace=0.3)
-    health = collector.wait_for(lambda h: h["records"] == 12, "12 records")
+    health = collector.wait_for(lambda h: h["records"] == 13, "13 records")
     records = {r["door_seq"]: r for r in ledger_records(tmp_path / "ledger")}
-    assert sorted(records) == [*range(1, 11), 20, 21]
+    assert sorted(records) == [*range(1, 11), 20, 21, 22]
+    assert (records[22]["route"], records[22]["who"]) == ("other", "-")
     assert [records[seq]["who"] for seq in (1, 2, 3)] == ["-", "-", "-"]
     assert [records[seq]["model"] for seq in (4, 5)] == [None, None]
     assert records[6]["route"] == "other" and records[7]["method"] == "OTHER"
@@ -147,13 +151,13 @@ def test_hostile_field_values_are_never_written_as_is(run, tmp_path) -> None:
         assert hostile not in text
     # lines 11..19 carry a readable (boot, seq): unreadable, and not lost as well
     assert health["lost"]["unreadable_lines"] == 11
-    assert health["replaced_values"] == {"who": 3, "model": 2, "route": 1, "method": 1,
+    assert health["replaced_values"] == {"who": 4, "model": 2, "route": 2, "method": 1,
                                          "tokens": 3, "ttft": 1, "client": 2}
     time.sleep(0.5)
     health = collector.health()
     assert health["lost"]["total"] == 0, health
     metrics = collector.get("/metrics")
-    assert "kit_usage_records_total 12\n" in metrics and "user:eve" not in metrics
+    assert "kit_usage_records_total 13\n" in metrics and "user:eve" not in metrics
 
 
 def test_label_values_are_escaped() -> None:
