@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kit.templates.usage_ledger import GENESIS, record_hash
+from tests.support import nginx_ns
 from tests.support.docker_engine import pick_free_port
 from tests.support.sites import REPO
 
@@ -155,3 +156,42 @@ def write_segment(ledger: Path, day: str, records: Sequence[dict]) -> Path:
     path.write_text("".join(json.dumps(record, separators=(",", ":")) + "\n"
                             for record in records))
     return path
+
+
+# A stand-in for the front door's spool format on a real nginx: the same keys and escaping
+# (escape=json), the door's own variables (boot, seq, model, tokens) taken from the query string.
+SPOOL_NGINX_CONF = """worker_processes 2;
+pid /run/nginx.pid;
+events {}
+http {
+  map $remote_user $who { "" "-"; default "user:$remote_user"; }
+  log_format kit_usage escape=json '{"v":"1","boot":"real-nginx","seq":"$arg_seq","t":"$msec",'
+    '"id":"$request_id","who":"$who","addr":"$remote_addr","model":"$arg_model",'
+    '"route":"$uri","method":"$request_method","status":"$status","prompt":"$arg_prompt",'
+    '"completion":"","ttft":"","duration":"$request_time","bytes_in":"$request_length",'
+    '"bytes_out":"$bytes_sent","end":"completed"}';
+  access_log /var/log/kit-usage/door.jsonl kit_usage buffer=64k flush=1s;
+  server { listen 127.0.0.1:8080; location / { return 200 "ok\\n"; } }
+}
+"""
+
+
+def real_nginx_spool(work: Path, curls: Sequence[str]) -> Path:
+    """Each curl argument string run against a real nginx (tests/support/nginx_ns.py's chroot,
+    in private mount and network namespaces) writing SPOOL_NGINX_CONF's spool; nginx is stopped
+    gracefully (its buffer written) before this returns the spool's path."""
+    conf, spool = work / "nginx-conf", work / "spool"
+    conf.mkdir()
+    spool.mkdir()
+    (conf / "nginx.conf").write_text(SPOOL_NGINX_CONF)
+    root = nginx_ns.nginx_root()
+    clients = "".join(f"curl -s -o /dev/null {arguments}\n" for arguments in curls)
+    after = (f"set +e\n{clients}pid=$(cat {root}/run/nginx.pid)\nkill -QUIT $pid\n"
+             "while kill -0 $pid 2>/dev/null; do sleep 0.05; done\n")
+    script = nginx_ns.namespace_script(
+        {"/etc/nginx/kit": conf, "/var/log/kit-usage": spool}, [], "ip link set lo up",
+        "-c /etc/nginx/kit/nginx.conf", work, after)
+    done = subprocess.run(["unshare", "-m", "-n", "sh", "-c", script], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return spool / "door.jsonl"

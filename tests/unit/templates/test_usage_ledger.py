@@ -2,6 +2,7 @@
 file and a ledger folder, asked over HTTP), killed, starved of disk and fed hostile lines; and
 its parts in-process where a property is easier to state there."""
 
+import base64
 import datetime
 import json
 import os
@@ -15,6 +16,7 @@ import pytest
 
 from kit import names
 from kit.templates import usage_ledger
+from tests.support import nginx_ns
 from tests.support.usage_collector import (
     CollectorProcess,
     append_spool,
@@ -22,6 +24,7 @@ from tests.support.usage_collector import (
     chained,
     ledger_record,
     ledger_records,
+    real_nginx_spool,
     spool_line,
     write_segment,
 )
@@ -433,3 +436,44 @@ def test_memory_stays_bounded_as_the_spool_grows(run, tmp_path) -> None:
     print(f"peak RSS {first} KiB after 10000 records, {second} KiB after 50000 "
           f"(spool {grown} KiB)")
     assert second - first < 8 << 10 < grown
+
+
+@pytest.mark.skipif(nginx_ns.available() is not None or os.geteuid() != 0,
+                    reason=str(nginx_ns.available()))
+def test_a_real_nginx_spool_with_hostile_requests_is_read(tmp_path) -> None:
+    """What a real nginx writes with escape=json (quotes and newlines escaped, bytes >= 0x80
+    passed through): every line read, the hostile values replaced, nothing unreadable but the
+    line whose seq is not a number."""
+    hostile_user = base64.b64encode(b'e"v\nil:pw').decode()
+    raw_user = base64.b64encode(b"\xff\xfe:pw").decode()
+    spool = real_nginx_spool(tmp_path, [
+        "-u alice:pw 'http://127.0.0.1:8080/v1/chat/completions?seq=1&model=tiny&prompt=5'",
+        "'http://127.0.0.1:8080/v1/%FF%FE?seq=2'",
+        "--path-as-is 'http://127.0.0.1:8080/v1/chat/../../v1/../etc/passwd?seq=3'",
+        f"-H 'Authorization: Basic {hostile_user}' 'http://127.0.0.1:8080/v1/models?seq=4'",
+        f"-H 'Authorization: Basic {raw_user}' 'http://127.0.0.1:8080/v1/models?seq=5'",
+        "'http://127.0.0.1:8080/v1/models?seq=6&model=tiny%22,%22who%22:%22key:root'",
+        "-X 'BREW' 'http://127.0.0.1:8080/v1/models?seq=7&prompt=1e3'",
+        "'http://127.0.0.1:8080/v1/models?seq=x8'",
+    ])
+    assert b"\xff\xfe" in spool.read_bytes()  # nginx passed the bytes through
+    collector = CollectorProcess(spool, tmp_path / "ledger", grace=0.2).start()
+    try:
+        health = collector.wait_for(lambda h: h["records"] == 7, "7 records")
+    finally:
+        assert collector.stop() == 0
+    records = {r["door_seq"]: r for r in ledger_records(tmp_path / "ledger")}
+    assert {seq: (r["who"], r["model"], r["route"], r["method"], r["prompt_tokens"])
+            for seq, r in records.items()} == {
+        1: ("user:alice", "tiny", "/v1/chat/completions", "GET", 5),
+        2: ("-", None, "other", "GET", None),
+        3: ("-", None, "other", "GET", None),
+        4: ("-", None, "/v1/models", "GET", None),
+        5: ("-", None, "/v1/models", "GET", None),
+        6: ("-", None, "/v1/models", "GET", None),
+        7: ("-", None, "/v1/models", "OTHER", None),
+    }
+    assert all(r["status"] == 200 and r["client"] == "127.0.0.1"
+               for r in records.values())
+    assert chain_breaks(sorted(records.values(), key=lambda r: r["seq"])) == []
+    assert health["lost"]["unreadable_lines"] == 1
