@@ -62,6 +62,7 @@ READ_CHUNK = 1 << 20  # bytes of spool read per batch: memory stays bounded what
 MAX_SERIES = 2000  # (who, model, ended) label sets; further ones are counted under who="_other"
 MAX_BOOTS = 16  # door boots whose counters are kept; an older one's open gaps are declared lost
 MAX_INTERVALS = 20000  # seen-but-not-contiguous runs of one boot before its first gap is declared
+LOST_RANGES = 4096  # gaps of one boot remembered, so a line that turns up late is not skipped
 OVERFLOW_WHO = "_other"
 PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -251,7 +252,7 @@ class DoorSequence:
         while self.seen and (now - self.seen[0][2] >= grace or len(self.seen) > MAX_INTERVALS):
             first, last, _ = self.seen.pop(0)
             declared += first - 1 - self.through
-            self.lost_ranges = [*self.lost_ranges, [self.through + 1, first - 1]][-64:]
+            self.lost_ranges = [*self.lost_ranges, [self.through + 1, first - 1]][-LOST_RANGES:]
             self.through = last
         self.lost += declared
         return declared
