@@ -139,7 +139,8 @@ def test_up_from_nothing_is_healthy_pinned_labelled_and_passes_the_gate(make_sit
     result = site.up()
     assert "all checks passed" in result.stdout  # kit up ends with the gate
     containers = site.containers()
-    assert set(containers) == {"alpha", "beta", "kit-auth", "nginx"}  # + the password verifier
+    # + the password verifier and the usage ledger's collector
+    assert set(containers) == {"alpha", "beta", "kit-auth", "nginx", "usage-ledger"}
     for container in containers.values():
         assert container.attrs["State"]["Health"]["Status"] == "healthy"
         assert container.name == f"{site.name}-{container.labels[SERVICE_LABEL]}-1"
@@ -176,7 +177,8 @@ def test_a_second_up_without_change_touches_nothing_and_is_fast(make_site) -> No
     elapsed = time.monotonic() - started
 
     assert result.exit_code == 0, result.output
-    assert "no change: 3 container(s) up to date" in result.output  # + the verifier
+    # + the verifier and the usage ledger's collector
+    assert "no change: 4 container(s) up to date" in result.output
     assert elapsed < NO_CHANGE_LIMIT_S, f"a no-change kit up took {elapsed:.2f}s"
     after = site.containers()
     assert {s: c.attrs["State"]["StartedAt"] for s, c in after.items()} == before
@@ -236,7 +238,8 @@ def test_down_removes_containers_and_networks_and_volumes_only_when_asked(make_s
     assert site.client.containers.list(all=True, filters=label) == []
     assert site.client.networks.list(filters=label) == []
     assert {v.name for v in site.client.volumes.list(filters=label)} == {
-        f"{site.name}_hf-cache", f"{site.name}_door-figures"}  # the latter: nginx, always
+        f"{site.name}_hf-cache", f"{site.name}_door-figures",  # nginx's, always
+        f"{site.name}_usage-spool", f"{site.name}_usage-ledger"}  # kept: who used what
 
     assert site.kit("down", "--volumes").returncode == 0
     assert site.client.volumes.list(filters=label) == []
@@ -249,7 +252,8 @@ def test_status_shows_health_gpus_drift_and_the_last_probe(make_site) -> None:
     assert status.returncode == 0, status.stderr
     report = yaml.safe_load(status.stdout)
     assert set(report) == {"site", "containers", "front_door_ports", "drift", "render_pending",
-                           "last_probe", "last_probe_stale"}
+                           "last_probe", "last_probe_stale", "usage_ledger"}
+    assert report["usage_ledger"]["ok"] is True, report["usage_ledger"]
     assert [(p["port"], p["tls"], p["answers"]) for p in report["front_door_ports"]] == [
         (site.spec["proxy"]["https_port"], True, True),
         (site.spec["proxy"]["http_port"], False, True)]
@@ -401,7 +405,7 @@ def test_compose_runs_the_rendered_file_and_kit_adopts_its_stack(make_site, comp
     assert site.kit("render").returncode == 0
     started = site.compose(compose, "up", "-d")
     assert started.returncode == 0, started.stderr
-    wait_until(lambda: all_healthy(site, {"alpha", "kit-auth", "nginx"}),
+    wait_until(lambda: all_healthy(site, {"alpha", "kit-auth", "nginx", "usage-ledger"}),
                "compose's stack to be healthy")
     gpus = site.containers()["alpha"].attrs["HostConfig"]["DeviceRequests"][0]["DeviceIDs"]
     assert gpus == ["0"]
@@ -432,8 +436,12 @@ def test_a_service_removed_from_the_spec_loses_its_container(make_site) -> None:
     assert f"remove container {site.name}-beta-1: service no longer in the compose file" in (
         result.stdout
     )
-    assert site.ids() == {"alpha": before["alpha"], "kit-auth": before["kit-auth"],
-                          "nginx": before["nginx"]}
+    after = site.ids()
+    # the usage ledger's collector is recreated: the served names it allows changed (it
+    # resumes from its checkpoint; the spool keeps what the door wrote meanwhile)
+    assert after.pop("usage-ledger") != before["usage-ledger"]
+    assert after == {"alpha": before["alpha"], "kit-auth": before["kit-auth"],
+                     "nginx": before["nginx"]}
     assert f"reload {site.name}-nginx-1: its mounted config files changed" in result.stdout
 
 
