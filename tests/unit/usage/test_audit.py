@@ -134,8 +134,8 @@ def test_a_segment_still_there_after_its_entry_must_end_where_the_entry_says(
     set_segment_lines(files, "2026-11-01", lines[:2])
     where, _, _, what = problem(Audited(tmp_path / "b", files).verify())
     assert (where, what) == (
-        "pruned.jsonl line 1", "says segments/2026-11-01.jsonl ends at seq 3, but the file ends at seq 2 (or with "
-        "another hash)")
+        "pruned.jsonl line 1", "says segments/2026-11-01.jsonl ends at seq 3, but the file "
+        "ends at seq 2 (or with another hash)")
 
 
 def test_a_chain_rewritten_from_scratch_is_caught_by_an_anchor(tmp_path: Path) -> None:
