@@ -3,32 +3,25 @@ archive API in a collector container that never started (docker cp reads a stopp
 back segment by segment (a recent period) and as the whole folder (a long one), then tampered
 with and named by kit audit verify."""
 
-import io
 import json
-import tarfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from kit.engine.desired import ONEOFF_LABEL, PROJECT_LABEL, SERVICE_LABEL, USAGE_SERVICE
 from kit.engine.docker_api import connect
 from kit.usage.ledger import LEDGER_DIR
 from tests.support.cli import run_kit
 from tests.support.sites import write_site
-from tests.support.synthetic_ledger import chained, ledger_files, record
+from tests.support.synthetic_ledger import (
+    chained,
+    ledger_files,
+    record,
+    stopped_collector,
+    tar_of,
+)
 
 pytestmark = pytest.mark.e2e
-
-
-def tar_of(files: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for path, content in files.items():
-            info = tarfile.TarInfo(path.lstrip("/"))
-            info.size = len(content)
-            tar.addfile(info, io.BytesIO(content))
-    return buffer.getvalue()
 
 
 def test_usage_and_audit_through_the_engine(tmp_path: Path, docker_client, test_images,
@@ -38,14 +31,7 @@ def test_usage_and_audit_through_the_engine(tmp_path: Path, docker_client, test_
     files = ledger_files(chained({day: [
         record(f"{day}T00:00:0{n}.000Z", who=f"key:{'ab'[n % 2]}", prompt=10 * n, completion=n)
         for n in range(1, 6)] for day in days}))
-    volume = docker_client.volumes.create(f"{compose_project}_usage-ledger",
-                                          labels={PROJECT_LABEL: compose_project})
-    collector = docker_client.containers.create(
-        test_images["vllm"], name=f"{compose_project}-{USAGE_SERVICE}-1", entrypoint=["true"],
-        labels={PROJECT_LABEL: compose_project, SERVICE_LABEL: USAGE_SERVICE,
-                ONEOFF_LABEL: "False"},
-        volumes={volume.name: {"bind": LEDGER_DIR, "mode": "rw"}})
-    assert collector.put_archive("/", tar_of(files))
+    collector = stopped_collector(docker_client, compose_project, test_images["vllm"], files)
     spec = write_site(tmp_path)
     spec.write_text(spec.read_text().replace("site: unit01", f"site: {compose_project}"))
 

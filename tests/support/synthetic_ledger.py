@@ -3,7 +3,9 @@
 state.json), tampered with as an attacker would, and served by the fake engine's `archive` from
 a usage-ledger container of a site."""
 
+import io
 import json
+import tarfile
 from pathlib import Path
 
 from kit.engine.desired import (
@@ -103,3 +105,26 @@ def ledger_site(root: Path, engine: FakeEngine, files: dict[str, bytes] | None) 
     spec = write_site(root)
     ledger_container(engine, "unit01", files)
     return spec
+
+
+def tar_of(files: dict[str, bytes]) -> bytes:
+    """Files by absolute path as a tar to unpack at / (the engine's archive API)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for path, content in files.items():
+            info = tarfile.TarInfo(path.lstrip("/"))
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
+    return buffer.getvalue()
+
+
+def stopped_collector(client, project: str, image: str, files: dict[str, bytes]):
+    """On a real engine (a docker-py client): project's usage-ledger container, created and
+    never started, its ledger volume filled with `files` through the archive API."""
+    volume = client.volumes.create(f"{project}_usage-ledger", labels={PROJECT_LABEL: project})
+    collector = client.containers.create(
+        image, name=f"{project}-{USAGE_SERVICE}-1", entrypoint=["true"],
+        labels={PROJECT_LABEL: project, SERVICE_LABEL: USAGE_SERVICE, ONEOFF_LABEL: "False"},
+        volumes={volume.name: {"bind": LEDGER_DIR, "mode": "rw"}})
+    assert collector.put_archive("/", tar_of(files))
+    return collector
