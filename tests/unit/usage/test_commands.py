@@ -12,17 +12,10 @@ from pathlib import Path
 import pytest
 
 from kit.usage.ledger import LEDGER_DIR
+from tests.support import synthetic_ledger as synthetic
 from tests.support.cli import run_kit
 from tests.support.fake_engine import FakeEngine
 from tests.support.sites import tree
-from tests.support.synthetic_ledger import (
-    chained,
-    ledger_files,
-    ledger_site,
-    record,
-    segment_lines,
-    set_segment_lines,
-)
 
 TODAY = datetime.now(UTC).date()
 DAYS = [(TODAY - timedelta(days=n)).isoformat() for n in (2, 1, 0)]
@@ -30,11 +23,12 @@ DAYS = [(TODAY - timedelta(days=n)).isoformat() for n in (2, 1, 0)]
 
 def recent() -> dict[str, bytes]:
     """Three days up to today: key:a twice a day, key:b once (the last one on beta)."""
-    return ledger_files(chained({day: [
-        record(f"{day}T00:00:01.000Z", who="key:a", prompt=100, completion=20),
-        record(f"{day}T00:00:02.000Z", who="key:a", prompt=100, completion=20),
-        record(f"{day}T00:00:03.000Z", who="key:b", model="beta" if day == DAYS[-1] else "alpha",
-               prompt=7, completion=3)] for day in DAYS}))
+    return synthetic.ledger_files(synthetic.chained({day: [
+        synthetic.record(f"{day}T00:00:01.000Z", who="key:a", prompt=100, completion=20),
+        synthetic.record(f"{day}T00:00:02.000Z", who="key:a", prompt=100, completion=20),
+        synthetic.record(f"{day}T00:00:03.000Z", who="key:b",
+                         model="beta" if day == DAYS[-1] else "alpha", prompt=7, completion=3)]
+        for day in DAYS}))
 
 
 @pytest.fixture
@@ -42,7 +36,7 @@ def site(tmp_path: Path, engines: dict) -> tuple[Path, dict[str, bytes]]:
     engine = FakeEngine()
     engines[None] = engine
     files = recent()
-    return ledger_site(tmp_path, engine, files), files
+    return synthetic.ledger_site(tmp_path, engine, files), files
 
 
 def test_usage_prints_the_table(site) -> None:
@@ -103,7 +97,7 @@ def test_usage_bad_input_is_exit_2_and_writes_nothing(site, tmp_path: Path, args
 
 def test_usage_of_a_site_without_a_ledger_is_exit_2(tmp_path: Path, engines: dict) -> None:
     engines[None] = engine = FakeEngine()
-    spec = ledger_site(tmp_path, engine, None)
+    spec = synthetic.ledger_site(tmp_path, engine, None)
     done = run_kit("usage", spec)
     assert done.exit_code == 2 and "does not exist yet" in done.output
 
@@ -116,9 +110,9 @@ def test_verify_passes_then_names_an_edit(site) -> None:
     assert "head: seq 9 hash " in done.output and "this head kept in" in done.output
     anchors = spec.parent / ".kit" / "usage-anchors.json"
     assert stat.S_IMODE(anchors.stat().st_mode) == 0o600
-    lines = segment_lines(files, DAYS[1])
+    lines = synthetic.segment_lines(files, DAYS[1])
     lines[2] = lines[2].replace(b'"who":"key:b"', b'"who":"key:c"')
-    set_segment_lines(files, DAYS[1], lines)
+    synthetic.set_segment_lines(files, DAYS[1], lines)
     done = run_kit("audit", "verify", spec)
     assert done.exit_code == 1
     assert (f"the usage ledger is not whole: segments/{DAYS[1]}.jsonl line 3 (seq 6, request id "
