@@ -10,7 +10,9 @@ seq where another belongs.
 
 A chain rewritten from scratch (every hash recomputed) passes those checks, so each passing
 verify keeps the head it saw (seq, hash, time) in the site's .kit/ (kit/layout.py
-`usage_anchors`), and every later verify finds each kept head still in the chain.
+`usage_anchors`), and every later verify finds each kept head still in the chain; the
+collector's own head in state.json (last_seq, last_hash) is checked the same way, so records
+cut from the end since the collector's last write are named even without an anchor.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from kit.state import json_object, read_state
 from kit.templates.usage_ledger import GENESIS, RECORD_FIELDS, record_hash
 from kit.usage.ledger import (
     PRUNED,
+    STATE,
     Ledger,
     Line,
     open_ledger,
@@ -51,6 +54,21 @@ class Head:
     seq: int
     hash: str
     at: str  # when it was seen (ISO 8601 UTC)
+
+    @property
+    def seen_by(self) -> str:
+        return "the collector's state.json" if self.at == STATE else f"a verify at {self.at}"
+
+
+def collector_head(state: dict | None) -> Head | None:
+    """The last record the collector says it wrote (state.json, read before the walk: it is
+    written after the lines it covers, so an honest chain reaches it)."""
+    if state is None:
+        return None
+    seq, hash_ = state.get("last_seq"), state.get("last_hash")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1 or not isinstance(hash_, str):
+        return None
+    return Head(seq, hash_, STATE)
 
 
 @dataclass(frozen=True)
@@ -98,6 +116,8 @@ class _Pruned:
         for number, entry in entries:
             day = segment_day(str(entry.get("segment", "")))
             numbers = [entry.get(key) for key in ("first_seq", "last_seq")]
+            if day is not None and numbers == [None, None] and entry.get("last_hash") is None:
+                continue  # an empty segment was pruned: it held no record
             if day is None or not all(isinstance(n, int) for n in numbers) or not isinstance(
                     entry.get("last_hash"), str) or numbers[0] > numbers[1]:
                 self.bad = self.bad or Finding(
@@ -126,20 +146,20 @@ class _Walk:
     def __init__(self, anchors: list[Head]):
         self.expected, self.previous = 1, GENESIS
         self.records = self.pruned = self.segments = 0
-        self.anchors = {anchor.seq: anchor for anchor in anchors}
+        self.anchors: dict[int, list[Head]] = {}
+        for anchor in anchors:
+            self.anchors.setdefault(anchor.seq, []).append(anchor)
         self.anchors_seen = 0
         self.own_entry: tuple[int, dict] | None = None  # pruned.jsonl's line of this segment
 
     def anchor(self, seq: int, hash_: str, where: str, request_id: str | None
                ) -> Finding | None:
-        anchor = self.anchors.get(seq)
-        if anchor is None:
-            return None
-        if anchor.hash != hash_:
-            return Finding(where, f"the chain was rewritten: a verify at {anchor.at} saw seq "
-                           f"{seq} with hash {anchor.hash[:16]}…, now it is {hash_[:16]}…",
-                           seq, request_id)
-        self.anchors_seen += 1
+        for anchor in self.anchors.get(seq, ()):
+            if anchor.hash != hash_:
+                return Finding(where, f"the chain was rewritten: {anchor.seen_by} saw seq {seq} "
+                               f"with hash {anchor.hash[:16]}…, now it is {hash_[:16]}…", seq,
+                               request_id)
+            self.anchors_seen += anchor.at != STATE
         return None
 
     def skip_pruned(self, number: int, entry: dict) -> Finding | None:
@@ -167,13 +187,14 @@ class _Walk:
 
     def past_head(self) -> Finding | None:
         """An earlier verify saw a longer chain: its end was cut off, or it was rewritten."""
-        beyond = [anchor for seq, anchor in sorted(self.anchors.items()) if seq >= self.expected]
+        beyond = [anchor for seq, anchors in sorted(self.anchors.items()) if seq >= self.expected
+                  for anchor in anchors]
         if not beyond:
             return None
         anchor = beyond[0]
         return Finding("the end of the ledger", f"the chain ends at seq {self.expected - 1}, "
-                       f"but a verify at {anchor.at} saw seq {anchor.seq}: records were removed "
-                       "from its end, or it was rewritten", anchor.seq)
+                       f"but {anchor.seen_by} saw seq {anchor.seq}: records were removed from its "
+                       "end, or it was rewritten", anchor.seq)
 
     def check(self, line: Line, lines: Iterator[Line]) -> Finding | None:
         record = record_of(line)
@@ -263,7 +284,9 @@ def verify_site(site: Site, engine: Engine, now: datetime) -> tuple[Verdict, boo
     """`kit audit verify`'s core call: the site's ledger walked against the anchors of its
     .kit/; a passing verify keeps its head as a new anchor. (verdict, whether it was kept)"""
     anchors = read_anchors(site.layout.usage_anchors)
-    verdict = verify(open_ledger(site, engine), anchors, now)
+    ledger = open_ledger(site, engine)
+    collector = collector_head(ledger.state())  # before the walk: the chain reaches it
+    verdict = verify(ledger, [*anchors, *([collector] if collector else [])], now)
     kept = verdict.ok and verdict.head is not None and keep_anchor(
         site.layout.usage_anchors, anchors, verdict.head)
     return verdict, kept

@@ -70,7 +70,8 @@ def ledger_files(segments: dict[str, list[dict]], *, pruned: tuple[str, ...] = (
             last = {"seq": records[-1]["seq"], "hash": records[-1]["hash"]}
     if entries:
         files[f"{LEDGER_DIR}/pruned.jsonl"] = jsonl(entries)
-    files[f"{LEDGER_DIR}/state.json"] = json.dumps({"ledger": last}).encode()
+    files[f"{LEDGER_DIR}/state.json"] = json.dumps(  # the collector's head, among its health
+        {"version": 1, "ok": True, "last_seq": last["seq"], "last_hash": last["hash"]}).encode()
     return files
 
 

@@ -19,7 +19,7 @@ KIT = REPO / "kit"
 # are siblings and never import each other.
 ORDER: tuple[tuple[str, ...], ...] = (
     ("ground",), ("engine",), ("spec",), ("credentials",), ("plan",), ("site",),
-    ("front_door", "render"), ("stack",), ("usage",), ("bench",), ("fleet",), ("commands",),
+    ("front_door", "render", "usage"), ("stack",), ("bench",), ("fleet",), ("commands",),
     ("entry",),
 )
 # The top-level modules of kit/, each a wing of its own name unless named here.

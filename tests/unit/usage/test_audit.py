@@ -179,3 +179,24 @@ def test_export_csv_cells_cannot_run_in_a_spreadsheet(tmp_path: Path) -> None:
     assert [row["who"] for row in rows] == ["'=HYPERLINK(\"x\")", "'-"]
     assert rows[1]["prompt_tokens"] == "" and rows[0]["seq"] == "1"
     assert rows[1]["hash"] == chain["2026-11-20"][1]["hash"]
+
+
+def test_records_cut_from_the_end_are_named_by_the_collectors_own_head(tmp_path: Path) -> None:
+    """No verify ran before: state.json's last_seq/last_hash (written after the lines they
+    cover) is the head the chain must reach."""
+    files = ledger_files(three_a_day())
+    set_segment_lines(files, "2026-11-29", segment_lines(files, "2026-11-29")[:1])
+    where, seq, _, what = problem(Audited(tmp_path, files).verify())
+    assert (where, seq) == ("the end of the ledger", 9)
+    assert what == ("the chain ends at seq 7, but the collector's state.json saw seq 9: records "
+                    "were removed from its end, or it was rewritten")
+
+
+def test_an_empty_pruned_segment_accounts_for_nothing(tmp_path: Path) -> None:
+    files = ledger_files(three_a_day(), pruned=("2026-11-01",))
+    empty = {"segment": "2026-10-31.jsonl", "first_seq": None, "last_seq": None,
+             "last_hash": None, "reason": "retention", "at": "2026-11-30T00:00:00.000Z"}
+    files[f"{LEDGER_DIR}/pruned.jsonl"] = json.dumps(empty).encode() + b"\n" + files[
+        f"{LEDGER_DIR}/pruned.jsonl"]
+    verdict = Audited(tmp_path, files).verify()
+    assert verdict.ok and (verdict.records, verdict.pruned) == (6, 3)
