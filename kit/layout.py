@@ -160,6 +160,12 @@ class SiteLayout:
         return self.observability_dir / "door-figures"
 
     @property
+    def usage_dir(self) -> Path:
+        """The usage ledger's collector script (a site file beside the compose file that binds
+        it read-only)."""
+        return self.compose_dir / "usage"
+
+    @property
     def state_dir(self) -> Path:
         return self.root / ".kit"
 

@@ -19,6 +19,7 @@ from kit.plan.observability import (
     observability_plan,
     service_slo,
 )
+from kit.plan.usage import UsagePlan, usage_plan
 from kit.spec.model import Spec
 from kit.spec.replicas import ReplicaPlan, replica_plans
 
@@ -241,6 +242,7 @@ class Plan:
     acme: AcmePlan | None = None
     warnings: list[str] = field(default_factory=list)
     observability: ObservabilityPlan | None = None  # Prometheus + Grafana when enabled
+    usage: UsagePlan | None = None  # the usage ledger (on unless usage.enabled is false)
 
     @property
     def url_host(self) -> str:
@@ -303,6 +305,7 @@ def build_plan(spec: Spec) -> Plan:
         ) if spec.tls.mode == "acme" else None,
         warnings=warnings,
         observability=observability_plan(spec),
+        usage=usage_plan(spec),
     )
 
 

@@ -71,13 +71,15 @@ class ServiceSlo:
 @dataclass(frozen=True)
 class MetricsNetwork:
     """The metrics network's subnet and the fixed addresses on it: the gateway (first), the
-    front door (the one address Grafana's auth proxy trusts), Prometheus and Grafana."""
+    front door (the one address Grafana's auth proxy trusts), Prometheus, Grafana and the usage
+    ledger's collector."""
 
     subnet: str
     gateway: str
     door: str
     prometheus: str
     grafana: str
+    usage: str
 
 
 def metrics_network(site: str, subnet: str | None) -> MetricsNetwork:
@@ -91,7 +93,7 @@ def metrics_network(site: str, subnet: str | None) -> MetricsNetwork:
     else:
         network = ipaddress.IPv4Network(subnet)
     base = network.network_address
-    return MetricsNetwork(str(network), *(str(base + offset) for offset in (1, 2, 3, 4)))
+    return MetricsNetwork(str(network), *(str(base + offset) for offset in (1, 2, 3, 4, 5)))
 
 
 @dataclass(frozen=True)

@@ -69,9 +69,11 @@ from kit.plan.build import (
 )
 from kit.plan.host import spec_warnings
 from kit.plan.observability import DOOR_SCRIPT
+from kit.plan.usage import DOOR_SPOOL_MOUNT, SPOOL_VOLUME
 from kit.render.dashboards import dashboard_files, dashboard_provisioning, datasource_provisioning
 from kit.render.node_files import worker_outputs
 from kit.render.prometheus import prometheus_config, rules_file, template_facts
+from kit.render.usage import usage_facts, usage_files
 from kit.site import Site
 from kit.site_lock import site_lock
 from kit.spec.model import Spec
@@ -201,6 +203,9 @@ def template_context(plan: Plan, spec_name: str) -> dict:
         "service_hosts": {service.name: service.name for service in plan.services},
         "dns_resolver": DOCKER_DNS,
         "o": template_facts(plan),
+        "usage": usage_facts(plan),
+        "usage_spool_volume": SPOOL_VOLUME,
+        "usage_door_mount": DOOR_SPOOL_MOUNT,
     }
 
 
@@ -241,6 +246,7 @@ def generated_files(plan: Plan, spec_name: str) -> list[Output]:
             resources.files("kit.templates").joinpath("kit.js").read_bytes(),
         ),
         *observability_files(plan, layout),
+        *usage_files(plan, layout),
     ]
 
 

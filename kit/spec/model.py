@@ -246,6 +246,26 @@ class Observability(StrictModel):
     subnet: Annotated[str, AfterValidator(names.private_subnet)] | None = None
 
 
+def _ledger_size(value: str) -> str:
+    if names.size_bytes(value) < MIN_LEDGER_BYTES:
+        raise ValueError(f"{value} is too small for the usage ledger: give it at least 64m")
+    return value
+
+
+MIN_LEDGER_BYTES = 64 << 20
+
+
+class Usage(StrictModel):
+    """The usage ledger (docs/usage.md): one record per request through the front door, kept on
+    the server in a named volume, read by `kit usage` and `kit audit`."""
+
+    enabled: bool = True
+    retention_days: Annotated[int, Field(ge=1, le=3650)] = 400  # an audit year and a month
+    # the ledger's bound on disk: beyond it the oldest days go first (recorded in pruned.jsonl)
+    max_disk: Annotated[str, Field(pattern=SIZE), AfterValidator(_ledger_size)] = "20g"
+    gpu_hour_cost: Annotated[float, Field(ge=0, le=1_000_000)] | None = None  # chargeback
+
+
 class Routing(StrictModel):
     """How the front door spreads a service's requests over its replicas (least connections
     unless an affinity keeps a session or a conversation on one replica)."""
@@ -431,6 +451,7 @@ class Spec(StrictModel):
     healthcheck_interval: Annotated[int, Field(ge=1, le=300)] = 10  # seconds
     kubernetes: Kubernetes = Kubernetes()
     observability: Observability = Observability()
+    usage: Usage = Usage()
     services: Annotated[list[Service], Field(min_length=1)]
     # The Docker engine this site runs on (kit/engine/url.py); unset: DOCKER_HOST or the socket.
     engine: EngineAddress | None = None

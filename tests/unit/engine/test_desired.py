@@ -38,15 +38,18 @@ def site(tmp_path: Path) -> Path:
 def test_names_order_and_networks_follow_compose_v2(site: Path) -> None:
     desired = rendered(site)
     # backends and the verifier first
-    assert [s.name for s in desired.services] == ["alpha", "beta", "kit-auth", "nginx"]
+    assert [s.name for s in desired.services] == [
+        "alpha", "beta", "kit-auth", "nginx", "usage-ledger"]
     assert [s.container_name for s in desired.services] == [
         "unit01-alpha-1", "unit01-beta-1", "unit01-kit-auth-1", "unit01-nginx-1",
+        "unit01-usage-ledger-1",
     ]
     assert [(n.name, n.internal) for n in desired.networks] == [
         ("unit01_backend", True), ("unit01_frontend", False), ("unit01_auth", True),
-        ("unit01_metrics", True),  # the front door alone while observability is off
+        ("unit01_metrics", True),  # the front door and the usage ledger while observability is off
     ]
-    assert [v.name for v in desired.volumes] == ["unit01_hf-cache", "unit01_door-figures"]
+    assert [v.name for v in desired.volumes] == [
+        "unit01_hf-cache", "unit01_door-figures", "unit01_usage-spool", "unit01_usage-ledger"]
     assert desired.service("nginx").depends_on == (
         ("alpha", "service_healthy"), ("beta", "service_healthy"),
         ("kit-auth", "service_healthy"),

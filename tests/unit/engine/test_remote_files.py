@@ -39,10 +39,14 @@ def test_site_folders_become_volumes_and_nothing_binds_the_site_folder(tmp_path:
     nginx = site.desired.service(PROXY_SERVICE).config.mounts
     assert [(m.type, m.source, m.target) for m in nginx] == [
         ("volume", "unit01_kit-files-nginx", "/etc/nginx/kit"),
-        ("volume", "unit01_door-figures", "/var/kit-figures")]
+        ("volume", "unit01_door-figures", "/var/kit-figures"),
+        ("volume", "unit01_usage-spool", "/var/log/kit-usage")]
     assert {v.name for v in site_volumes(site.desired)} == {
-        "unit01_kit-files-nginx", "unit01_kit-files-nginx-verifier", "unit01_kit-files-nginx-auth"}
+        "unit01_kit-files-nginx", "unit01_kit-files-nginx-verifier", "unit01_kit-files-nginx-auth",
+        "unit01_kit-files-compose-usage"}
     assert files_below(volume_of(engine, site, "nginx")) == files_below(site.layout.nginx_dir)
+    assert files_below(volume_of(engine, site, "compose/usage")) == files_below(
+        site.layout.usage_dir)
     assert files_below(volume_of(engine, site, "nginx/auth")) == files_below(site.layout.auth_dir)
 
 
@@ -50,9 +54,9 @@ def test_the_local_desired_state_keeps_its_binds(tmp_path: Path) -> None:
     site = Site.load(write_site(tmp_path))
     up(site, engine_with_images())
     assert site_volumes(site.desired) == []
-    # the site's files stay binds; the other is door-figures' socket volume
+    # the site's files stay binds; the others are door-figures' socket and the usage spool
     assert [m.type for m in site.desired.service(PROXY_SERVICE).config.mounts] == [
-        "bind", "volume"]
+        "bind", "volume", "volume"]
 
 
 def test_a_file_is_replaced_by_rename_and_a_stale_one_removed(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from kit.plan.observability import (
     histogram_args,
     metrics_network,
 )
+from kit.plan.usage import USAGE_SERVICE
 from kit.render.dashboards import DATASOURCE_UID, le_matcher
 from tests.standin.vllm_standin import buckets
 from tests.support import nginx_ns
@@ -53,9 +54,10 @@ def test_off_by_default_renders_nothing_of_it(site: Path) -> None:
     assert not (site / "observability").exists()
     compose = yaml.safe_load((site / "compose" / "docker-compose.yml").read_text())
     assert PROMETHEUS_SERVICE not in compose["services"]
-    # the front door alone on the metrics network, ready for observability to be turned on
+    # the front door (and the usage ledger's collector, on by default) alone on the metrics
+    # network, ready for observability to be turned on
     assert [name for name, body in compose["services"].items()
-            if "metrics" in (body.get("networks") or [])] == ["nginx"]
+            if "metrics" in (body.get("networks") or [])] == ["nginx", USAGE_SERVICE]
     conf = (site / "nginx" / "nginx.conf").read_text()
     assert "/grafana/" not in conf and "/kit-scrape/" not in conf
 
@@ -234,8 +236,10 @@ def test_networks_by_need(observed: Path) -> None:
     member = {name: set(body.get("networks") or []) for name, body in services.items()}
     reach = {name: {other for other in services if other != name and nets & member[other]}
              for name, nets in member.items()}
-    assert reach[GRAFANA_SERVICE] == {"nginx", PROMETHEUS_SERVICE}
-    assert reach[PROMETHEUS_SERVICE] == {"nginx", GRAFANA_SERVICE}
+    # the usage ledger's collector: kit's own, holding no secret and running no model code
+    assert reach[GRAFANA_SERVICE] == {"nginx", PROMETHEUS_SERVICE, USAGE_SERVICE}
+    assert reach[PROMETHEUS_SERVICE] == {"nginx", GRAFANA_SERVICE, USAGE_SERVICE}
+    assert reach[USAGE_SERVICE] == {"nginx", GRAFANA_SERVICE, PROMETHEUS_SERVICE}
     for contained in ("llama8b", "small", DOOR_FIGURES_SERVICE):
         assert member[contained] == {"backend"}, contained
     metrics = compose["networks"]["metrics"]
@@ -243,8 +247,8 @@ def test_networks_by_need(observed: Path) -> None:
     subnet = ipaddress.ip_network(pool["subnet"])
     fixed = {name: body["networks"]["metrics"]["ipv4_address"] for name, body in services.items()
              if "metrics" in member[name]}
-    assert set(fixed) == {"nginx", PROMETHEUS_SERVICE, GRAFANA_SERVICE}
-    assert len({*fixed.values(), pool["gateway"]}) == 4
+    assert set(fixed) == {"nginx", PROMETHEUS_SERVICE, GRAFANA_SERVICE, USAGE_SERVICE}
+    assert len({*fixed.values(), pool["gateway"]}) == 5
     assert all(ipaddress.ip_address(a) in subnet for a in (*fixed.values(), pool["gateway"]))
     assert metrics["internal"] is True
     door = fixed["nginx"]

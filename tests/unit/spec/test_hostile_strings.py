@@ -125,6 +125,7 @@ FIELDS: dict[str, tuple[Setter, str]] = {
     "services.env.value": (at(*S, "env", "HF_HUB_OFFLINE"), "1"),
     "services.network_interface": (interface, "ens5f0"),
     "observability.subnet": (at("observability", "subnet"), "10.89.7.0/28"),
+    "usage.max_disk": (at("usage", "max_disk"), "2g"),
     "kubernetes.service_type": (at("kubernetes", "service_type"), "LoadBalancer"),
 }
 

@@ -146,19 +146,22 @@ def test_turning_observability_on_or_off_reloads_the_front_door(tmp_path: Path,
 def test_a_new_metrics_subnet_rebuilds_the_network_and_recreates_its_members(
         tmp_path: Path) -> None:
     """The engine cannot change a network's subnet in place: the network is rebuilt, and the
-    front door on it recreated (the one change of observability that cuts streams)."""
+    front door and the usage ledger on it recreated (the one change of observability that cuts
+    streams)."""
     spec = write_site(tmp_path)
     before = rendered(spec)
     old = before.networks[-1].subnet
     spec.write_text(spec.read_text().replace(
         "services:\n", "observability: {subnet: 10.89.7.0/28}\nservices:\n"))
     plan = describe(up_actions(rendered(spec), running(before))).splitlines()
-    assert plan[:3] == [
+    assert plan[:4] == [
         "remove container unit01-nginx-1: its network is recreated",
+        "remove container unit01-usage-ledger-1: its network is recreated",
         f"remove network unit01_metrics: subnet {old} -> 10.89.7.0/28",
         f"create network unit01_metrics (subnet {old} -> 10.89.7.0/28)",
     ]
     assert "create container unit01-nginx-1 (network unit01_metrics recreated)" in plan
+    assert "create container unit01-usage-ledger-1 (network unit01_metrics recreated)" in plan
 
 
 def test_one_changed_backend_is_recreated_and_the_proxy_reloaded_after_it(site: Path) -> None:

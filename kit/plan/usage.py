@@ -1,0 +1,54 @@
+"""The usage ledger as planned (docs/usage.md): its switch, bounds and chargeback rate from the
+spec, and the names, mounts and ports the front door, the collector and kit share.
+
+Where each part lives, by need: nginx appends one line per request to a spool file in the
+`usage-spool` volume (no per-request write: a buffer flushed each second); the collector
+(`usage-ledger`, kit's templates/usage_ledger.py with the vLLM image's python3) is the only one
+that mounts `usage-ledger`, where the hash-chained records are, so the door cannot rewrite them.
+The collector sits on the internal metrics network only (the door, Prometheus and Grafana):
+no vLLM replica, whose model code may be hostile, can reach it or read who used what.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kit import names
+
+if TYPE_CHECKING:
+    from kit.spec.model import Spec
+
+USAGE_SERVICE = "usage-ledger"  # the compose service of the collector
+SPOOL_VOLUME = "usage-spool"
+LEDGER_VOLUME = "usage-ledger"
+DOOR_SPOOL_MOUNT = "/var/log/kit-usage"  # the spool volume in the front door (nginx writes)
+SPOOL_FILE = "door.jsonl"
+COLLECTOR_SPOOL_MOUNT = "/var/lib/kit-usage/spool"  # the same volume in the collector
+LEDGER_MOUNT = "/var/lib/kit-usage/ledger"  # segments/, pruned.jsonl, state.json
+SEGMENTS_DIR = "segments"
+PRUNED_FILE = "pruned.jsonl"
+STATE_FILE = "state.json"
+SCRIPT_MOUNT = "/opt/kit-usage"  # the site folder usage/ inside the collector
+SCRIPT = "usage_ledger.py"
+USAGE_PORT = 9312  # the collector's /health and /metrics, on the metrics network only
+USAGE_JOB = "usage"  # Prometheus's job name of the collector's figures
+
+
+@dataclass(frozen=True)
+class UsagePlan:
+    retention_days: int
+    max_bytes: int
+    gpu_hour_cost: float | None  # per GPU-hour, in the operator's currency; None: no chargeback
+
+
+def usage_plan(spec: Spec) -> UsagePlan | None:
+    """What `usage:` asks for; None when the ledger is off (nothing of it is rendered then)."""
+    usage = spec.usage
+    if not usage.enabled:
+        return None
+    return UsagePlan(
+        retention_days=usage.retention_days,
+        max_bytes=names.size_bytes(usage.max_disk),
+        gpu_hour_cost=usage.gpu_hour_cost,
+    )

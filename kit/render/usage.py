@@ -1,0 +1,72 @@
+"""The usage ledger's rendered parts: what the compose file and nginx.conf lay out for it (`usage`
+in the templates) and the collector's script, a site file (docs/usage.md)."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import TYPE_CHECKING
+
+from kit.files import Output
+from kit.names import DOOR_ROUTES, OPENAI_ROUTES
+from kit.plan.usage import (
+    COLLECTOR_SPOOL_MOUNT,
+    DOOR_SPOOL_MOUNT,
+    LEDGER_MOUNT,
+    LEDGER_VOLUME,
+    SCRIPT,
+    SCRIPT_MOUNT,
+    SPOOL_FILE,
+    SPOOL_VOLUME,
+    USAGE_PORT,
+    USAGE_SERVICE,
+)
+
+if TYPE_CHECKING:
+    from kit.layout import SiteLayout
+    from kit.plan.build import Plan
+
+
+def ledger_routes() -> list[str]:
+    """The paths a record may name (any other is recorded as "other"): the door's routes, with
+    `/v1/models/{model}` as the prefix the collector matches."""
+    return sorted({*OPENAI_ROUTES, *(path.split("{")[0] for path in DOOR_ROUTES)})
+
+
+def usage_facts(plan: Plan) -> dict | None:
+    """What the templates lay out for the ledger; None when it is off."""
+    usage = plan.usage
+    if usage is None:
+        return None
+    return {
+        "service": USAGE_SERVICE,
+        "spool_volume": SPOOL_VOLUME,
+        "ledger_volume": LEDGER_VOLUME,
+        "door_spool_mount": DOOR_SPOOL_MOUNT,
+        "spool_file": f"{DOOR_SPOOL_MOUNT}/{SPOOL_FILE}",
+        "collector_spool_mount": COLLECTOR_SPOOL_MOUNT,
+        "ledger_mount": LEDGER_MOUNT,
+        "script_mount": SCRIPT_MOUNT,
+        "port": USAGE_PORT,
+        "image": plan.services[0].image,
+        "command": [
+            f"{SCRIPT_MOUNT}/{SCRIPT}",
+            "--spool", f"{COLLECTOR_SPOOL_MOUNT}/{SPOOL_FILE}",
+            "--ledger", LEDGER_MOUNT,
+            "--retention-days", str(usage.retention_days),
+            "--max-bytes", str(usage.max_bytes),
+            "--port", str(USAGE_PORT),
+            "--models", json.dumps(sorted(svc.api_name for svc in plan.services)),
+            "--routes", json.dumps(ledger_routes()),
+        ],
+        "health": ["CMD", "python3", "-c", "import urllib.request; urllib.request.urlopen("
+                   f"'http://127.0.0.1:{USAGE_PORT}/health', timeout=4)"],
+    }
+
+
+def usage_files(plan: Plan, layout: SiteLayout) -> list[Output]:
+    """The collector's script, beside the spec (none when the ledger is off)."""
+    if plan.usage is None:
+        return []
+    script = resources.files("kit.templates").joinpath(SCRIPT).read_bytes()
+    return [Output(layout.usage_dir / SCRIPT, script)]
