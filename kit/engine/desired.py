@@ -51,7 +51,6 @@ ACME_SERVICE = "certbot"  # the ACME client of tls.mode acme
 PROMETHEUS_SERVICE = "prometheus"  # observability.enabled
 GRAFANA_SERVICE = "grafana"  # observability.enabled, reached through the front door only
 DOOR_FIGURES_SERVICE = "door-figures"  # observability.enabled: the front door's request figures
-USAGE_SERVICE = "usage-ledger"  # usage.enabled: the usage ledger's collector (docs/usage.md)
 # The compose services kit renders beside the spec's: a spec service may not take their names.
 KIT_SERVICES = {
     PROXY_SERVICE: "the front door",

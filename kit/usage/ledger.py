@@ -18,18 +18,22 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from kit.engine.desired import USAGE_SERVICE
 from kit.errors import BadInput, KitError
+from kit.plan.usage import (
+    LEDGER_MOUNT,
+    PRUNED_FILE,
+    SEGMENTS_DIR,
+    STATE_FILE,
+    USAGE_SERVICE,
+    usage_plan,
+)
 
 if TYPE_CHECKING:
     from kit.engine.docker_api import Engine
     from kit.site import Site
 
-# The collector's volume as it mounts it (docs/usage.md; the plan's usage constants name it too)
-LEDGER_DIR = "/var/lib/kit-usage/ledger"
-SEGMENTS = "segments"
-PRUNED = "pruned.jsonl"
-STATE = "state.json"
+LEDGER_DIR = LEDGER_MOUNT  # the collector's volume as it mounts it (kit/plan/usage.py)
+SEGMENTS, PRUNED, STATE = SEGMENTS_DIR, PRUNED_FILE, STATE_FILE
 SEGMENT_NAME = re.compile(r"(\d{4}-\d{2}-\d{2})\.jsonl")
 DAY_BY_DAY = 31  # a period starting at most this many days ago asks for its segments one by one
 MAX_LINE = 64 * 1024  # a record is a few hundred bytes; a longer line is not one
@@ -182,15 +186,19 @@ def _numbered(segment: str, lines: Iterator[bytes]) -> Iterator[Line]:
 
 
 def open_ledger(site: Site, engine: Engine) -> Ledger:
-    """The site's ledger on its engine; BadInput naming the fix when there is none to read (no
-    collector: usage is off or the stack predates it; a collector that has written nothing)."""
-    found = [c for c in site.observe(engine, with_images=False).of(USAGE_SERVICE)]
+    """The site's ledger on its engine; BadInput naming the fix when there is none to read (usage
+    off in the spec; no collector: the stack predates it; a collector that wrote nothing)."""
+    if usage_plan(site.spec) is None:
+        raise BadInput(f"usage is off for site {site.project} (usage.enabled: false in "
+                       f"{site.spec_path}): there is no ledger to read",
+                       fix="set usage: {enabled: true} (the default) and run "
+                       f"`kit up {site.spec_path}`; requests from then on are recorded")
+    found = site.observe(engine, with_images=False).of(USAGE_SERVICE)
     if not found:
         raise BadInput(
             f"site {site.project} has no usage ledger on {engine.address}: there is no "
-            f"{USAGE_SERVICE} container",
-            fix="turn the ledger on (usage: {enabled: true} in the spec, the default) and run "
-            f"`kit up {site.spec_path}`")
+            f"{USAGE_SERVICE} container (the stack was brought up before the ledger existed)",
+            fix=f"run `kit up {site.spec_path}`: it starts the collector")
     ledger = Ledger(engine, found[0].id)
     if ledger.state() is None:  # the collector's first write, before any record
         raise BadInput(

@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from kit.errors import BadInput
+from kit.plan.usage import usage_plan
 from kit.spec.model import Spec
 from kit.usage.ledger import Ledger, open_ledger, records
 from kit.usage.period import Period
@@ -86,15 +87,10 @@ class Chargeback:
     gpus: dict[str, int]  # served model name → GPUs its service holds (all nodes)
 
 
-def gpu_hour_cost(spec: Spec) -> float | None:
-    """The spec's price of a GPU-hour (`usage.gpu_hour_cost`); None: no chargeback."""
-    usage = getattr(spec, "usage", None)  # the spec's usage: section (lead's wiring, issue 24)
-    return None if usage is None else usage.gpu_hour_cost
-
-
 def chargeback_for(spec: Spec) -> Chargeback | None:
-    """The spec's services as GPU holders, when a GPU-hour has a price."""
-    price = gpu_hour_cost(spec)
+    """The spec's services as GPU holders, when a GPU-hour has a price (usage.gpu_hour_cost)."""
+    planned = usage_plan(spec)
+    price = None if planned is None else planned.gpu_hour_cost
     if price is None:
         return None
     return Chargeback(price, {

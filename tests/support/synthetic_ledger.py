@@ -8,13 +8,8 @@ import json
 import tarfile
 from pathlib import Path
 
-from kit.engine.desired import (
-    ONEOFF_LABEL,
-    PROJECT_LABEL,
-    SERVICE_LABEL,
-    USAGE_SERVICE,
-    ContainerConfig,
-)
+from kit.engine.desired import ONEOFF_LABEL, PROJECT_LABEL, SERVICE_LABEL, ContainerConfig
+from kit.plan.usage import USAGE_SERVICE
 from kit.templates.usage_ledger import GENESIS, record_hash
 from kit.usage.ledger import LEDGER_DIR
 from tests.support.fake_engine import FakeEngine

@@ -9,7 +9,7 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-from kit.engine.desired import USAGE_SERVICE
+from kit.plan.usage import USAGE_SERVICE
 from kit.site import Site
 from kit.usage.audit import EXPORT_COLUMNS, Verdict, export, read_anchors, verify_site
 from kit.usage.ledger import LEDGER_DIR, Ledger

@@ -142,3 +142,23 @@ def test_export_bad_input_is_exit_2(site, tmp_path: Path) -> None:
         done = run_kit("audit", "export", spec, *args)
         assert done.exit_code == 2, (args, done.output)
     assert tree(tmp_path) == before
+
+
+def test_usage_with_a_gpu_hour_cost_in_the_spec_prints_the_cost(site) -> None:
+    """write_site: alpha holds 1 GPU, beta 2; 24 h at 3.0 per GPU-hour: alpha 72, beta 144,
+    each shared by its own tokens (beta's only tokens are key:b's)."""
+    spec, _ = site
+    spec.write_text(spec.read_text() + "usage: {gpu_hour_cost: 3.0}\n")
+    day = DAYS[1]
+    done = run_kit("usage", spec, "--since", f"{day}T00:00", "--until", f"{day}T23:59:59.999",
+                   "--json")
+    assert done.exit_code == 0, done.output
+    document = json.loads(done.output)
+    costs = {row["who"]: row["cost"] for row in document["rows"]}
+    hours = document["chargeback"]["hours"]
+    assert document["chargeback"]["gpus"] == {"alpha": 1, "beta": 2}
+    assert costs["key:a"] == pytest.approx(3.0 * hours * 240 / 250, rel=1e-6)
+    assert costs["key:b"] == pytest.approx(3.0 * hours * 10 / 250, rel=1e-6)
+    assert document["chargeback"]["idle_cost"] == {"beta": pytest.approx(6.0 * hours)}
+    text = run_kit("usage", spec, "--since", day, "--until", day).output
+    assert "COST/M TOKENS" in text and "per GPU-hour" in text

@@ -88,7 +88,19 @@ def test_a_site_without_a_collector_names_the_fix(tmp_path: Path) -> None:
         open_ledger(Site.load(spec, check_host=False), engine)
     assert raised.value.exit_code == ExitCode.BAD_INPUT
     assert "has no usage ledger" in raised.value.message
-    assert "usage: {enabled: true}" in str(raised.value.fix) and "kit up" in str(raised.value.fix)
+    assert "kit up" in str(raised.value.fix)
+
+
+def test_usage_off_in_the_spec_names_the_switch(tmp_path: Path) -> None:
+    engine = FakeEngine()
+    spec = ledger_site(tmp_path, engine, None)
+    spec.write_text(spec.read_text() + "usage: {enabled: false}\n")
+    with pytest.raises(BadInput) as raised:
+        open_ledger(Site.load(spec, check_host=False), engine)
+    assert "usage is off for site unit01 (usage.enabled: false" in raised.value.message
+    assert "usage: {enabled: true}" in str(raised.value.fix)
+    assert engine.calls == [("create_container", "unit01-usage-ledger-1"),
+                            ("start", engine.calls[1][1])]  # the engine was not asked
 
 
 def test_a_collector_that_wrote_nothing_yet_names_the_fix(tmp_path: Path) -> None:
