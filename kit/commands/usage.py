@@ -3,6 +3,7 @@
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 import click
 
@@ -20,7 +21,10 @@ until_option = click.option(
     help="End (default: now): a date takes that whole day in; a time or a duration as --since.")
 
 
-def query_options(command: Callable) -> Callable:
+Command = TypeVar("Command", bound=Callable)
+
+
+def query_options(command: Command) -> Command:
     """--since/--until/--by/--csv/--json: `kit usage` and `kit fleet DIR usage` take them."""
     for option in reversed([
         since_option, until_option,

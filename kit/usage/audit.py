@@ -115,11 +115,11 @@ class _Pruned:
         self.by_day: list[tuple[str, int, dict]] = []
         for number, entry in entries:
             day = segment_day(str(entry.get("segment", "")))
-            numbers = [entry.get(key) for key in ("first_seq", "last_seq")]
-            if day is not None and numbers == [None, None] and entry.get("last_hash") is None:
+            first, last = entry.get("first_seq"), entry.get("last_seq")
+            if day is not None and first is last is entry.get("last_hash") is None:
                 continue  # an empty segment was pruned: it held no record
-            if day is None or not all(isinstance(n, int) for n in numbers) or not isinstance(
-                    entry.get("last_hash"), str) or numbers[0] > numbers[1]:
+            if day is None or not isinstance(first, int) or not isinstance(last, int) or (
+                    not isinstance(entry.get("last_hash"), str)) or first > last:
                 self.bad = self.bad or Finding(
                     f"{PRUNED} line {number}", "not an entry of a pruned segment (segment, "
                     "first_seq <= last_seq, last_hash)")

@@ -34,8 +34,8 @@ def daily_series(usage: Usage) -> tuple[list[date], dict[str, tuple[list[int], l
     """The period's days, and per credential (the TOP by tokens, then "others") the requests
     and tokens of each day (0 on days without any)."""
     by_who: dict[str, dict[date, list[int]]] = {}
-    for (who, _, day), figures in usage.cells.items():
-        totals = by_who.setdefault(who, {}).setdefault(date.fromisoformat(day), [0, 0])
+    for (who, _, day_text), figures in usage.cells.items():
+        totals = by_who.setdefault(who, {}).setdefault(date.fromisoformat(day_text), [0, 0])
         totals[0] += figures.requests
         totals[1] += figures.tokens
     if not by_who:
