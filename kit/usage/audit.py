@@ -24,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kit.files import atomic_write
+from kit.files import atomic_write, write_failure
 from kit.state import json_object, read_state
 from kit.templates.usage_ledger import GENESIS, RECORD_FIELDS, record_hash
 from kit.usage.ledger import (
@@ -320,8 +320,11 @@ def keep_anchor(path: Path, anchors: list[Head], head: Head) -> bool:
     if anchors and (anchors[-1].seq, anchors[-1].hash) == (head.seq, head.hash):
         return False
     document = {"anchors": [asdict(anchor) for anchor in [*anchors, head]]}
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    atomic_write(path, (json.dumps(document, indent=1) + "\n").encode(), 0o600)
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        atomic_write(path, (json.dumps(document, indent=1) + "\n").encode(), 0o600)
+    except OSError as error:
+        raise write_failure(error, path) from None
     return True
 
 

@@ -4,13 +4,18 @@ scratch or cut at its end is caught by the heads earlier verifies kept. Export: 
 stored, or CSV whose cells cannot run."""
 
 import csv
+import errno
 import io
 import json
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
+from kit.errors import KitError
 from kit.plan.usage import USAGE_SERVICE
 from kit.site import Site
+from kit.usage import audit
 from kit.usage.audit import EXPORT_COLUMNS, Verdict, export, read_anchors, verify_site
 from kit.usage.ledger import LEDGER_DIR, Ledger
 from kit.usage.period import period
@@ -200,3 +205,15 @@ def test_an_empty_pruned_segment_accounts_for_nothing(tmp_path: Path) -> None:
         f"{LEDGER_DIR}/pruned.jsonl"]
     verdict = Audited(tmp_path, files).verify()
     assert verdict.ok and (verdict.records, verdict.pruned) == (6, 3)
+
+
+def test_an_anchor_that_cannot_be_kept_is_an_error_not_a_pass(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(path: Path, *_: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    audited = Audited(tmp_path, ledger_files(three_a_day()))
+    monkeypatch.setattr(audit, "atomic_write", full)
+    with pytest.raises(KitError) as raised:
+        audited.verify()
+    assert "cannot write" in raised.value.message and "df -h" in str(raised.value.fix)
