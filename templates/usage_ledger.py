@@ -6,8 +6,26 @@ standard library only. kit itself imports this module (`kit.templates.usage_ledg
 definition of a record's hash, so the writer here and `kit audit verify` cannot disagree.
 """
 
+import argparse
+import bisect
+import collections
+import contextlib
+import ctypes
+import ctypes.util
+import dataclasses
+import datetime
+import errno
 import hashlib
+import ipaddress
 import json
+import math
+import os
+import re
+import signal
+import threading
+import time
+from decimal import ROUND_HALF_UP, Decimal
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 GENESIS = "0" * 64  # the "previous hash" of the ledger's first record
 FORMAT_VERSION = 1
@@ -30,3 +48,1008 @@ def record_hash(previous: str, record: dict) -> str:
     """The chain link: a record's hash covers its content and the hash of the record before it,
     so an edit, a deletion or a reordering breaks every later link."""
     return hashlib.sha256(f"{previous}\n{canonical(record)}".encode()).hexdigest()
+
+
+# The name of a key or a Basic user: kit/names.py's USER_NAME, mirrored here because this script
+# runs alone in its container (tests/unit/templates/test_usage_ledger.py asserts they are the same).
+PRINCIPAL_NAME = r"^[a-z][a-z0-9._-]{0,31}$"
+METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "TRACE", "CONNECT")
+SPOOL_KEYS = ("v", "boot", "seq", "t", "id", "who", "addr", "model", "route", "method", "status",
+              "prompt", "completion", "ttft", "duration", "bytes_in", "bytes_out", "end")
+SEGMENT_NAME = re.compile(r"(\d{4}-\d{2}-\d{2})\.jsonl")
+MAX_LINE = 64 << 10  # a longer spool line is not nginx's: counted unreadable, skipped
+READ_CHUNK = 1 << 20  # bytes of spool read per batch: memory stays bounded whatever its size
+MAX_SERIES = 2000  # (who, model, ended) label sets; further ones are counted under who="_other"
+MAX_BOOTS = 16  # door boots whose counters are kept; an older one's open gaps are declared lost
+MAX_INTERVALS = 20000  # seen-but-not-contiguous runs of one boot before its first gap is declared
+LOST_RANGES = 4096  # gaps of one boot remembered, so a line that turns up late is not skipped
+OVERFLOW_WHO = "_other"
+PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+UTC = datetime.timezone.utc  # noqa: UP017 - datetime.UTC is 3.11+; the image's python may be older
+_BOOT = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_SEQ = re.compile(r"[1-9][0-9]{0,17}")
+_MSEC = re.compile(r"([0-9]{1,11})\.([0-9]{3})")
+_SECONDS = re.compile(r"[0-9]{1,9}(\.[0-9]{1,6})?")
+_COUNT = re.compile(r"0|[1-9][0-9]{0,14}")
+_STATUS = re.compile(r"[1-5][0-9]{2}")
+_REQUEST_ID = re.compile(r"[0-9a-f]{32}")
+_SEQ_PREFIX = re.compile(rb'\{"seq":([0-9]{1,18}),')  # how the collector writes a record
+_PRINCIPAL = re.compile(r"(key|user):(" + PRINCIPAL_NAME[1:-1] + r")|-")
+
+
+class Unreadable(ValueError):
+    """A spool line that is not what nginx writes: counted, never guessed."""
+
+
+def door_position(line: dict) -> tuple[str, int] | None:
+    """(boot, seq) of a spool line when both are well formed, whatever the rest is."""
+    boot, seq = line.get("boot"), line.get("seq")
+    if isinstance(boot, str) and isinstance(seq, str) and _BOOT.fullmatch(boot) \
+            and _SEQ.fullmatch(seq):
+        return boot, int(seq)
+    return None
+
+
+class Checker:
+    """Every field of a spool line against its allow-list. Fields nginx computes (the door's
+    counter, times, sizes, status, ending) must be exact or the line is unreadable; fields that
+    carry a client's or an engine's text are replaced by what they are when not allowed (an
+    unknown model is null, a route outside the door's is "other", a principal outside kit's
+    names is "-", tokens that are not a count are unknown) and each replacement is counted."""
+
+    def __init__(self, models: list[str], routes: list[str]) -> None:
+        self.models = frozenset(models)
+        self.routes = frozenset(routes)
+
+    def record(self, line: dict) -> tuple[dict, list[str]]:
+        """The ledger record (without seq and hash) and the names of the fields replaced."""
+        if any(not isinstance(line.get(key), str) for key in SPOOL_KEYS):
+            raise Unreadable("a field is missing or not text")
+        if line["v"] != str(FORMAT_VERSION):
+            raise Unreadable(f"format version {line['v'][:8]!r}")
+        position = door_position(line)
+        if position is None:
+            raise Unreadable("boot or seq")
+        if line["end"] not in ENDINGS:
+            raise Unreadable("end")
+        replaced: list[str] = []
+
+        def allowed(field: str, value, fallback):
+            if value is None:
+                replaced.append(field)
+                return fallback
+            return value
+
+        record = {
+            "time": _utc_time(line["t"]),
+            "request_id": _exact(_REQUEST_ID, line["id"], "id"),
+            "who": allowed("who", line["who"] if _PRINCIPAL.fullmatch(line["who"]) else None,
+                           "-"),
+            "client": allowed("client", _address(line["addr"]), None),
+            "model": (None if line["model"] == "" else
+                      allowed("model", line["model"] if line["model"] in self.models else None,
+                              None)),
+            "route": allowed("route", line["route"] if line["route"] in self.routes else None,
+                             "other"),
+            "method": allowed("method", line["method"] if line["method"] in METHODS else None,
+                              "OTHER"),
+            "status": int(_exact(_STATUS, line["status"], "status")),
+            "prompt_tokens": self._tokens(line["prompt"], replaced),
+            "completion_tokens": self._tokens(line["completion"], replaced),
+            "ttft_ms": None if line["ttft"] == "" else allowed("ttft", _milliseconds(
+                line["ttft"]), None),
+            "duration_ms": _exact_ms(line["duration"], "duration"),
+            "bytes_in": int(_exact(_COUNT, line["bytes_in"], "bytes_in")),
+            "bytes_out": int(_exact(_COUNT, line["bytes_out"], "bytes_out")),
+            "ended": line["end"],
+            "door_boot": position[0],
+            "door_seq": position[1],
+        }
+        return record, replaced
+
+    @staticmethod
+    def _tokens(text: str, replaced: list[str]) -> int | None:
+        if text == "":
+            return None
+        if _COUNT.fullmatch(text):
+            return int(text)
+        replaced.append("tokens")
+        return None
+
+
+def _exact(pattern: re.Pattern, text: str, field: str) -> str:
+    if not pattern.fullmatch(text):
+        raise Unreadable(field)
+    return text
+
+
+def _milliseconds(text: str) -> int | None:
+    """Seconds as nginx writes them ("0.123") → whole milliseconds; None when not a number."""
+    if not _SECONDS.fullmatch(text):
+        return None
+    return int((Decimal(text) * 1000).to_integral_value(ROUND_HALF_UP))
+
+
+def _exact_ms(text: str, field: str) -> int:
+    value = _milliseconds(text)
+    if value is None:
+        raise Unreadable(field)
+    return value
+
+
+def _utc_time(text: str) -> str:
+    """$msec ("1733091234.123") → "2024-12-01T22:13:54.123Z"."""
+    match = _MSEC.fullmatch(text)
+    if match is None:
+        raise Unreadable("t")
+    moment = datetime.datetime.fromtimestamp(int(match[1]), UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + match[2] + "Z"
+
+
+def _address(text: str) -> str | None:
+    """An IP address in its normal form (no %zone: Python takes any text after it), or unix:."""
+    if text == "unix:":
+        return text
+    if "%" in text:
+        return None
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return None
+
+
+class DoorSequence:
+    """One door boot's request counter as the collector has seen it: every seq up to `through`
+    is accounted for (in the ledger, unreadable, or declared lost), `seen` holds the runs that
+    arrived above it ([first, last, when the run began]). A gap below a run that has waited
+    `grace` seconds while the collector was caught up is lost; a lost seq that still turns up
+    is written and taken off the count (`late`)."""
+
+    def __init__(self, through: int = 0, seen: tuple = (), lost: int = 0,
+                 lost_ranges: tuple = (), now: float = 0.0) -> None:
+        self.through = through
+        self.seen = [[first, last, now] for first, last in seen]
+        self.lost = lost
+        self.lost_ranges = [list(pair) for pair in lost_ranges]
+
+    def status(self, seq: int) -> str:
+        """"new", "duplicate" or "late" (declared lost, arrived after all); changes nothing."""
+        if seq <= self.through:
+            return "late" if any(a <= seq <= b for a, b in self.lost_ranges) else "duplicate"
+        index = bisect.bisect_right(self.seen, [seq, math.inf])
+        return "duplicate" if index and self.seen[index - 1][1] >= seq else "new"
+
+    def admit(self, seq: int, now: float) -> None:
+        if seq <= self.through:
+            for index, (first, last) in enumerate(self.lost_ranges):
+                if first <= seq <= last:
+                    self.lost -= 1
+                    self.lost_ranges[index:index + 1] = [
+                        pair for pair in ([first, seq - 1], [seq + 1, last]) if pair[0] <= pair[1]]
+                    return
+            return
+        index = bisect.bisect_right(self.seen, [seq, math.inf])
+        joins_left = index > 0 and self.seen[index - 1][1] == seq - 1
+        joins_right = index < len(self.seen) and self.seen[index][0] == seq + 1
+        if joins_left and joins_right:
+            left = self.seen[index - 1]
+            right = self.seen.pop(index)
+            left[1], left[2] = right[1], min(left[2], right[2])
+        elif joins_left:
+            self.seen[index - 1][1] = seq
+        elif joins_right:
+            self.seen[index][0] = seq
+        else:
+            self.seen.insert(index, [seq, seq, now])
+        if self.seen[0][0] == self.through + 1:
+            self.through = self.seen.pop(0)[1]
+
+    def declare(self, now: float, grace: float) -> int:
+        """Declare lost every gap below a run older than the grace; the count declared."""
+        declared = 0
+        while self.seen and (now - self.seen[0][2] >= grace or len(self.seen) > MAX_INTERVALS):
+            first, last, _ = self.seen.pop(0)
+            declared += first - 1 - self.through
+            self.lost_ranges = [*self.lost_ranges, [self.through + 1, first - 1]][-LOST_RANGES:]
+            self.through = last
+        self.lost += declared
+        return declared
+
+    def close(self) -> int:
+        """The boot is dropped from memory: its open gaps are lost now."""
+        return self.declare(math.inf, 0.0)
+
+    def to_json(self) -> dict:
+        return {"through": self.through, "seen": [[a, b] for a, b, _ in self.seen],
+                "lost": self.lost, "lost_ranges": self.lost_ranges}
+
+    @classmethod
+    def from_json(cls, data: dict, now: float) -> "DoorSequence":
+        return cls(int(data["through"]), tuple(tuple(pair) for pair in data["seen"]),
+                   int(data["lost"]), tuple(tuple(pair) for pair in data["lost_ranges"]), now)
+
+
+@dataclasses.dataclass
+class Batch:
+    """What one read of the spool comes to, applied only once its records are on disk."""
+
+    used: int  # spool bytes consumed
+    staged: list[dict] = dataclasses.field(default_factory=list)
+    tally: dict[str, int] = dataclasses.field(default_factory=lambda: {
+        "unreadable_lines": 0, "duplicates_skipped": 0, "late_lines": 0})
+    discarding: bool = False  # the chunk ends inside an overlong line
+
+
+class Ledger:
+    """The ledger folder: daily segments, pruned.jsonl, state.json. Every write is durable
+    before it counts: segment lines are fsynced before the state that covers them, the state is
+    replaced atomically, a removal is logged in pruned.jsonl before the unlink."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.segments = os.path.join(folder, "segments")
+        self.state_file = os.path.join(folder, "state.json")
+        self.pruned_file = os.path.join(folder, "pruned.jsonl")
+
+    def prepare(self) -> None:
+        os.makedirs(self.segments, exist_ok=True)
+
+    def segment_names(self) -> list[str]:
+        return sorted(name for name in os.listdir(self.segments) if SEGMENT_NAME.fullmatch(name))
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.segments, name)
+
+    def read_state(self) -> tuple[dict | None, str | None]:
+        """The saved state, or None and why (missing is not a problem, unreadable is)."""
+        try:
+            with open(self.state_file, encoding="utf-8") as file:
+                state = json.load(file)
+        except FileNotFoundError:
+            return None, None
+        except (OSError, ValueError) as error:
+            return None, f"state.json unreadable ({error}): rebuilt from the segments"
+        if not isinstance(state, dict) or state.get("version") != FORMAT_VERSION:
+            return None, "state.json is not this collector's: rebuilt from the segments"
+        return state, None
+
+    def write_state(self, state: dict) -> None:
+        text = json.dumps(state, sort_keys=True, separators=(",", ":")).encode()
+        temporary = self.state_file + ".tmp"
+        try:
+            _write_all(temporary, text, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.rename(temporary, self.state_file)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+        _fsync_folder(self.folder)
+
+    def cut_torn_tail(self, name: str) -> bool:
+        """Cut a last line written only in part (a kill during the write); whether there was one."""
+        path = self.path(name)
+        with open(path, "rb+") as file:
+            size = file.seek(0, os.SEEK_END)
+            end = size
+            while end > 0:
+                start = max(0, end - READ_CHUNK)
+                file.seek(start)
+                newline = file.read(end - start).rfind(b"\n")
+                if newline >= 0:
+                    end = start + newline + 1
+                    break
+                end = start
+            if end == size:
+                return False
+            file.truncate(end)
+            os.fsync(file.fileno())
+            return True
+
+    def records(self, name: str, after: int = 0):
+        """Each record of a segment in order (those after `after` only: the others are not
+        parsed); a line that does not parse is yielded as None."""
+        with open(self.path(name), "rb") as file:
+            for line in file:
+                head = _SEQ_PREFIX.match(line)
+                if head is not None and int(head[1]) <= after:
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    yield None
+                    continue
+                yield record if isinstance(record, dict) and isinstance(
+                    record.get("seq"), int) else None
+
+    def first_and_last(self, name: str) -> tuple[dict | None, dict | None]:
+        first = next((r for r in self.records(name) if r is not None), None)
+        with open(self.path(name), "rb") as file:
+            size = file.seek(0, os.SEEK_END)
+            file.seek(max(0, size - 2 * MAX_LINE))
+            last = None
+            for line in reversed(file.read().splitlines()):
+                with contextlib.suppress(ValueError):
+                    candidate = json.loads(line)
+                    if isinstance(candidate, dict) and isinstance(candidate.get("seq"), int):
+                        last = candidate
+                        break
+        return first, last
+
+    def prune(self, name: str, reason: str) -> None:
+        """Log the segment's place in the chain in pruned.jsonl, durably, then remove it."""
+        first, last = self.first_and_last(name)
+        entry = {"segment": name, "first_seq": first and first["seq"],
+                 "last_seq": last and last["seq"], "last_hash": last and last.get("hash"),
+                 "reason": reason, "at": _now_iso()}
+        line = json.dumps(entry, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+        _write_all(self.pruned_file, line, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        os.unlink(self.path(name))
+        _fsync_folder(self.segments)
+
+
+def _write_all(path: str, data: bytes, flags: int) -> None:
+    """Write every byte and fsync; on failure the file is cut back to where it was."""
+    fd = os.open(path, flags, 0o644)
+    try:
+        start = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            written = 0
+            while written < len(data):
+                written += os.write(fd, data[written:])
+            os.fsync(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)
+
+
+def _fsync_folder(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _now_iso() -> str:
+    moment = datetime.datetime.now(UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def _today() -> datetime.date:
+    return datetime.datetime.now(UTC).date()
+
+
+class HolePuncher:
+    """Gives the spool's disk back behind the checkpoint (the file keeps its size: nginx appends
+    with O_APPEND and never reopens it). Where the filesystem refuses, it says so."""
+
+    def __init__(self) -> None:
+        self.supported: bool | None = None  # None: not tried yet
+        self.error: str | None = None
+        self.punched_to = 0
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        self.fallocate = libc.fallocate
+        self.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
+                                   ctypes.c_longlong]
+
+    def punch(self, path: str, inode: int, upto: int) -> None:
+        if self.supported is False:
+            return
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+        except OSError as error:
+            self.error = f"cannot open the spool for writing: {error.strerror}"
+            return
+        try:
+            info = os.fstat(fd)
+            if info.st_ino != inode:
+                return
+            end = upto - upto % max(info.st_blksize, 4096)
+            start = self.punched_to - self.punched_to % max(info.st_blksize, 4096)
+            if end <= start:
+                return
+            if self.fallocate(fd, PUNCH_HOLE, start, end - start) != 0:
+                code = ctypes.get_errno()
+                self.error = f"fallocate(PUNCH_HOLE): {os.strerror(code)}"
+                if code in (errno.EOPNOTSUPP, errno.ENOSYS):
+                    self.supported = False
+                return
+            self.supported, self.error, self.punched_to = True, None, end
+        finally:
+            os.close(fd)
+
+
+class Collector:
+    """Reads the spool from its checkpoint, appends checked and hash-chained records, keeps the
+    counts that /health and /metrics show. One thread writes; the HTTP thread reads under
+    `lock`."""
+
+    def __init__(self, options: argparse.Namespace) -> None:
+        self.options = options
+        self.checker = Checker(options.models, options.routes)
+        self.ledger = Ledger(options.ledger)
+        self.puncher = HolePuncher()
+        self.lock = threading.Lock()
+        self.recovered = False
+        self.spool_fd: int | None = None
+        self.discarding = False  # inside an overlong line: skip to its end
+        self.caught_up = False
+        self.problems: collections.deque[str] = collections.deque(maxlen=20)
+        self.disk_full_since: str | None = None
+        self.last_error: str | None = None
+        self.failing_since: str | None = None
+        self.over_max_bytes = False
+        self.ledger_bytes = 0
+        self.per_second: collections.deque = collections.deque(maxlen=61)
+        self.state_written = -math.inf
+        self.dirty = True
+        self.started = time.time()
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """What the ledger and the spool say, before recovery reads them."""
+        self.inode = 0
+        self.offset = 0
+        self.saved_offset = 0
+        self.last_seq = 0
+        self.last_hash = GENESIS
+        self.last_time: str | None = None
+        self.last_door_time: float | None = None
+        self.doors: dict[str, DoorSequence] = {}
+        self.lost_total = 0
+        self.counts = {"unreadable_lines": 0, "torn_lines": 0, "duplicates_skipped": 0,
+                       "late_lines": 0, "spool_resets": 0, "segments_pruned": 0}
+        self.replaced: dict[str, int] = {}
+        self.series: dict[tuple[str, str, str], list[int]] = {}
+
+    # -- recovery ------------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Reconcile state.json with the segments as they are: cut a torn last line, take every
+        record after the state's last one (a kill between the segment's fsync and the state's
+        rename) into the counts and the door's counters, so no spool line is written twice."""
+        self._fresh()  # a recovery cut short (a full disk) starts again from nothing
+        self.ledger.prepare()
+        state, problem = self.ledger.read_state()
+        if problem:
+            self._problem(problem)
+        if state is not None:
+            try:
+                self._restore(state)
+            except (KeyError, TypeError, ValueError, AttributeError) as error:
+                self._fresh()
+                state = None
+                self._problem(f"state.json does not fit ({error!r}): rebuilt from the segments")
+        if state is None:
+            self._continue_after_pruned()
+        names = self.ledger.segment_names()
+        if names and self.ledger.cut_torn_tail(names[-1]):
+            self.counts["torn_lines"] += 1
+        after = self.last_seq
+        for name in self._segments_after(names, after):
+            for record in self.ledger.records(name, after):
+                if record is None:
+                    self._problem(f"segment {name} has a line that is not a record")
+                elif record["seq"] > self.last_seq:
+                    self._take_existing(record)
+        if state is None:
+            self._accounted_up_to_the_highest()
+        elif self.last_seq < int(state.get("last_seq", 0)):
+            self._problem(f"state.json names record {state['last_seq']} but the segments end "
+                          f"at {self.last_seq}")
+        self.recovered = True
+
+    def _accounted_up_to_the_highest(self) -> None:
+        """Without a state the spool is read again from its start: what the ledger holds of each
+        boot counts as accounted up to its highest seq, and the loss counts, whose history went
+        with the state, start again from 0 (a gap in the old records is not a new loss)."""
+        self.lost_total = 0
+        for door in self.doors.values():
+            if door.seen:
+                door.through, door.seen = max(door.through, door.seen[-1][1]), []
+            door.lost, door.lost_ranges = 0, []
+
+    def _continue_after_pruned(self) -> None:
+        """Without a state, the chain goes on from the last pruned segment (the segments found
+        after it, if any, take over)."""
+        try:
+            with open(self.ledger.pruned_file, "rb") as file:
+                size = file.seek(0, os.SEEK_END)
+                file.seek(max(0, size - MAX_LINE))
+                last = json.loads(file.read().splitlines()[-1])
+            self.last_seq, self.last_hash = int(last["last_seq"]), str(last["last_hash"])
+        except (OSError, IndexError, ValueError, KeyError, TypeError):
+            return
+
+    def _problem(self, text: str) -> None:
+        with self.lock:
+            self.problems.append(text)
+
+    def _segments_after(self, names: list[str], seq: int) -> list[str]:
+        """The newest segments that may hold records after `seq`, oldest first."""
+        chosen: list[str] = []
+        for name in reversed(names):
+            chosen.insert(0, name)
+            first = next((r for r in self.ledger.records(name) if r is not None), None)
+            if seq and first is not None and first["seq"] <= seq + 1:
+                break
+        return chosen
+
+    def _restore(self, state: dict) -> None:
+        now = time.monotonic()
+        checkpoint = state["checkpoint"]
+        self.offset = self.saved_offset = int(checkpoint["offset"])
+        self.inode = int(checkpoint["inode"])
+        self.puncher.punched_to = int(checkpoint.get("punched_to", 0))
+        self.last_seq, self.last_hash = int(state["last_seq"]), str(state["last_hash"])
+        self.last_time = state.get("last_time")
+        self.doors = {boot: DoorSequence.from_json(data, now)
+                      for boot, data in state["door_seq"].items()}
+        self.lost_total = int(state["lost"]["total"])
+        for key, value in (("unreadable_lines", state["lost"]["unreadable_lines"]),
+                           ("torn_lines", state["lost"]["torn_lines"]),
+                           ("duplicates_skipped", state["duplicates_skipped"]),
+                           ("late_lines", state["late_lines"]),
+                           ("spool_resets", state["spool"]["resets"]),
+                           ("segments_pruned", state["disk"]["segments_pruned"])):
+            self.counts[key] = int(value)
+        self.replaced = dict(state.get("replaced_values", {}))
+        self.series = {(who, model, ended): [n, p, c]
+                       for who, model, ended, n, p, c in state["series"]}
+
+    def _take_existing(self, record: dict) -> None:
+        self.last_seq, self.last_hash = record["seq"], str(record.get("hash"))
+        self.last_time = record.get("time")
+        boot, seq = record.get("door_boot"), record.get("door_seq")
+        if isinstance(boot, str) and isinstance(seq, int):
+            self._door(boot).admit(seq, time.monotonic())
+        self._count(record)
+
+    # -- the work ------------------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """One batch: read whole lines, append their records, save the state when due, punch,
+        prune. Whether more is waiting (call again at once)."""
+        if not self.recovered:
+            self.recover()
+        more = False
+        if self._open_spool():
+            assert self.spool_fd is not None
+            chunk = os.pread(self.spool_fd, READ_CHUNK, self.offset)
+            more = len(chunk) == READ_CHUNK
+            self._append(self._read(chunk))
+            self.caught_up = not more
+        now = time.monotonic()
+        if self.caught_up:
+            with self.lock:
+                for door in self.doors.values():
+                    declared = door.declare(now, self.options.grace)
+                    self.lost_total += declared
+                    self.dirty = self.dirty or declared > 0
+        if now - self.state_written >= self.options.state_interval:
+            self._prune()
+            if self.dirty:
+                self.save()
+            self.puncher.punch(self.options.spool, self.inode, self.saved_offset)
+        return more
+
+    def _open_spool(self) -> bool:
+        """The spool open at the checkpoint; a new file at the path (a recreated volume) or a
+        shorter one than the checkpoint is read from its start, and counted."""
+        try:
+            info = os.stat(self.options.spool)
+        except FileNotFoundError:
+            return False
+        if self.spool_fd is not None and os.fstat(self.spool_fd).st_ino == info.st_ino \
+                and info.st_size >= self.offset:
+            return True
+        if self.spool_fd is not None:
+            os.close(self.spool_fd)
+            self.spool_fd = None
+        fd = os.open(self.options.spool, os.O_RDONLY)
+        info = os.fstat(fd)
+        if info.st_ino != self.inode or info.st_size < self.offset:
+            if self.inode or self.offset:
+                self.counts["spool_resets"] += 1
+                self._problem(f"the spool was replaced at {_now_iso()}: read from its start")
+            self.inode, self.offset, self.saved_offset, self.discarding = info.st_ino, 0, 0, False
+            self.puncher.punched_to = 0
+            self.dirty = True
+        with contextlib.suppress(OSError):  # skip what earlier runs gave back (a state lost)
+            self.offset = max(self.offset, os.lseek(fd, self.offset, os.SEEK_DATA))
+        self.spool_fd = fd
+        return True
+
+    def _read(self, chunk: bytes) -> "Batch":
+        """The records of the whole lines in `chunk` and what they count; nothing changed yet."""
+        used = chunk.rfind(b"\n") + 1
+        batch = Batch(used=used)
+        if used == 0:
+            if len(chunk) >= MAX_LINE:  # no end in sight: not a line nginx writes
+                batch.tally["unreadable_lines"] += not self.discarding
+                batch.used, batch.discarding = len(chunk), True
+            return batch
+        lines = chunk[:used].split(b"\n")[:-1]
+        if self.discarding:  # the rest of an overlong line, counted when it began
+            lines = lines[1:]
+        tally, staged = batch.tally, batch.staged
+        positions: set[tuple[str, int]] = set()
+        for raw in lines:
+            try:  # escape=json leaves bytes >= 0x80 as they came: a client's invalid UTF-8
+                line = json.loads(raw.decode("utf-8", "replace"))  # fails the allow-lists
+            except ValueError:
+                tally["unreadable_lines"] += 1
+                continue
+            position = door_position(line) if isinstance(line, dict) else None
+            if position is not None:
+                door = self.doors.get(position[0])
+                seen = door.status(position[1]) if door else "new"
+                if position in positions or seen == "duplicate":
+                    tally["duplicates_skipped"] += 1
+                    continue
+                positions.add(position)
+                tally["late_lines"] += seen == "late"
+            try:
+                if position is None or len(raw) > MAX_LINE:
+                    raise Unreadable("not a spool line")
+                record, replaced = self.checker.record(line)
+            except Unreadable:
+                tally["unreadable_lines"] += 1
+                staged.append({"position": position})
+                continue
+            record["door_time"] = line["t"]
+            staged.append({"position": position, "record": record, "replaced": replaced})
+        return batch
+
+    def _append(self, batch: "Batch") -> None:
+        """Chain and write the batch, fsync it, then count it. A failed write changes nothing:
+        the segment is cut back and the same lines are read again."""
+        if not batch.used:
+            return
+        previous, seq, lines, records = self.last_hash, self.last_seq, [], []
+        for item in batch.staged:
+            if "record" not in item:
+                continue
+            record = {key: item["record"][key] for key in RECORD_FIELDS if key != "seq"}
+            seq += 1
+            record = {"seq": seq, **record}
+            record["hash"] = previous = record_hash(previous, record)
+            records.append(record)
+            lines.append(json.dumps(record, separators=(",", ":"), ensure_ascii=True))
+        new_segment = None
+        if lines:
+            name = _today().isoformat() + ".jsonl"
+            path = self.ledger.path(name)
+            new_segment = None if os.path.exists(path) else name
+            _write_all(path, ("\n".join(lines) + "\n").encode(),
+                       os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        self._commit(batch, records)
+        if new_segment:  # after the commit: the records are written, whatever this says
+            _fsync_folder(self.ledger.segments)
+
+    def _commit(self, batch: "Batch", records: list[dict]) -> None:
+        now = time.monotonic()
+        staged, tally = batch.staged, batch.tally
+        with self.lock:
+            self.offset += batch.used
+            self.discarding = batch.discarding
+            for item in staged:
+                if item["position"] is not None:
+                    self._door(item["position"][0]).admit(item["position"][1], now)
+                for field in item.get("replaced", ()):
+                    self.replaced[field] = self.replaced.get(field, 0) + 1
+            self.lost_total -= tally["late_lines"]
+            for key, value in tally.items():
+                self.counts[key] += value
+            for record in records:
+                self._count(record)
+            if records:
+                self.last_seq, self.last_hash = records[-1]["seq"], records[-1]["hash"]
+                self.last_time = records[-1]["time"]
+                self.last_door_time = float(
+                    [item for item in staged if "record" in item][-1]["record"]["door_time"])
+                second = int(time.time())
+                if self.per_second and self.per_second[-1][0] == second:
+                    self.per_second[-1][1] += len(records)
+                else:
+                    self.per_second.append([second, len(records)])
+            self.dirty = True
+
+    def _door(self, boot: str) -> DoorSequence:
+        door = self.doors.get(boot)
+        if door is None:
+            while len(self.doors) >= MAX_BOOTS:
+                oldest = next(iter(self.doors))
+                self.lost_total += self.doors.pop(oldest).close()
+            door = self.doors[boot] = DoorSequence()
+        return door
+
+    def _count(self, record: dict) -> None:
+        who, model, ended = record.get("who"), record.get("model") or "", record.get("ended")
+        key = (str(who), str(model), str(ended))
+        if key not in self.series and len(self.series) >= MAX_SERIES:
+            key = (OVERFLOW_WHO, key[1], key[2])
+        totals = self.series.setdefault(key, [0, 0, 0])
+        totals[0] += 1
+        totals[1] += record.get("prompt_tokens") or 0
+        totals[2] += record.get("completion_tokens") or 0
+
+    def _prune(self) -> None:
+        """Retention by the segment's day, then the disk bound, oldest first; today's segment
+        (the one being appended) is never removed."""
+        today = _today()
+        names = self.ledger.segment_names()
+        sizes = {name: os.path.getsize(self.ledger.path(name)) for name in names}
+        others = sum(os.path.getsize(path) for path in (self.ledger.pruned_file,
+                                                        self.ledger.state_file)
+                     if os.path.exists(path))
+        current = today.isoformat() + ".jsonl"
+        for name in names:
+            if name == current:
+                continue
+            age = (today - datetime.date.fromisoformat(name[:10])).days
+            total = sum(sizes.values()) + others
+            if age > self.options.retention_days:
+                reason = "retention"
+            elif total > self.options.max_bytes:
+                reason = "max_bytes"
+            else:
+                continue
+            try:
+                self.ledger.prune(name, reason)
+            except OSError as error:
+                self._problem(f"{_now_iso()} could not prune {name}: {error}")
+                break
+            del sizes[name]
+            with self.lock:
+                self.counts["segments_pruned"] += 1
+                self.dirty = True
+        with self.lock:
+            self.ledger_bytes = sum(sizes.values()) + others
+            self.over_max_bytes = self.ledger_bytes > self.options.max_bytes
+
+    def save(self) -> None:
+        state = self.health()
+        self.ledger.write_state(state)
+        with self.lock:
+            self.saved_offset = state["checkpoint"]["offset"]
+            self.state_written = time.monotonic()
+            self.dirty = False
+
+    def failed(self, error: Exception) -> None:
+        with self.lock:
+            self.last_error = f"{_now_iso()} {error!r}"
+            self.failing_since = self.failing_since or _now_iso()
+            if getattr(error, "errno", None) in DISK_FULL and self.disk_full_since is None:
+                self.disk_full_since = _now_iso()
+
+    def succeeded(self) -> None:
+        with self.lock:
+            self.failing_since = None
+            if self.disk_full_since is not None:
+                self.problems.append(f"the disk was full from {self.disk_full_since} to "
+                                     f"{_now_iso()}; nothing was lost")
+                self.disk_full_since = None
+
+    # -- what it shows -------------------------------------------------------------------------
+
+    def health(self) -> dict:
+        """The state (as state.json holds it) and what it means now."""
+        spool = self.options.spool
+        try:
+            size = os.stat(spool).st_size
+        except OSError:
+            size = None
+        try:
+            folder = os.statvfs(self.options.ledger)
+            free = folder.f_bavail * folder.f_frsize
+        except OSError:
+            free = None
+        with self.lock:
+            pending = max(0, size - self.offset) if size is not None else 0
+            now = time.time()
+            recent = sum(count for second, count in self.per_second if second > now - 60)
+            window = min(60.0, max(1.0, now - self.started))
+            lag = 0.0 if self.caught_up or not pending else round(
+                now - (self.last_door_time or self.started), 3)
+            problems = list(self.problems)
+            if size is None:
+                problems.append(f"no spool at {spool} yet (the front door writes it)")
+            if self.failing_since and not self.disk_full_since:
+                problems.append(f"failing since {self.failing_since}: {self.last_error}")
+            if self.disk_full_since:
+                problems.append(f"the ledger's disk is full since {self.disk_full_since}: "
+                                "records wait in the spool")
+            if self.over_max_bytes:
+                problems.append("today's segment alone is over --max-bytes")
+            if self.puncher.error:
+                problems.append(f"the spool's disk is not given back: {self.puncher.error}")
+            return {
+                "version": FORMAT_VERSION,
+                "updated": _now_iso(),
+                "ok": self.recovered and size is not None and not self.failing_since
+                and not self.over_max_bytes,
+                "problems": problems,
+                "recovering": not self.recovered,
+                "records": self.last_seq,
+                "last_seq": self.last_seq,
+                "last_hash": self.last_hash,
+                "last_time": self.last_time,
+                "records_per_second": round(recent / window, 3),
+                "lag_seconds": lag,
+                "spool_pending_bytes": pending,
+                "spool": {"path": spool, "exists": size is not None, "size": size,
+                          "resets": self.counts["spool_resets"]},
+                "checkpoint": {"offset": self.offset, "inode": self.inode,
+                               "punched_to": self.puncher.punched_to},
+                "lost": {"total": self.lost_total,
+                         "door_seq_gaps": {boot: door.lost for boot, door in self.doors.items()
+                                           if door.lost},
+                         "unreadable_lines": self.counts["unreadable_lines"],
+                         "torn_lines": self.counts["torn_lines"]},
+                "late_lines": self.counts["late_lines"],
+                "duplicates_skipped": self.counts["duplicates_skipped"],
+                "replaced_values": dict(self.replaced),
+                "disk": {"ledger_bytes": self.ledger_bytes, "free_bytes": free,
+                         "max_bytes": self.options.max_bytes,
+                         "retention_days": self.options.retention_days,
+                         "over_max_bytes": self.over_max_bytes,
+                         "segments_pruned": self.counts["segments_pruned"]},
+                "hole_punching": {"supported": self.puncher.supported,
+                                  "error": self.puncher.error},
+                "disk_full_since": self.disk_full_since,
+                "failing_since": self.failing_since,
+                "last_error": self.last_error,
+                "door_seq": {boot: door.to_json() for boot, door in self.doors.items()},
+                "series": [[*key, *totals] for key, totals in sorted(self.series.items())],
+            }
+
+    def metrics(self) -> str:
+        """Prometheus's text format; every label value escaped."""
+        health = self.health()
+        out = []
+
+        def family(name: str, kind: str, text: str) -> None:
+            out.extend([f"# HELP {name} {text}", f"# TYPE {name} {kind}"])
+
+        family("kit_usage_requests_total", "counter", "Requests in the ledger.")
+        tokens: dict[tuple[str, str], list[int]] = {}
+        for who, model, ended, requests, prompt, completion in health["series"]:
+            out.append(f"kit_usage_requests_total{{who={_label(who)},model={_label(model)},"
+                       f"ended={_label(ended)}}} {requests}")
+            pair = tokens.setdefault((who, model), [0, 0])
+            pair[0] += prompt
+            pair[1] += completion
+        for index, kind in enumerate(("prompt", "completion")):
+            name = f"kit_usage_{kind}_tokens_total"
+            family(name, "counter", f"{kind.capitalize()} tokens as the engine counted them.")
+            out += [f"{name}{{who={_label(who)},model={_label(model)}}} {pair[index]}"
+                    for (who, model), pair in sorted(tokens.items())]
+        lost = health["lost"]
+        for name, kind, text, value in (
+                ("kit_usage_records_total", "counter", "Records appended.", health["records"]),
+                ("kit_usage_lost_records_total", "counter",
+                 "Door sequence numbers never seen (lost records).", lost["total"]),
+                ("kit_usage_unreadable_lines_total", "counter",
+                 "Spool lines that could not be read.", lost["unreadable_lines"]),
+                ("kit_usage_torn_lines_total", "counter",
+                 "Segment lines cut after a kill mid-write.", lost["torn_lines"]),
+                ("kit_usage_duplicates_skipped_total", "counter",
+                 "Spool lines already in the ledger.", health["duplicates_skipped"]),
+                ("kit_usage_ledger_bytes", "gauge", "Bytes of the ledger volume's files.",
+                 health["disk"]["ledger_bytes"]),
+                ("kit_usage_spool_pending_bytes", "gauge", "Spool bytes not yet read.",
+                 health["spool_pending_bytes"]),
+                ("kit_usage_lag_seconds", "gauge", "How far the ledger is behind the door.",
+                 health["lag_seconds"]),
+                ("kit_usage_disk_full", "gauge", "1 while the ledger's disk is full.",
+                 int(health["disk_full_since"] is not None))):
+            family(name, kind, text)
+            out.append(f"{name} {value}")
+        return "\n".join(out) + "\n"
+
+
+def _label(value: str) -> str:
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+def run(collector: Collector, stop: threading.Event) -> None:
+    """Work until stopped; a failure (a full disk, an I/O error, a bug) is reported and retried
+    with a growing pause, never a crash loop: the spool keeps every record meanwhile."""
+    pause = 0.0
+    while not stop.is_set():
+        try:
+            more = collector.step()
+        except Exception as error:  # noqa: BLE001 - PID 1 reports and retries, the spool waits
+            collector.failed(error)
+            pause = min(max(pause * 2, collector.options.poll_interval),
+                        collector.options.retry_max)
+            stop.wait(pause)
+            continue
+        if pause:
+            collector.succeeded()
+            pause = 0.0
+        if not more:
+            stop.wait(collector.options.poll_interval)
+    with contextlib.suppress(OSError):
+        if collector.recovered and collector.dirty:
+            collector.save()
+
+
+def _json_names(text: str) -> list[str]:
+    value = json.loads(text)
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ValueError("expected a JSON list of strings")
+    return value
+
+
+def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spool", required=True, help="nginx's spool file (door.jsonl)")
+    parser.add_argument("--ledger", required=True, help="the ledger folder")
+    parser.add_argument("--retention-days", type=int, required=True)
+    parser.add_argument("--max-bytes", type=int, required=True)
+    parser.add_argument("--port", type=int, required=True, help="HTTP: /health and /metrics")
+    parser.add_argument("--host", default="0.0.0.0", help="the address to listen on")
+    parser.add_argument("--models", type=_json_names, required=True,
+                        help="JSON list of the served model names")
+    parser.add_argument("--routes", type=_json_names, required=True,
+                        help="JSON list of the door's routes")
+    parser.add_argument("--grace", type=float, default=30.0,
+                        help="seconds a missing door seq may wait before it counts as lost")
+    parser.add_argument("--poll-interval", type=float, default=0.5)
+    parser.add_argument("--state-interval", type=float, default=1.0)
+    parser.add_argument("--retry-max", type=float, default=30.0,
+                        help="longest pause between retries after a failure (a full disk)")
+    options = parser.parse_args(argv)
+    for name in ("retention_days", "max_bytes", "grace", "poll_interval", "state_interval",
+                 "retry_max"):
+        if getattr(options, name) <= 0 and name != "grace":
+            parser.error(f"--{name.replace('_', '-')} must be more than 0")
+    if options.grace < 0:
+        parser.error("--grace must be 0 or more")
+    return options
+
+
+def main(argv: list[str] | None = None) -> None:
+    options = parse_options(argv)
+    collector = Collector(options)
+    stop = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's API
+            if self.path == "/health":
+                body = json.dumps(collector.health(), sort_keys=True).encode()
+                kind = "application/json"
+            elif self.path == "/metrics":
+                body = collector.metrics().encode()
+                kind = "text/plain; version=0.0.4"
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:  # scrapes are not worth a log line each
+            return
+
+    server = ThreadingHTTPServer((options.host, options.port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    for signum in (signal.SIGTERM, signal.SIGINT):  # PID 1 ignores SIGTERM otherwise
+        signal.signal(signum, lambda *_: stop.set())
+    run(collector, stop)
+    server.server_close()
+
+
+if __name__ == "__main__":
+    main()

@@ -27,6 +27,7 @@ from kit.plan.observability import (
     VLLM_JOB,
     ServiceSlo,
 )
+from kit.plan.usage import USAGE_JOB
 from kit.render.prometheus import quantile
 
 if TYPE_CHECKING:
@@ -187,6 +188,41 @@ def door_dashboard(plan: Plan) -> dashboard.Dashboard:
     return _dashboard("kit-front-door", f"kit · {plan.site} · front door", panels)
 
 
+def usage_dashboard(plan: Plan) -> dashboard.Dashboard:
+    """Who used what, from the usage ledger's collector (the same records `kit usage` reads):
+    per credential and model, tokens and requests, and the ledger's own health."""
+    usage = f'job="{USAGE_JOB}"'
+    panels = [
+        _panel("Tokens per second by credential", "short",
+               [(f"sum by (who) (rate(kit_usage_prompt_tokens_total{{{usage}}}[{RATE}]))",
+                 "prompt, {{who}}"),
+                (f"sum by (who) (rate(kit_usage_completion_tokens_total{{{usage}}}[{RATE}]))",
+                 "completion, {{who}}")],
+               "prompt and completion tokens as the engine counted them, per key or user"),
+        _panel("Tokens per second by model", "short",
+               [(f"sum by (model) (rate(kit_usage_completion_tokens_total{{{usage}}}[{RATE}]))",
+                 "{{model}}")],
+               "completion tokens per served model"),
+        _panel("Requests by credential and ending", "reqps",
+               [(f"sum by (who, ended) (rate(kit_usage_requests_total{{{usage}}}[{RATE}]))",
+                 "{{who}} {{ended}}")],
+               "completed, client aborts, upstream errors and refusals, per credential"),
+        _panel("Tokens in the last 24 hours by credential", "short",
+               [(f"sum by (who) (increase(kit_usage_prompt_tokens_total{{{usage}}}[1d])"
+                 f" + increase(kit_usage_completion_tokens_total{{{usage}}}[1d]))", "{{who}}")],
+               "prompt + completion tokens over the last day"),
+        _panel("Ledger: records per second and lag", "short",
+               [(f"rate(kit_usage_records_total{{{usage}}}[{RATE}])", "records/s"),
+                (f"kit_usage_lag_seconds{{{usage}}}", "lag (s)")],
+               "records appended to the ledger, and how far the ledger is behind the door"),
+        _panel("Ledger: lost and unreadable", "none",
+               [(f"kit_usage_lost_records_total{{{usage}}}", "lost"),
+                (f"kit_usage_unreadable_lines_total{{{usage}}}", "unreadable")],
+               "requests the door counted that never reached the ledger; lines it could not read"),
+    ]
+    return _dashboard("kit-usage", f"kit · {plan.site} · usage", panels)
+
+
 def _dashboard(uid: str, title: str, panels: list[timeseries.Panel]) -> dashboard.Dashboard:
     board = (dashboard.Dashboard(title).uid(uid).tags(["kit"]).refresh("30s")
              .time("now-1h", "now").editable())
@@ -198,6 +234,8 @@ def _dashboard(uid: str, title: str, panels: list[timeseries.Panel]) -> dashboar
 def dashboard_files(plan: Plan) -> dict[str, str]:
     """File name → dashboard JSON for Grafana's file provider."""
     boards = {"kit-front-door.json": door_dashboard(plan)}
+    if plan.usage is not None:
+        boards["kit-usage.json"] = usage_dashboard(plan)
     for service in plan.services:
         slo = plan.observability.slo(service.name) if plan.observability else None
         boards[f"kit-svc-{service.name}.json"] = service_dashboard(service, slo)

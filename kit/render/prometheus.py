@@ -37,6 +37,7 @@ from kit.plan.observability import (
     SCRAPE_PATH,
     VLLM_JOB,
 )
+from kit.plan.usage import USAGE_JOB, USAGE_SERVICE
 
 if TYPE_CHECKING:
     from kit.plan.build import Plan, ServicePlan
@@ -102,6 +103,11 @@ def prometheus_config(plan: Plan) -> str:
                 "static_configs": [{"targets": [door], "labels": {
                     "instance": DOOR_FIGURES_SERVICE}}],
             },
+            *([{
+                "job_name": USAGE_JOB,
+                "metrics_path": SCRAPE_PATH + USAGE_SERVICE,
+                "static_configs": [{"targets": [door], "labels": {"instance": USAGE_SERVICE}}],
+            }] if plan.usage else []),
         ],
     }
     return generated_yaml(config)

@@ -16,6 +16,7 @@ from kit.site import Site
 from kit.stack.live_figures import LiveFigures, live_figures
 from kit.stack.reconcile import changes, up_actions
 from kit.stack.rollout import out_of_service
+from kit.stack.usage_health import LedgerHealth, ledger_health
 from kit.stack.worker_nodes import WorkerEngines, node_drift, worker_nodes
 from kit.state import json_object, read_state
 
@@ -44,6 +45,7 @@ class StackStatus:
     door: tuple[PortAnswer, ...] = ()  # the running front door's ports, knocked on from here
     out_of_rotation: frozenset[str] = frozenset()  # replicas nginx's server lists leave out
     probe_stale: str | None = None  # why the last probe says nothing of what runs now
+    usage: LedgerHealth | None = None  # the usage ledger's health (None: usage is off)
 
     def replicas_in_service(self) -> dict[str, dict[str, int]]:
         """Per multi-replica service: how many replicas run healthy, of how many containers,
@@ -79,6 +81,7 @@ class StackStatus:
             "last_probe_stale": self.probe_stale,
             **extra,
             **({"tls": self.acme.to_json()} if self.acme else {}),  # tls.mode acme only
+            **({"usage_ledger": self.usage.to_json()} if self.usage else {}),
         }
 
 
@@ -120,6 +123,7 @@ def gather(site: Site, engine: Engine,
         door=observed.door,
         out_of_rotation=_out_of_rotation(site, observed.containers),
         probe_stale=_probe_stale(last_probe, observed),
+        usage=ledger_health(engine, observed.containers) if site.spec.usage.enabled else None,
     )
 
 
@@ -269,4 +273,6 @@ def render_text(status: StackStatus, now: datetime) -> str:
         lines += status.figures.lines()
     if status.acme is not None:
         lines += status.acme.lines()
+    if status.usage is not None:
+        lines += status.usage.lines()
     return "\n".join(lines)

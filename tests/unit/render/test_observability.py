@@ -5,6 +5,7 @@ library's own model."""
 import ipaddress
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from kit.plan.observability import (
     histogram_args,
     metrics_network,
 )
-from kit.plan.usage import USAGE_SERVICE
+from kit.plan.usage import USAGE_JOB, USAGE_PORT, USAGE_SERVICE
 from kit.render.dashboards import DATASOURCE_UID, le_matcher
 from tests.standin.vllm_standin import buckets
 from tests.support import nginx_ns
@@ -158,7 +159,8 @@ def test_le_matcher_spells_the_bound_as_prometheus_3_stores_it() -> None:
 def test_dashboards_round_trip_through_the_library(observed: Path) -> None:
     folder = observed / "observability" / "grafana" / "dashboards"
     names = sorted(path.name for path in folder.iterdir())
-    assert names == ["kit-front-door.json", "kit-svc-llama8b.json", "kit-svc-small.json"]
+    assert names == ["kit-front-door.json", "kit-svc-llama8b.json", "kit-svc-small.json",
+                     "kit-usage.json"]
     for path in folder.iterdir():
         raw = json.loads(path.read_text())
         board = Dashboard.from_json(raw)
@@ -174,6 +176,28 @@ def test_dashboards_round_trip_through_the_library(observed: Path) -> None:
     assert 'le="0.2"' in share["targets"][0]["expr"]
     llama = json.loads((folder / "kit-svc-llama8b.json").read_text())
     assert not any("SLO" in panel["title"] for panel in llama["panels"])
+    usage = json.loads((folder / "kit-usage.json").read_text())
+    assert all('job="usage"' in target["expr"] for panel in usage["panels"]
+               for target in panel["targets"])
+
+
+def test_the_usage_dashboard_and_scrape_go_with_the_ledger(observed: Path) -> None:
+    """Prometheus reads the ledger's figures through the door's listener like every other
+    target; with `usage: {enabled: false}` there is neither the job nor the dashboard."""
+    config = yaml.safe_load((observed / "observability/prometheus/prometheus.yml").read_text())
+    job = next(job for job in config["scrape_configs"] if job["job_name"] == USAGE_JOB)
+    assert job["metrics_path"] == f"/kit-scrape/{USAGE_SERVICE}"
+    conf = (observed / "nginx" / "nginx.conf").read_text()
+    assert f"set $kit_scrape {USAGE_SERVICE}:{USAGE_PORT};" in conf
+    spec = observed / "site.yaml"
+    spec.write_text(spec.read_text().replace("services:\n", "usage: {enabled: false}\nservices:\n",
+                                             1))
+    shutil.rmtree(observed / "observability")  # a render leaves files it no longer makes
+    assert run_kit("render", spec).exit_code == 0
+    config = yaml.safe_load((observed / "observability/prometheus/prometheus.yml").read_text())
+    assert USAGE_JOB not in [job["job_name"] for job in config["scrape_configs"]]
+    assert not (observed / "observability/grafana/dashboards/kit-usage.json").exists()
+    assert USAGE_SERVICE not in (observed / "nginx" / "nginx.conf").read_text()
 
 
 def test_grafana_provisioning(observed: Path) -> None:

@@ -19,7 +19,8 @@ from tests.support.sites import REPO, tree
 
 GOLDEN = ["compose/docker-compose.yml", "compose/llama8b.env", "nginx/nginx.conf", "nginx/kit.js",
           "nginx/verifier/nginx.conf", "nginx/verifier/verifier.js",
-          "nginx/verifier/unknown-user.htpasswd", "nginx/kit-routes.js"]
+          "nginx/verifier/unknown-user.htpasswd", "nginx/kit-routes.js",
+          "compose/usage/usage_ledger.py"]
 
 
 def render(*args: str) -> Result:

@@ -1,0 +1,104 @@
+"""The usage ledger's health as `kit status` shows it: the collector's own account (records,
+rate, lag, lost and unreadable records, disk), asked inside its container through the engine,
+so a remote site answers the same way and nothing listens outside the metrics network."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kit.errors import KitError
+from kit.plan.usage import USAGE_PORT, USAGE_SERVICE
+
+if TYPE_CHECKING:
+    from kit.engine.docker_api import Engine
+    from kit.engine.observe import ContainerState
+
+HEALTH_ARGV = [
+    "python3", "-c",
+    "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen("
+    f"'http://127.0.0.1:{USAGE_PORT}/health', timeout=4).read().decode())",
+]
+
+
+@dataclass(frozen=True)
+class LedgerHealth:
+    """The collector's /health (None when it could not be asked, and `problem` says why)."""
+
+    health: dict | None
+    problem: str | None = None
+
+    def to_json(self) -> dict:
+        if self.health is None:
+            return {"ok": False, "problem": self.problem}
+        h = self.health
+        return {
+            "ok": bool(h.get("ok")),
+            "problems": list(h.get("problems") or []),
+            "records": h.get("records"),
+            "records_per_second": h.get("records_per_second"),
+            "lag_seconds": h.get("lag_seconds"),
+            "spool_pending_bytes": h.get("spool_pending_bytes"),
+            "lost": (h.get("lost") or {}).get("total"),
+            "unreadable_lines": (h.get("lost") or {}).get("unreadable_lines"),
+            "disk": h.get("disk"),
+            "disk_full_since": h.get("disk_full_since"),
+        }
+
+    def lines(self) -> list[str]:
+        if self.health is None:
+            return [f"usage ledger: NOT RECORDING ({self.problem}); records wait in the spool "
+                    "until it runs again (kit up starts it)"]
+        j = self.to_json()
+        disk = j["disk"] or {}
+        verdict = "ok" if j["ok"] else "PROBLEM"
+        lines = [
+            f"usage ledger: {verdict}, {_figure(j['records'])} records, "
+            f"{_figure(j['records_per_second'])} records/s, lag {_figure(j['lag_seconds'])} s, "
+            f"{_figure(j['lost'])} lost, {_figure(j['unreadable_lines'])} unreadable, "
+            f"disk {_size(disk.get('ledger_bytes'))} of {_size(disk.get('max_bytes'))} "
+            f"({_size(disk.get('free_bytes'))} free)",
+        ]
+        if j["disk_full_since"]:
+            lines.append(f"  DISK FULL since {j['disk_full_since']}: the door keeps serving; "
+                         "records it cannot write are counted as lost")
+        lines += [f"  {problem}" for problem in j["problems"]]
+        return lines
+
+
+def _figure(value: object) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "?"
+    return f"{value:,}" if isinstance(value, int) else f"{value:,.1f}"
+
+
+def _size(value: object) -> str:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return "?"
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if value >= scale:
+            return f"{value / scale:,.1f} {unit}"
+    return f"{value} B"
+
+
+def ledger_health(engine: Engine, containers: tuple[ContainerState, ...]) -> LedgerHealth:
+    """Ask the running collector; a stopped or missing one, or an unreadable answer, is the
+    problem shown instead."""
+    running = [c for c in containers if c.service == USAGE_SERVICE and c.running]
+    if not running:
+        return LedgerHealth(None, f"no {USAGE_SERVICE} container runs")
+    try:
+        code, output = engine.exec(running[0].id, HEALTH_ARGV)
+    except KitError as error:
+        return LedgerHealth(None, f"the engine could not ask it: {error.message}")
+    if code != 0:
+        return LedgerHealth(None, f"it did not answer /health (exit {code}): "
+                                  f"{output.strip()[-200:]}")
+    try:
+        health = json.loads(output)
+        if not isinstance(health, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as error:
+        return LedgerHealth(None, f"its /health answer is unreadable: {error}")
+    return LedgerHealth(health)

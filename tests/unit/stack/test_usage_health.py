@@ -1,0 +1,52 @@
+"""`kit status`'s view of the usage ledger: the collector's own /health (a real collector run on
+a spool here), asked through the engine's exec; a collector that is missing, stopped or
+answers nonsense is shown as not recording, never as healthy."""
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+from kit.engine.observe import ContainerState
+from kit.plan.usage import USAGE_SERVICE
+from kit.stack.usage_health import HEALTH_ARGV, ledger_health
+from tests.support.fake_engine import ExecOnlyEngine
+from tests.support.usage_collector import CollectorProcess, append_spool, spool_line
+
+COLLECTOR = ContainerState(
+    id="c0ffee", name="site-usage-ledger-1", service=USAGE_SERVICE, number=1, config_hash=None,
+    state="running", health="healthy", restart_count=0, exit_code=0,
+    started_at=datetime(2026, 12, 1, tzinfo=UTC), image="vllm/vllm-openai:v0.33.0",
+    image_id="sha256:1", gpu_ids=(), host_ports=())
+
+
+def test_status_shows_the_collectors_own_account(tmp_path: Path) -> None:
+    spool, ledger = tmp_path / "door.jsonl", tmp_path / "ledger"
+    append_spool(spool, [spool_line(seq) for seq in (1, 2, 3, 5)])  # 4 never arrives
+    collector = CollectorProcess(spool, ledger, grace=0.2).start()
+    try:
+        health = collector.wait_for(lambda h: h["lost"]["total"] == 1, "the gap counted")
+    finally:
+        collector.stop()
+    engine = ExecOnlyEngine(COLLECTOR.id)
+    engine.exec_results[tuple(HEALTH_ARGV)] = [(0, json.dumps(health))]
+    view = ledger_health(engine, (COLLECTOR,))
+    report = view.to_json()
+    assert report["records"] == 4 and report["lost"] == 1 and report["unreadable_lines"] == 0
+    line = view.lines()[0]
+    assert line.startswith("usage ledger: ") and "4 records" in line and "1 lost" in line
+    assert "of 1.0 GB" in line  # the collector's --max-bytes
+
+
+def test_a_collector_that_is_not_running_is_not_recording() -> None:
+    stopped = ContainerState(**{**COLLECTOR.__dict__, "state": "exited"})
+    view = ledger_health(ExecOnlyEngine(), (stopped,))
+    assert view.health is None and view.to_json() == {
+        "ok": False, "problem": f"no {USAGE_SERVICE} container runs"}
+    assert view.lines()[0].startswith("usage ledger: NOT RECORDING")
+
+
+def test_an_unreadable_answer_is_a_problem_not_a_guess() -> None:
+    engine = ExecOnlyEngine(COLLECTOR.id)
+    engine.exec_results[tuple(HEALTH_ARGV)] = [(0, "<html>"), (1, "Connection refused")]
+    assert "unreadable" in (ledger_health(engine, (COLLECTOR,)).problem or "")
+    assert "exit 1" in (ledger_health(engine, (COLLECTOR,)).problem or "")
