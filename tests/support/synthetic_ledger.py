@@ -70,6 +70,13 @@ def ledger_files(segments: dict[str, list[dict]], *, pruned: tuple[str, ...] = (
     return files
 
 
+def folder_files(folder: Path) -> dict[str, bytes]:
+    """A ledger folder on this host (the collector run as a process) as the collector's volume
+    holds it: the files `archive` copies out."""
+    return {f"{LEDGER_DIR}/{path.relative_to(folder)}": path.read_bytes()
+            for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
 def segment_lines(files: dict[str, bytes], day: str) -> list[bytes]:
     return files[f"{LEDGER_DIR}/segments/{day}.jsonl"].splitlines(keepends=True)
 

@@ -19,15 +19,18 @@ from kit.usage import audit
 from kit.usage.audit import EXPORT_COLUMNS, Verdict, export, read_anchors, verify_site
 from kit.usage.ledger import LEDGER_DIR, Ledger
 from kit.usage.period import period
+from kit.usage.totals import gather, rows
 from tests.support.fake_engine import FakeEngine
 from tests.support.synthetic_ledger import (
     chained,
+    folder_files,
     ledger_files,
     ledger_site,
     record,
     segment_lines,
     set_segment_lines,
 )
+from tests.support.usage_collector import CollectorProcess, append_spool, spool_line
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
 DAYS = ("2026-11-01", "2026-11-20", "2026-11-29")
@@ -217,3 +220,28 @@ def test_an_anchor_that_cannot_be_kept_is_an_error_not_a_pass(
     with pytest.raises(KitError) as raised:
         audited.verify()
     assert "cannot write" in raised.value.message and "df -h" in str(raised.value.fix)
+
+
+def test_the_collectors_own_ledger_verifies_and_sums(tmp_path: Path) -> None:
+    """Writer and reader agree: the real collector (templates/usage_ledger.py, as a process)
+    turns 40 spool lines into a ledger; verify passes it up to the collector's own head, and the
+    sums are the spool's."""
+    spool, folder = tmp_path / "door.jsonl", tmp_path / "ledger"
+    append_spool(spool, [spool_line(n, who="key:alice" if n % 2 else "user:bob",
+                                    prompt=str(n), completion="1") for n in range(1, 41)])
+    collector = CollectorProcess(spool, folder, grace=0.2).start()
+    try:
+        collector.wait_for(lambda health: health["last_seq"] == 40, "40 records")
+    finally:
+        assert collector.stop() == 0
+    audited = Audited(tmp_path / "site-root", folder_files(folder))
+    verdict = audited.verify()
+    state = json.loads((folder / "state.json").read_text())
+    assert verdict.ok and verdict.records == 40, verdict
+    assert verdict.head is not None and verdict.head.hash == state["last_hash"]
+    ledger = Ledger(audited.engine, f"unit01-{USAGE_SERVICE}-1")
+    found = gather(ledger, period(None, None, NOW, default_since=None), None, NOW)
+    sums = {row.key: (row.figures.requests, row.figures.prompt_tokens) for row in
+            rows(found, ("who",))}
+    assert sums == {("key:alice",): (20, sum(range(1, 41, 2))),
+                    ("user:bob",): (20, sum(range(2, 41, 2)))}
