@@ -19,7 +19,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,10 +72,11 @@ def write_failure(error: OSError, path: Path | str | None = None) -> KitError:
     return KitError(message, fix="fix the file system problem, then run kit again")
 
 
-def _write_fd(descriptor: int, content: bytes) -> None:
-    view = memoryview(content)
-    while view:
-        view = view[os.write(descriptor, view):]
+def _write_fd(descriptor: int, content: bytes | Iterable[bytes]) -> None:
+    for chunk in (content,) if isinstance(content, bytes) else content:
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(descriptor, view):]
     os.fsync(descriptor)
 
 
@@ -87,10 +88,10 @@ def _fsync_dir(folder: Path) -> None:
         os.close(descriptor)
 
 
-def _staged_file(path: Path, content: bytes, mode: int, group: int | None,
+def _staged_file(path: Path, content: bytes | Iterable[bytes], mode: int, group: int | None,
                  owner: int | None = None) -> Path:
-    """`content` in a fsynced temp file beside `path`, with its mode, group and owner (0600
-    from creation until then): ready to rename."""
+    """`content` (or its chunks, as they come) in a fsynced temp file beside `path`, with its
+    mode, group and owner (0600 from creation until then): ready to rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -106,8 +107,10 @@ def _staged_file(path: Path, content: bytes, mode: int, group: int | None,
     return Path(name)
 
 
-def atomic_write(path: Path, content: bytes, mode: int = 0o644, group: int | None = None,
-                 owner: int | None = None) -> None:
+def atomic_write(path: Path, content: bytes | Iterable[bytes], mode: int = 0o644,
+                 group: int | None = None, owner: int | None = None) -> None:
+    """`path` holds `content` whole or is as it was. `content` may be chunks made while it is
+    written (an export larger than memory): a failure making them leaves nothing behind."""
     staged = _staged_file(path, content, mode, group, owner)
     try:
         os.replace(staged, path)

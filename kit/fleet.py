@@ -17,11 +17,16 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from kit.errors import BadInput, ExitCode, KitError
 from kit.spec.model import DEFAULT_SPEC
+
+if TYPE_CHECKING:  # the usage wing loads only for `kit fleet DIR usage`
+    from kit.usage.period import Period
+    from kit.usage.totals import Usage
 
 FLEET_PARALLEL = 8  # servers worked on at once (each holds up to 8 SSH sessions of its own)
 # What a credential verb's stderr says when the previous files are in effect after a failure,
@@ -170,6 +175,31 @@ def server_status(spec: Path) -> ServerStatus:
         drift=f"{len(status.drift)} change(s)" if status.drift else "none",
         last_probe=verdict,
     )
+
+
+@dataclass(frozen=True)
+class ServerUsage:
+    server: str
+    seconds: float
+    usage: Usage | None  # None: the server could not be read (cause)
+    cause: str = ""
+
+
+def server_usage(spec: Path, period: Period, now: datetime) -> ServerUsage:
+    """One server's usage over `period`, read here (kit.usage.totals.site_usage); a failure to
+    read it is the row's cause."""
+    from kit.engine.docker_api import connect
+    from kit.site import Site
+    from kit.usage.totals import site_usage
+
+    started = time.monotonic()
+    try:
+        site = Site.load(spec, check_host=False)
+        found = site_usage(site, connect(site.engine_url), period, now)
+    except KitError as error:
+        return ServerUsage(server_name(spec), time.monotonic() - started, None,
+                           error.message.splitlines()[0])
+    return ServerUsage(server_name(spec), time.monotonic() - started, found)
 
 
 def table(rows: list[tuple[str, ...]]) -> str:

@@ -16,7 +16,8 @@
                                         (prometheus.yml, rules.yml, web.yml: its API's
                                         bcrypt hash), grafana/provisioning/,
                                         grafana/dashboards/, door-figures/ (the door's counter)
-    <site>/.kit/                        kit's state: manifest, CA key, probe identity, last probe
+    <site>/.kit/                        kit's state: manifest, CA key, probe identity, last probe,
+                                        the usage ledger's anchors
 """
 
 from dataclasses import dataclass
@@ -205,6 +206,12 @@ class SiteLayout:
     @property
     def keys_db(self) -> Path:
         return self.state_dir / "keys.json"
+
+    @property
+    def usage_anchors(self) -> Path:
+        """The usage ledger's heads each passing `kit audit verify` saw: a later verify finds
+        each still in the chain, so a ledger rewritten from scratch does not pass."""
+        return self.state_dir / "usage-anchors.json"
 
     @property
     def applied(self) -> Path:

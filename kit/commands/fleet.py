@@ -19,7 +19,7 @@ from kit.fleet import (
 
 # verb → how many words name it (`users add` is two)
 FLEET_VERBS = {"status": 1, "render": 1, "up": 1, "probe": 1, "rotate-password": 1,
-               "users": 2, "keys": 2}
+               "users": 2, "keys": 2, "usage": 1}
 NEW_PASSWORD = {("rotate-password",): "password", ("users", "add"): "password"}
 CREDENTIAL = {**NEW_PASSWORD, ("users", "remove"): "user list", ("keys", "add"): "key list",
               ("keys", "revoke"): "key list"}
@@ -33,12 +33,14 @@ def fleet(words: tuple[str, ...]) -> None:
     """Run VERB over every server of DIR (default .): DIR/<server>/site.yaml, one per server.
 
     VERB: status | render | up | probe | rotate-password USER | users add|remove|list [USER] |
-    keys add|revoke|list [NAME]. Servers run in parallel (at most 8 at once); each gets one row
-    with its result, time and cause. Exit 1 when any server failed (the others still ran).
+    keys add|revoke|list [NAME] | usage [--since --until --by --csv --json] (every server's
+    totals in one table with a SERVER column, then the servers that could not be read).
+    Servers run in parallel (at most 8 at once); each gets one row with its result, time and
+    cause. Exit 1 when any server failed (the others still ran).
     rotate-password and users add set the SAME password everywhere (asked, read with
     --password-stdin, or generated and printed once) and say where it is live and where the old
-    one still is. Every verb but status refuses (exit 2, before anything runs) two folders that
-    are one stack: the same engine and the same site name.
+    one still is. Every verb but status and usage refuses (exit 2, before anything runs) two
+    folders that are one stack: the same engine and the same site name.
     """
     folder, verb, args = _parse(list(words))
     specs = fleet_specs(folder)
@@ -46,6 +48,8 @@ def fleet(words: tuple[str, ...]) -> None:
         statuses = run_all(specs, server_status)
         click.echo(status_table(statuses))
         failed = [s.server for s in statuses if not s.ok]
+    elif verb == ("usage",):
+        failed = _usage(specs, args)
     else:
         one_writer_per_stack(specs)
         stdin, secret = None, None
@@ -86,3 +90,29 @@ def _details(verb: tuple[str, ...], results: list[ServerResult]) -> None:
     for result in results:
         click.echo(f"== {result.server}")
         click.echo(result.output.rstrip() or "(nothing)")
+
+
+def _usage(specs: list[Path], args: list[str]) -> list[str]:
+    """Every server's usage merged (one period, one `now` for all); the failed servers."""
+    from datetime import UTC, datetime
+
+    from kit.commands.usage import query, query_options
+    from kit.fleet import server_usage
+    from kit.usage import totals
+
+    now = datetime.now(UTC)
+    parse = query_options(click.Command("usage", callback=lambda **values: values))
+    values = parse.main(args, "kit fleet DIR usage", standalone_mode=False)
+    if not isinstance(values, dict):  # --help was shown
+        return []
+    chosen, keys, form = query(**values, now=now)
+    found = run_all(specs, lambda spec: server_usage(spec, chosen, now))
+    sections = [(row.server, row.usage) for row in found if row.usage is not None]
+    if sections:
+        click.echo({"text": totals.text, "csv": totals.csv_text,
+                    "json": totals.json_text}[form](sections, keys).rstrip("\n"))
+    failed = [row for row in found if row.usage is None]
+    if failed:
+        click.echo(results_table([ServerResult(row.server, False, row.seconds, "FAILED",
+                                               row.cause) for row in failed]), err=True)
+    return [row.server for row in failed]

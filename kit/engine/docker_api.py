@@ -40,6 +40,7 @@ CONNECT_ERRORS: dict[int | None, str] = {
     errno.ECONNREFUSED: "connection refused (nothing listens there)",
 }
 GPU_CHECK_ENTRYPOINT = "/kit-gpu-check-never-runs"  # exec fails after the GPU hook ran
+ARCHIVE_CHUNK = 256 * 1024  # bytes of a container's tar stream held at once (`archive`)
 
 
 def engine_address() -> str:
@@ -321,6 +322,24 @@ class Engine:
             exec_id = self._api.exec_create(container_id, argv)["Id"]
             output = self._api.exec_start(exec_id)
             return self._api.exec_inspect(exec_id)["ExitCode"], output.decode(errors="replace")
+
+    def archive(self, container_id: str, path: str) -> Iterator[bytes] | None:
+        """The tar stream of `path` in the container, in chunks of at most ARCHIVE_CHUNK bytes
+        (`docker cp`: a stopped container's files too, nothing runs in it); None when the path
+        does not exist there. The stream is read as it is consumed, never held whole."""
+        doing = f"reading {path} from container {_short(container_id)}"
+        with self._errors(doing):
+            try:
+                stream, _ = self._api.get_archive(container_id, path, chunk_size=ARCHIVE_CHUNK)
+            except docker.errors.NotFound as error:
+                if "No such container" in _error_text(error):
+                    raise
+                return None
+        return self._chunks(stream, doing)
+
+    def _chunks(self, stream: Iterator[bytes], doing: str) -> Iterator[bytes]:
+        with self._errors(doing):
+            yield from stream
 
     def signal(self, container_id: str, signal: str) -> None:
         with self._errors(f"sending {signal} to container {_short(container_id)}"):

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,7 @@ from tests.support.remote_host import (
     write_sshd_config,
 )
 from tests.support.sites import LLAMA_8B
+from tests.support.synthetic_ledger import chained, ledger_files, record, stopped_collector
 
 pytestmark = pytest.mark.e2e
 
@@ -285,3 +287,32 @@ def test_down_cleans_the_remote_host(remote: RemoteHost, rendered: LiveSite, up:
     assert remote.client.containers.list(all=True) == []
     assert [v.name for v in remote.client.volumes.list()
             if v.name.startswith(f"{rendered.name}_kit-files")] == []
+
+
+def test_fleet_usage_merges_this_engine_and_one_over_ssh(
+    tmp_path: Path, remote: RemoteHost, docker_client, test_images, compose_project
+) -> None:
+    """Each server's usage ledger is read through its own engine, the remote one over ssh://
+    only (docker cp of a collector that never started), and printed as one table."""
+    today = datetime.now(UTC).date().isoformat()
+
+    def ledger(who: str, requests: int) -> dict[str, bytes]:
+        return ledger_files(chained({today: [record(f"{today}T00:00:0{n}.000Z", who=who)
+                                             for n in range(requests)]}))
+
+    remote_name = f"{compose_project}r"
+    stopped_collector(remote.client, remote_name, test_images["nginx"], ledger("key:far", 3))
+    stopped_collector(docker_client, compose_project, test_images["nginx"],
+                      ledger("key:near", 2))
+    fleet = tmp_path / "fleet"
+    spec = yaml.safe_load(remote_spec(fleet / "gpu-remote", remote, remote_name).read_text())
+    del spec["engine"]
+    (fleet / "gpu-local").mkdir()
+    write_spec(fleet / "gpu-local" / "site.yaml", {**spec, "site": compose_project})
+    result = kit("fleet", str(fleet), "usage", "--since", today, "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [(r["server"], r["who"], r["requests"]) for r in json.loads(result.stdout)["rows"]]
+    assert rows == [("gpu-local", "key:near", 2), ("gpu-remote", "key:far", 3)]
+    verified = kit("audit", "verify", str(fleet / "gpu-remote" / "site.yaml"))
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert verified.stdout.startswith("ledger whole: 3 records in 1 segment(s)")

@@ -71,6 +71,9 @@ class FakeEngine:
         # host port → containers this engine runs outside any stack the test made (another
         # project's nginx): named by `publishers` along with the running containers here
         self.other_publishers: dict[int, list[str]] = {}
+        # container id → {absolute path: content}: the files `archive` copies out of it
+        self.container_files: dict[str, dict[str, bytes]] = {}
+        self.archive_chunk = 1000  # bytes per chunk of an archive's stream (many, to reassemble)
         self._failures: dict[str, KitError] = {}
         self._local = local
         self._containers: dict[str, _Container] = {}
@@ -257,6 +260,33 @@ class FakeEngine:
         self._call("exec", " ".join(argv))
         self._running(container_id, f"running {argv[0]} in container")
         return self._scripted_exec(argv)
+
+    def archive(self, container_id: str, path: str) -> Iterator[bytes] | None:
+        """`container_files` under `path` as the engine's tar stream (a file: its name; a folder:
+        its name, then its files in name order), in `archive_chunk` byte chunks; None when
+        nothing is there. Running or not, like `docker cp`."""
+        self._call("archive", path)
+        files = self.container_files.get(self._get(container_id).attrs["Id"], {})
+        base = path.rstrip("/")
+        name = base.rpartition("/")[2]
+        members = {name: files[base]} if base in files else {
+            f"{name}/{key[len(base) + 1:]}": content for key, content in sorted(files.items())
+            if key.startswith(base + "/")}
+        if not members:
+            return None
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            if base not in files:
+                folder = tarfile.TarInfo(name)
+                folder.type = tarfile.DIRTYPE
+                tar.addfile(folder)
+            for member, content in members.items():
+                info = tarfile.TarInfo(member)
+                info.size = len(content)
+                tar.addfile(info, io.BytesIO(content))
+        stream = buffer.getvalue()
+        return (stream[at:at + self.archive_chunk]
+                for at in range(0, len(stream), self.archive_chunk))
 
     def signal(self, container_id: str, signal: str) -> None:
         self._call("signal", signal)

@@ -2,7 +2,9 @@
 with one row per server, failures named (the others still reported), exit 1 when any failed,
 and a credential change saying where the new one is live and where the old one still is."""
 
+import json
 import socket
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -130,3 +132,35 @@ def test_one_site_name_on_two_engines_is_two_stacks(tmp_path: Path) -> None:
     (other / "site.yaml").write_text(first.read_text().replace("gpu01.example", "gpu02.example"))
     result = run_kit("fleet", fleet, "render")
     assert result.exit_code == 0, result.output
+
+
+def test_usage_merges_every_server_with_a_server_column(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each server's ledger read on its own engine (here: fakes by address), one table and one
+    total; a server without a ledger is named with its cause, and the fleet exits 1."""
+    from kit.engine import docker_api
+    from tests.support.fake_engine import FakeEngine
+    from tests.support.synthetic_ledger import chained, ledger_container, ledger_files, record
+
+    fleet, engines = tmp_path / "fleet", {}
+    today = datetime.now(UTC).date().isoformat()
+    for name, requests in (("gpu01", 2), ("gpu02", 3), ("gpu03", 0)):
+        address = f"ssh://ops@{name}.test.internal"
+        server(fleet, name, address)
+        engines[address] = FakeEngine(local=False)
+        files = ledger_files(chained({today: [
+            record(f"{today}T00:00:0{n}.000Z", who="key:ci") for n in range(requests)]}))
+        ledger_container(engines[address], name, files if requests else None)
+    monkeypatch.setattr(docker_api, "connect", lambda url=None: engines[url])
+    result = run_kit("fleet", fleet, "usage", "--since", "1d")
+    assert result.exit_code == ExitCode.FAILED, result.output
+    lines = result.output.splitlines()
+    assert lines[1].split()[:3] == ["SERVER", "WHO", "REQUESTS"]
+    assert [line.split()[:3] for line in lines[2:5]] == [
+        ["gpu01", "key:ci", "2"], ["gpu02", "key:ci", "3"], ["TOTAL", "5", "5"]]
+    assert "gpu03" in result.output and "does not exist yet" in result.output
+    assert "1 of 3 server(s) failed: gpu03" in result.output
+    as_json = run_kit("fleet", fleet, "usage", "--json", "--by", "who,day")
+    rows = json.loads(as_json.stdout)["rows"]  # the failed servers' table: on stderr
+    assert [(r["server"], r["requests"]) for r in rows] == [("gpu01", 2), ("gpu02", 3)]
+    assert run_kit("fleet", fleet, "usage", "--by", "team").exit_code == ExitCode.BAD_INPUT
