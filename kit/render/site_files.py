@@ -201,6 +201,7 @@ def template_context(plan: Plan, spec_name: str) -> dict:
         "service_hosts": {service.name: service.name for service in plan.services},
         "dns_resolver": DOCKER_DNS,
         "o": template_facts(plan),
+        "usage": {"spool_file": "/var/log/kit-usage/door.jsonl"},  # the lead wires it from the plan
     }
 
 
