@@ -12,13 +12,14 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import signal
 import socket
 import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,8 @@ from kit.engine.desired import VERIFIER_SERVICE
 from kit.layout import NGINX_MOUNT
 from kit.plan.build import VLLM_PORT
 from tests.support import nginx_ns
+from tests.support.raw_http import RawReply, parse_reply
+from tests.support.raw_http import request as raw_request
 from tests.support.standin_process import STANDIN, standin_env
 
 CLONE_NEWNET = 0x40000000
@@ -48,6 +51,13 @@ class Door:
     netns: int  # an open fd of the namespace
     server_name: str
     ca_file: Path
+    new_standin: Callable[[], subprocess.Popen]
+
+    def restart_standin(self) -> None:
+        """A new stand-in after the last one was killed."""
+        self.standin.wait(timeout=10)
+        self.standin = self.new_standin()
+        _wait_port(self, VLLM_PORT, self.standin)
 
     @property
     def spool(self) -> Path:
@@ -80,6 +90,67 @@ class Door:
         raw = socket.create_connection(("127.0.0.1", 443), timeout=30)
         return self.tls_context().wrap_socket(raw, server_hostname=self.server_name)
 
+    def exchange(self, request: bytes, *, direct: bool = False, wait_s: float = 0) -> RawReply:
+        """`request` on a fresh connection to the door (or straight to the stand-in), read
+        until closed (after `wait_s`: a slow reader, whose stream piles up in nginx's buffer)."""
+        with self.inside():
+            sock = (socket.create_connection(("127.0.0.1", VLLM_PORT), timeout=30) if direct
+                    else self.connect())
+        with sock:
+            sock.sendall(request)
+            time.sleep(wait_s)
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+        return parse_reply(data)
+
+    def abort_after(self, request: bytes, events: int) -> bytes:
+        """Send `request`, read until `events` SSE events came, then close the connection."""
+        with self.inside():
+            sock = self.connect()
+        with sock:
+            sock.sendall(request)
+            return read_events(sock, events)
+
+    def counters(self) -> tuple[int, int]:
+        """The stand-in's vllm:prompt_tokens_total and vllm:generation_tokens_total."""
+        reply = self.exchange(raw_request("GET", "/metrics", "vllm"), direct=True)
+        values = dict(re.findall(rb"^vllm:(prompt|generation)_tokens_total\{[^}]*\} (\S+)$",
+                                 reply.body, re.MULTILINE))
+        return int(float(values[b"prompt"])), int(float(values[b"generation"]))
+
+    def settled_counters(self) -> tuple[int, int]:
+        """The counters once nothing runs any more (an aborted stream's last step done)."""
+        last = self.counters()
+        while True:
+            time.sleep(0.2)
+            now = self.counters()
+            if now == last:
+                return now
+            last = now
+
+    def flush_logs(self) -> None:
+        """nginx's log buffers written out now (SIGUSR1: reopen, which flushes them first),
+        not within the second `flush=1s` allows."""
+        sh = self.nginx.pid
+        master = Path(f"/proc/{sh}/task/{sh}/children").read_text().split()[0]
+        os.kill(int(master), signal.SIGUSR1)
+
+    def record_of(self, agent: str, timeout: float = 5) -> dict:
+        """The spool line of the one request sent with User-Agent `agent` (its id from the
+        stdout access log)."""
+        self.flush_logs()
+        deadline = time.monotonic() + timeout
+        while True:
+            ids = re.findall(rf'"{re.escape(agent)}" id=(\w+)', self.access_log.read_text())
+            if ids or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert len(ids) == 1, f"{agent}: {ids}"
+        found = self.records(ids, timeout)[ids[0]]
+        assert len(found) == 1, found
+        return found[0]
+
     def records(self, request_ids: list[str], timeout: float = 5) -> dict[str, list[dict]]:
         """The spool lines of these requests (nginx writes its buffer out within a second)."""
         deadline = time.monotonic() + timeout
@@ -89,6 +160,14 @@ class Door:
             if all(found.values()) or time.monotonic() > deadline:
                 return found
             time.sleep(0.1)
+
+
+def read_events(sock: socket.socket, events: int) -> bytes:
+    """What came on `sock` until `events` SSE events did (or the connection closed)."""
+    data = b""
+    while data.count(b"data: ") < events and (chunk := sock.recv(65536)):
+        data += chunk
+    return data
 
 
 def _wait_port(door: Door, port: int, proc: subprocess.Popen, timeout: float = 20) -> None:
@@ -102,6 +181,27 @@ def _wait_port(door: Door, port: int, proc: subprocess.Popen, timeout: float = 2
             except OSError:
                 time.sleep(0.05)
     raise AssertionError(f"nothing listens on {port} in time")
+
+
+def _own_namespace(proc: subprocess.Popen, timeout: float = 10) -> int:
+    """An fd of the network namespace `proc` made for itself (once unshare has run)."""
+    ours = os.stat("/proc/self/ns/net").st_ino
+    deadline = time.monotonic() + timeout
+    while os.stat(f"/proc/{proc.pid}/ns/net").st_ino == ours:
+        assert proc.poll() is None and time.monotonic() < deadline, "unshare did not run"
+        time.sleep(0.01)
+    return os.open(f"/proc/{proc.pid}/ns/net", os.O_RDONLY)
+
+
+def _standin(netns: int, work: Path, model: Path, served_name: str,
+             env: dict[str, str]) -> subprocess.Popen:
+    with open(work / "standin.out", "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, str(STANDIN / "vllm"), "serve", str(model), "--served-model-name",
+             served_name, "--host", "127.0.0.1", "--port", str(VLLM_PORT),
+             "--disable-uvicorn-access-log"],
+            env=standin_env(**env), stdout=log, stderr=subprocess.STDOUT,
+            preexec_fn=lambda: _setns(netns))
 
 
 @contextmanager
@@ -119,24 +219,17 @@ def serving_door(nginx_dir: Path, work: Path, hostnames: list[str], model: Path,
     with open(work / "nginx.out", "wb") as out, open(work / "nginx.err", "wb") as err:
         nginx = subprocess.Popen(["unshare", "-m", "-n", "sh", "-c", script], stdout=out,
                                  stderr=err, start_new_session=True)
-    time.sleep(0.2)
-    netns = os.open(f"/proc/{nginx.pid}/ns/net", os.O_RDONLY)
-    log = open(work / "standin.out", "wb")  # noqa: SIM115 (closed below)
-    standin_proc = subprocess.Popen(
-        [sys.executable, str(STANDIN / "vllm"), "serve", str(model), "--served-model-name",
-         served_name, "--host", "127.0.0.1", "--port", str(VLLM_PORT),
-         "--disable-uvicorn-access-log"],
-        env=standin_env(**standin), stdout=log, stderr=subprocess.STDOUT,
-        preexec_fn=lambda: _setns(netns))
-    door = Door(work, nginx, standin_proc, netns, server_name, nginx_dir / "tls" / "ca.crt")
+    netns = _own_namespace(nginx)
+    standin_proc = _standin(netns, work, model, served_name, standin)
+    door = Door(work, nginx, standin_proc, netns, server_name, nginx_dir / "tls" / "ca.crt",
+                lambda: _standin(netns, work, model, served_name, standin))
     try:
         _wait_port(door, 443, nginx)
         _wait_port(door, VLLM_PORT, standin_proc)
         yield door
     finally:
-        for proc in (standin_proc, nginx):
+        for proc in (door.standin, nginx):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM) if proc is nginx else proc.terminate()
                 proc.wait(timeout=10)
-        log.close()
         os.close(netns)
