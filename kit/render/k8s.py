@@ -342,7 +342,9 @@ def _front_door(plan: Plan, namespace: str, credentials: Credentials, spec_name:
     """nginx and the password verifier, configured as on the server but for the cluster."""
     # Each service is one Kubernetes Service whatever its replicas: nginx has one address per
     # service, the Service spreads the connections over the pods.
-    one_address = replace(plan, services=[
+    # The usage ledger is not part of the export (its collector and volumes are compose's):
+    # the door is rendered without it.
+    one_address = replace(plan, usage=None, services=[
         replace(svc, replicas=svc.replicas[:1], affinity="none", affinity_key=None)
         for svc in plan.services])
     context = {

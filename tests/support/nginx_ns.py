@@ -6,8 +6,9 @@ kit renders `http2 on;`, which Debian 12's host nginx 1.22 does not know, and a 
 check as fast as the host binary was, with no Docker engine. A private mount namespace
 (unshare -m, as root) puts the folder at /etc/nginx/kit (or, for the verifier, nginx/verifier and
 nginx/auth where its container has them), the njs module at /etc/nginx/modules, the upstream
-service names in /etc/hosts and fresh tmpfs at /run and /var/cache/nginx — so the rendered config
-is checked unmodified and nothing on the host changes.
+service names in /etc/hosts and fresh tmpfs at /run, /var/cache/nginx and /var/log (with the usage
+spool's folder, where the container has its volume) — so the rendered config is checked
+unmodified and nothing on the host changes.
 """
 
 import fcntl
@@ -25,6 +26,7 @@ MODULES = "/usr/lib/nginx/modules"
 LISTEN_ADDRESS = re.compile(r"^\s*listen (\d+\.\d+\.\d+\.\d+):\d+", re.MULTILINE)
 CACHE = Path(os.environ.get("KIT_TEST_CACHE", "/var/cache/kit-test"))
 ROOTFS_TARBALLS = "nginx-trixie-rootfs-*.tar"  # tests/images/build.sh's nginx root filesystem
+USAGE_SPOOL_DIR = "/var/log/kit-usage"  # the usage-spool volume in the front door's container
 
 
 def nginx_root() -> Path | None:
@@ -87,6 +89,8 @@ mount --make-rprivate /
 mount -t tmpfs tmpfs {root}/etc/nginx
 mkdir {root}/etc/nginx/modules
 mount --bind {root}{MODULES} {root}/etc/nginx/modules
+mount -t tmpfs tmpfs {root}/var/log
+mkdir -p {root}/var/log/nginx {root}{USAGE_SPOOL_DIR}
 {binds}
 mount --bind {work}/hosts {root}/etc/hosts
 mount -t tmpfs tmpfs {root}/run

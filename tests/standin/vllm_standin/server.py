@@ -34,6 +34,18 @@ def dumps(obj: object) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+# pydantic's lax-mode booleans (what vLLM's request models accept for a bool field)
+TRUE_WORDS = frozenset({"1", "on", "t", "true", "y", "yes"})
+
+
+def lax_bool(value: object) -> bool:
+    """A request's boolean as pydantic reads it in lax mode: true, 1, 1.0 and the words
+    "1", "on", "t", "true", "y", "yes" (any case) are true; anything else here is false."""
+    if isinstance(value, str):
+        return value.lower() in TRUE_WORDS
+    return value is True or (isinstance(value, int | float) and value == 1)
+
+
 def error_body(message: str, err_type: str, param: str | None, code: int) -> bytes:
     return dumps({"error": {"message": message, "type": err_type, "param": param, "code": code}})
 
@@ -517,6 +529,28 @@ class App:
             return None
         return value
 
+    def _usage_options(
+        self, conn: Connection, request: HttpRequest, body: dict
+    ) -> tuple[bool, bool] | None:
+        """(include_usage, continuous_usage_stats) of a request, as vLLM 0.33 decides them:
+        `stream_options` only with a true `stream` (else 400); a `stream_options` object that
+        omits include_usage means true (StreamOptions' default); continuous usage only with
+        include_usage; --enable-force-include-usage means both, whatever the client sent.
+        Booleans are read as pydantic's lax mode reads them (true, 1, "yes", ...)."""
+        options = body.get("stream_options")
+        if options and not body.get("stream"):
+            conn.send(request, 400, error_body(
+                "Stream options can only be defined when `stream=True`.", "BadRequestError",
+                "stream_options", 400))
+            return None
+        if self.force_usage:
+            return True, True
+        if not isinstance(options, dict):
+            return False, False
+        include = lax_bool(options.get("include_usage", True))
+        continuous = lax_bool(options.get("continuous_usage_stats", False))
+        return include, include and continuous
+
     # --- generation ------------------------------------------------------------------------
 
     def chat(
@@ -602,8 +636,9 @@ class App:
         max_tokens = self._max_tokens(conn, request, body)
         if max_tokens is None:
             return
-        options = body.get("stream_options") or {}
-        usage = self.force_usage or bool(isinstance(options, dict) and options.get("include_usage"))
+        usage = self._usage_options(conn, request, body)
+        if usage is None:
+            return
         created = int(time.time())
         rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(8)
         if body.get("stream"):
@@ -614,7 +649,8 @@ class App:
                 created=created,
                 model=model,
                 prompt_tokens=prompt_tokens,
-                usage=usage,
+                usage=usage[0],
+                continuous=usage[1],
             )
             conn.start_stream(request)
         else:
@@ -633,9 +669,15 @@ class App:
 
 
 class StreamSink:
-    """Writes SSE chunks byte-for-byte in vLLM's layout as the engine produces tokens."""
+    """Writes SSE chunks byte-for-byte in vLLM's layout as the engine produces tokens.
 
-    __slots__ = ("conn", "prefix", "middle", "last", "first", "tail", "prompt_tokens")
+    `usage` (include_usage): a last chunk with `"choices":[]` and the totals before
+    `data: [DONE]`. `continuous` (continuous_usage_stats): every chunk carries the usage so far
+    (vLLM's chat chunks have no `usage` key otherwise, exclude_unset; completions chunks always
+    carry one, `null` unless continuous, with `prompt_tokens_details: null`)."""
+
+    __slots__ = ("conn", "chat", "prefix", "middle", "last", "first", "tail", "prompt_tokens",
+                 "continuous")
 
     def __init__(
         self,
@@ -647,38 +689,52 @@ class StreamSink:
         model: str,
         prompt_tokens: int,
         usage: bool,
+        continuous: bool = False,
     ):
         self.conn = conn
+        self.chat = chat
         self.prompt_tokens = prompt_tokens
+        self.continuous = continuous
         head = f'{{"id":"{rid}","object":"{"chat.completion.chunk" if chat else "text_completion"}"'
         head += f',"created":{created},"model":{json.dumps(model, ensure_ascii=False)}'
         if chat:
+            role_usage = f',"usage":{self._usage(0).decode()}' if continuous else ""
             self.first = (
                 f'data: {head},"choices":[{{"index":0,"delta":{{"role":"assistant",'
-                f'"content":""}},"logprobs":null,"finish_reason":null}}],'
+                f'"content":""}},"logprobs":null,"finish_reason":null}}]{role_usage},'
                 f'"prompt_token_ids":null}}\n\n'
             ).encode()
             self.prefix = f'data: {head},"choices":[{{"index":0,"delta":{{"content":"'.encode()
-            self.middle = b'"},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
+            self.middle = b'"},"logprobs":null,"finish_reason":null,"token_ids":null}]'
             self.last = (
                 b'"},"logprobs":null,"finish_reason":"length","stop_reason":null,'
-                b'"token_ids":null}]}\n\n'
+                b'"token_ids":null}]'
             )
         else:
             self.first = b""
             self.prefix = f'data: {head},"choices":[{{"index":0,"text":"'.encode()
             self.middle = (
                 b'","logprobs":null,"finish_reason":null,"stop_reason":null,'
-                b'"prompt_token_ids":null,"token_ids":null}],"usage":null}\n\n'
+                b'"prompt_token_ids":null,"token_ids":null}],"usage":'
             )
             self.last = (
                 b'","logprobs":null,"finish_reason":"length","stop_reason":null,'
-                b'"prompt_token_ids":null,"token_ids":null}],"usage":null}\n\n'
+                b'"prompt_token_ids":null,"token_ids":null}],"usage":'
             )
         self.tail = f'data: {head},"choices":[],"usage":' if usage else None
 
+    def _usage(self, completion: int) -> bytes:
+        """The usage object of a continuous chunk (field order of vLLM's UsageInfo)."""
+        details = b"" if self.chat else b',"prompt_tokens_details":null'
+        return (b'{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d%b}'
+                % (self.prompt_tokens, self.prompt_tokens + completion, completion, details))
+
     def on_token(self, index: int, text: str, last: bool) -> None:
-        event = self.prefix + text.encode() + (self.last if last else self.middle)
+        if self.continuous:
+            end = (b',"usage":' if self.chat else b"") + self._usage(index + 1) + b"}\n\n"
+        else:
+            end = b"}\n\n" if self.chat else b"null}\n\n"
+        event = self.prefix + text.encode() + (self.last if last else self.middle) + end
         events = [self.first, event] if index == 0 and self.first else [event]
         if last:
             if self.tail is not None:

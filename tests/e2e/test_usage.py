@@ -1,0 +1,189 @@
+"""The usage ledger on a real stack (docs/usage.md): `kit up` brings the collector up beside the
+door; a mixed workload (the OpenAI SDK and kit's own client, chat and completions, streamed and
+not, with and without include_usage, client aborts, 401, 404 and 413) is recorded once per
+request with the engine's own token counts; records survive a collector kill -9 and an nginx
+reload under load; `kit usage`, `kit status` and `kit audit verify` read it through the engine,
+and an edited record is named.
+
+The engine is the vLLM stand-in (tests/standin): it reports usage as vLLM 0.33 defines
+`stream_options` and counts an aborted stream's tokens up to the abort, as a real vLLM 0.20 did
+(issue 24's measurements).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.live_stack import SERVED_NAME, LiveSite, checked, finished, running, wait_for
+
+pytestmark = pytest.mark.e2e
+
+ABORTED = 4  # streams the client closes after a few events
+REQUEST_ID = re.compile(r" id=([0-9a-f]{32})$", re.MULTILINE)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
+    with running(tmp_path_factory.mktemp("usage") / "site", docker_client, prefix="use",
+                 env={"STANDIN_TOKEN_INTERVAL_MS": "5"}) as live:
+        yield live
+
+
+def engine_counts(site: LiveSite, credentials: str) -> tuple[int, int]:
+    """vLLM's own prompt and generation token counters (the stand-in's /metrics, through the
+    door's authenticated /metrics/<service>)."""
+    text = site.gate().fetch("GET", "/metrics/tiny", credentials=credentials).body.decode()
+
+    def total(name: str) -> int:
+        return int(sum(float(value) for value in re.findall(
+            rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)))
+
+    return total("vllm:prompt_tokens_total"), total("vllm:generation_tokens_total")
+
+
+def ledger(site: LiveSite, since: float) -> list[dict]:
+    """Every record the collector wrote since then (kit audit export, read through the engine)."""
+    exported = checked(site.kit("audit export", "--since", "1d", "--format", "jsonl"))
+    records = [json.loads(line) for line in exported.stdout.splitlines() if line.strip()]
+    return [r for r in records if _epoch(r["time"]) >= since - 1]
+
+
+def _epoch(text: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def caught_up(site: LiveSite) -> dict:
+    """kit status's view of the ledger once the collector has read everything the door wrote
+    (nginx flushes its buffer within a second)."""
+    def settled() -> dict | None:
+        report = json.loads(checked(site.kit("status", "--json")).stdout)["usage_ledger"]
+        return report if report.get("ok") and report.get("spool_pending_bytes") == 0 else None
+
+    time.sleep(1.5)
+    wait_for("the ledger to catch up with the door", settled, 30)
+    return settled() or {}
+
+
+def door_ids(site: LiveSite, since: float) -> list[str]:
+    """The request ids of nginx's own access log (stdout) since then."""
+    return REQUEST_ID.findall(site.nginx_log(since))
+
+
+def test_every_request_is_recorded_once_with_the_engines_own_counts(site: LiveSite) -> None:
+    key = site.add_key("app")
+    basic = site.basic("ops")
+    sdk = site.openai(key)
+    started = time.time()
+    before = engine_counts(site, basic)
+
+    streamed = sdk.chat.completions.create(
+        model=SERVED_NAME, stream=True, max_tokens=12,
+        messages=[{"role": "user", "content": "Say something."}])
+    chunks = list(streamed)
+    assert chunks and all(chunk.choices for chunk in chunks), "a client that did not ask for " \
+        "usage receives no usage chunk (choices[0] on every chunk)"
+    with_usage = list(sdk.chat.completions.create(
+        model=SERVED_NAME, stream=True, max_tokens=9, stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": "Count."}]))
+    assert with_usage[-1].usage is not None and with_usage[-1].usage.completion_tokens == 9
+    whole = sdk.completions.create(model=SERVED_NAME, prompt="Once upon a time", max_tokens=7)
+    assert whole.usage.completion_tokens == 7
+    assert list(sdk.completions.create(model=SERVED_NAME, prompt="Hello", max_tokens=5,
+                                       stream=True))
+    for _ in range(ABORTED):
+        stream = sdk.chat.completions.create(
+            model=SERVED_NAME, stream=True, max_tokens=400,
+            messages=[{"role": "user", "content": "Write a long story."}])
+        for _, _chunk in zip(range(3), stream, strict=False):
+            pass
+        stream.close()
+    assert site.completion(basic, tokens=6) == 200
+    assert site.status("/v1/models", "Bearer sk-kit-not-a-key") == 401
+    assert site.status("/v1/chat/completions", basic, "POST",
+                       {"model": "no-such-model", "messages": []}) == 404
+    assert site.status("/v1/chat/completions", basic, "POST",
+                       {"model": SERVED_NAME, "prompt": "x" * (2 << 20)}) == 413
+
+    time.sleep(1)  # the aborted streams' last tokens reach the engine's counters
+    after = engine_counts(site, basic)
+    caught_up(site)
+    records = ledger(site, started)
+    ids = door_ids(site, started)
+    missing = [line for line in site.nginx_log(started).splitlines()
+               if any(f"id={i}" in line for i in set(ids) - {r["request_id"] for r in records})]
+    assert Counter(r["request_id"] for r in records) == Counter(ids), (
+        "every request id nginx logged appears exactly once in the ledger", missing)
+    ended = Counter(r["ended"] for r in records)
+    assert ended["client_abort"] == ABORTED, ended
+    assert ended["refused_auth"] >= 1 and ended["refused_body"] == 1, ended
+    assert ended["refused_request"] >= 1, ended  # the unknown model
+    who = {r["who"] for r in records}
+    assert {"key:app", "user:ops"} <= who and not any("sk-kit" in w for w in who)
+
+    prompt = sum(r["prompt_tokens"] or 0 for r in records)
+    completion = sum(r["completion_tokens"] or 0 for r in records)
+    completed = [r for r in records if r["ended"] == "completed" and r["route"] != "/v1/models"
+                 and r["status"] == 200]
+    assert all(r["prompt_tokens"] and r["completion_tokens"] for r in completed), completed
+    # exact for completed requests; an aborted stream within one chunk (one token each here)
+    assert prompt == after[0] - before[0], (prompt, before, after)
+    assert 0 <= (after[1] - before[1]) - completion <= ABORTED, (completion, before, after)
+    print(f"{len(records)} records for {len(ids)} logged requests; prompt {prompt} = engine "
+          f"{after[0] - before[0]}; completion {completion} vs engine {after[1] - before[1]} "
+          f"({ABORTED} aborted)")
+
+    totals = json.loads(checked(site.kit("usage", "--since", "1d", "--json")).stdout)
+    by_who = {row["who"]: row for row in totals["rows"]}
+    assert by_who["key:app"]["aborted"] == ABORTED
+
+
+def test_records_survive_a_collector_kill_and_an_nginx_reload_under_load(site: LiveSite) -> None:
+    key = site.add_key("load")
+    started = time.time()
+    load = site.loadgen(f"Bearer {key}", streams=16, tokens=40, requests=6)
+    time.sleep(1)
+    collector = site.container("usage-ledger")
+    # a crash, not `docker kill` (which the engine takes for a stop its restart policy obeys)
+    os.kill(collector.attrs["State"]["Pid"], signal.SIGKILL)
+    site.reload_nginx()
+    result = finished(load)
+    assert result["failed"] == 0, result
+    wait_for("the collector to run again", lambda: site.container("usage-ledger").attrs[
+        "RestartCount"] > 0 and site.container("usage-ledger").status == "running", 30)
+    report = caught_up(site)
+    assert report["lost"] == 0, report
+    records = [r for r in ledger(site, started) if r["who"] == "key:load"]
+    loaded = [i for i in door_ids(site, started)]
+    streams = [r for r in records if r["route"] == "/v1/chat/completions"]
+    assert len(streams) == 16 * 6 and all(r["completion_tokens"] == 40 for r in streams)
+    assert Counter(r["request_id"] for r in ledger(site, started)) == Counter(loaded)
+    verify = site.kit("audit verify")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def test_an_edited_record_is_named_by_audit_verify(site: LiveSite) -> None:
+    """Last in the module: it breaks the ledger's chain for good."""
+    assert site.completion(site.basic("ops"), tokens=3) == 200
+    caught_up(site)
+    collector = site.container("usage-ledger")
+    edit = ("import glob, pathlib; p = pathlib.Path(sorted(glob.glob("
+            "'/var/lib/kit-usage/ledger/segments/*.jsonl'))[-1]); lines = p.read_text()"
+            ".splitlines(True); lines[0] = lines[0].replace('\"status\":200', '\"status\":201', 1)"
+            " if '\"status\":200' in lines[0] else lines[0].replace('\"status\":', "
+            "'\"status\":9', 1); p.write_text(''.join(lines)); print(p.name)")
+    code, output = collector.exec_run(["python3", "-c", edit])
+    assert code == 0, output
+    verify = site.kit("audit verify")
+    assert verify.returncode == 1, verify.stdout + verify.stderr
+    named = verify.stdout + verify.stderr
+    assert output.decode().strip() in named and "line 1" in named, named

@@ -1,0 +1,235 @@
+"""The rendered front door serving for real without Docker: the chrooted nginx (nginx_ns.py)
+and the vLLM stand-in as a process, both in a private network namespace where the service
+names resolve to loopback, as they reach each other on the compose network.
+
+The test reaches them from inside that namespace: `Door.inside()` moves the calling thread
+there (setns; sockets made meanwhile stay in it) and back. nginx's stdout access log and the
+usage spool are files under the work folder, so a test reads what nginx wrote.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from kit.engine.desired import VERIFIER_SERVICE
+from kit.layout import NGINX_MOUNT
+from kit.plan.build import VLLM_PORT
+from tests.support import nginx_ns
+from tests.support.raw_http import RawReply, parse_reply
+from tests.support.raw_http import request as raw_request
+from tests.support.standin_process import STANDIN, standin_env
+
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        raise OSError(ctypes.get_errno(), "setns failed")
+
+
+@dataclass
+class Door:
+    """A running front door: its namespace, its files, the stand-in behind it."""
+
+    work: Path
+    nginx: subprocess.Popen
+    standin: subprocess.Popen
+    netns: int  # an open fd of the namespace
+    server_name: str
+    ca_file: Path
+    new_standin: Callable[[], subprocess.Popen]
+
+    def restart_standin(self) -> None:
+        """A new stand-in after the last one was killed."""
+        self.standin.wait(timeout=10)
+        self.standin = self.new_standin()
+        _wait_port(self, VLLM_PORT, self.standin)
+
+    @property
+    def spool(self) -> Path:
+        return self.work / "spool" / "door.jsonl"
+
+    @property
+    def access_log(self) -> Path:
+        return self.work / "nginx.out"
+
+    @contextmanager
+    def inside(self) -> Iterator[None]:
+        """The calling thread in the door's network namespace (127.0.0.1:443 is nginx,
+        127.0.0.1:8000 the stand-in) for the block."""
+        home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        try:
+            _setns(self.netns)
+            yield
+        finally:
+            _setns(home)
+            os.close(home)
+
+    def tls_context(self) -> ssl.SSLContext:
+        """The site CA trusted, the name not checked: the door is reached at 127.0.0.1."""
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        context.check_hostname = False
+        return context
+
+    def connect(self) -> ssl.SSLSocket:
+        """A TLS connection to the door (call inside())."""
+        raw = socket.create_connection(("127.0.0.1", 443), timeout=30)
+        return self.tls_context().wrap_socket(raw, server_hostname=self.server_name)
+
+    def exchange(self, request: bytes, *, direct: bool = False, wait_s: float = 0) -> RawReply:
+        """`request` on a fresh connection to the door (or straight to the stand-in), read
+        until closed (after `wait_s`: a slow reader, whose stream piles up in nginx's buffer)."""
+        with self.inside():
+            sock = (socket.create_connection(("127.0.0.1", VLLM_PORT), timeout=30) if direct
+                    else self.connect())
+        with sock:
+            sock.sendall(request)
+            time.sleep(wait_s)
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+        return parse_reply(data)
+
+    def abort_after(self, request: bytes, events: int) -> bytes:
+        """Send `request`, read until `events` SSE events came, then close the connection."""
+        with self.inside():
+            sock = self.connect()
+        with sock:
+            sock.sendall(request)
+            return read_events(sock, events)
+
+    def counters(self) -> tuple[int, int]:
+        """The stand-in's vllm:prompt_tokens_total and vllm:generation_tokens_total."""
+        reply = self.exchange(raw_request("GET", "/metrics", "vllm"), direct=True)
+        values = dict(re.findall(rb"^vllm:(prompt|generation)_tokens_total\{[^}]*\} (\S+)$",
+                                 reply.body, re.MULTILINE))
+        return int(float(values[b"prompt"])), int(float(values[b"generation"]))
+
+    def settled_counters(self) -> tuple[int, int]:
+        """The counters once nothing runs any more (an aborted stream's last step done)."""
+        last = self.counters()
+        while True:
+            time.sleep(0.2)
+            now = self.counters()
+            if now == last:
+                return now
+            last = now
+
+    def flush_logs(self) -> None:
+        """nginx's log buffers written out now (SIGUSR1: reopen, which flushes them first),
+        not within the second `flush=1s` allows."""
+        sh = self.nginx.pid
+        master = Path(f"/proc/{sh}/task/{sh}/children").read_text().split()[0]
+        os.kill(int(master), signal.SIGUSR1)
+
+    def record_of(self, agent: str, timeout: float = 5) -> dict:
+        """The spool line of the one request sent with User-Agent `agent` (its id from the
+        stdout access log)."""
+        self.flush_logs()
+        deadline = time.monotonic() + timeout
+        while True:
+            ids = re.findall(rf'"{re.escape(agent)}" id=(\w+)', self.access_log.read_text())
+            if ids or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert len(ids) == 1, f"{agent}: {ids}"
+        found = self.records(ids, timeout)[ids[0]]
+        assert len(found) == 1, found
+        return found[0]
+
+    def records(self, request_ids: list[str], timeout: float = 5) -> dict[str, list[dict]]:
+        """The spool lines of these requests (nginx writes its buffer out within a second)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = [json.loads(line) for line in self.spool.read_text().splitlines()]
+            found = {rid: [line for line in lines if line["id"] == rid] for rid in request_ids}
+            if all(found.values()) or time.monotonic() > deadline:
+                return found
+            time.sleep(0.1)
+
+
+def read_events(sock: socket.socket, events: int) -> bytes:
+    """What came on `sock` until `events` SSE events did (or the connection closed)."""
+    data = b""
+    while data.count(b"data: ") < events and (chunk := sock.recv(65536)):
+        data += chunk
+    return data
+
+
+def _wait_port(door: Door, port: int, proc: subprocess.Popen, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    with door.inside():
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, f"exited {proc.returncode}"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+    raise AssertionError(f"nothing listens on {port} in time")
+
+
+def _own_namespace(proc: subprocess.Popen, timeout: float = 10) -> int:
+    """An fd of the network namespace `proc` made for itself (once unshare has run)."""
+    ours = os.stat("/proc/self/ns/net").st_ino
+    deadline = time.monotonic() + timeout
+    while os.stat(f"/proc/{proc.pid}/ns/net").st_ino == ours:
+        assert proc.poll() is None and time.monotonic() < deadline, "unshare did not run"
+        time.sleep(0.01)
+    return os.open(f"/proc/{proc.pid}/ns/net", os.O_RDONLY)
+
+
+def _standin(netns: int, work: Path, model: Path, served_name: str,
+             env: dict[str, str]) -> subprocess.Popen:
+    with open(work / "standin.out", "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, str(STANDIN / "vllm"), "serve", str(model), "--served-model-name",
+             served_name, "--host", "127.0.0.1", "--port", str(VLLM_PORT),
+             "--disable-uvicorn-access-log"],
+            env=standin_env(**env), stdout=log, stderr=subprocess.STDOUT,
+            preexec_fn=lambda: _setns(netns))
+
+
+@contextmanager
+def serving_door(nginx_dir: Path, work: Path, hostnames: list[str], model: Path,
+                 served_name: str, server_name: str, **standin: str) -> Iterator[Door]:
+    """nginx on the rendered `nginx_dir` and a stand-in serving `model` as `served_name`,
+    in a namespace of their own, until the block ends."""
+    root = nginx_ns.nginx_root()
+    assert root is not None, nginx_ns.available()
+    (work / "spool").mkdir()
+    script = nginx_ns.namespace_script(
+        {NGINX_MOUNT: nginx_dir.resolve(), nginx_ns.USAGE_SPOOL_DIR: (work / "spool").resolve()},
+        [VERIFIER_SERVICE, *hostnames], "ip link set lo up",
+        f"-c {NGINX_MOUNT}/nginx.conf -g 'daemon off;'", work)
+    with open(work / "nginx.out", "wb") as out, open(work / "nginx.err", "wb") as err:
+        nginx = subprocess.Popen(["unshare", "-m", "-n", "sh", "-c", script], stdout=out,
+                                 stderr=err, start_new_session=True)
+    netns = _own_namespace(nginx)
+    standin_proc = _standin(netns, work, model, served_name, standin)
+    door = Door(work, nginx, standin_proc, netns, server_name, nginx_dir / "tls" / "ca.crt",
+                lambda: _standin(netns, work, model, served_name, standin))
+    try:
+        _wait_port(door, 443, nginx)
+        _wait_port(door, VLLM_PORT, standin_proc)
+        yield door
+    finally:
+        for proc in (door.standin, nginx):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM) if proc is nginx else proc.terminate()
+                proc.wait(timeout=10)
+        os.close(netns)

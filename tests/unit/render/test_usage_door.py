@@ -1,0 +1,278 @@
+"""The usage ledger at the front door (docs/usage.md), through the real nginx + njs and the
+vLLM stand-in, without Docker: what a client receives is what vLLM would have sent it, and every
+request leaves one spool line whose tokens are the engine's own counts.
+
+One door (nginx and a stand-in, tests/support/door_ns.py) serves the whole module.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from kit.render.site_files import render_site
+from kit.site import Site
+from tests.support import nginx_ns
+from tests.support.cli import run_kit
+from tests.support.door_ns import Door, read_events, serving_door
+from tests.support.raw_http import RawReply
+from tests.support.raw_http import request as raw_request
+from tests.support.sites import base_site
+
+pytestmark = pytest.mark.skipif(nginx_ns.available() is not None,
+                                reason=str(nginx_ns.available()))
+
+SERVED = "llama-3.1-8b"
+HOST = "llm.test.internal"
+KEYS = ("golden", "sdk", "counted", "refused", "limited", "aborts", "dies", "together")
+CHAT = {"model": SERVED, "messages": [{"role": "user", "content": "Say something long."}]}
+COMPLETION = {"model": SERVED, "prompt": "Once upon a time"}
+ROUTES = {"chat": ("/v1/chat/completions", CHAT), "completions": ("/v1/completions", COMPLETION)}
+# what differs between two answers to the same request: ids, times, the random text
+VARYING = re.compile(rb'("id":"|"created":|"content":"|"text":")[^",}]*')
+
+
+@pytest.fixture(scope="module")
+def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Door, dict[str, str]]]:
+    """The rendered door of the base site (one service, Bearer keys, 30 requests a minute per
+    key) and one key per test; the stand-in paces tokens at 5 ms."""
+    root = tmp_path_factory.mktemp("usage-door")
+    site = base_site(root)
+    spec = site / "site.yaml"
+    spec.write_text(spec.read_text().replace(
+        "read_timeout: 900}", "read_timeout: 900, rate_limit_per_credential: 30}"))
+    render_site(Site.load(spec))
+    keys = {}
+    for name in KEYS:
+        added = run_kit("keys", "add", spec, name, "--offline")
+        assert added.exit_code == 0, added.output
+        keys[name] = added.output.split(f"key {name}: ")[1].split()[0]
+    (root / "work").mkdir()
+    with serving_door(site / "nginx", root / "work", ["llama8b"], root / "models" / "llama-8b",
+                      SERVED, HOST, STANDIN_TOKEN_INTERVAL_MS="5",
+                      STANDIN_LOAD_SECONDS="0.1") as running:
+        yield running, keys
+
+
+def post(path: str, body: dict | bytes, key: str | None, agent: str) -> bytes:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = [("Content-Type", "application/json"), ("User-Agent", agent)]
+    if key:
+        headers.append(("Authorization", f"Bearer {key}"))
+    return raw_request("POST", path, HOST, headers, data)
+
+
+def same_shape(reply: RawReply) -> bytes:
+    return VARYING.sub(rb"\1*", reply.body)
+
+
+CASES = [
+    pytest.param(route, stream, options, wait, id=f"{route}-{label}")
+    for route in ROUTES
+    for stream, options, wait, label in [
+        (False, None, 0, "whole"),
+        (True, None, 0, "stream"),
+        (True, {"include_usage": False}, 0, "include_usage-false"),
+        (True, {"include_usage": True}, 0, "include_usage"),
+        (True, {}, 0, "empty-stream_options"),
+        (True, {"include_usage": True, "continuous_usage_stats": True}, 0, "continuous"),
+        (True, None, 0.3, "slow-reader"),
+    ]
+]
+
+
+@pytest.mark.parametrize(("route", "stream", "options", "wait"), CASES)
+def test_a_client_gets_the_bytes_vllm_would_have_sent_it(
+        door: tuple[Door, dict[str, str]], route: str, stream: bool, options: dict | None,
+        wait: float) -> None:
+    """Golden: through the door and straight from the stand-in, the same body byte for byte
+    (ids, times and the random text aside), whatever the client asked of usage. The slow
+    reader's stream piles up in nginx: its events reach the body filter split across
+    buffers."""
+    running, keys = door
+    path, body = ROUTES[route]
+    body = {**body, "max_tokens": 100 if wait else 12, "stream": stream}
+    if options is not None:
+        body["stream_options"] = options
+    agent = re.sub(r"\W", "", f"golden-{route}-{stream}-{json.dumps(options)}-{wait}")
+    through = running.exchange(post(path, body, keys["golden"], agent), wait_s=wait)
+    direct = running.exchange(post(path, body, None, agent), direct=True, wait_s=wait)
+    assert through.status == direct.status == 200
+    assert same_shape(through) == same_shape(direct)
+    if stream:
+        asked = options is not None and options.get("include_usage", True)
+        assert (b'"choices":[],"usage":' in through.body) == bool(asked)
+        assert through.body.endswith(b"data: [DONE]\n\n")
+    record = running.record_of(agent)
+    assert (record["end"], record["status"], record["model"]) == ("completed", "200", SERVED)
+    assert record["completion"] == str(body["max_tokens"])
+    assert (record["ttft"] != "") == stream
+
+
+def test_the_openai_sdk_streams_through_the_door_unchanged(
+        door: tuple[Door, dict[str, str]]) -> None:
+    """The SDK's streams: without include_usage every chunk has choices[0] and no usage; with
+    it, the last chunk has no choices and the totals."""
+    running, keys = door
+    with running.inside():
+        client = openai.OpenAI(
+            base_url="https://127.0.0.1/v1", api_key=keys["sdk"], max_retries=0,
+            http_client=httpx.Client(verify=running.tls_context()))
+        plain = list(client.chat.completions.create(
+            model=SERVED, messages=CHAT["messages"], max_tokens=8, stream=True))
+        counted = list(client.chat.completions.create(
+            model=SERVED, messages=CHAT["messages"], max_tokens=8, stream=True,
+            stream_options={"include_usage": True}))
+        text = list(client.completions.create(model=SERVED, prompt="x", max_tokens=5,
+                                              stream=True))
+    assert all(chunk.choices and chunk.usage is None for chunk in plain)
+    assert plain[0].choices[0].delta.role == "assistant"
+    assert all(chunk.choices and chunk.usage is None for chunk in counted[:-1])
+    assert counted[-1].choices == [] and counted[-1].usage.completion_tokens == 8
+    assert all(chunk.choices and chunk.usage is None for chunk in text)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_record_holds_the_engines_own_token_counts(
+        door: tuple[Door, dict[str, str]], route: str) -> None:
+    """A stream whose client asked for no usage: its record has exactly the tokens the
+    engine counted (vLLM read the door's stream_options, the last of two equal keys)."""
+    running, keys = door
+    path, body = ROUTES[route]
+    before = running.settled_counters()
+    agent = f"counted-{route}"
+    body = {**body, "max_tokens": 21, "stream": True, "stream_options": {"include_usage": False},
+            "seed": 18446744073709551615}
+    reply = running.exchange(post(path, body, keys["counted"], agent))
+    after = running.settled_counters()
+    assert reply.status == 200 and b'"usage":{' not in reply.body
+    record = running.record_of(agent)
+    assert (int(record["prompt"]), int(record["completion"])) == (
+        after[0] - before[0], after[1] - before[1])
+    assert record["who"] == "key:counted" and record["route"] == path
+    assert float(record["ttft"]) <= float(record["duration"])
+
+
+def test_refusals_are_recorded_with_how_they_ended(door: tuple[Door, dict[str, str]]) -> None:
+    """401, 413, 429 and the door's own 404 (unknown model): a record each, no tokens."""
+    running, keys = door
+    path, body = ROUTES["chat"]
+    cases = {
+        "no-key": (post(path, body, None, "refused-401"), "401", "refused_auth"),
+        "too-large": (post(path, b'{"x":"' + b"a" * 2_000_000 + b'"}', keys["refused"],
+                           "refused-413"), "413", "refused_body"),
+        "unknown-model": (post(path, {**body, "model": "nope"}, keys["refused"], "refused-404"),
+                          "404", "refused_request"),
+    }
+    for request, status, end in cases.values():
+        agent = re.search(rb"User-Agent: (\S+)", request).group(1).decode()
+        assert running.exchange(request).status == int(status)
+        record = running.record_of(agent)
+        assert (record["status"], record["end"]) == (status, end), record
+        assert record["prompt"] == record["completion"] == record["model"] == ""
+    statuses = [running.exchange(post(path, {**body, "model": "nope"}, keys["limited"],
+                                      f"limited-{i}")).status for i in range(40)]
+    assert 429 in statuses
+    limited = running.record_of(f"limited-{statuses.index(429)}")
+    assert (limited["status"], limited["end"]) == ("429", "refused_limit")
+
+
+def test_an_aborted_stream_is_recorded_as_far_as_it_was_generated(
+        door: tuple[Door, dict[str, str]]) -> None:
+    """A client that leaves mid-stream: its record is the tokens the engine generated until
+    it stopped, within one chunk, and it ended as client_abort."""
+    running, keys = door
+    for route, (path, body) in ROUTES.items():
+        before = running.settled_counters()
+        agent = f"aborts-{route}"
+        running.abort_after(post(path, {**body, "max_tokens": 2000, "stream": True},
+                                 keys["aborts"], agent), events=15)
+        after = running.settled_counters()
+        record = running.record_of(agent)
+        generated = after[1] - before[1]
+        assert record["end"] == "client_abort" and record["status"] == "200"
+        assert int(record["prompt"]) == after[0] - before[0]
+        assert 13 <= int(record["completion"]) <= generated <= int(record["completion"]) + 1
+
+
+def test_a_service_dying_mid_stream_is_an_upstream_error(
+        door: tuple[Door, dict[str, str]]) -> None:
+    running, keys = door
+    path, body = ROUTES["chat"]
+    agent = "dies"
+    request = post(path, {**body, "max_tokens": 2000, "stream": True}, keys["dies"], agent)
+    with running.inside():
+        sock = running.connect()
+    with sock:
+        sock.sendall(request)
+        read_events(sock, 10)
+        running.standin.send_signal(signal.SIGKILL)
+        read_events(sock, 10_000)
+    running.restart_standin()
+    record = running.record_of(agent)
+    assert (record["end"], record["status"]) == ("upstream_error", "200")
+    assert int(record["completion"]) >= 9
+
+
+def test_concurrent_streams_each_get_what_they_asked(door: tuple[Door, dict[str, str]]) -> None:
+    """The body filter keeps each request's own state: streams asking different things at
+    once each get their own shape."""
+    running, keys = door
+    path, body = ROUTES["chat"]
+    asks = {"none": None, "final": {"include_usage": True},
+            "all": {"include_usage": True, "continuous_usage_stats": True}}
+    replies: dict[str, list[RawReply]] = {name: [] for name in asks}
+
+    def stream(name: str, options: dict | None) -> None:
+        request = {**body, "max_tokens": 40, "stream": True}
+        if options is not None:
+            request["stream_options"] = options
+        replies[name].append(running.exchange(post(path, request, keys["together"],
+                                                   f"together-{name}")))
+
+    threads = [threading.Thread(target=stream, args=item) for item in asks.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    events = {name: reply[0].body.split(b"\n\n")[:-1] for name, reply in replies.items()}
+    assert not any(b'"usage"' in event for event in events["none"])
+    assert [b'"usage"' in event for event in events["final"]] == [False] * 41 + [True, False]
+    assert all(b'"usage":{' in event for event in events["all"][:-1])
+
+
+def test_every_logged_request_has_exactly_one_spool_line(
+        door: tuple[Door, dict[str, str]]) -> None:
+    """Last in the module: every request id of nginx's stdout access log is in the spool once,
+    the door's sequence has no gap and one boot id; each line has exactly the contract's
+    keys (docs/usage.md)."""
+    running, _ = door
+    logged = re.findall(r" id=(\w+)$", running.access_log.read_text(), re.MULTILINE)
+    found = running.records(logged)
+    assert logged and all(len(lines) == 1 for lines in found.values()), found
+    lines = [json.loads(line) for line in running.spool.read_text().splitlines()]
+    assert sorted(int(line["seq"]) for line in lines) == list(range(1, len(lines) + 1))
+    assert len({line["boot"] for line in lines}) == 1
+    assert all(list(line) == CONTRACT_KEYS for line in lines)
+    assert all(isinstance(value, str) for line in lines for value in line.values())
+
+
+CONTRACT_KEYS = ["v", "boot", "seq", "t", "id", "who", "addr", "model", "route", "method",
+                 "status", "prompt", "completion", "ttft", "duration", "bytes_in", "bytes_out",
+                 "end"]
+
+
+def test_the_contract_keys_are_the_documented_ones() -> None:
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "usage.md").read_text()
+    table = doc.split("### Spool line", 1)[1].split("###", 1)[0]
+    keys = [key for row in re.findall(r"^\| (`[^|]+`) \|", table, re.MULTILINE)
+            for key in re.findall(r"`(\w+)`", row)]
+    assert keys == CONTRACT_KEYS
