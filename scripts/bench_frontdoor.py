@@ -23,6 +23,13 @@ port with ONE client (httpx2, asyncio) speaking either protocol, alternately in 
 opens a connection a stream; h2 multiplexes the streams on as few connections as the client
 allows (httpx2 opens at most 100 streams a connection). All --streams start at once, each
 `--tokens` long. Bars: tokens/s h2/h1.1 ≥ 0.99; TTFT p50 added ≤ 1 ms.
+
+--ledger: the usage ledger on vs off (issue 24), the same nginx.conf rendered with and without
+`usage`, loaded alternately into one nginx (a reload, then a warm-up run) in one run, the
+sustained shape. No Docker: the real nginx + njs (Debian 13's, tests/support/nginx_ns.py) and
+the stand-in as a process, in a network namespace of their own (tests/support/door_ns.py), the
+load client (loadgen.py) in that namespace; the stand-in on one CPU, nginx and the client on
+the other. Bars: tokens/s on/off ≥ 0.99; TTFT p50 added ≤ 1 ms; worst gap added ≤ 5 ms.
 """
 
 from __future__ import annotations
@@ -47,9 +54,16 @@ import docker
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kit.plan.build import VLLM_PORT  # noqa: E402
+from kit.plan.build import VLLM_PORT, build_plan  # noqa: E402
+from kit.plan.host import load_spec  # noqa: E402
+from kit.render.site_files import render_site, render_template, template_context  # noqa: E402
+from kit.site import Site  # noqa: E402
 from kit.spec.replicas import replica_host  # noqa: E402
+from tests.support import nginx_ns  # noqa: E402
+from tests.support.cli import run_kit  # noqa: E402
+from tests.support.cpus import CLIENT_CPUS, SERVER_CPU, can_split, pin  # noqa: E402
 from tests.support.docker_engine import BUILD, pick_free_port  # noqa: E402
+from tests.support.door_ns import Door, serving_door  # noqa: E402
 from tests.support.live_stack import (  # noqa: E402
     DOMAIN,
     SERVED_NAME,
@@ -59,6 +73,7 @@ from tests.support.live_stack import (  # noqa: E402
     cpu_seconds,
     running_site,
 )
+from tests.support.sites import base_site  # noqa: E402
 
 NGINX_URL = "https://nginx:443"  # nginx's name on the backend network; the domain goes in SNI
 UNLIMITED = {"rate_limit_per_ip": 100000, "rate_limit_per_credential": 100000}
@@ -315,6 +330,96 @@ def compare_protocols(args: argparse.Namespace) -> bool:
     return failed == 0 and all(bar.met(medians) for bar in bars)
 
 
+LEDGER_SITE = ("llama8b", "llama-3.1-8b", "llm.test.internal")  # tests/support/sites.py's base
+LEDGER_SPEC_PROXY = ("read_timeout: 900}", "read_timeout: 900, rate_limit_per_ip: 100000, "
+                     "rate_limit_per_credential: 100000, max_connections_per_ip: 4096}")
+
+
+def ledger_confs(spec: Path) -> tuple[str, str]:
+    """The site's nginx.conf with the usage ledger (as kit renders it) and without."""
+    render_site(Site.load(spec))
+    on = (spec.parent / "nginx" / "nginx.conf").read_text()
+    context = {**template_context(build_plan(load_spec(spec)), spec.name), "usage": None}
+    off = render_template("nginx.conf.j2", context).decode()
+    assert on != off and "kit_usage" not in off
+    return on, off
+
+
+def door_load(door: Door, key: str, args: argparse.Namespace, shape: Shape) -> dict:
+    """loadgen.py in the door's namespace against nginx; its figures and nginx's CPU time."""
+    options = shape.options(args)
+    command = ["nsenter", f"--net=/proc/{door.nginx.pid}/ns/net", sys.executable,
+               str(ROOT / "scripts" / "loadgen.py"), "--url", "https://127.0.0.1:443",
+               "--host", door.server_name, "--ca", str(door.ca_file), "--auth", key,
+               "--model", LEDGER_SITE[1], "--streams", str(args.streams), "--tokens",
+               str(args.tokens), "--ramp", str(options["ramp"]), "--requests",
+               str(options["requests"]), "--timeout", str(args.timeout)]
+    before = sum(process_cpu_seconds(pid) for pid in door.workers())
+    done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout + 60)
+    if done.returncode != 0:
+        raise RuntimeError(f"loadgen exited {done.returncode}: {done.stderr}")
+    figures = json.loads(done.stdout)
+    figures["nginx_cpu_s"] = round(sum(process_cpu_seconds(pid) for pid in door.workers())
+                                   - before, 2)
+    return figures
+
+
+def process_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def compare_ledger(args: argparse.Namespace) -> bool:
+    """--ledger: rounds of the door with the usage ledger on and off, alternately; True when
+    no request failed and the bars are met."""
+    problem = nginx_ns.available()
+    if problem:
+        sys.exit(f"cannot run nginx here: {problem}")
+    print(f"usage ledger on vs off: {SUSTAINED.describe(args)}; TLS + Bearer key; one nginx "
+          f"reloaded between the two configs (then a warm-up run); {args.rounds} rounds, order "
+          f"alternating; {machine()} at the start")
+    results: dict[str, list[dict]] = {"off": [], "on": []}
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        spec = base_site(root) / "site.yaml"
+        text = spec.read_text().replace(*LEDGER_SPEC_PROXY)
+        spec.write_text(text.replace("max_num_seqs: 64", f"max_num_seqs: {max(256, args.streams)}"))
+        on, off = ledger_confs(spec)
+        key = "Bearer " + run_kit("keys", "add", spec, "bench", "--offline").output.split(
+            "key bench: ")[1].split()[0]
+        (root / "work").mkdir()
+        conf = spec.parent / "nginx" / "nginx.conf"
+        mine = os.sched_getaffinity(0)
+        service, served, domain = LEDGER_SITE
+        with serving_door(spec.parent / "nginx", root / "work", [service], root / "models" /
+                          "llama-8b", served, domain,
+                          STANDIN_TOKEN_INTERVAL_MS=str(args.interval_ms),
+                          STANDIN_LOAD_SECONDS="0.1") as door:
+            if can_split():
+                pin(door.standin.pid, {SERVER_CPU})
+                for pid in door.workers():
+                    pin(pid, CLIENT_CPUS)
+                os.sched_setaffinity(0, CLIENT_CPUS)
+            try:
+                for number in range(args.rounds):
+                    for label in (("off", "on") if number % 2 == 0 else ("on", "off")):
+                        door.reload(conf, on if label == "on" else off)
+                        door_load(door, key, args, SUSTAINED)  # warm-up: new workers
+                        results[label].append(door_load(door, key, args, SUSTAINED))
+            finally:
+                os.sched_setaffinity(0, mine)
+            door.flush_logs()
+            time.sleep(1)
+            spooled = len(door.spool.read_text().splitlines())
+    bars = [Bar("on", "off", "tokens_per_s", "min_ratio", 0.99),
+            Bar("on", "off", "ttft_p50_ms", "max_added", 1),
+            Bar("on", "off", "worst_gap_ms", "max_added", 5)]
+    ok = report(SUSTAINED.describe(args) + ", usage ledger on vs off", results, bars)
+    print(f"\nspool lines written: {spooled}; bars {'all met' if ok else 'NOT all met'}; "
+          f"{machine()} at the end")
+    return ok
+
+
 def edit(text: str) -> tuple[str, str]:
     """--variant's OLD=>NEW."""
     old, arrow, new = text.partition("=>")
@@ -335,9 +440,13 @@ def main() -> None:
                              "the (i mod n)-th)")
     parser.add_argument("--h2", action="store_true",
                         help="compare HTTP/2 with HTTP/1.1 through the front door instead")
+    parser.add_argument("--ledger", action="store_true",
+                        help="compare the usage ledger on and off instead (no Docker)")
     args = parser.parse_args()
     if args.h2:
         sys.exit(0 if compare_protocols(args) else 1)
+    if args.ledger:
+        sys.exit(0 if compare_ledger(args) else 1)
     hosts = [replica_host(SERVICE, i, args.replicas) for i in range(args.replicas)]
     direct = Target("direct", f"http://{hosts[0]}:{VLLM_PORT}", spread=tuple(hosts[1:]))
     print(f"front door: nginx = the rendered nginx.conf, TLS + Bearer key, {args.replicas} "

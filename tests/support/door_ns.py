@@ -129,12 +129,31 @@ class Door:
                 return now
             last = now
 
+    def master(self) -> int:
+        """nginx's master process (the child of the namespace's shell)."""
+        sh = self.nginx.pid
+        return int(Path(f"/proc/{sh}/task/{sh}/children").read_text().split()[0])
+
+    def workers(self) -> set[int]:
+        master = self.master()
+        return {int(pid) for pid in
+                Path(f"/proc/{master}/task/{master}/children").read_text().split()}
+
     def flush_logs(self) -> None:
         """nginx's log buffers written out now (SIGUSR1: reopen, which flushes them first),
         not within the second `flush=1s` allows."""
-        sh = self.nginx.pid
-        master = Path(f"/proc/{sh}/task/{sh}/children").read_text().split()[0]
-        os.kill(int(master), signal.SIGUSR1)
+        os.kill(self.master(), signal.SIGUSR1)
+
+    def reload(self, conf: Path, text: str, timeout: float = 30) -> None:
+        """`text` as nginx.conf (in the bound folder), then SIGHUP; returns once every old
+        worker has gone."""
+        old = self.workers()
+        conf.write_text(text)
+        os.kill(self.master(), signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        while self.workers() & old:
+            assert time.monotonic() < deadline, "nginx kept its old workers"
+            time.sleep(0.05)
 
     def record_of(self, agent: str, timeout: float = 5) -> dict:
         """The spool line of the one request sent with User-Agent `agent` (its id from the

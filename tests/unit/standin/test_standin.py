@@ -337,8 +337,9 @@ def test_trust_remote_code_lets_a_custom_model_start(tmp_path):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     model = model_dir(tmp_path_factory.mktemp("models"), "tiny-chat", LLAMA_8B)
+    # no access log: nobody reads the stand-in's output pipe, which would fill and stop it
     with serving(str(model), "--served-model-name", "tiny", "--max-model-len", "4096",
-                 STANDIN_TOKEN_INTERVAL_MS="5") as (port, proc):
+                 "--disable-uvicorn-access-log", STANDIN_TOKEN_INTERVAL_MS="5") as (port, proc):
         yield port
 
 
@@ -395,6 +396,81 @@ def test_completions_stream_bytes_match_the_trace(server):
     assert [json.loads(e[6:])["choices"][0]["finish_reason"] for e in events[:3]] == [
         None, None, "length"]
     assert events[3] == trace[3]
+
+
+def usage_of(events: list[bytes]) -> list[object]:
+    """Each data event's `usage` (KeyError: absent) as the stream carried it."""
+    return [json.loads(e[6:]).get("usage", "absent") for e in events[:-1]]
+
+
+@pytest.mark.parametrize(("options", "chat", "completions"), [
+    # no stream_options: chat chunks have no usage key, completions chunks "usage": null
+    (None, ["absent"] * 4, [None] * 3),
+    # include_usage: the same, then a last chunk with "choices": [] and the totals
+    ({"include_usage": True}, ["absent"] * 4 + ["total"], [None] * 3 + ["total"]),
+    ({}, ["absent"] * 4 + ["total"], [None] * 3 + ["total"]),  # StreamOptions' default: true
+    ({"include_usage": False, "continuous_usage_stats": True}, ["absent"] * 4, [None] * 3),
+    # continuous_usage_stats: the usage so far on every chunk, the role chunk's with 0
+    ({"include_usage": "yes", "continuous_usage_stats": 1},
+     [0, 1, 2, 3, "total"], [1, 2, 3, "total"]),
+])
+def test_stream_usage_follows_vllms_stream_options(server, options, chat, completions):
+    """vLLM 0.33's stream_options (protocol.py StreamOptions, serving_chat.py,
+    serving_completion.py), booleans read as pydantic reads them."""
+    for path, body, expected in (
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, chat),
+            ("/v1/completions", {"prompt": "hi"}, completions)):
+        request_body = {"model": "tiny", "max_tokens": 3, "stream": True, **body}
+        if options is not None:
+            request_body["stream_options"] = options
+        events = sse_events(request(server, "POST", path, request_body)[2])
+        usages = usage_of(events)
+        prompt = next((u["prompt_tokens"] for u in usages if isinstance(u, dict)), None)
+        seen = []
+        for event, usage in zip(events, usages, strict=False):
+            if not isinstance(usage, dict):
+                seen.append(usage)
+                continue
+            assert usage["total_tokens"] == usage["prompt_tokens"] == prompt or usage[
+                "total_tokens"] == prompt + usage["completion_tokens"]
+            final = json.loads(event[6:])["choices"] == []
+            seen.append("total" if final else usage["completion_tokens"])
+            if final:  # exclude_none: no prompt_tokens_details
+                assert list(usage) == ["prompt_tokens", "total_tokens", "completion_tokens"]
+            elif path == "/v1/completions":  # a completions chunk dumps every field
+                assert usage["prompt_tokens_details"] is None
+        assert seen == expected, path
+
+
+def test_stream_options_without_a_stream_is_refused_as_vllm_does(server):
+    status, _, body = request(server, "POST", "/v1/completions", {
+        "model": "tiny", "prompt": "x", "stream_options": {"include_usage": True}})
+    assert status == 400
+    assert json.loads(body)["error"]["message"] == (
+        "Stream options can only be defined when `stream=True`.")
+
+
+def test_an_aborted_stream_counts_the_tokens_generated_until_it_stopped(server):
+    """As measured on a real vLLM (issue 24): generation_tokens_total grows by what an aborted
+    stream generated up to the abort, nothing more afterwards."""
+    def generated() -> int:
+        metrics = request(server, "GET", "/metrics")[2].decode()
+        return int(float(re.search(r"^vllm:generation_tokens_total\{[^}]*\} (\S+)$", metrics,
+                                   re.MULTILINE).group(1)))
+
+    before = generated()
+    body = json.dumps({"model": "tiny", "prompt": "x", "max_tokens": 3000, "stream": True})
+    with socket.create_connection(("127.0.0.1", server), timeout=10) as sock:
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}"
+                     f"\r\n\r\n{body}".encode())
+        data = b""
+        while data.count(b"data: ") < 5:
+            data += sock.recv(65536)
+    time.sleep(0.5)
+    settled = generated()
+    time.sleep(0.5)
+    assert generated() == settled
+    assert data.count(b"data: ") <= settled - before < 3000
 
 
 def test_errors_match_the_trace(server):
