@@ -276,3 +276,32 @@ def test_the_contract_keys_are_the_documented_ones() -> None:
     keys = [key for row in re.findall(r"^\| (`[^|]+`) \|", table, re.MULTILINE)
             for key in re.findall(r"`(\w+)`", row)]
     assert keys == CONTRACT_KEYS
+
+
+def test_with_the_ledger_off_the_door_routes_and_records_nothing(
+        tmp_path: Path) -> None:
+    """`usage: {enabled: false}`: no spool line, no body filter, no request rewriting — and
+    kit.js (shared by both renders) still routes, streams and refuses as before."""
+    site = base_site(tmp_path)
+    spec = site / "site.yaml"
+    spec.write_text(spec.read_text().replace("services:\n", "usage: {enabled: false}\nservices:\n",
+                                             1))
+    render_site(Site.load(spec))
+    conf = (site / "nginx" / "nginx.conf").read_text()
+    assert "kit_usage" not in conf and "js_body_filter" not in conf
+    added = run_kit("keys", "add", spec, "plain", "--offline")
+    key = added.output.split("key plain: ")[1].split()[0]
+    (tmp_path / "work").mkdir()
+    with serving_door(site / "nginx", tmp_path / "work", ["llama8b"],
+                      tmp_path / "models" / "llama-8b", SERVED, HOST,
+                      STANDIN_LOAD_SECONDS="0.1") as running:
+        body = {**CHAT, "max_tokens": 5, "stream": True}
+        through = running.exchange(post("/v1/chat/completions", body, key, "off"))
+        direct = running.exchange(post("/v1/chat/completions", body, None, "off"), direct=True)
+        assert through.status == direct.status == 200
+        assert same_shape(through) == same_shape(direct)
+        unknown = running.exchange(post("/v1/chat/completions", {**CHAT, "model": "nope"}, key,
+                                        "off"))
+        assert unknown.status == 404
+        running.flush_logs()
+        assert not running.spool.exists()
