@@ -209,7 +209,7 @@ function passEvent(event, state) {
     if (state.asked === 'all' || state.asked === '') {
         return event;
     }
-    if (event.indexOf('"choices":[]') !== -1) {  // the usage chunk that ends the stream
+    if (event[at - 3] === 91) {  // `"choices":[],"usage":{`: the usage chunk that ends the stream
         return state.asked === 'final' ? event : null;
     }
     if (state.completions) {  // completions chunks carry "usage":null when not continuous
