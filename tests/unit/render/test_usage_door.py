@@ -11,6 +11,7 @@ import json
 import re
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,15 +118,16 @@ def test_a_client_gets_the_bytes_vllm_would_have_sent_it(
     assert (record["ttft"] != "") == stream
 
 
+@pytest.mark.parametrize("http2", [False, True], ids=["h1.1", "h2"])
 def test_the_openai_sdk_streams_through_the_door_unchanged(
-        door: tuple[Door, dict[str, str]]) -> None:
-    """The SDK's streams: without include_usage every chunk has choices[0] and no usage; with
-    it, the last chunk has no choices and the totals."""
+        door: tuple[Door, dict[str, str]], http2: bool) -> None:
+    """The SDK's streams, over HTTP/1.1 and HTTP/2: without include_usage every chunk has
+    choices[0] and no usage; with it, the last chunk has no choices and the totals."""
     running, keys = door
     with running.inside():
         client = openai.OpenAI(
             base_url="https://127.0.0.1/v1", api_key=keys["sdk"], max_retries=0,
-            http_client=httpx.Client(verify=running.tls_context()))
+            http_client=httpx.Client(verify=running.tls_context(), http2=http2))
         plain = list(client.chat.completions.create(
             model=SERVED, messages=CHAT["messages"], max_tokens=8, stream=True))
         counted = list(client.chat.completions.create(
@@ -138,6 +140,10 @@ def test_the_openai_sdk_streams_through_the_door_unchanged(
     assert all(chunk.choices and chunk.usage is None for chunk in counted[:-1])
     assert counted[-1].choices == [] and counted[-1].usage.completion_tokens == 8
     assert all(chunk.choices and chunk.usage is None for chunk in text)
+    if http2:
+        running.flush_logs()
+        time.sleep(0.3)
+        assert '"POST /v1/completions HTTP/2.0" 200' in running.access_log.read_text()
 
 
 @pytest.mark.parametrize("route", ROUTES)
