@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
+import httpx2
 import openai
 import pytest
 
@@ -127,7 +127,7 @@ def test_the_openai_sdk_streams_through_the_door_unchanged(
     with running.inside():
         client = openai.OpenAI(
             base_url="https://127.0.0.1/v1", api_key=keys["sdk"], max_retries=0,
-            http_client=httpx.Client(verify=running.tls_context(), http2=http2))
+            http_client=httpx2.Client(verify=running.tls_context(), http2=http2))
         plain = list(client.chat.completions.create(
             model=SERVED, messages=CHAT["messages"], max_tokens=8, stream=True))
         counted = list(client.chat.completions.create(
@@ -207,6 +207,24 @@ def test_an_aborted_stream_is_recorded_as_far_as_it_was_generated(
         assert record["end"] == "client_abort" and record["status"] == "200"
         assert int(record["prompt"]) == after[0] - before[0]
         assert 13 <= int(record["completion"]) <= generated <= int(record["completion"]) + 1
+
+
+def test_an_http2_stream_the_client_cancels_is_a_client_abort(
+        door: tuple[Door, dict[str, str]]) -> None:
+    """Over HTTP/2 a client leaves one stream (RST_STREAM), its connection staying open: the
+    same record as a closed HTTP/1.1 connection."""
+    running, keys = door
+    path, body = ROUTES["chat"]
+    before = running.settled_counters()
+    running.h2_cancel_after(path, [("authorization", f"Bearer {keys['aborts']}"),
+                                   ("content-type", "application/json"),
+                                   ("user-agent", "aborts-h2")],
+                            json.dumps({**body, "max_tokens": 2000, "stream": True}).encode(),
+                            events=15)
+    after = running.settled_counters()
+    record = running.record_of("aborts-h2")
+    assert (record["end"], record["status"]) == ("client_abort", "200")
+    assert 13 <= int(record["completion"]) <= after[1] - before[1] <= int(record["completion"]) + 1
 
 
 def test_a_service_dying_mid_stream_is_an_upstream_error(
