@@ -162,11 +162,24 @@ var PROMPT = /"(?:prompt|input)_tokens":(\d+)/;
 var COMPLETION = /"(?:completion|output)_tokens":(\d+)/;
 var EVENT_END = Buffer.from('\n\n');
 var NON_STREAM_TAIL = 4096;  // a JSON answer's usage is in its last few hundred bytes
-var filtering = null;  // this request's filter state (njs: one VM per request)
+var NO_USAGE = Buffer.alloc(0);
+
+// This request's filter state (njs: one VM per request, shared by the body filter and the
+// log-time js_set handlers below). Per event the filter only finds the usage object; its
+// figures are read once, when the request is logged.
+var filtering = null;
 
 // The end of the JSON object that starts at `start` (usage holds only numbers, null and
 // objects of numbers: no strings to skip).
 function objectEnd(event, start) {
+    var close = event.indexOf('}', start);
+    if (close === -1) {
+        return -1;
+    }
+    var nested = event.indexOf('{', start + 1);
+    if (nested === -1 || nested > close) {
+        return close + 1;  // no nested object: the first closing brace
+    }
     var depth = 0;
     for (var i = start; i < event.length; i++) {
         var c = event[i];
@@ -182,17 +195,8 @@ function objectEnd(event, start) {
     return -1;
 }
 
-function recordUsage(r, text) {
-    var prompt = PROMPT.exec(text);
-    var completion = COMPLETION.exec(text);
-    if (prompt && completion) {
-        r.variables.kit_prompt_tokens = prompt[1];
-        r.variables.kit_completion_tokens = completion[1];
-    }
-}
-
-// One SSE event, as the client asked for it ('' when it asked for none of it).
-function passEvent(r, event, state) {
+// One SSE event, as the client asked for it (null when it asked for none of it).
+function passEvent(event, state) {
     var at = event.indexOf(USAGE_KEY);
     if (at === -1) {
         return event;
@@ -201,11 +205,11 @@ function passEvent(r, event, state) {
     if (end === -1) {
         return event;
     }
-    recordUsage(r, event.slice(at, end).toString());
+    state.usage = event.slice(at, end);
     if (state.asked === 'all' || state.asked === '') {
         return event;
     }
-    if (event.indexOf('"choices":[]') !== -1) {  // the usage chunk that ends the stream
+    if (event[at - 3] === 91) {  // `"choices":[],"usage":{`: the usage chunk that ends the stream
         return state.asked === 'final' ? event : null;
     }
     if (state.completions) {  // completions chunks carry "usage":null when not continuous
@@ -221,22 +225,25 @@ function streamed(r, data, state) {
         state.pending = buffer;
         return null;
     }
-    state.pending = buffer.slice(cut + 2);
+    state.pending = cut + 2 < buffer.length ? buffer.slice(cut + 2) : NO_USAGE;
+    if (state.ttft === '') {
+        state.ttft = r.variables.request_time;  // the first event the door passes on
+    }
+    var stop = buffer.indexOf(EVENT_END) + 2;
+    if (stop === cut + 2) {  // one event: the common case
+        return passEvent(stop === buffer.length ? buffer : buffer.slice(0, stop), state);
+    }
     var out = [];
     var start = 0;
     while (start <= cut) {
-        var stop = buffer.indexOf(EVENT_END, start) + 2;
-        var event = passEvent(r, buffer.slice(start, stop), state);
+        stop = buffer.indexOf(EVENT_END, start) + 2;
+        var event = passEvent(buffer.slice(start, stop), state);
         if (event !== null) {
             out.push(event);
-            if (!state.ttft && event.indexOf('data: {') === 0) {
-                state.ttft = true;
-                r.variables.kit_ttft = r.variables.request_time;
-            }
         }
         start = stop;
     }
-    return out.length === 1 ? out[0] : Buffer.concat(out);
+    return Buffer.concat(out);
 }
 
 // The body filter of the services' locations: usage read from every answer, the stream given
@@ -249,9 +256,11 @@ function usageFilter(r, data, flags) {
             stream: type.indexOf('text/event-stream') === 0,
             asked: r.variables.kit_stream_usage || '',
             completions: r.variables.uri === '/v1/completions',
-            pending: Buffer.alloc(0),
-            tail: Buffer.alloc(0),
-            ttft: false,
+            pending: NO_USAGE,
+            tail: NO_USAGE,
+            usage: NO_USAGE,
+            ttft: '',
+            done: false,
         };
     }
     var out = data;
@@ -265,17 +274,32 @@ function usageFilter(r, data, flags) {
         if (flags.last) {
             var at = state.tail.lastIndexOf(USAGE_KEY);
             var end = at === -1 ? -1 : objectEnd(state.tail, at + USAGE_KEY.length - 1);
-            if (end !== -1) {
-                recordUsage(r, state.tail.slice(at, end).toString());
-            }
+            state.usage = end === -1 ? NO_USAGE : state.tail.slice(at, end);
         }
     }
-    if (flags.last) {
-        r.variables.kit_done = '1';
-    }
+    state.done = flags.last;
     if (out !== null || flags.last) {
-        r.sendBuffer(out === null ? Buffer.alloc(0) : out, {last: flags.last, flush: true});
+        r.sendBuffer(out === null ? NO_USAGE : out, {last: flags.last, flush: true});
     }
+}
+
+// The figures of the last usage the door saw, for the log ('' when it saw none; an
+// embedding's usage has no completion tokens).
+function usageFigure(pattern) {
+    var found = filtering === null ? null : pattern.exec(filtering.usage.toString());
+    return found ? found[1] : '';
+}
+
+function promptTokens(r) {
+    return usageFigure(PROMPT);
+}
+
+function completionTokens(r) {
+    return usageFigure(COMPLETION);
+}
+
+function ttft(r) {
+    return filtering === null ? '' : filtering.ttft;
 }
 
 // The door's own request counter, across workers: a gap in the spool is a lost record.
@@ -312,7 +336,7 @@ function usageEnd(r) {
         return 'client_abort';
     }
     if (r.variables.upstream_status) {
-        if (r.variables.kit_done === '1') {
+        if (filtering !== null && filtering.done) {
             return 'completed';
         }
         // Cut short after the answer began. nginx finalises a request whose service died (or
@@ -456,4 +480,4 @@ function health(r) {
 }
 
 export default {bearerDigest, credentialDigest, principal, route, models, model, health, prefixKey,
-                usageFilter, doorSeq, doorBoot, usageEnd};
+                usageFilter, promptTokens, completionTokens, ttft, doorSeq, doorBoot, usageEnd};

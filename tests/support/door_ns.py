@@ -24,6 +24,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+
 from kit.engine.desired import VERIFIER_SERVICE
 from kit.layout import NGINX_MOUNT
 from kit.plan.build import VLLM_PORT
@@ -111,6 +116,34 @@ class Door:
         with sock:
             sock.sendall(request)
             return read_events(sock, events)
+
+    def h2_cancel_after(self, path: str, headers: list[tuple[str, str]], body: bytes,
+                        events: int) -> None:
+        """One HTTP/2 stream: read until `events` SSE events came, then RST_STREAM (CANCEL),
+        the connection kept open a moment after (an h2 client leaving one stream)."""
+        context = self.tls_context()
+        context.set_alpn_protocols(["h2"])
+        with self.inside():
+            raw = socket.create_connection(("127.0.0.1", 443), timeout=30)
+        with context.wrap_socket(raw, server_hostname=self.server_name) as sock:
+            assert sock.selected_alpn_protocol() == "h2"
+            conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+            conn.initiate_connection()
+            conn.send_headers(1, [(":method", "POST"), (":path", path), (":scheme", "https"),
+                                  (":authority", self.server_name),
+                                  ("content-length", str(len(body))), *headers])
+            conn.send_data(1, body, end_stream=True)
+            sock.sendall(conn.data_to_send())
+            seen = 0
+            while seen < events:
+                for event in conn.receive_data(sock.recv(65536)):
+                    if isinstance(event, h2.events.DataReceived):
+                        seen += event.data.count(b"data: ")
+                        conn.acknowledge_received_data(event.flow_controlled_length, 1)
+                sock.sendall(conn.data_to_send())
+            conn.reset_stream(1, h2.errors.ErrorCodes.CANCEL)
+            sock.sendall(conn.data_to_send())
+            time.sleep(0.5)
 
     def counters(self) -> tuple[int, int]:
         """The stand-in's vllm:prompt_tokens_total and vllm:generation_tokens_total."""

@@ -11,10 +11,11 @@ import json
 import re
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
+import httpx2
 import openai
 import pytest
 
@@ -117,15 +118,16 @@ def test_a_client_gets_the_bytes_vllm_would_have_sent_it(
     assert (record["ttft"] != "") == stream
 
 
+@pytest.mark.parametrize("http2", [False, True], ids=["h1.1", "h2"])
 def test_the_openai_sdk_streams_through_the_door_unchanged(
-        door: tuple[Door, dict[str, str]]) -> None:
-    """The SDK's streams: without include_usage every chunk has choices[0] and no usage; with
-    it, the last chunk has no choices and the totals."""
+        door: tuple[Door, dict[str, str]], http2: bool) -> None:
+    """The SDK's streams, over HTTP/1.1 and HTTP/2: without include_usage every chunk has
+    choices[0] and no usage; with it, the last chunk has no choices and the totals."""
     running, keys = door
     with running.inside():
         client = openai.OpenAI(
             base_url="https://127.0.0.1/v1", api_key=keys["sdk"], max_retries=0,
-            http_client=httpx.Client(verify=running.tls_context()))
+            http_client=httpx2.Client(verify=running.tls_context(), http2=http2))
         plain = list(client.chat.completions.create(
             model=SERVED, messages=CHAT["messages"], max_tokens=8, stream=True))
         counted = list(client.chat.completions.create(
@@ -138,6 +140,10 @@ def test_the_openai_sdk_streams_through_the_door_unchanged(
     assert all(chunk.choices and chunk.usage is None for chunk in counted[:-1])
     assert counted[-1].choices == [] and counted[-1].usage.completion_tokens == 8
     assert all(chunk.choices and chunk.usage is None for chunk in text)
+    if http2:
+        running.flush_logs()
+        time.sleep(0.3)
+        assert '"POST /v1/completions HTTP/2.0" 200' in running.access_log.read_text()
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -201,6 +207,24 @@ def test_an_aborted_stream_is_recorded_as_far_as_it_was_generated(
         assert record["end"] == "client_abort" and record["status"] == "200"
         assert int(record["prompt"]) == after[0] - before[0]
         assert 13 <= int(record["completion"]) <= generated <= int(record["completion"]) + 1
+
+
+def test_an_http2_stream_the_client_cancels_is_a_client_abort(
+        door: tuple[Door, dict[str, str]]) -> None:
+    """Over HTTP/2 a client leaves one stream (RST_STREAM), its connection staying open: the
+    same record as a closed HTTP/1.1 connection."""
+    running, keys = door
+    path, body = ROUTES["chat"]
+    before = running.settled_counters()
+    running.h2_cancel_after(path, [("authorization", f"Bearer {keys['aborts']}"),
+                                   ("content-type", "application/json"),
+                                   ("user-agent", "aborts-h2")],
+                            json.dumps({**body, "max_tokens": 2000, "stream": True}).encode(),
+                            events=15)
+    after = running.settled_counters()
+    record = running.record_of("aborts-h2")
+    assert (record["end"], record["status"]) == ("client_abort", "200")
+    assert 13 <= int(record["completion"]) <= after[1] - before[1] <= int(record["completion"]) + 1
 
 
 def test_a_service_dying_mid_stream_is_an_upstream_error(
