@@ -33,6 +33,7 @@ from kit.spec.model import (
     Observability,
     Service,
     Spec,
+    Usage,
 )
 from kit.spec.problems import SpecProblem
 from kit.spec.replicas import compose_names
@@ -58,12 +59,13 @@ class Parts:
     observability: Observability | None = None
     engine: str | None = None
     hf_cache: Path | None = None
+    usage: Usage | None = None
 
     @classmethod
     def of(cls, spec: Spec) -> "Parts":
         return cls(list(enumerate(spec.services)), spec.domain, spec.tls, spec.models_root,
                    spec.gpu_memory_gib, spec.site, spec.observability, spec.engine,
-                   spec.hf_cache)
+                   spec.hf_cache, spec.usage)
 
     @classmethod
     def salvage(cls, data: dict) -> "Parts":
@@ -81,6 +83,7 @@ class Parts:
             _valid(Observability, data.get("observability", {})),
             _valid(EngineAddress, data.get("engine")),
             _valid(HostPath, data.get("hf_cache")),
+            _valid(Usage, data.get("usage", {})),
         )
 
 
@@ -99,7 +102,7 @@ def cross_checks(parts: Parts) -> list[SpecProblem]:
     problems += _unique_names(parts.services)
     problems += _gpu_sharing(parts.services)
     problems += _extra_args(parts.services)
-    problems += _metrics_flags(parts.services, parts.observability)
+    problems += _metrics_flags(parts.services, parts.observability, parts.usage)
     problems += _kit_read_env(parts.services)
     problems += _acme_domain(parts)
     problems += _multi_node(parts)
@@ -236,8 +239,12 @@ def _multi_node(parts: Parts) -> list[SpecProblem]:
     return problems
 
 
-# extra_args flags that would undo what the observability keys ask of vLLM: key → flag → why.
+# extra_args flags that would undo what the observability and usage keys ask of vLLM:
+# key → flag → why.
 METRICS_FLAGS = {
+    "usage.enabled": {"--enable-force-include-usage": "the usage ledger already has vLLM report "
+                      "usage on every stream and gives each client only the usage it asked "
+                      "for, so forcing it would only cost vLLM work"},
     "slo": {"--custom-histogram-buckets": "kit writes the histogram bounds from slo (vLLM's "
             "defaults plus the SLO, so the SLO line is exact) and vLLM would keep only one"},
     "observability.enabled": {"--disable-log-stats": "it removes every vllm:* metric "
@@ -246,15 +253,18 @@ METRICS_FLAGS = {
 
 
 def _metrics_flags(
-    services: list[tuple[int, Service]], observability: Observability | None
+    services: list[tuple[int, Service]], observability: Observability | None,
+    usage: Usage | None,
 ) -> list[SpecProblem]:
-    """A flag in extra_args that contradicts slo or observability.enabled."""
+    """A flag in extra_args that contradicts slo, observability.enabled or usage.enabled."""
     table = flag_table()
     enabled = observability is not None and observability.enabled
+    ledger = usage is None or usage.enabled  # a broken usage key: its default, on
     problems = []
     for i, service in services:
         keys = [key for key, on in (("slo", service.slo is not None),
-                                    ("observability.enabled", enabled)) if on]
+                                    ("observability.enabled", enabled),
+                                    ("usage.enabled", ledger)) if on]
         for use in flag_uses(service.extra_args, table):
             canonical = use.option.canonical if use.option else use.flag
             problems += [
