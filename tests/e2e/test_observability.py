@@ -69,12 +69,12 @@ def site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
 
 
 def wait_every_target_up(site: LiveSite) -> None:
-    """Prometheus has scraped each of its three targets successfully (a new Prometheus has no
+    """Prometheus has scraped each of its four targets successfully (a new Prometheus has no
     sample until its first scrape; `kit status` shows that as `not scraped yet`)."""
 
     def all_up() -> bool:
         targets = query(site, "/api/v1/targets")["activeTargets"]
-        return len(targets) == 3 and all(t["health"] == "up" for t in targets)
+        return len(targets) == 4 and all(t["health"] == "up" for t in targets)
 
     wait_for("every target up", all_up, 30)
 
@@ -83,7 +83,8 @@ def test_every_target_is_up(site: LiveSite) -> None:
     wait_every_target_up(site)
     jobs = sorted((t["labels"]["job"], t["labels"].get("service", "-"))
                   for t in query(site, "/api/v1/targets")["activeTargets"])
-    assert jobs == [("front-door", "-"), ("front-door-requests", "-"), ("vllm", SERVICE)]
+    assert jobs == [("front-door", "-"), ("front-door-requests", "-"), ("usage", "-"),
+                    ("vllm", SERVICE)]
 
 
 def expressions(site: LiveSite) -> list[tuple[str, str]]:
@@ -203,7 +204,7 @@ def test_from_outside_only_grafana_answers_and_only_with_credentials(site: LiveS
     # the stand-in asked Prometheus `up` as Grafana's data source would, with its Basic auth
     assert seen["datasource_answers"] == {"Prometheus": 200}, seen["datasource_answers"]
     assert {board["uid"] for board in seen["dashboards"]} == {"kit-front-door",
-                                                             f"kit-svc-{SERVICE}"}
+                                                             f"kit-svc-{SERVICE}", "kit-usage"}
     key = site.add_key("dash")
     reply = gate.fetch("GET", "/grafana/", credentials=f"Bearer {key}")
     assert reply.status == 200 and reply.json()["user"] == "key:dash"
