@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from kit.front_door.client import basic_header
+from kit.plan.usage import USAGE_SERVICE
 from tests.support.live_stack import (
     LOADGEN,
     SERVED_NAME,
@@ -197,7 +198,8 @@ def test_up_runs_the_stack_there_and_the_gate_passes_through_its_front_door(
     assert "all checks passed" in up and f"via {REMOTE_IP}" in up, up
     assert remote.mounts_under(rendered.root) == [], "a remote container mounts a local path"
     assert {c.name for c in remote.client.containers.list()} == {
-        f"{rendered.name}-{service}-1" for service in (SERVICE, "nginx", "kit-auth")}
+        f"{rendered.name}-{service}-1"
+        for service in (SERVICE, "nginx", "kit-auth", USAGE_SERVICE)}
     assert rendered.status(credentials=rendered.basic("ops")) == 200
     logs = rendered.kit("logs", "nginx")
     assert logs.returncode == 0 and "GET /v1/models" in logs.stdout, logs.stdout + logs.stderr
@@ -253,7 +255,8 @@ def test_fleet_status_of_two_servers_is_one_table_within_5_s(
     assert result.returncode == 0, result.stdout + result.stderr
     rows = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
     assert set(rows) == {"gpu-local", "gpu-remote"}
-    assert "3/3 running" in rows["gpu-remote"] and "3/3 healthy" in rows["gpu-remote"]
+    # the model, the door, its verifier and the usage ledger
+    assert "4/4 running" in rows["gpu-remote"] and "4/4 healthy" in rows["gpu-remote"]
     assert remote.url in rows["gpu-remote"] and "passed" in rows["gpu-remote"]
     assert "0/0 running" in rows["gpu-local"]
     print(f"kit fleet status, 2 servers (local + ssh://): {seconds:.1f} s")
