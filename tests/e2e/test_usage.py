@@ -160,7 +160,8 @@ def test_every_request_is_recorded_once_with_the_engines_own_counts(site: LiveSi
     # exact for completed requests; an aborted stream within one chunk (one token each here)
     assert prompt == after[0] - before[0], (prompt, before, after)
     assert 0 <= (after[1] - before[1]) - completion <= ABORTED, (completion, before, after)
-    print(f"{len(records)} records for {len(ids)} logged requests; prompt {prompt} = engine "
+    print(f"{len(ids)} logged requests each recorded once ({len(records) - len(ids)} more: kit "
+          f"status's knocks while it waited); prompt {prompt} = engine "
           f"{after[0] - before[0]}; completion {completion} vs engine {after[1] - before[1]} "
           f"({ABORTED} aborted)")
 
