@@ -164,6 +164,8 @@ var COMPLETION = /"(?:completion|output)_tokens":(\d+)/;
 var EVENT_END = Buffer.from('\n\n');
 var NON_STREAM_TAIL = 4096;  // a JSON answer's usage is in its last few hundred bytes
 var NOTHING = Buffer.alloc(0);
+var SEND = {last: false, flush: true};
+var SEND_LAST = {last: true, flush: true};
 
 // This request's filter state (njs: one VM per request, shared by the body filter and the
 // log-time js_set handlers below). Per buffer the filter only notes where the last usage object
@@ -217,7 +219,8 @@ function asAsked(events, state) {
             out.push(events.slice(from, start === -1 ? 0 : start + 2));
             from = events.indexOf(EVENT_END, end) + 2;
         }
-        at = events.indexOf(USAGE_KEY, end);
+        // one event a buffer is the common case: no call when no usage object fits after it
+        at = events.length - end < USAGE_KEY.length ? -1 : events.indexOf(USAGE_KEY, end);
     }
     if (from === 0) {
         return events;
@@ -288,7 +291,7 @@ function usageFilter(r, data, flags) {
     }
     state.done = flags.last;
     if (out !== null || flags.last) {
-        r.sendBuffer(out === null ? NOTHING : out, {last: flags.last, flush: true});
+        r.sendBuffer(out === null ? NOTHING : out, flags.last ? SEND_LAST : SEND);
     }
 }
 
