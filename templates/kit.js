@@ -193,12 +193,19 @@ function noteUsage(state, bytes) {
     }
 }
 
-// Complete events as the client asked for them, in one pass over the usage objects (a few
-// native calls each, the kept bytes copied once): the ones it did not ask for taken out (chat:
-// the key goes; completions: its value becomes null, as vLLM sends it), the usage chunk that
-// ends the stream kept for a client that asked for it and dropped for one that did not.
-function asAsked(events, state) {
-    var out = [];
+// Sends a part of the stream on (nothing when it is empty).
+function send(r, part) {
+    if (part.length) {
+        r.sendBuffer(part, SEND);
+    }
+}
+
+// Sends complete events on as the client asked for them, in one pass over their usage objects
+// (a few native calls each; the kept parts go on as they are, no copy): the ones it did not ask
+// for taken out (chat: the key goes; completions: its value becomes null, as vLLM sends it),
+// the usage chunk that ends the stream kept for a client that asked for it and dropped for one
+// that did not.
+function sendAsAsked(r, events, state) {
     var from = 0;
     var at = events.indexOf(USAGE_KEY);
     while (at !== -1) {
@@ -209,34 +216,30 @@ function asAsked(events, state) {
         state.usage = events;
         state.usageAt = at;
         if (events[at - 3] !== 91) {  // not `"choices":[],"usage":{`, the stream's last usage
-            out.push(events.slice(from, state.completions ? at : at - 1));
+            send(r, events.slice(from, state.completions ? at : at - 1));
             if (state.completions) {  // completions chunks carry "usage":null when not continuous
-                out.push(NULL_USAGE);
+                r.sendBuffer(NULL_USAGE, SEND);
             }
             from = end;
         } else if (state.asked !== 'final') {
             var start = events.lastIndexOf(EVENT_END, at);
-            out.push(events.slice(from, start === -1 ? 0 : start + 2));
+            send(r, events.slice(from, start === -1 ? 0 : start + 2));
             from = events.indexOf(EVENT_END, end) + 2;
         }
         // one event a buffer is the common case: no call when no usage object fits after it
         at = events.length - end < USAGE_KEY.length ? -1 : events.indexOf(USAGE_KEY, end);
     }
-    if (from === 0) {
-        return events;
-    }
-    out.push(events.slice(from));
-    return Buffer.concat(out);
+    send(r, from === 0 ? events : events.slice(from));
 }
 
-// The complete events of a buffer, as the client asked for them (null while an event is
-// still partial); the partial event at its end is held back until its end arrives.
-function streamed(r, data, state) {
+// Sends the complete events of a buffer on, as the client asked for them; the partial event at
+// its end is held back until its end arrives.
+function sendStreamed(r, data, state) {
     var buffer = state.pending.length ? Buffer.concat([state.pending, data]) : data;
     var cut = buffer.lastIndexOf(EVENT_END);
     if (cut === -1) {
         state.pending = buffer;
-        return null;
+        return;
     }
     cut += 2;
     var events = buffer;
@@ -248,12 +251,12 @@ function streamed(r, data, state) {
     if (state.ttft === '') {
         state.ttft = r.variables.request_time;  // the first event the door passes on
     }
-    if (!state.rewrite) {  // the client asked for all of it (or it is not a chat)
-        noteUsage(state, events);
-        return events;
+    if (state.rewrite) {
+        sendAsAsked(r, events, state);
+        return;
     }
-    events = asAsked(events, state);
-    return events.length ? events : null;
+    noteUsage(state, events);  // the client asked for all of it (or it is not a chat)
+    r.sendBuffer(events, SEND);
 }
 
 // The body filter of the services' locations: usage read from every answer, the stream given
@@ -263,12 +266,11 @@ function usageFilter(r, data, flags) {
     if (state === null) {
         var type = r.headersOut['Content-Type'] || '';
         var asked = r.variables.kit_stream_usage || '';
-        var completions = r.variables.uri === '/v1/completions';
         state = filtering = {
             stream: type.indexOf('text/event-stream') === 0,
             asked: asked,
             rewrite: asked === 'none' || asked === 'final',
-            completions: completions,
+            completions: r.variables.uri === '/v1/completions',
             pending: NOTHING,
             tail: NOTHING,
             usage: NOTHING,
@@ -277,21 +279,18 @@ function usageFilter(r, data, flags) {
             done: false,
         };
     }
-    var out = data;
-    if (state.stream) {
-        out = streamed(r, data, state);
-        if (flags.last && state.pending.length) {
-            out = out === null ? state.pending : Buffer.concat([out, state.pending]);
-        }
-    } else {
+    state.done = flags.last;
+    if (!state.stream) {
         state.tail = Buffer.concat([state.tail, data]).slice(-NON_STREAM_TAIL);
         if (flags.last) {
             noteUsage(state, state.tail);
         }
+        r.sendBuffer(data, flags.last ? SEND_LAST : SEND);
+        return;
     }
-    state.done = flags.last;
-    if (out !== null || flags.last) {
-        r.sendBuffer(out === null ? NOTHING : out, flags.last ? SEND_LAST : SEND);
+    sendStreamed(r, data, state);
+    if (flags.last) {
+        r.sendBuffer(state.pending, SEND_LAST);
     }
 }
 
