@@ -201,10 +201,10 @@ function send(r, part) {
 }
 
 // Sends complete events on as the client asked for them, in one pass over their usage objects
-// (a few native calls each; the kept parts go on as they are, no copy): the ones it did not ask
-// for taken out (chat: the key goes; completions: its value becomes null, as vLLM sends it),
-// the usage chunk that ends the stream kept for a client that asked for it and dropped for one
-// that did not.
+// (a few native calls each; the kept parts sent as they are, never concatenated): the ones it
+// did not ask for taken out (chat: the key goes; completions: its value becomes null, as vLLM
+// sends it), the usage chunk that ends the stream kept for a client that asked for it and
+// dropped for one that did not.
 function sendAsAsked(r, events, state) {
     var from = 0;
     var at = events.indexOf(USAGE_KEY);
