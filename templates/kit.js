@@ -158,92 +158,105 @@ function askUsage(r, request) {
 }
 
 var USAGE_KEY = Buffer.from('"usage":{');
+var NULL_USAGE = Buffer.from('"usage":null');
 var PROMPT = /"(?:prompt|input)_tokens":(\d+)/;
 var COMPLETION = /"(?:completion|output)_tokens":(\d+)/;
 var EVENT_END = Buffer.from('\n\n');
 var NON_STREAM_TAIL = 4096;  // a JSON answer's usage is in its last few hundred bytes
-var NO_USAGE = Buffer.alloc(0);
+var NOTHING = Buffer.alloc(0);
+var SEND = {last: false, flush: true};
+var SEND_LAST = {last: true, flush: true};
 
 // This request's filter state (njs: one VM per request, shared by the body filter and the
-// log-time js_set handlers below). Per event the filter only finds the usage object; its
-// figures are read once, when the request is logged.
+// log-time js_set handlers below). Per buffer the filter only notes where the last usage object
+// starts; its figures are read once, when the request is logged.
 var filtering = null;
 
-// The end of the JSON object that starts at `start` (usage holds only numbers, null and
-// objects of numbers: no strings to skip).
-function objectEnd(event, start) {
-    var close = event.indexOf('}', start);
-    if (close === -1) {
-        return -1;
+// The end of the usage object that starts at `at` (-1 when it is cut short): it holds only
+// numbers, null and objects of those, so no strings to skip.
+function usageObjectEnd(bytes, at) {
+    var end = bytes.indexOf('}', at);
+    var nested = bytes.indexOf('{', at + USAGE_KEY.length);
+    while (end !== -1 && nested !== -1 && nested < end) {
+        end = bytes.indexOf('}', end + 1);
+        nested = bytes.indexOf('{', nested + 1);
     }
-    var nested = event.indexOf('{', start + 1);
-    if (nested === -1 || nested > close) {
-        return close + 1;  // no nested object: the first closing brace
+    return end === -1 ? -1 : end + 1;
+}
+
+// Notes the last usage object of `bytes` for the log.
+function noteUsage(state, bytes) {
+    var at = bytes.lastIndexOf(USAGE_KEY);
+    if (at !== -1) {
+        state.usage = bytes;
+        state.usageAt = at;
     }
-    var depth = 0;
-    for (var i = start; i < event.length; i++) {
-        var c = event[i];
-        if (c === 123) {
-            depth += 1;
-        } else if (c === 125) {
-            depth -= 1;
-            if (depth === 0) {
-                return i + 1;
-            }
+}
+
+// Sends a part of the stream on (nothing when it is empty).
+function send(r, part) {
+    if (part.length) {
+        r.sendBuffer(part, SEND);
+    }
+}
+
+// Sends complete events on as the client asked for them, in one pass over their usage objects
+// (a few native calls each; the kept parts sent as they are, never concatenated): the ones it
+// did not ask for taken out (chat: the key goes; completions: its value becomes null, as vLLM
+// sends it), the usage chunk that ends the stream kept for a client that asked for it and
+// dropped for one that did not.
+function sendAsAsked(r, events, state) {
+    var from = 0;
+    var at = events.indexOf(USAGE_KEY);
+    while (at !== -1) {
+        var end = usageObjectEnd(events, at);
+        if (end === -1) {
+            break;
         }
+        state.usage = events;
+        state.usageAt = at;
+        if (events[at - 3] !== 91) {  // not `"choices":[],"usage":{`, the stream's last usage
+            send(r, events.slice(from, state.completions ? at : at - 1));
+            if (state.completions) {  // completions chunks carry "usage":null when not continuous
+                r.sendBuffer(NULL_USAGE, SEND);
+            }
+            from = end;
+        } else if (state.asked !== 'final') {
+            var start = events.lastIndexOf(EVENT_END, at);
+            send(r, events.slice(from, start === -1 ? 0 : start + 2));
+            from = events.indexOf(EVENT_END, end) + 2;
+        }
+        // one event a buffer is the common case: no call when no usage object fits after it
+        at = events.length - end < USAGE_KEY.length ? -1 : events.indexOf(USAGE_KEY, end);
     }
-    return -1;
+    send(r, from === 0 ? events : events.slice(from));
 }
 
-// One SSE event, as the client asked for it (null when it asked for none of it).
-function passEvent(event, state) {
-    var at = event.indexOf(USAGE_KEY);
-    if (at === -1) {
-        return event;
-    }
-    var end = objectEnd(event, at + USAGE_KEY.length - 1);
-    if (end === -1) {
-        return event;
-    }
-    state.usage = event.slice(at, end);
-    if (state.asked === 'all' || state.asked === '') {
-        return event;
-    }
-    if (event[at - 3] === 91) {  // `"choices":[],"usage":{`: the usage chunk that ends the stream
-        return state.asked === 'final' ? event : null;
-    }
-    if (state.completions) {  // completions chunks carry "usage":null when not continuous
-        return Buffer.concat([event.slice(0, at), Buffer.from('"usage":null'), event.slice(end)]);
-    }
-    return Buffer.concat([event.slice(0, at - 1), event.slice(end)]);  // chat: the key goes
-}
-
-function streamed(r, data, state) {
+// Sends the complete events of a buffer on, as the client asked for them; the partial event at
+// its end is held back until its end arrives.
+function sendStreamed(r, data, state) {
     var buffer = state.pending.length ? Buffer.concat([state.pending, data]) : data;
     var cut = buffer.lastIndexOf(EVENT_END);
     if (cut === -1) {
         state.pending = buffer;
-        return null;
+        return;
     }
-    state.pending = cut + 2 < buffer.length ? buffer.slice(cut + 2) : NO_USAGE;
+    cut += 2;
+    var events = buffer;
+    state.pending = NOTHING;
+    if (cut < buffer.length) {
+        events = buffer.slice(0, cut);
+        state.pending = buffer.slice(cut);
+    }
     if (state.ttft === '') {
         state.ttft = r.variables.request_time;  // the first event the door passes on
     }
-    var stop = buffer.indexOf(EVENT_END) + 2;
-    if (stop === cut + 2) {  // one event: the common case
-        return passEvent(stop === buffer.length ? buffer : buffer.slice(0, stop), state);
+    if (state.rewrite) {
+        sendAsAsked(r, events, state);
+        return;
     }
-    var out = [];
-    var start = 0;
-    while (start <= cut) {
-        stop = buffer.indexOf(EVENT_END, start) + 2;
-        var event = passEvent(buffer.slice(start, stop), state);
-        if (event !== null) {
-            out.push(event);
-        }
-        start = stop;
-    }
-    return Buffer.concat(out);
+    noteUsage(state, events);  // the client asked for all of it (or it is not a chat)
+    r.sendBuffer(events, SEND);
 }
 
 // The body filter of the services' locations: usage read from every answer, the stream given
@@ -252,41 +265,44 @@ function usageFilter(r, data, flags) {
     var state = filtering;
     if (state === null) {
         var type = r.headersOut['Content-Type'] || '';
+        var asked = r.variables.kit_stream_usage || '';
         state = filtering = {
             stream: type.indexOf('text/event-stream') === 0,
-            asked: r.variables.kit_stream_usage || '',
+            asked: asked,
+            rewrite: asked === 'none' || asked === 'final',
             completions: r.variables.uri === '/v1/completions',
-            pending: NO_USAGE,
-            tail: NO_USAGE,
-            usage: NO_USAGE,
+            pending: NOTHING,
+            tail: NOTHING,
+            usage: NOTHING,
+            usageAt: 0,
             ttft: '',
             done: false,
         };
     }
-    var out = data;
-    if (state.stream) {
-        out = streamed(r, data, state);
-        if (flags.last && state.pending.length) {
-            out = out === null ? state.pending : Buffer.concat([out, state.pending]);
-        }
-    } else {
+    state.done = flags.last;
+    if (!state.stream) {
         state.tail = Buffer.concat([state.tail, data]).slice(-NON_STREAM_TAIL);
         if (flags.last) {
-            var at = state.tail.lastIndexOf(USAGE_KEY);
-            var end = at === -1 ? -1 : objectEnd(state.tail, at + USAGE_KEY.length - 1);
-            state.usage = end === -1 ? NO_USAGE : state.tail.slice(at, end);
+            noteUsage(state, state.tail);
         }
+        r.sendBuffer(data, flags.last ? SEND_LAST : SEND);
+        return;
     }
-    state.done = flags.last;
-    if (out !== null || flags.last) {
-        r.sendBuffer(out === null ? NO_USAGE : out, {last: flags.last, flush: true});
+    sendStreamed(r, data, state);
+    if (flags.last) {
+        r.sendBuffer(state.pending, SEND_LAST);
     }
 }
 
-// The figures of the last usage the door saw, for the log ('' when it saw none; an
-// embedding's usage has no completion tokens).
+// The figures of the last usage the door saw, for the log ('' when it saw none or it was cut
+// short; an embedding's usage has no completion tokens).
 function usageFigure(pattern) {
-    var found = filtering === null ? null : pattern.exec(filtering.usage.toString());
+    if (filtering === null || filtering.usage.length === 0) {
+        return '';
+    }
+    var text = filtering.usage;
+    var end = usageObjectEnd(text, filtering.usageAt);
+    var found = end === -1 ? null : pattern.exec(text.slice(filtering.usageAt, end).toString());
     return found ? found[1] : '';
 }
 
