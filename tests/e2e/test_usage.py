@@ -82,14 +82,17 @@ def _epoch(text: str) -> float:
 
 def caught_up(site: LiveSite) -> dict:
     """kit status's view of the ledger once the collector has read everything the door wrote
-    (nginx flushes its buffer within a second)."""
-    def settled() -> dict | None:
+    (nginx flushes its buffer within a second): the report that showed it."""
+    seen: list[dict] = []
+
+    def settled() -> bool:
         report = json.loads(checked(site.kit("status", "--json")).stdout)["usage_ledger"]
-        return report if report.get("ok") and report.get("spool_pending_bytes") == 0 else None
+        seen.append(report)
+        return bool(report.get("ok")) and report.get("spool_pending_bytes") == 0
 
     time.sleep(1.5)
     wait_for("the ledger to catch up with the door", settled, 30)
-    return settled() or {}
+    return seen[-1]
 
 
 def door_ids(site: LiveSite, since: float) -> list[str]:
@@ -97,10 +100,24 @@ def door_ids(site: LiveSite, since: float) -> list[str]:
     return REQUEST_ID.findall(site.nginx_log(since))
 
 
-def assert_once(records: list[dict], ids: list[str]) -> None:
+def ledger_with(site: LiveSite, since: float, ids: list[str], timeout: float = 30) -> list[dict]:
+    """The ledger once it holds every one of `ids` (nginx flushes its buffers within a second,
+    the collector polls its spool: a line logged just now takes a moment), or as it is at the
+    timeout — then assert_once names what is missing."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = ledger(site, since)
+        if set(ids) <= {r["request_id"] for r in records} or time.monotonic() > deadline:
+            return records
+        time.sleep(0.5)
+
+
+def assert_once(records: list[dict], ids: list[str], log: str) -> None:
     """Every request id nginx logged is in the ledger, and no record is there twice."""
     counts = Counter(r["request_id"] for r in records)
-    assert not [i for i in ids if counts[i] != 1], [i for i in ids if counts[i] != 1]
+    wrong = [i for i in ids if counts[i] != 1]
+    assert not wrong, ([counts[i] for i in wrong],
+                       [line for line in log.splitlines() if any(i in line for i in wrong)])
     assert max(counts.values()) == 1
 
 
@@ -143,8 +160,8 @@ def test_every_request_is_recorded_once_with_the_engines_own_counts(site: LiveSi
     after = engine_counts(site)  # nginx's buffered access log reaches stdout
     ids = door_ids(site, started)
     caught_up(site)  # (kit status knocks on the door: requests the ledger has after `ids`)
-    records = ledger(site, started)
-    assert_once(records, ids)
+    records = ledger_with(site, started, ids)
+    assert_once(records, ids, site.nginx_log(started))
     ended = Counter(r["ended"] for r in records)
     assert ended["client_abort"] == ABORTED, ended
     assert ended["refused_auth"] >= 1 and ended["refused_body"] == 1, ended
@@ -210,11 +227,12 @@ def test_records_survive_a_rolling_update_a_collector_kill_and_an_nginx_reload(
     loaded = door_ids(site, started)
     report = caught_up(site)
     assert report["lost"] == 0, report
-    records = [r for r in ledger(site, started) if r["who"] == "key:load"]
-    streams = [r for r in records if r["route"] == "/v1/chat/completions"]
+    everything = ledger_with(site, started, loaded)
+    assert_once(everything, loaded, site.nginx_log(started))
+    streams = [r for r in everything
+               if r["who"] == "key:load" and r["route"] == "/v1/chat/completions"]
     assert streams and all(r["completion_tokens"] == 40 for r in streams)
     print(f"{len(streams)} streams across the rolling update, the kill and the reload")
-    assert_once(ledger(site, started), loaded)
     verify = site.kit("audit verify")
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
