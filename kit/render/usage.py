@@ -12,6 +12,7 @@ from kit.names import DOOR_ROUTES, OPENAI_ROUTES
 from kit.plan.usage import (
     COLLECTOR_SPOOL_MOUNT,
     DOOR_SPOOL_MOUNT,
+    HEALTH_ARGV,
     LEDGER_MOUNT,
     LEDGER_VOLUME,
     SCRIPT,
@@ -59,8 +60,7 @@ def usage_facts(plan: Plan) -> dict | None:
             "--models", json.dumps(sorted(svc.api_name for svc in plan.services)),
             "--routes", json.dumps(ledger_routes()),
         ],
-        "health": ["CMD", "python3", "-c", "import urllib.request; urllib.request.urlopen("
-                   f"'http://127.0.0.1:{USAGE_PORT}/health', timeout=4)"],
+        "health": ["CMD", *HEALTH_ARGV],
     }
 
 

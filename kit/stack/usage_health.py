@@ -9,18 +9,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kit.errors import KitError
-from kit.plan.usage import USAGE_PORT, USAGE_SERVICE
+from kit.plan.usage import HEALTH_ARGV, USAGE_SERVICE
 
 if TYPE_CHECKING:
     from kit.engine.docker_api import Engine
     from kit.engine.observe import ContainerState
-
-HEALTH_ARGV = [
-    "python3", "-c",
-    "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen("
-    f"'http://127.0.0.1:{USAGE_PORT}/health', timeout=4).read().decode())",
-]
-
 
 @dataclass(frozen=True)
 class LedgerHealth:

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from kit.engine.observe import ContainerState
-from kit.plan.usage import USAGE_SERVICE
-from kit.stack.usage_health import HEALTH_ARGV, ledger_health
+from kit.plan.usage import HEALTH_ARGV, USAGE_SERVICE
+from kit.stack.usage_health import ledger_health
 from tests.support.fake_engine import ExecOnlyEngine
 from tests.support.usage_collector import CollectorProcess, append_spool, spool_line
 
