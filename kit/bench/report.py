@@ -1,7 +1,8 @@
 """What `kit bench` leaves behind: the terminal table, DIR/bench.json, DIR/bench.csv, DIR/bench.png
 (throughput and p95 latencies against concurrency, SLO lines, the boundary) and
 DIR/bench-pareto.png (tokens/s per user against tokens/s per GPU). Every file is written
-atomically; matplotlib draws off-screen (Agg) and is loaded only here.
+atomically; matplotlib draws off-screen (Agg), loaded by kit.usage.plot.pyplot only when a
+figure is drawn (a missing matplotlib is exit 2 naming the extra).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from kit.bench.run import BenchRun
 from kit.files import atomic_write
+from kit.usage.plot import figure_png, pyplot
 
 CSV_COLUMNS = (
     "arrival", "request_rate", "max_concurrency", "passed", "completed", "failed",
@@ -114,20 +116,8 @@ def csv_text(run: BenchRun) -> str:
 
 
 def _figure(rows: int):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot
-
-    return pyplot, pyplot.subplots(rows, 1, figsize=(8, 3.2 * rows), sharex=rows > 1)
-
-
-def _png(pyplot, figure) -> bytes:
-    buffer = io.BytesIO()
-    figure.tight_layout()
-    figure.savefig(buffer, format="png", dpi=100)
-    pyplot.close(figure)
-    return buffer.getvalue()
+    plt = pyplot()
+    return plt, plt.subplots(rows, 1, figsize=(8, 3.2 * rows), sharex=rows > 1)
 
 
 def curve_png(run: BenchRun) -> bytes:
@@ -158,7 +148,7 @@ def curve_png(run: BenchRun) -> bytes:
                         else f"concurrent streams ({run.arrival})")
     axes[0].set_title(f"kit bench {run.service}: boundary {_value(run.max_passing)} "
                       f"(first failing {_value(run.first_failing)})")
-    return _png(pyplot, figure)
+    return figure_png(pyplot, figure)
 
 
 def pareto_png(run: BenchRun) -> bytes:
@@ -179,4 +169,4 @@ def pareto_png(run: BenchRun) -> bytes:
     unit = "requests/s" if run.arrival == "poisson" else "concurrent streams"
     ax.set_title(f"kit bench {run.service}: labels are {unit} (red: SLO missed)")
     ax.grid(True, alpha=0.3)
-    return _png(pyplot, figure)
+    return figure_png(pyplot, figure)

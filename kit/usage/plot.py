@@ -22,8 +22,9 @@ def pyplot() -> ModuleType:
     try:
         import matplotlib
     except ImportError:
-        raise BadInput("--plot needs matplotlib, which is not installed",
-                       fix=f"{INSTALL} (or leave out --plot)") from None
+        raise BadInput("drawing a PNG (kit usage --plot, kit bench) needs matplotlib, which is "
+                       "not installed", fix=f"{INSTALL} (or leave out kit usage's --plot)"
+                       ) from None
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
@@ -71,6 +72,11 @@ def png(usage: Usage, plt: ModuleType) -> bytes:
     for axes in (top, bottom):
         axes.grid(True, alpha=0.3)
     figure.autofmt_xdate()
+    return figure_png(plt, figure)
+
+
+def figure_png(plt: ModuleType, figure) -> bytes:
+    """A drawn figure laid out, as PNG bytes, and closed (`kit usage --plot`, `kit bench`)."""
     figure.tight_layout()
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100)
