@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from kit.errors import BadInput, ExitCode, KitError
 from kit.spec.model import DEFAULT_SPEC
+from kit.usage.tables import text_table
 
 if TYPE_CHECKING:  # the usage wing loads only for `kit fleet DIR usage`
     from kit.usage.period import Period
@@ -203,9 +204,8 @@ def server_usage(spec: Path, period: Period, now: datetime) -> ServerUsage:
 
 
 def table(rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-                     for row in rows)
+    """Every column left-aligned."""
+    return text_table(rows, numeric_from=len(rows[0]))
 
 
 def status_table(rows: list[ServerStatus]) -> str:

@@ -37,7 +37,9 @@ def csv_lines(header: Sequence[str], rows: Iterable[Sequence[object]]) -> Iterab
 
 
 def text_table(rows: Sequence[Sequence[str]], numeric_from: int) -> str:
-    """Columns aligned; columns from `numeric_from` on are right-aligned (figures)."""
+    """Columns aligned; columns from `numeric_from` on are right-aligned (figures). kit status
+    and the kit fleet tables print theirs with it too (all columns left: numeric_from past the
+    last)."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(
         cell.rjust(width) if index >= numeric_from else cell.ljust(width)
