@@ -35,9 +35,11 @@ from kit.plan.build import VLLM_PORT
 from tests.support import nginx_ns
 from tests.support.raw_http import RawReply, parse_reply
 from tests.support.raw_http import request as raw_request
+from tests.support.sites import REPO
 from tests.support.standin_process import STANDIN, standin_env
 
 CLONE_NEWNET = 0x40000000
+LOADGEN = REPO / "scripts" / "loadgen.py"
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -144,6 +146,24 @@ class Door:
             conn.reset_stream(1, h2.errors.ErrorCodes.CANCEL)
             sock.sendall(conn.data_to_send())
             time.sleep(0.5)
+
+    def loadgen(self, *options: str, timeout: float = 120) -> subprocess.Popen:
+        """scripts/loadgen.py started in the door's namespace against nginx (TLS verified
+        against the site CA, the site's name in SNI) with `options`; its JSON line on stdout,
+        --announce's lines on stderr."""
+        return subprocess.Popen(
+            ["nsenter", f"--net=/proc/{self.nginx.pid}/ns/net", sys.executable, str(LOADGEN),
+             "--url", "https://127.0.0.1:443", "--host", self.server_name, "--ca",
+             str(self.ca_file), "--timeout", str(timeout), *options],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def load(self, *options: str, timeout: float = 120) -> dict:
+        """loadgen.py's figures of one run with `options` (see `loadgen`)."""
+        proc = self.loadgen(*options, timeout=timeout)
+        stdout, stderr = proc.communicate(timeout=timeout + 60)
+        if proc.returncode != 0:
+            raise RuntimeError(f"loadgen exited {proc.returncode}: {stderr}")
+        return json.loads(stdout)
 
     def counters(self) -> tuple[int, int]:
         """The stand-in's vllm:prompt_tokens_total and vllm:generation_tokens_total."""
