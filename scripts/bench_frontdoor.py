@@ -23,10 +23,11 @@ shapes: the SAME client (loadgen.py) speaks HTTP/1.1 with a connection a stream,
 ONE connection carrying every stream (--streams of them at the sustained load's peak). The door
 is the no-Docker one of --ledger below (the same nginx binary + njs as the test image: Debian
 13's 1.26.3 + njs 0.8.9, the site's rendered nginx.conf unmodified, its
-http2_max_concurrent_streams = max_connections_per_ip, here 4096); the slots send the Bearer key
-(the verifier container, which Basic needs, does not run beside this door). Bars (sustained):
-tokens/s h2/h1.1 ≥ 0.99; TTFT p50 added ≤ 1 ms. Exit status 1 when one is not met or a
-request failed.
+http2_max_concurrent_streams = max_connections_per_ip, here 4096, and its verifier checking the
+Basic passwords); slot i sends Basic (user ops, bcrypt in the verifier, the verdict cached by
+the door) when i is even, the Bearer key when odd: both kinds on the one h2 connection.
+Bars (sustained): tokens/s h2/h1.1 ≥ 0.99; TTFT p50 added ≤ 1 ms. Exit status 1 when one is
+not met or a request failed.
 
 --ledger: the usage ledger on vs off (issue 24), the same nginx.conf rendered with and without
 `usage`, loaded alternately into one nginx (a reload, then a warm-up run) in one run, the
@@ -35,15 +36,16 @@ the stand-in as a process, in a network namespace of their own (tests/support/do
 load client (loadgen.py) in that namespace. Bars: tokens/s on/off ≥ 0.99; TTFT p50 added
 ≤ 1 ms; worst gap added ≤ 5 ms.
 
-CPUs, --h2 and --ledger (tests/support/cpus.py DoorSplit, printed at the start): nginx (master
-and workers) alone on one CPU, the client and the stand-in on the other, as a real server has
-remote clients and an engine on cores of its own. The tables add each run's CPU time of nginx's
-workers and of the client.
+CPUs, --h2 and --ledger (tests/support/cpus.py DoorSplit, printed at the start): nginx (the
+door's and its verifier's masters and workers) alone on one CPU, the client and the stand-in on
+the other, as a real server has remote clients and an engine on cores of its own. The tables
+add each run's CPU time of nginx's workers and of the client.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import os
 import resource
 import statistics
@@ -287,14 +289,15 @@ class BenchDoor:
     door: Door
     conf: Path
     confs: dict[str, str]  # the rendered nginx.conf with the usage ledger ("on") and without
-    keys: dict[str, str]  # Authorization values: "bearer", and "basic" when the verifier runs
+    keys: dict[str, str]  # Authorization values: "bearer" (a key), "basic" (user ops)
     split: DoorSplit
 
 
 @contextmanager
 def bench_door(args: argparse.Namespace) -> Iterator[BenchDoor]:
-    """The base test site rendered (limits out of the way, a Bearer key) and served by the
-    real nginx + njs with the stand-in behind it, split over the CPUs (tests/support/cpus.py)."""
+    """The base test site rendered (limits out of the way, a Bearer key, the user ops) and
+    served by the real nginx + njs with its verifier and the stand-in behind it, split over the
+    CPUs (tests/support/cpus.py)."""
     problem = nginx_ns.available()
     if problem:
         sys.exit(f"cannot run nginx here: {problem}")
@@ -306,14 +309,15 @@ def bench_door(args: argparse.Namespace) -> Iterator[BenchDoor]:
         on, off, passwords = ledger_confs(spec)
         key = run_kit("keys", "add", spec, "bench", "--offline").output.split(
             "key bench: ")[1].split()[0]
-        keys = {"bearer": f"Bearer {key}"}
+        basic = base64.b64encode(f"ops:{passwords['ops']}".encode()).decode()
+        keys = {"basic": f"Basic {basic}", "bearer": f"Bearer {key}"}
         (root / "work").mkdir()
         service, served, domain = LEDGER_SITE
         with serving_door(spec.parent / "nginx", root / "work", [service], root / "models" /
                           "llama-8b", served, domain,
                           STANDIN_TOKEN_INTERVAL_MS=str(args.interval_ms),
-                          STANDIN_LOAD_SECONDS="0.1") as door, \
-                DoorSplit({door.master(), *door.workers()}, door.standin.pid) as split:
+                          STANDIN_LOAD_SECONDS="0.1", verifier=True) as door, \
+                DoorSplit(door.nginx_processes(), door.standin.pid) as split:
             yield BenchDoor(door, spec.parent / "nginx" / "nginx.conf", {"on": on, "off": off},
                             keys, split)
 

@@ -10,10 +10,10 @@ container besides the server (the `--compare-direct` client that kit bench runs 
 fewer than 2 CPUs nothing is moved.
 
 The front door's own benchmarks (scripts/bench_frontdoor.py --h2 and --ledger, no Docker) split
-the other way, as a real server is laid out: the door (nginx's master and so every worker it
-forks) alone on DOOR_CPU, the load client and the stand-in together on LOAD_CPUS — on a real
-server the clients are remote and the engine has cores of its own, so the door shares a core
-with neither (`DoorSplit`).
+the other way, as a real server is laid out: the door (nginx's masters and so every worker they
+fork: the front door's and its verifier's) alone on DOOR_CPU, the load client and the stand-in
+together on LOAD_CPUS — on a real server the clients are remote and the engine has cores of its
+own, so the door shares a core with neither (`DoorSplit`).
 """
 
 from __future__ import annotations
@@ -121,5 +121,5 @@ class DoorSplit:
         if not self.split:
             return f"no CPU split (CPUs {sorted(self.mine)}): door, client and stand-in share them"
         load = ",".join(map(str, sorted(LOAD_CPUS)))
-        return (f"nginx (master + workers) alone on CPU {DOOR_CPU}; the load client and the "
-                f"stand-in on CPU {load}")
+        return (f"nginx (masters + workers: the door, its verifier) alone on CPU {DOOR_CPU}; the "
+                f"load client and the stand-in on CPU {load}")

@@ -8,6 +8,7 @@ to the client's connection as frames, without a server.
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import re
 import signal
@@ -45,29 +46,30 @@ needs_nginx = pytest.mark.skipif(nginx_ns.available() is not None,
 
 
 @pytest.fixture(scope="module")
-def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Door, str]]:
-    """The base site's rendered door, limits out of the way, a Bearer key; the stand-in at
-    5 ms a token."""
+def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Door, list[str]]]:
+    """The base site's rendered door with its verifier, limits out of the way; the
+    Authorization values of the user ops (Basic) and of a Bearer key; the stand-in at 5 ms a
+    token."""
     root = tmp_path_factory.mktemp("loadgen-door")
     site = base_site(root)
     spec = site / "site.yaml"
     spec.write_text(spec.read_text().replace(
         "read_timeout: 900}", "read_timeout: 900, rate_limit_per_ip: 100000, "
         "rate_limit_per_credential: 100000}"))
-    render_site(Site.load(spec))
+    password = render_site(Site.load(spec)).new_passwords[0].password
     added = run_kit("keys", "add", spec, "load", "--offline")
     assert added.exit_code == 0, added.output
     key = added.output.split("key load: ")[1].split()[0]
     (root / "work").mkdir()
     with serving_door(site / "nginx", root / "work", ["llama8b"], root / "models" / "llama-8b",
                       SERVED, HOST, STANDIN_TOKEN_INTERVAL_MS="5",
-                      STANDIN_LOAD_SECONDS="0.1") as running:
-        yield running, f"Bearer {key}"
+                      STANDIN_LOAD_SECONDS="0.1", verifier=True) as running:
+        basic = base64.b64encode(f"ops:{password}".encode()).decode()
+        yield running, [f"Basic {basic}", f"Bearer {key}"]
 
 
-def options(key: str | list[str], *, streams: int = STREAMS, tokens: int = TOKENS,
+def options(keys: list[str], *, streams: int = STREAMS, tokens: int = TOKENS,
             requests: int = 1, h2: bool) -> list[str]:
-    keys = [key] if isinstance(key, str) else key
     return ["--model", SERVED, "--streams", str(streams), "--tokens", str(tokens),
             "--requests", str(requests), *(f"--auth={k}" for k in keys),
             *(["--h2"] if h2 else [])]
@@ -83,12 +85,13 @@ def http2_lines(door: Door) -> int:
 @needs_nginx
 @pytest.mark.parametrize("h2", [False, True], ids=["h1.1", "h2"])
 def test_every_stream_is_counted_the_same_way_on_both_protocols(
-        door: tuple[Door, str], h2: bool) -> None:
-    """32 slots x 2 requests each, over 32 connections or over ONE h2 connection: every token
-    arrives, every request ok, the figures in the range a 5 ms/token stand-in allows."""
-    running, key = door
+        door: tuple[Door, list[str]], h2: bool) -> None:
+    """32 slots x 2 requests each, Basic and Bearer in turn, over 32 connections or over ONE
+    h2 connection: every token arrives, every request ok, the figures in the range a 5 ms/token
+    stand-in allows."""
+    running, keys = door
     before = http2_lines(running)
-    figures = running.load(*options(key, requests=2, h2=h2))
+    figures = running.load(*options(keys, requests=2, h2=h2))
     assert (figures["ok"], figures["failed"]) == (2 * STREAMS, 0), figures
     assert figures["tokens"] == 2 * STREAMS * TOKENS
     assert figures["protocol"] == ("h2" if h2 else "http/1.1")
@@ -105,29 +108,28 @@ def test_every_stream_is_counted_the_same_way_on_both_protocols(
 
 @needs_nginx
 @pytest.mark.parametrize("h2", [False, True], ids=["h1.1", "h2"])
-def test_a_refused_request_counts_as_failed(door: tuple[Door, str], h2: bool) -> None:
-    """Every other slot sends an unknown key, which the door asks its verifier about; none runs
-    beside this door, so it answers 500: half the requests fail by their status, the other half
-    are unaffected (on h2: streams of the same connection)."""
-    running, key = door
-    figures = running.load(*options([key, "Bearer sk-kit-unknown"], h2=h2))
+def test_a_refused_request_counts_as_failed(door: tuple[Door, list[str]], h2: bool) -> None:
+    """Every other slot sends an unknown key: the door answers 401, so half the requests fail
+    by their status, the other half are unaffected (on h2: streams of the same connection)."""
+    running, keys = door
+    figures = running.load(*options([keys[1], "Bearer sk-kit-unknown"], h2=h2))
     assert (figures["ok"], figures["failed"]) == (STREAMS // 2, STREAMS // 2), figures
-    assert figures["failures"] == {"status 500": STREAMS // 2}
+    assert figures["failures"] == {"status 401": STREAMS // 2}
 
 
 @needs_nginx
 def test_streams_beyond_the_doors_limit_are_refused_and_counted(
-        door: tuple[Door, str]) -> None:
+        door: tuple[Door, list[str]]) -> None:
     """nginx allowed 8 concurrent streams a connection: of 32 sent at once, 24 are reset
     (REFUSED_STREAM) and count as failed; the client reports the server's limit."""
-    running, key = door
+    running, keys = door
     conf = running.work.parent / "site" / "nginx" / "nginx.conf"
     rendered = conf.read_text()
     limited = re.sub(r"http2_max_concurrent_streams \d+;", "http2_max_concurrent_streams 8;",
                      rendered)
     running.reload(conf, limited)
     try:
-        figures = running.load(*options(key, h2=True))
+        figures = running.load(*options(keys, h2=True))
     finally:
         running.reload(conf, rendered)
     assert figures["server_max_streams"] == 8
@@ -137,11 +139,12 @@ def test_streams_beyond_the_doors_limit_are_refused_and_counted(
 
 @needs_nginx
 @pytest.mark.parametrize("h2", [False, True], ids=["h1.1", "h2"])
-def test_streams_cut_by_the_backend_count_as_failed(door: tuple[Door, str], h2: bool) -> None:
+def test_streams_cut_by_the_backend_count_as_failed(door: tuple[Door, list[str]],
+                                                   h2: bool) -> None:
     """The stand-in killed once every stream has its first token: every request fails, on one
     h2 connection as on 32 connections."""
-    running, key = door
-    proc = running.loadgen(*options(key, tokens=2000, h2=h2), "--announce")
+    running, keys = door
+    proc = running.loadgen(*options(keys, tokens=2000, h2=h2), "--announce")
     try:
         assert proc.stderr.readline().strip() == "streaming"
         running.standin.send_signal(signal.SIGKILL)
