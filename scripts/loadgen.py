@@ -82,13 +82,14 @@ MAX_FRAME = 16384  # the frame size both sides accept without a setting
 
 
 class Stream:
-    """One connection: handshake, then --requests streamed completions, one after the other."""
+    """One connection: handshake, then --requests streamed completions, one after the other
+    (--h2: one slot of the shared connection, each request a new stream of it)."""
 
     def __init__(self, address: tuple[str, int], request: bytes, tokens: int, requests: int,
                  conn: H2Connection | None = None):
         self.next_at = 0.0  # when the next request on this connection is due (--pause)
         self.conn = conn  # --h2: the connection carrying this slot's requests (request: HPACK)
-        self.sock = conn.sock if conn else new_socket()
+        self.sock = new_socket() if conn is None else None
         self.window = 0  # --h2: what the server may still send on the slot's current stream
         self.address = address
         self.request = request
