@@ -18,27 +18,36 @@ Two load shapes, both with --streams connections opened before the clock starts:
 Bars (sustained): tokens/s nginx/direct ≥ 0.97; TTFT p50 added ≤ 10 ms; worst gap added
 ≤ 50 ms. Exit status 1 when one is not met or a stream failed.
 
---h2: HTTP/2 against HTTP/1.1 through the front door instead, from the host to the published
-port with ONE client (httpx2, asyncio) speaking either protocol, alternately in one run: h1.1
-opens a connection a stream; h2 multiplexes the streams on as few connections as the client
-allows (httpx2 opens at most 100 streams a connection). All --streams start at once, each
-`--tokens` long. Bars: tokens/s h2/h1.1 ≥ 0.99; TTFT p50 added ≤ 1 ms.
+--h2: HTTP/2 against HTTP/1.1 through the same door (issue 29), alternately in one run, both
+shapes: the SAME client (loadgen.py) speaks HTTP/1.1 with a connection a stream, or HTTP/2 with
+ONE connection carrying every stream (--streams of them at the sustained load's peak). The door
+is the no-Docker one of --ledger below (the same nginx binary + njs as the test image: Debian
+13's 1.26.3 + njs 0.8.9, the site's rendered nginx.conf unmodified, its
+http2_max_concurrent_streams = max_connections_per_ip, here 4096, and its verifier checking the
+Basic passwords); slot i sends Basic (user ops, bcrypt in the verifier, the verdict cached by
+the door) when i is even, the Bearer key when odd: both kinds on the one h2 connection.
+Bars (sustained): tokens/s h2/h1.1 ≥ 0.99; TTFT p50 added ≤ 1 ms. Exit status 1 when one is
+not met or a request failed.
 
 --ledger: the usage ledger on vs off (issue 24), the same nginx.conf rendered with and without
 `usage`, loaded alternately into one nginx (a reload, then a warm-up run) in one run, the
 sustained shape. No Docker: the real nginx + njs (Debian 13's, tests/support/nginx_ns.py) and
 the stand-in as a process, in a network namespace of their own (tests/support/door_ns.py), the
-load client (loadgen.py) in that namespace; the stand-in on one CPU, nginx and the client on
-the other. Bars: tokens/s on/off ≥ 0.99; TTFT p50 added ≤ 1 ms; worst gap added ≤ 5 ms.
+load client (loadgen.py) in that namespace. Bars: tokens/s on/off ≥ 0.99; TTFT p50 added
+≤ 1 ms; worst gap added ≤ 5 ms.
+
+CPUs, --h2 and --ledger (tests/support/cpus.py DoorSplit, printed at the start): nginx (the
+door's and its verifier's masters and workers) alone on one CPU, the client and the stand-in on
+the other, as a real server has remote clients and an engine on cores of its own. The tables
+add each run's CPU time of nginx's workers and of the client.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-import math
+import base64
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -61,12 +70,11 @@ from kit.site import Site  # noqa: E402
 from kit.spec.replicas import replica_host  # noqa: E402
 from tests.support import nginx_ns  # noqa: E402
 from tests.support.cli import run_kit  # noqa: E402
-from tests.support.cpus import CLIENT_CPUS, SERVER_CPU, can_split, pin  # noqa: E402
+from tests.support.cpus import DoorSplit  # noqa: E402
 from tests.support.docker_engine import BUILD, pick_free_port  # noqa: E402
 from tests.support.door_ns import Door, serving_door  # noqa: E402
 from tests.support.live_stack import (  # noqa: E402
     DOMAIN,
-    SERVED_NAME,
     SERVICE,
     LiveSite,
     LoadClient,
@@ -87,6 +95,7 @@ METRICS = (
     ("gap_p99_ms", "gap p99 (ms)"),
     ("connect_p50_ms", "connect p50, TCP+TLS (ms)"),
     ("nginx_cpu_s", "nginx CPU (s)"),
+    ("client_cpu_s", "client CPU (s)"),  # --h2, --ledger: loadgen's own
     ("failed", "failed requests"),
 )
 
@@ -235,7 +244,8 @@ def report(title: str, results: dict[str, list[dict]], bars: list[Bar],
     """Print the per-round figures, the medians and the bars; True when no request failed and
     the first `judged` bars (default: all) are met."""
     labels = list(results)
-    table = {label: {key: statistics.median(r[key] for r in runs) for key, _ in METRICS}
+    metrics = [(key, name) for key, name in METRICS if key in results[labels[0]][0]]
+    table = {label: {key: statistics.median(r[key] for r in runs) for key, _ in metrics}
              for label, runs in results.items()}
     print(f"\n{title}")
     for label in labels:
@@ -244,9 +254,9 @@ def report(title: str, results: dict[str, list[dict]], bars: list[Bar],
             for r in results[label]
         )
         print(f"  {label:<8} {rounds}")
-    width = max(len(name) for _, name in METRICS)
+    width = max(len(name) for _, name in metrics)
     print(f"{'median of the rounds':<{width}}" + "".join(f"{label:>11}" for label in labels))
-    for key, name in METRICS:
+    for key, name in metrics:
         print(f"{name:<{width}}" + "".join(f"{table[label][key]:>11.1f}" for label in labels))
     failures = {label: r["failures"] for label in labels for r in results[label] if r["failed"]}
     for label, failed in failures.items():
@@ -256,111 +266,78 @@ def report(title: str, results: dict[str, list[dict]], bars: list[Bar],
     return not failures and all(bar.met(table) for bar in bars[:judged])
 
 
-H2_STREAMS_PER_CONNECTION = 100  # httpx2's own bound on a connection's concurrent streams
-
-
-async def one_stream(client, key: str, tokens: int) -> dict:
-    """One streamed completion: ok, content chunks, TTFT and the worst gap between chunks."""
-    body = {"model": SERVED_NAME, "max_tokens": tokens, "stream": True,
-            "messages": [{"role": "user", "content": "Count."}]}
-    sent = time.perf_counter()
-    arrivals: list[float] = []
-    done = False
-    async with client.stream("POST", "/v1/chat/completions", json=body,
-                             headers={"Authorization": key}) as reply:
-        async for line in reply.aiter_lines():
-            done = done or line == "data: [DONE]"
-            if line.startswith("data: {") and any(
-                    choice.get("delta", {}).get("content")
-                    for choice in json.loads(line[6:]).get("choices", [])):
-                arrivals.append(time.perf_counter())
-    gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
-    return {"ok": reply.status_code == 200 and done and len(arrivals) == tokens,
-            "chunks": len(arrivals), "sent": sent, "end": time.perf_counter(),
-            "ttft": (arrivals[0] - sent) if arrivals else None, "worst_gap": max(gaps, default=0)}
-
-
-async def protocol_load(site: LiveSite, key: str, args: argparse.Namespace, http2: bool) -> dict:
-    """--streams streams at once over h2 or HTTP/1.1; the figures the --h2 table shows."""
-    connections = math.ceil(args.streams / H2_STREAMS_PER_CONNECTION) if http2 else args.streams
-    client_cpu, nginx_cpu = time.process_time(), cpu_seconds(site.nginx)
-    async with site.h2_client(connections, http2=http2) as client:
-        results = await asyncio.gather(*(one_stream(client, key, args.tokens)
-                                         for _ in range(args.streams)), return_exceptions=True)
-    # Whose CPU a protocol costs: this client's (one Python thread) and nginx's.
-    client_cpu, nginx_cpu = time.process_time() - client_cpu, cpu_seconds(site.nginx) - nginx_cpu
-    good = [r for r in results if isinstance(r, dict) and r["ok"]]
-    ttfts = sorted(r["ttft"] for r in good)
-    wall = max(r["end"] for r in good) - min(r["sent"] for r in good) if good else 1
-    return {"tokens_per_s": sum(r["chunks"] for r in good) / wall,
-            "ttft_p50_ms": 1000 * statistics.median(ttfts) if ttfts else math.inf,
-            "worst_gap_ms": 1000 * max((r["worst_gap"] for r in good), default=0),
-            "client_cpu_s": client_cpu, "nginx_cpu_s": nginx_cpu,
-            "failed": len(results) - len(good)}
-
-
-def compare_protocols(args: argparse.Namespace) -> bool:
-    """--h2: rounds of h1.1 and h2 through the door, alternately; True when the bars are met."""
-    print(f"front door over HTTP/2 vs HTTP/1.1: {args.streams} streams at once x {args.tokens} "
-          f"tokens, stand-in at {args.interval_ms} ms/token, TLS + Bearer key, client httpx2 on "
-          f"the host; {args.rounds} rounds, order alternating; {machine()} at the start")
-    runs: dict[str, list[dict]] = {"h1.1": [], "h2": []}
-    with bench_stack(args, "benchh2") as (site, _):
-        key = f"Bearer {site.add_key('bench')}"
-        for label in ("h1.1", "h2"):  # warm-up: TLS session cache, upstream keep-alive
-            asyncio.run(protocol_load(site, key, args, label == "h2"))
-        for number in range(args.rounds):
-            for label in (("h1.1", "h2") if number % 2 == 0 else ("h2", "h1.1")):
-                figures = asyncio.run(protocol_load(site, key, args, label == "h2"))
-                runs[label].append(figures)
-                print(f"  round {number + 1} {label:<5} {figures['tokens_per_s']:.0f} tok/s, "
-                      f"TTFT p50 {figures['ttft_p50_ms']:.1f} ms, worst gap "
-                      f"{figures['worst_gap_ms']:.0f} ms, CPU client {figures['client_cpu_s']:.1f} "
-                      f"s / nginx {figures['nginx_cpu_s']:.1f} s, failed {figures['failed']}")
-    medians = {label: {key: statistics.median(r[key] for r in rs) for key in rs[0]}
-               for label, rs in runs.items()}
-    for label, figures in medians.items():
-        print(f"median {label:<5} " + ", ".join(f"{k} {v:.1f}" for k, v in figures.items()))
-    bars = [Bar("h2", "h1.1", "tokens_per_s", "min_ratio", 0.99),
-            Bar("h2", "h1.1", "ttft_p50_ms", "max_added", 1)]
-    for bar in bars:
-        print(bar.describe(medians))
-    failed = sum(r["failed"] for rs in runs.values() for r in rs)
-    print(f"failed streams: {failed}; {machine()} at the end")
-    return failed == 0 and all(bar.met(medians) for bar in bars)
-
-
 LEDGER_SITE = ("llama8b", "llama-3.1-8b", "llm.test.internal")  # tests/support/sites.py's base
 LEDGER_SPEC_PROXY = ("read_timeout: 900}", "read_timeout: 900, rate_limit_per_ip: 100000, "
                      "rate_limit_per_credential: 100000, max_connections_per_ip: 4096}")
 
 
-def ledger_confs(spec: Path) -> tuple[str, str]:
-    """The site's nginx.conf with the usage ledger (as kit renders it) and without."""
-    render_site(Site.load(spec))
+def ledger_confs(spec: Path) -> tuple[str, str, dict[str, str]]:
+    """The site's nginx.conf with the usage ledger (as kit renders it) and without; the
+    passwords the render made."""
+    rendered = render_site(Site.load(spec))
     on = (spec.parent / "nginx" / "nginx.conf").read_text()
     context = {**template_context(build_plan(load_spec(spec)), spec.name), "usage": None}
     off = render_template("nginx.conf.j2", context).decode()
     assert on != off and "kit_usage" not in off
-    return on, off
+    return on, off, {new.user: new.password for new in rendered.new_passwords}
 
 
-def door_load(door: Door, key: str, args: argparse.Namespace, shape: Shape) -> dict:
-    """loadgen.py in the door's namespace against nginx; its figures and nginx's CPU time."""
+@dataclass
+class BenchDoor:
+    """The no-Docker door of --ledger and --h2, its credentials and where its processes run."""
+
+    door: Door
+    conf: Path
+    confs: dict[str, str]  # the rendered nginx.conf with the usage ledger ("on") and without
+    keys: dict[str, str]  # Authorization values: "bearer" (a key), "basic" (user ops)
+    split: DoorSplit
+
+
+@contextmanager
+def bench_door(args: argparse.Namespace) -> Iterator[BenchDoor]:
+    """The base test site rendered (limits out of the way, a Bearer key, the user ops) and
+    served by the real nginx + njs with its verifier and the stand-in behind it, split over the
+    CPUs (tests/support/cpus.py)."""
+    problem = nginx_ns.available()
+    if problem:
+        sys.exit(f"cannot run nginx here: {problem}")
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        spec = base_site(root) / "site.yaml"
+        text = spec.read_text().replace(*LEDGER_SPEC_PROXY)
+        spec.write_text(text.replace("max_num_seqs: 64", f"max_num_seqs: {max(256, args.streams)}"))
+        on, off, passwords = ledger_confs(spec)
+        key = run_kit("keys", "add", spec, "bench", "--offline").output.split(
+            "key bench: ")[1].split()[0]
+        basic = base64.b64encode(f"ops:{passwords['ops']}".encode()).decode()
+        keys = {"basic": f"Basic {basic}", "bearer": f"Bearer {key}"}
+        (root / "work").mkdir()
+        service, served, domain = LEDGER_SITE
+        with serving_door(spec.parent / "nginx", root / "work", [service], root / "models" /
+                          "llama-8b", served, domain,
+                          STANDIN_TOKEN_INTERVAL_MS=str(args.interval_ms),
+                          STANDIN_LOAD_SECONDS="0.1", verifier=True) as door, \
+                DoorSplit(door.nginx_processes(), door.standin.pid) as split:
+            yield BenchDoor(door, spec.parent / "nginx" / "nginx.conf", {"on": on, "off": off},
+                            keys, split)
+
+
+def door_load(door: Door, keys: list[str], args: argparse.Namespace, shape: Shape,
+              h2: bool = False) -> dict:
+    """loadgen.py in the door's namespace against nginx (slot i with the (i mod n)-th of
+    `keys`); its figures, its CPU time and nginx's workers'."""
     options = shape.options(args)
-    command = ["nsenter", f"--net=/proc/{door.nginx.pid}/ns/net", sys.executable,
-               str(ROOT / "scripts" / "loadgen.py"), "--url", "https://127.0.0.1:443",
-               "--host", door.server_name, "--ca", str(door.ca_file), "--auth", key,
-               "--model", LEDGER_SITE[1], "--streams", str(args.streams), "--tokens",
-               str(args.tokens), "--ramp", str(options["ramp"]), "--requests",
-               str(options["requests"]), "--timeout", str(args.timeout)]
     before = sum(process_cpu_seconds(pid) for pid in door.workers())
-    done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout + 60)
-    if done.returncode != 0:
-        raise RuntimeError(f"loadgen exited {done.returncode}: {done.stderr}")
-    figures = json.loads(done.stdout)
+    client = resource.getrusage(resource.RUSAGE_CHILDREN)
+    figures = door.load("--model", LEDGER_SITE[1], "--streams", str(args.streams), "--tokens",
+                        str(args.tokens), "--ramp", str(options["ramp"]), "--requests",
+                        str(options["requests"]), *(f"--auth={key}" for key in keys),
+                        *(["--h2"] if h2 else []), timeout=args.timeout)
     figures["nginx_cpu_s"] = round(sum(process_cpu_seconds(pid) for pid in door.workers())
                                    - before, 2)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    figures["client_cpu_s"] = round(after.ru_utime + after.ru_stime - client.ru_utime
+                                    - client.ru_stime, 2)
     return figures
 
 
@@ -372,51 +349,57 @@ def process_cpu_seconds(pid: int) -> float:
 def compare_ledger(args: argparse.Namespace) -> bool:
     """--ledger: rounds of the door with the usage ledger on and off, alternately; True when
     no request failed and the bars are met."""
-    problem = nginx_ns.available()
-    if problem:
-        sys.exit(f"cannot run nginx here: {problem}")
-    print(f"usage ledger on vs off: {SUSTAINED.describe(args)}; TLS + Bearer key; one nginx "
-          f"reloaded between the two configs (then a warm-up run); {args.rounds} rounds, order "
-          f"alternating; {machine()} at the start")
     results: dict[str, list[dict]] = {"off": [], "on": []}
-    with tempfile.TemporaryDirectory() as folder:
-        root = Path(folder)
-        spec = base_site(root) / "site.yaml"
-        text = spec.read_text().replace(*LEDGER_SPEC_PROXY)
-        spec.write_text(text.replace("max_num_seqs: 64", f"max_num_seqs: {max(256, args.streams)}"))
-        on, off = ledger_confs(spec)
-        key = "Bearer " + run_kit("keys", "add", spec, "bench", "--offline").output.split(
-            "key bench: ")[1].split()[0]
-        (root / "work").mkdir()
-        conf = spec.parent / "nginx" / "nginx.conf"
-        mine = os.sched_getaffinity(0)
-        service, served, domain = LEDGER_SITE
-        with serving_door(spec.parent / "nginx", root / "work", [service], root / "models" /
-                          "llama-8b", served, domain,
-                          STANDIN_TOKEN_INTERVAL_MS=str(args.interval_ms),
-                          STANDIN_LOAD_SECONDS="0.1") as door:
-            if can_split():
-                pin(door.standin.pid, {SERVER_CPU})
-                for pid in door.workers():
-                    pin(pid, CLIENT_CPUS)
-                os.sched_setaffinity(0, CLIENT_CPUS)
-            try:
-                for number in range(args.rounds):
-                    for label in (("off", "on") if number % 2 == 0 else ("on", "off")):
-                        door.reload(conf, on if label == "on" else off)
-                        door_load(door, key, args, SUSTAINED)  # warm-up: new workers
-                        results[label].append(door_load(door, key, args, SUSTAINED))
-            finally:
-                os.sched_setaffinity(0, mine)
-            door.flush_logs()
-            time.sleep(1)
-            spooled = len(door.spool.read_text().splitlines())
+    with bench_door(args) as bench:
+        door = bench.door
+        print(f"usage ledger on vs off: {SUSTAINED.describe(args)}; TLS + Bearer key; one nginx "
+              f"reloaded between the two configs (then a warm-up run); {args.rounds} rounds, "
+              f"order alternating; {bench.split.describe()}; {machine()} at the start")
+        for number in range(args.rounds):
+            for label in (("off", "on") if number % 2 == 0 else ("on", "off")):
+                door.reload(bench.conf, bench.confs[label])
+                door_load(door, [bench.keys["bearer"]], args, SUSTAINED)  # warm-up: new workers
+                results[label].append(door_load(door, [bench.keys["bearer"]], args, SUSTAINED))
+        door.flush_logs()
+        time.sleep(1)
+        spooled = len(door.spool.read_text().splitlines())
     bars = [Bar("on", "off", "tokens_per_s", "min_ratio", 0.99),
             Bar("on", "off", "ttft_p50_ms", "max_added", 1),
             Bar("on", "off", "worst_gap_ms", "max_added", 5)]
     ok = report(SUSTAINED.describe(args) + ", usage ledger on vs off", results, bars)
     print(f"\nspool lines written: {spooled}; bars {'all met' if ok else 'NOT all met'}; "
           f"{machine()} at the end")
+    return ok
+
+
+def compare_protocols(args: argparse.Namespace) -> bool:
+    """--h2: rounds of HTTP/1.1 (a connection a stream) and HTTP/2 (every stream on ONE
+    connection) through the same door, alternately; True when no request failed and the
+    bars on the sustained load are met."""
+    results: dict[Shape, dict[str, list[dict]]] = {}
+    with bench_door(args) as bench:
+        keys = list(bench.keys.values())
+        print(f"front door over HTTP/2 vs HTTP/1.1: the rendered door (nginx 1.26 + njs 0.8, "
+              f"TLS; {' and '.join(bench.keys)} in turn, slot by slot), the same client "
+              f"(loadgen.py) on both: h1.1 a connection a stream, h2 ONE connection for every "
+              f"stream; {args.rounds} rounds, order alternating; {bench.split.describe()}; "
+              f"{machine()} at the start")
+        for shape in (SUSTAINED, BURST):
+            runs: dict[str, list[dict]] = {"h1.1": [], "h2": []}
+            for label in runs:  # warm-up: TLS session cache, upstream keep-alive
+                door_load(bench.door, keys, args, shape, h2=label == "h2")
+            for number in range(args.rounds):
+                for label in (("h1.1", "h2") if number % 2 == 0 else ("h2", "h1.1")):
+                    runs[label].append(door_load(bench.door, keys, args, shape,
+                                                 h2=label == "h2"))
+            results[shape] = runs
+        server_streams = results[SUSTAINED]["h2"][0]["server_max_streams"]
+    bars = [Bar("h2", "h1.1", "tokens_per_s", "min_ratio", 0.99),
+            Bar("h2", "h1.1", "ttft_p50_ms", "max_added", 1)]
+    ok = report(SUSTAINED.describe(args) + ", HTTP/2 vs HTTP/1.1", results[SUSTAINED], bars)
+    report(BURST.describe(args) + ", HTTP/2 vs HTTP/1.1 (not judged)", results[BURST], bars)
+    print(f"\nnginx's http2_max_concurrent_streams (its SETTINGS): {server_streams}; bars on the "
+          f"sustained load {'all met' if ok else 'NOT all met'}; {machine()} at the end")
     return ok
 
 

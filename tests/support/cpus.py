@@ -8,6 +8,12 @@ credential verifier: through their cpusets), and any process started inside the 
 container besides the server (the `--compare-direct` client that kit bench runs there with
 `docker exec`, health checks), which `ContainerSplit` moves as it appears. On a machine with
 fewer than 2 CPUs nothing is moved.
+
+The front door's own benchmarks (scripts/bench_frontdoor.py --h2 and --ledger, no Docker) split
+the other way, as a real server is laid out: the door (nginx's masters and so every worker they
+fork: the front door's and its verifier's) alone on DOOR_CPU, the load client and the stand-in
+together on LOAD_CPUS — on a real server the clients are remote and the engine has cores of its
+own, so the door shares a core with neither (`DoorSplit`).
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from pathlib import Path
 
 SERVER_CPU = 1
 CLIENT_CPUS = {0}
+DOOR_CPU = 1
+LOAD_CPUS = {0}
 POLL_S = 0.05  # how soon a process started in the server's container is moved to CLIENT_CPUS
 
 
@@ -85,3 +93,33 @@ class ContainerSplit:
             for pid in pids - self.moved - {self.server_pid}:
                 pin(pid, CLIENT_CPUS)
             self.moved = pids
+
+
+class DoorSplit:
+    """While open: nginx's master and workers (workers forked by a reload inherit it) on
+    DOOR_CPU; the stand-in and this process, with the clients it starts from now on, on
+    LOAD_CPUS. Closing gives this process its CPUs back; `describe` says where what runs."""
+
+    def __init__(self, nginx_pids: set[int], standin_pid: int) -> None:
+        self.nginx_pids = nginx_pids
+        self.standin_pid = standin_pid
+        self.mine = os.sched_getaffinity(0)
+        self.split = {DOOR_CPU, *LOAD_CPUS} <= self.mine
+
+    def __enter__(self) -> DoorSplit:
+        if self.split:
+            for pid in self.nginx_pids:
+                pin(pid, {DOOR_CPU})
+            pin(self.standin_pid, LOAD_CPUS)
+            os.sched_setaffinity(0, LOAD_CPUS)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.sched_setaffinity(0, self.mine)
+
+    def describe(self) -> str:
+        if not self.split:
+            return f"no CPU split (CPUs {sorted(self.mine)}): door, client and stand-in share them"
+        load = ",".join(map(str, sorted(LOAD_CPUS)))
+        return (f"nginx (masters + workers: the door, its verifier) alone on CPU {DOOR_CPU}; the "
+                f"load client and the stand-in on CPU {load}")

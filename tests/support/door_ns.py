@@ -13,6 +13,7 @@ import ctypes
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import ssl
@@ -30,14 +31,17 @@ import h2.errors
 import h2.events
 
 from kit.engine.desired import VERIFIER_SERVICE
-from kit.layout import NGINX_MOUNT
+from kit.layout import NGINX_MOUNT, VERIFIER_AUTH_MOUNT, VERIFIER_MOUNT
 from kit.plan.build import VLLM_PORT
 from tests.support import nginx_ns
 from tests.support.raw_http import RawReply, parse_reply
 from tests.support.raw_http import request as raw_request
+from tests.support.sites import REPO
 from tests.support.standin_process import STANDIN, standin_env
 
 CLONE_NEWNET = 0x40000000
+LOADGEN = REPO / "scripts" / "loadgen.py"
+VERIFIER_ADDRESS = "127.0.0.2"  # kit-auth's name resolves here when the verifier runs
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -57,6 +61,7 @@ class Door:
     server_name: str
     ca_file: Path
     new_standin: Callable[[], subprocess.Popen]
+    verifier: subprocess.Popen | None = None  # serving_door(verifier=True): its nginx's shell
 
     def restart_standin(self) -> None:
         """A new stand-in after the last one was killed."""
@@ -145,6 +150,24 @@ class Door:
             sock.sendall(conn.data_to_send())
             time.sleep(0.5)
 
+    def loadgen(self, *options: str, timeout: float = 120) -> subprocess.Popen:
+        """scripts/loadgen.py started in the door's namespace against nginx (TLS verified
+        against the site CA, the site's name in SNI) with `options`; its JSON line on stdout,
+        --announce's lines on stderr."""
+        return subprocess.Popen(
+            ["nsenter", f"--net=/proc/{self.nginx.pid}/ns/net", sys.executable, str(LOADGEN),
+             "--url", "https://127.0.0.1:443", "--host", self.server_name, "--ca",
+             str(self.ca_file), "--timeout", str(timeout), *options],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def load(self, *options: str, timeout: float = 120) -> dict:
+        """loadgen.py's figures of one run with `options` (see `loadgen`)."""
+        proc = self.loadgen(*options, timeout=timeout)
+        stdout, stderr = proc.communicate(timeout=timeout + 60)
+        if proc.returncode != 0:
+            raise RuntimeError(f"loadgen exited {proc.returncode}: {stderr}")
+        return json.loads(stdout)
+
     def counters(self) -> tuple[int, int]:
         """The stand-in's vllm:prompt_tokens_total and vllm:generation_tokens_total."""
         reply = self.exchange(raw_request("GET", "/metrics", "vllm"), direct=True)
@@ -168,9 +191,13 @@ class Door:
         return int(Path(f"/proc/{sh}/task/{sh}/children").read_text().split()[0])
 
     def workers(self) -> set[int]:
-        master = self.master()
-        return {int(pid) for pid in
-                Path(f"/proc/{master}/task/{master}/children").read_text().split()}
+        return _children(self.master())
+
+    def nginx_processes(self) -> set[int]:
+        """Every process of the door's nginx and of its verifier: masters and workers."""
+        shells = [self.nginx.pid] + ([self.verifier.pid] if self.verifier else [])
+        masters = {master for shell in shells for master in _children(shell)}
+        return masters | {worker for master in masters for worker in _children(master)}
 
     def flush_logs(self) -> None:
         """nginx's log buffers written out now (SIGUSR1: reopen, which flushes them first),
@@ -214,6 +241,10 @@ class Door:
             time.sleep(0.1)
 
 
+def _children(pid: int) -> set[int]:
+    return {int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+
+
 def read_events(sock: socket.socket, events: int) -> bytes:
     """What came on `sock` until `events` SSE events did (or the connection closed)."""
     data = b""
@@ -222,13 +253,14 @@ def read_events(sock: socket.socket, events: int) -> bytes:
     return data
 
 
-def _wait_port(door: Door, port: int, proc: subprocess.Popen, timeout: float = 20) -> None:
+def _wait_port(door: Door, port: int, proc: subprocess.Popen, address: str = "127.0.0.1",
+               timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     with door.inside():
         while time.monotonic() < deadline:
             assert proc.poll() is None, f"exited {proc.returncode}"
             try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                socket.create_connection((address, port), timeout=0.2).close()
                 return
             except OSError:
                 time.sleep(0.05)
@@ -256,18 +288,45 @@ def _standin(netns: int, work: Path, model: Path, served_name: str,
             preexec_fn=lambda: _setns(netns))
 
 
+def _verifier(netns_pid: int, nginx_dir: Path, work: Path) -> subprocess.Popen:
+    """The rendered verifier (kit-auth: the Basic password checks) served by the chrooted nginx
+    in the door's network namespace, at VERIFIER_ADDRESS: its `listen 8081` (every address in
+    its own container) narrowed to that address, as the door's own healthcheck listens at
+    127.0.0.1:8081 here; the rest of its config as rendered."""
+    folder = work / "verifier"
+    shutil.copytree(nginx_dir / "verifier", folder / "conf")
+    folder = folder.resolve()
+    conf = folder / "conf" / "nginx.conf"
+    text = conf.read_text()
+    assert text.count("listen 8081;") == 1, "the verifier's listener moved: update door_ns"
+    conf.write_text(text.replace("listen 8081;", f"listen {VERIFIER_ADDRESS}:8081;"))
+    script = nginx_ns.namespace_script(
+        {VERIFIER_MOUNT: folder / "conf", VERIFIER_AUTH_MOUNT: (nginx_dir / "auth").resolve()},
+        [], "", f"-c {VERIFIER_MOUNT}/nginx.conf -g 'daemon off;'", folder)
+    with open(folder / "out", "wb") as out:
+        return subprocess.Popen(["nsenter", f"--net=/proc/{netns_pid}/ns/net", "unshare", "-m",
+                                 "sh", "-c", script], stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
 @contextmanager
 def serving_door(nginx_dir: Path, work: Path, hostnames: list[str], model: Path,
-                 served_name: str, server_name: str, **standin: str) -> Iterator[Door]:
+                 served_name: str, server_name: str, *, verifier: bool = False,
+                 **standin: str) -> Iterator[Door]:
     """nginx on the rendered `nginx_dir` and a stand-in serving `model` as `served_name`,
-    in a namespace of their own, until the block ends."""
+    in a namespace of their own, until the block ends; with `verifier`, the rendered verifier
+    too (Basic passwords are checked; without it a credential that is not a Bearer key of the
+    site gets a 500)."""
     root = nginx_ns.nginx_root()
     assert root is not None, nginx_ns.available()
     (work / "spool").mkdir()
     script = nginx_ns.namespace_script(
         {NGINX_MOUNT: nginx_dir.resolve(), nginx_ns.USAGE_SPOOL_DIR: (work / "spool").resolve()},
-        [VERIFIER_SERVICE, *hostnames], "ip link set lo up",
+        hostnames if verifier else [VERIFIER_SERVICE, *hostnames], "ip link set lo up",
         f"-c {NGINX_MOUNT}/nginx.conf -g 'daemon off;'", work)
+    if verifier:
+        with open(work / "hosts", "a") as hosts:
+            hosts.write(f"{VERIFIER_ADDRESS} {VERIFIER_SERVICE}\n")
     with open(work / "nginx.out", "wb") as out, open(work / "nginx.err", "wb") as err:
         nginx = subprocess.Popen(["unshare", "-m", "-n", "sh", "-c", script], stdout=out,
                                  stderr=err, start_new_session=True)
@@ -275,11 +334,17 @@ def serving_door(nginx_dir: Path, work: Path, hostnames: list[str], model: Path,
     standin_proc = _standin(netns, work, model, served_name, standin)
     door = Door(work, nginx, standin_proc, netns, server_name, nginx_dir / "tls" / "ca.crt",
                 lambda: _standin(netns, work, model, served_name, standin))
+    checker = door.verifier = _verifier(nginx.pid, nginx_dir, work) if verifier else None
     try:
         _wait_port(door, 443, nginx)
         _wait_port(door, VLLM_PORT, standin_proc)
+        if checker:
+            _wait_port(door, 8081, checker, VERIFIER_ADDRESS)
         yield door
     finally:
+        if checker and checker.poll() is None:
+            os.killpg(checker.pid, signal.SIGTERM)
+            checker.wait(timeout=10)
         for proc in (door.standin, nginx):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM) if proc is nginx else proc.terminate()
