@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from kit.files import atomic_write, write_failure
 from kit.state import json_object, read_state
 from kit.templates.usage_ledger import GENESIS, RECORD_FIELDS, record_hash
+from kit.usage.health import CollectorHealth
 from kit.usage.ledger import (
     PRUNED,
     STATE,
@@ -60,15 +61,11 @@ class Head:
         return "the collector's state.json" if self.at == STATE else f"a verify at {self.at}"
 
 
-def collector_head(state: dict | None) -> Head | None:
-    """The last record the collector says it wrote (state.json, read before the walk: it is
-    written after the lines it covers, so an honest chain reaches it)."""
-    if state is None:
-        return None
-    seq, hash_ = state.get("last_seq"), state.get("last_hash")
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1 or not isinstance(hash_, str):
-        return None
-    return Head(seq, hash_, STATE)
+def collector_head(saved: CollectorHealth | None) -> Head | None:
+    """The last record the collector says it wrote (its saved account, state.json, read before
+    the walk: it is saved after the lines it covers, so an honest chain reaches it)."""
+    head = None if saved is None else saved.head
+    return None if head is None else Head(*head, STATE)
 
 
 @dataclass(frozen=True)
@@ -285,7 +282,7 @@ def verify_site(site: Site, engine: Engine, now: datetime) -> tuple[Verdict, boo
     .kit/; a passing verify keeps its head as a new anchor. (verdict, whether it was kept)"""
     anchors = read_anchors(site.layout.usage_anchors)
     ledger = open_ledger(site, engine)
-    collector = collector_head(ledger.state())  # before the walk: the chain reaches it
+    collector = collector_head(ledger.saved_health())  # before the walk: the chain reaches it
     verdict = verify(ledger, [*anchors, *([collector] if collector else [])], now)
     kept = verdict.ok and verdict.head is not None and keep_anchor(
         site.layout.usage_anchors, anchors, verdict.head)
