@@ -10,9 +10,10 @@ seq where another belongs.
 
 A chain rewritten from scratch (every hash recomputed) passes those checks, so each passing
 verify keeps the head it saw (seq, hash, time) in the site's .kit/ (kit/layout.py
-`usage_anchors`), and every later verify finds each kept head still in the chain; the
-collector's own head in state.json (last_seq, last_hash) is checked the same way, so records
-cut from the end since the collector's last write are named even without an anchor.
+`usage_anchors`; added under that file's lock, so two verifies at once keep both), and every
+later verify finds each kept head still in the chain; the collector's own head in state.json
+(last_seq, last_hash) is checked the same way, so records cut from the end since the
+collector's last write are named even without an anchor.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kit.files import atomic_write, write_failure
+from kit.site_lock import state_file_lock
 from kit.state import json_object, read_state
 from kit.templates.usage_ledger import GENESIS, RECORD_FIELDS, record_hash
 from kit.usage.health import CollectorHealth
@@ -285,7 +287,7 @@ def verify_site(site: Site, engine: Engine, now: datetime) -> tuple[Verdict, boo
     collector = collector_head(ledger.saved_health())  # before the walk: the chain reaches it
     verdict = verify(ledger, [*anchors, *([collector] if collector else [])], now)
     kept = verdict.ok and verdict.head is not None and keep_anchor(
-        site.layout.usage_anchors, anchors, verdict.head)
+        site.layout.usage_anchors, verdict.head)
     return verdict, kept
 
 
@@ -312,16 +314,23 @@ def _anchors(text: str) -> list[Head]:
             for item in json_object(text)["anchors"]]
 
 
-def keep_anchor(path: Path, anchors: list[Head], head: Head) -> bool:
-    """Add `head` (atomic); False when the newest anchor already is that record."""
-    if anchors and (anchors[-1].seq, anchors[-1].hash) == (head.seq, head.hash):
-        return False
-    document = {"anchors": [asdict(anchor) for anchor in [*anchors, head]]}
+def keep_anchor(path: Path, head: Head) -> bool:
+    """Add `head` to the anchors; False when one of them already is that record. The file is
+    read again and written back (atomic) under its lock, so an anchor another verify kept since
+    this one started is kept too, never overwritten."""
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        atomic_write(path, (json.dumps(document, indent=1) + "\n").encode(), 0o600)
     except OSError as error:
         raise write_failure(error, path) from None
+    with state_file_lock(path, "audit verify"):
+        anchors = read_anchors(path)
+        if any((anchor.seq, anchor.hash) == (head.seq, head.hash) for anchor in anchors):
+            return False
+        document = {"anchors": [asdict(anchor) for anchor in [*anchors, head]]}
+        try:
+            atomic_write(path, (json.dumps(document, indent=1) + "\n").encode(), 0o600)
+        except OSError as error:
+            raise write_failure(error, path) from None
     return True
 
 
