@@ -16,25 +16,14 @@ from kit.usage.health import ASKED, SAVED, CollectorHealth, parse_health, runnin
 from kit.usage.ledger import LEDGER_DIR, open_ledger
 from tests.support.fake_engine import FakeEngine
 from tests.support.synthetic_ledger import chained, folder_files, ledger_files, ledger_site, record
-from tests.support.usage_collector import (
-    CollectorProcess,
-    append_spool,
-    ledger_records,
-    spool_line,
-)
+from tests.support.usage_collector import ledger_records, run_with_a_lost_record
 
 
 def test_asked_and_saved_are_the_same_account(tmp_path: Path) -> None:
     """A real collector's last /health answer and the state.json it left, through the fake
     engine's exec and archive: the same head and figures, so kit status's record count is the
     head kit audit verify checks."""
-    spool, folder = tmp_path / "door.jsonl", tmp_path / "ledger"
-    append_spool(spool, [spool_line(seq) for seq in (1, 2, 3, 5)])  # 4 never arrives
-    collector = CollectorProcess(spool, folder, grace=0.2).start()
-    try:
-        answered = collector.wait_for(lambda h: h["lost"]["total"] == 1, "the gap counted")
-    finally:
-        assert collector.stop() == 0  # its last save on the way out
+    answered, folder = run_with_a_lost_record(tmp_path)
     engine = FakeEngine()
     site = Site.load(ledger_site(tmp_path, engine, folder_files(folder)), check_host=False)
     engine.exec_results[tuple(HEALTH_ARGV)] = [(0, json.dumps(answered))]
