@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from kit.errors import BadInput, ExitCode, KitError
 from kit.spec.model import DEFAULT_SPEC
-from kit.usage.tables import text_table
+from kit.table import text_table
 
 if TYPE_CHECKING:  # the usage wing loads only for `kit fleet DIR usage`
     from kit.usage.period import Period
@@ -205,7 +205,7 @@ def server_usage(spec: Path, period: Period, now: datetime) -> ServerUsage:
 
 def table(rows: list[tuple[str, ...]]) -> str:
     """Every column left-aligned."""
-    return text_table(rows, numeric_from=len(rows[0]))
+    return text_table(rows)
 
 
 def status_table(rows: list[ServerStatus]) -> str:

@@ -16,6 +16,11 @@ engine's pair is locked on this machine only: two operators on two machines are 
 
 A process that holds a lock may enter it again (the verb takes it, then render or the credential
 change it calls); the lock is released when the outermost holder leaves.
+
+A state file that runs add to rather than replace (`kit audit verify`'s usage anchors) has a
+lock of its own, the same kind, held only while it is read and written back
+(`state_file_lock`): two runs never lose each other's addition, and a long verb's site lock
+never holds it up.
 """
 
 from __future__ import annotations
@@ -85,6 +90,12 @@ def lock_dir() -> Path:
                        "another user's): another user could hold or fake its locks",
                        fix="remove it, or set KIT_LOCK_DIR to a folder you own")
     return folder
+
+
+def state_file_key(path: Path) -> LockKey:
+    """One of kit's state files, by its real path (two names of one file are one lock)."""
+    real = os.path.realpath(path)
+    return LockKey(f"kit's state file {real}", f"state-file\0{real}")
 
 
 def _lock_file(key: LockKey) -> Path:
@@ -189,4 +200,12 @@ def site_lock(root: Path, verb: str, *, stack: tuple[str, str] | None = None,
     with contextlib.ExitStack() as held:
         for key in keys:  # always folder first, then stack: two verbs never wait on each other
             held.enter_context(_one_lock(key, verb, deadline, wait, report))
+        yield
+
+
+@contextlib.contextmanager
+def state_file_lock(path: Path, verb: str, *, wait: float = DEFAULT_WAIT_SECONDS) -> Iterator[None]:
+    """Hold the lock of kit's state file `path` for one read-change-write: read it again under
+    the lock, then write it atomically; KitError naming the holder after `wait` seconds."""
+    with _one_lock(state_file_key(path), verb, time.monotonic() + wait, wait, lambda _: None):
         yield

@@ -1,8 +1,9 @@
 """What `kit bench` leaves behind: the terminal table, DIR/bench.json, DIR/bench.csv, DIR/bench.png
 (throughput and p95 latencies against concurrency, SLO lines, the boundary) and
 DIR/bench-pareto.png (tokens/s per user against tokens/s per GPU). Every file is written
-atomically; matplotlib draws off-screen (Agg), loaded by kit.usage.plot.pyplot only when a
-figure is drawn (a missing matplotlib is exit 2 naming the extra).
+atomically; matplotlib (the optional extra kit[plot]) draws off-screen (Agg), loaded through
+kit.usage.plot.pyplot: `kit bench` asks for it before it measures (`drawing`), so a missing
+matplotlib is exit 2 naming the extra before any request, not after the run.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import csv
 import io
 import json
 from pathlib import Path
+from types import ModuleType
 
 from kit.bench.run import BenchRun
 from kit.files import atomic_write
@@ -115,8 +117,14 @@ def csv_text(run: BenchRun) -> str:
     return buffer.getvalue()
 
 
+def drawing() -> ModuleType:
+    """matplotlib's pyplot for bench.png and bench-pareto.png; BadInput naming the extra when
+    it is missing (kit bench asks first, before it measures anything)."""
+    return pyplot("kit bench (bench.png, bench-pareto.png)")
+
+
 def _figure(rows: int):
-    plt = pyplot()
+    plt = drawing()
     return plt, plt.subplots(rows, 1, figsize=(8, 3.2 * rows), sharex=rows > 1)
 
 

@@ -92,7 +92,7 @@ def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: 
     Requests go as kit's probe identity, or with `Authorization: Bearer $KIT_BENCH_API_KEY` when
     that variable is set (a key from `kit keys add`).
     """
-    from kit.bench.report import table, write_outputs
+    from kit.bench.report import drawing, table, write_outputs
     from kit.bench.run import BenchOptions, pick_service, run_bench, slo_for
 
     arrival = arrival or ("poisson" if request_rate else "spread")
@@ -103,6 +103,7 @@ def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: 
     if concurrency and arrival == "poisson":
         raise click.BadParameter("--arrival poisson is driven by a request rate, not streams: "
                                  "use --request-rate", param_hint="--concurrency")
+    drawing()  # its PNGs need matplotlib: exit 2 naming the extra before anything is measured
     site = Site.load(spec, check_host=False)
     options = BenchOptions(
         service=service,

@@ -96,4 +96,4 @@ def _plot_ready(plot: Path | None):
                        fix="create it, or name a file in an existing folder")
     from kit.usage.plot import pyplot
 
-    return pyplot()
+    return pyplot("kit usage --plot", instead="leave out --plot")

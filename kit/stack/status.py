@@ -19,7 +19,7 @@ from kit.stack.rollout import out_of_service
 from kit.stack.usage_health import LedgerHealth, ledger_health
 from kit.stack.worker_nodes import WorkerEngines, node_drift, worker_nodes
 from kit.state import json_object, read_state
-from kit.usage.tables import text_table
+from kit.table import text_table
 
 
 @dataclass(frozen=True)
@@ -233,7 +233,7 @@ def render_text(status: StackStatus, now: datetime) -> str:
          _duration(_uptime(c, now)), str(c.restart_count), c.image)
         for n in status.nodes for c in n.containers
     ]
-    lines = text_table(rows, numeric_from=len(rows[0])).split("\n")
+    lines = text_table(rows).split("\n")
     if not status.containers:
         lines.append(f"(no containers of project {status.site})")
     for n in status.nodes:

@@ -1,15 +1,15 @@
-"""The usage ledger's health as `kit status` shows it: the collector's own account (records,
-rate, lag, lost and unreadable records, disk), asked inside its container through the engine,
-so a remote site answers the same way and nothing listens outside the metrics network."""
+"""The usage ledger's health as `kit status` shows it: the running collector's own account
+(records, rate, lag, lost and unreadable records, disk), asked inside its container through the
+engine, so a remote site answers the same way and nothing listens outside the metrics network.
+How it is asked and read is kit/usage/health.py's (`running_health`), the one owner that
+`kit usage` and `kit audit` read the collector's saved account through too."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kit.errors import KitError
-from kit.plan.usage import HEALTH_ARGV, USAGE_SERVICE
+from kit.usage.health import running_health
 
 if TYPE_CHECKING:
     from kit.engine.docker_api import Engine
@@ -76,22 +76,7 @@ def _size(value: object) -> str:
 
 
 def ledger_health(engine: Engine, containers: tuple[ContainerState, ...]) -> LedgerHealth:
-    """Ask the running collector; a stopped or missing one, or an unreadable answer, is the
-    problem shown instead."""
-    running = [c for c in containers if c.service == USAGE_SERVICE and c.running]
-    if not running:
-        return LedgerHealth(None, f"no {USAGE_SERVICE} container runs")
-    try:
-        code, output = engine.exec(running[0].id, HEALTH_ARGV)
-    except KitError as error:
-        return LedgerHealth(None, f"the engine could not ask it: {error.message}")
-    if code != 0:
-        return LedgerHealth(None, f"it did not answer /health (exit {code}): "
-                                  f"{output.strip()[-200:]}")
-    try:
-        health = json.loads(output)
-        if not isinstance(health, dict):
-            raise ValueError("not a JSON object")
-    except ValueError as error:
-        return LedgerHealth(None, f"its /health answer is unreadable: {error}")
-    return LedgerHealth(health)
+    """The running collector's account; a stopped or missing one, or an unreadable answer, is
+    the problem shown instead."""
+    asked = running_health(engine, containers)
+    return LedgerHealth(asked.document, asked.problem)

@@ -10,9 +10,10 @@ seq where another belongs.
 
 A chain rewritten from scratch (every hash recomputed) passes those checks, so each passing
 verify keeps the head it saw (seq, hash, time) in the site's .kit/ (kit/layout.py
-`usage_anchors`), and every later verify finds each kept head still in the chain; the
-collector's own head in state.json (last_seq, last_hash) is checked the same way, so records
-cut from the end since the collector's last write are named even without an anchor.
+`usage_anchors`; added under that file's lock, so two verifies at once keep both), and every
+later verify finds each kept head still in the chain; the collector's own head in state.json
+(last_seq, last_hash) is checked the same way, so records cut from the end since the
+collector's last write are named even without an anchor.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kit.files import atomic_write, write_failure
+from kit.site_lock import state_file_lock
 from kit.state import json_object, read_state
 from kit.templates.usage_ledger import GENESIS, RECORD_FIELDS, record_hash
+from kit.usage.health import CollectorHealth
 from kit.usage.ledger import (
     PRUNED,
     STATE,
@@ -60,15 +63,11 @@ class Head:
         return "the collector's state.json" if self.at == STATE else f"a verify at {self.at}"
 
 
-def collector_head(state: dict | None) -> Head | None:
-    """The last record the collector says it wrote (state.json, read before the walk: it is
-    written after the lines it covers, so an honest chain reaches it)."""
-    if state is None:
-        return None
-    seq, hash_ = state.get("last_seq"), state.get("last_hash")
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1 or not isinstance(hash_, str):
-        return None
-    return Head(seq, hash_, STATE)
+def collector_head(saved: CollectorHealth | None) -> Head | None:
+    """The last record the collector says it wrote (its saved account, state.json, read before
+    the walk: it is saved after the lines it covers, so an honest chain reaches it)."""
+    head = None if saved is None else saved.head
+    return None if head is None else Head(*head, STATE)
 
 
 @dataclass(frozen=True)
@@ -285,10 +284,10 @@ def verify_site(site: Site, engine: Engine, now: datetime) -> tuple[Verdict, boo
     .kit/; a passing verify keeps its head as a new anchor. (verdict, whether it was kept)"""
     anchors = read_anchors(site.layout.usage_anchors)
     ledger = open_ledger(site, engine)
-    collector = collector_head(ledger.state())  # before the walk: the chain reaches it
+    collector = collector_head(ledger.saved_health())  # before the walk: the chain reaches it
     verdict = verify(ledger, [*anchors, *([collector] if collector else [])], now)
     kept = verdict.ok and verdict.head is not None and keep_anchor(
-        site.layout.usage_anchors, anchors, verdict.head)
+        site.layout.usage_anchors, verdict.head)
     return verdict, kept
 
 
@@ -315,16 +314,23 @@ def _anchors(text: str) -> list[Head]:
             for item in json_object(text)["anchors"]]
 
 
-def keep_anchor(path: Path, anchors: list[Head], head: Head) -> bool:
-    """Add `head` (atomic); False when the newest anchor already is that record."""
-    if anchors and (anchors[-1].seq, anchors[-1].hash) == (head.seq, head.hash):
-        return False
-    document = {"anchors": [asdict(anchor) for anchor in [*anchors, head]]}
+def keep_anchor(path: Path, head: Head) -> bool:
+    """Add `head` to the anchors; False when one of them already is that record. The file is
+    read again and written back (atomic) under its lock, so an anchor another verify kept since
+    this one started is kept too, never overwritten."""
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        atomic_write(path, (json.dumps(document, indent=1) + "\n").encode(), 0o600)
     except OSError as error:
         raise write_failure(error, path) from None
+    with state_file_lock(path, "audit verify"):
+        anchors = read_anchors(path)
+        if any((anchor.seq, anchor.hash) == (head.seq, head.hash) for anchor in anchors):
+            return False
+        document = {"anchors": [asdict(anchor) for anchor in [*anchors, head]]}
+        try:
+            atomic_write(path, (json.dumps(document, indent=1) + "\n").encode(), 0o600)
+        except OSError as error:
+            raise write_failure(error, path) from None
     return True
 
 

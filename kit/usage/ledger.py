@@ -27,6 +27,7 @@ from kit.plan.usage import (
     USAGE_SERVICE,
     usage_plan,
 )
+from kit.usage.health import SAVED, CollectorHealth, parse_health
 
 if TYPE_CHECKING:
     from kit.engine.docker_api import Engine
@@ -105,18 +106,11 @@ class Ledger:
             return None
         return (line for _, lines in tar_files(chunks) for line in lines)
 
-    def state(self) -> dict | None:
-        """The collector's checkpoint and health (state.json), None before its first write."""
+    def saved_health(self) -> CollectorHealth | None:
+        """The collector's account as it last saved it (state.json, read by
+        kit/usage/health.py's `parse_health`), None before its first write."""
         lines = self._file(STATE)
-        if lines is None:
-            return None
-        text = b"\n".join(lines)
-        try:
-            value = json.loads(text)
-        except ValueError as error:
-            raise KitError(f"the ledger's {STATE} is not JSON ({error})",
-                           fix="see the collector's log: kit logs SPEC usage-ledger") from None
-        return value if isinstance(value, dict) else None
+        return None if lines is None else parse_health(b"\n".join(lines), SAVED)
 
     def pruned(self) -> list[tuple[int, dict]]:
         """(line number, entry) of pruned.jsonl: the segments retention or the disk bound
@@ -200,12 +194,16 @@ def open_ledger(site: Site, engine: Engine) -> Ledger:
             f"{USAGE_SERVICE} container (the stack was brought up before the ledger existed)",
             fix=f"run `kit up {site.spec_path}`: it starts the collector")
     ledger = Ledger(engine, found[0].id)
-    if ledger.state() is None:  # the collector's first write, before any record
+    saved = ledger.saved_health()
+    if saved is None:  # the collector's first write, before any record
         raise BadInput(
             f"site {site.project}'s usage ledger does not exist yet: the {USAGE_SERVICE} "
             f"container ({found[0].state}) has written nothing to {LEDGER_DIR}",
             fix=f"start it with `kit up {site.spec_path}` and send a request through the front "
             f"door; its log says why it writes nothing: kit logs {site.spec_path} {USAGE_SERVICE}")
+    if saved.problem is not None:
+        raise KitError(f"site {site.project}'s usage ledger: {saved.problem}",
+                       fix=f"see the collector's log: kit logs {site.spec_path} {USAGE_SERVICE}")
     return ledger
 
 

@@ -17,14 +17,15 @@ TOP = 8  # credentials drawn by name; the rest are one line, "others"
 INSTALL = "pip install 'kit[plot]'"
 
 
-def pyplot() -> ModuleType:
-    """matplotlib's pyplot drawing off-screen; BadInput naming the extra when it is missing."""
+def pyplot(needed_by: str, instead: str | None = None) -> ModuleType:
+    """matplotlib's pyplot drawing off-screen; BadInput naming what needs it (`needed_by`), the
+    extra and any way to go without (`instead`) when it is missing."""
     try:
         import matplotlib
     except ImportError:
-        raise BadInput("drawing a PNG (kit usage --plot, kit bench) needs matplotlib, which is "
-                       "not installed", fix=f"{INSTALL} (or leave out kit usage's --plot)"
-                       ) from None
+        raise BadInput(f"{needed_by} draws with matplotlib, which is not installed (it is the "
+                       "optional extra kit[plot])",
+                       fix=INSTALL + (f" (or {instead})" if instead else "")) from None
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 

@@ -1,5 +1,5 @@
-"""How usage figures leave kit: an aligned text table, and CSV whose cells a spreadsheet cannot
-run.
+"""How usage records and figures leave kit as CSV: cells a spreadsheet cannot run (the aligned
+text table every verb prints is the ground's, kit/table.py).
 
 A CSV cell starting with = + - @ (or a tab or carriage return) is a formula to Excel, LibreOffice
 and Sheets (CSV injection); every text cell that starts so is prefixed with a single quote, the
@@ -35,13 +35,3 @@ def csv_lines(header: Sequence[str], rows: Iterable[Sequence[object]]) -> Iterab
         writer.writerow([safe_cell(cell) for cell in row])
         yield buffer.getvalue()
 
-
-def text_table(rows: Sequence[Sequence[str]], numeric_from: int) -> str:
-    """Columns aligned; columns from `numeric_from` on are right-aligned (figures). kit status
-    and the kit fleet tables print theirs with it too (all columns left: numeric_from past the
-    last)."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(
-        cell.rjust(width) if index >= numeric_from else cell.ljust(width)
-        for index, (cell, width) in enumerate(zip(row, widths, strict=True))).rstrip()
-        for row in rows)

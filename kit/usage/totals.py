@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING
 from kit.errors import BadInput
 from kit.plan.usage import usage_plan
 from kit.spec.model import Spec
+from kit.table import text_table
 from kit.usage.ledger import Ledger, open_ledger, records
 from kit.usage.period import Period
-from kit.usage.tables import csv_lines, text_table
+from kit.usage.tables import csv_lines
 
 if TYPE_CHECKING:
     from kit.engine.docker_api import Engine

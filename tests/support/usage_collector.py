@@ -113,6 +113,19 @@ class CollectorProcess:
         return self.process.wait(timeout=10)
 
 
+def run_with_a_lost_record(folder: Path) -> tuple[dict, Path]:
+    """The collector run on spool lines 1, 2, 3 and 5 (4 never arrives) until it counted the
+    gap, then stopped: its last /health (4 records, 1 lost) and its ledger (`folder`/ledger)."""
+    spool, ledger = folder / "door.jsonl", folder / "ledger"
+    append_spool(spool, [spool_line(seq) for seq in (1, 2, 3, 5)])
+    collector = CollectorProcess(spool, ledger, grace=0.2).start()
+    try:
+        health = collector.wait_for(lambda h: h["lost"]["total"] == 1, "the gap counted")
+    finally:
+        assert collector.stop() == 0  # its last save on the way out
+    return health, ledger
+
+
 def ledger_records(ledger: Path) -> list[dict]:
     """Every record of every segment, oldest segment first."""
     return [json.loads(line) for segment in sorted((ledger / "segments").glob("*.jsonl"))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kit.errors import KitError
-from kit.site_lock import site_lock, stack_key
+from kit.site_lock import site_lock, stack_key, state_file_key, state_file_lock
 from tests.support.cli import run_kit
 from tests.support.lock_holder import start_holder
 from tests.support.sites import tree
@@ -127,6 +127,22 @@ def test_verbs_that_change_a_site_wait_then_fail_naming_the_holder(site: Path):
             assert "is in use by `kit up`" in result.output, result.output
             assert "waiting up to 0.3 s" in result.output
         assert tree(site) == before
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_state_file_is_one_lock_by_its_real_path_apart_from_its_folder(tmp_path: Path):
+    """Two names of one state file take one lock, and it is not the site folder's: a verb
+    adding to `.kit/usage-anchors.json` never waits for a `kit up` holding the folder."""
+    anchors = tmp_path / ".kit" / "usage-anchors.json"
+    (tmp_path / "other").symlink_to(tmp_path / ".kit", target_is_directory=True)
+    anchors.parent.mkdir()
+    assert state_file_key(tmp_path / "other" / "usage-anchors.json") == state_file_key(anchors)
+    holder = start_holder(tmp_path, "up", 30)
+    try:
+        with state_file_lock(anchors, "audit verify", wait=0):
+            pass
     finally:
         holder.kill()
         holder.wait()

@@ -24,7 +24,7 @@ ORDER: tuple[tuple[str, ...], ...] = (
 )
 # The top-level modules of kit/, each a wing of its own name unless named here.
 GROUND = {"kit", "kit.errors", "kit.files", "kit.layout", "kit.names", "kit.site_lock",
-          "kit.state"}
+          "kit.state", "kit.table"}
 ENTRY = {"kit.cli", "kit.__main__"}
 RANK = {wing: rank for rank, wings in enumerate(ORDER) for wing in wings}
 

@@ -1,5 +1,6 @@
 """kit bench's choices before any request: which SLO judges a step, and the replicas it sees."""
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,4 +46,16 @@ def test_the_flag_wins_then_the_spec_slo(tmp_path: Path, written: str, flags, ex
 def test_arrival_and_rate_mistakes_are_exit_2(site: Path, args, message) -> None:
     result = run_kit("bench", site / "site.yaml", *args)
     assert result.exit_code == 2 and message in result.output, result.output
+    assert not (site / "bench").exists()
+
+
+def test_without_matplotlib_bench_is_exit_2_before_any_request(
+        site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its PNGs need the plot extra: refused before the site is even loaded, not after a run
+    of many minutes."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib: ImportError
+    result = run_kit("bench", site / "site.yaml")
+    assert result.exit_code == 2, result.output
+    assert "kit bench (bench.png, bench-pareto.png) draws with matplotlib" in result.output
+    assert "pip install 'kit[plot]'" in result.output
     assert not (site / "bench").exists()

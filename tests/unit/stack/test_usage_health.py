@@ -10,7 +10,7 @@ from kit.engine.observe import ContainerState
 from kit.plan.usage import HEALTH_ARGV, USAGE_SERVICE
 from kit.stack.usage_health import ledger_health
 from tests.support.fake_engine import ExecOnlyEngine
-from tests.support.usage_collector import CollectorProcess, append_spool, spool_line
+from tests.support.usage_collector import run_with_a_lost_record
 
 COLLECTOR = ContainerState(
     id="c0ffee", name="site-usage-ledger-1", service=USAGE_SERVICE, number=1, config_hash=None,
@@ -20,13 +20,7 @@ COLLECTOR = ContainerState(
 
 
 def test_status_shows_the_collectors_own_account(tmp_path: Path) -> None:
-    spool, ledger = tmp_path / "door.jsonl", tmp_path / "ledger"
-    append_spool(spool, [spool_line(seq) for seq in (1, 2, 3, 5)])  # 4 never arrives
-    collector = CollectorProcess(spool, ledger, grace=0.2).start()
-    try:
-        health = collector.wait_for(lambda h: h["lost"]["total"] == 1, "the gap counted")
-    finally:
-        collector.stop()
+    health, _ = run_with_a_lost_record(tmp_path)  # seq 4 never arrives
     engine = ExecOnlyEngine(COLLECTOR.id)
     engine.exec_results[tuple(HEALTH_ARGV)] = [(0, json.dumps(health))]
     view = ledger_health(engine, (COLLECTOR,))

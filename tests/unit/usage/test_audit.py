@@ -20,6 +20,7 @@ from kit.usage.audit import EXPORT_COLUMNS, Verdict, export, read_anchors, verif
 from kit.usage.ledger import LEDGER_DIR, Ledger
 from kit.usage.period import period
 from kit.usage.totals import gather, rows
+from tests.support.anchor_writer import start_anchor_writer
 from tests.support.fake_engine import FakeEngine
 from tests.support.synthetic_ledger import (
     chained,
@@ -208,6 +209,19 @@ def test_an_empty_pruned_segment_accounts_for_nothing(tmp_path: Path) -> None:
         f"{LEDGER_DIR}/pruned.jsonl"]
     verdict = Audited(tmp_path, files).verify()
     assert verdict.ok and (verdict.records, verdict.pruned) == (6, 3)
+
+
+def test_two_verifies_keeping_their_heads_at_once_lose_neither(tmp_path: Path) -> None:
+    """Two processes keep a head at the same moment, each reading the anchors slowly: without
+    the file's lock both would read none and the later write would drop the other's anchor;
+    with it the second reads again after the first wrote, and keeps both."""
+    anchors, go = tmp_path / "site" / ".kit" / "usage-anchors.json", tmp_path / "go"
+    writers = [start_anchor_writer(anchors, seq, go) for seq in (7, 9)]
+    go.touch()
+    said = [writer.communicate(timeout=120)[0] for writer in writers]
+    assert [writer.returncode for writer in writers] == [0, 0] and said == ["kept\n"] * 2
+    assert sorted(anchor.seq for anchor in read_anchors(anchors)) == [7, 9]
+    assert anchors.stat().st_mode & 0o777 == 0o600
 
 
 def test_an_anchor_that_cannot_be_kept_is_an_error_not_a_pass(

@@ -66,7 +66,7 @@ def test_a_long_period_streams_the_folder_and_skips_older_segments() -> None:
 
 def test_a_stopped_collector_is_read_too() -> None:
     _, ledger = reader(three_a_day(), running=False)
-    assert len(list(ledger.lines(None, TODAY))) == 12 and ledger.state() is not None
+    assert len(list(ledger.lines(None, TODAY))) == 12 and ledger.saved_health() is not None
 
 
 def test_a_line_that_is_not_a_record_is_named() -> None:

@@ -5,7 +5,7 @@ import io
 
 import pytest
 
-from kit.usage.tables import csv_lines, safe_cell, text_table
+from kit.usage.tables import csv_lines, safe_cell
 
 
 @pytest.mark.parametrize(("value", "cell"), [
@@ -23,7 +23,3 @@ def test_csv_lines_header_and_rows_one_at_a_time() -> None:
     assert list(csv.reader(io.StringIO("".join(chunks)))) == [
         ["who", "n"], ["'=evil()", "3"], ["key:a", ""]]
 
-
-def test_text_table_right_aligns_figures() -> None:
-    assert text_table([["WHO", "N"], ["key:a", "1,000"], ["b", "7"]], 1).splitlines() == [
-        "WHO        N", "key:a  1,000", "b          7"]
