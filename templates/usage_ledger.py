@@ -833,6 +833,7 @@ class Collector:
 
     def failed(self, error: Exception) -> None:
         with self.lock:
+            self.caught_up = False  # what waits in the spool is behind: lag counts from now on
             self.last_error = f"{_now_iso()} {error!r}"
             self.failing_since = self.failing_since or _now_iso()
             if getattr(error, "errno", None) in DISK_FULL and self.disk_full_since is None:

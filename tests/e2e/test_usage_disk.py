@@ -142,7 +142,7 @@ def test_a_full_spool_disk_keeps_the_door_serving_and_counts_the_loss(site: Live
     assert after["lost"] - before["lost"] == len(missing), (after, len(missing))
     assert after["ok"], after
     text = checked(site.kit("status")).stdout
-    assert f"{after['lost']:,} records LOST" in text, text
+    assert f"  {after['lost']:,} records LOST: " in text, text
     print(f"{streams} streams served with the spool's disk full: {len(missing)} of {len(ids)} "
           f"logged requests never reached the spool, {after['lost'] - before['lost']} counted "
           f"lost ({after['unreadable_lines'] - before['unreadable_lines']} line(s) cut short "
