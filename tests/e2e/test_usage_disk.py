@@ -10,6 +10,9 @@ small tmpfs filesystems, and filled to the last byte from inside the collector's
   every stream; `kit status` says the spool's disk is full while it is, and once later records
   arrive the loss is counted exactly (the door's sequence numbers never seen) and shown.
 
+First, while the disks have room, one streamed `/v1/responses` through the whole stack is
+recorded with the usage of its `response.completed` event.
+
 The engine is the vLLM stand-in (tests/standin).
 """
 
@@ -24,6 +27,7 @@ import pytest
 from kit.plan.usage import COLLECTOR_SPOOL_MOUNT, LEDGER_MOUNT, LEDGER_VOLUME, SPOOL_VOLUME
 from tests.e2e.test_usage import assert_once, caught_up, door_ids, ledger, ledger_with
 from tests.support.live_stack import (
+    SERVED_NAME,
     LiveSite,
     checked,
     fill_disk,
@@ -68,6 +72,23 @@ def served(site: LiveSite, key: str, requests: int = REQUESTS) -> int:
                                   requests=requests))
     assert batch["failed"] == 0 and batch["ok"] == STREAMS * requests, batch
     return batch["ok"]
+
+
+def test_a_responses_stream_is_recorded_with_the_engines_counts(site: LiveSite) -> None:
+    """Before the disks fill (the stack is up anyway): a streamed /v1/responses through the
+    whole stack, read by the OpenAI SDK, is in the ledger with the usage of its
+    `response.completed` event."""
+    key = site.add_key("responses")
+    started = time.time()
+    events = list(site.openai(key).responses.create(
+        model=SERVED_NAME, input="Say something.", max_output_tokens=7, stream=True))
+    usage = events[-1].response.usage
+    assert events[-1].type == "response.completed" and usage.output_tokens == 7
+    caught_up(site)
+    mine = [r for r in ledger(site, started)
+            if r["who"] == "key:responses" and r["route"] == "/v1/responses"]
+    assert [(r["prompt_tokens"], r["completion_tokens"], r["ended"]) for r in mine] == [
+        (usage.input_tokens, usage.output_tokens, "completed")], mine
 
 
 def test_a_full_ledger_disk_keeps_the_door_serving_and_loses_nothing(site: LiveSite) -> None:
