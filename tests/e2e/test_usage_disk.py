@@ -25,7 +25,6 @@ from collections.abc import Iterator
 import pytest
 
 from kit.plan.usage import COLLECTOR_SPOOL_MOUNT, LEDGER_MOUNT, LEDGER_VOLUME, SPOOL_VOLUME
-from tests.e2e.test_usage import assert_once, caught_up, door_ids, ledger, ledger_with
 from tests.support.live_stack import (
     SERVED_NAME,
     LiveSite,
@@ -36,6 +35,7 @@ from tests.support.live_stack import (
     running,
     wait_for,
 )
+from tests.support.usage_stack import assert_once, caught_up, door_ids, ledger, ledger_with
 
 pytestmark = pytest.mark.e2e
 
