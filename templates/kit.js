@@ -162,6 +162,9 @@ var NULL_USAGE = Buffer.from('"usage":null');
 var PROMPT = /"(?:prompt|input)_tokens":(\d+)/;
 var COMPLETION = /"(?:completion|output)_tokens":(\d+)/;
 var EVENT_END = Buffer.from('\n\n');
+// A /v1/responses stream opens with events that carry no token (response.created, …): its
+// first token is the first `response.….delta` event.
+var RESPONSE_DELTA = Buffer.from('.delta\ndata: ');
 var NON_STREAM_TAIL = 4096;  // a JSON answer's usage is in its last few hundred bytes
 var NOTHING = Buffer.alloc(0);
 var SEND = {last: false, flush: true};
@@ -248,8 +251,9 @@ function sendStreamed(r, data, state) {
         events = buffer.slice(0, cut);
         state.pending = buffer.slice(cut);
     }
-    if (state.ttft === '') {
-        state.ttft = r.variables.request_time;  // the first event the door passes on
+    if (state.ttft === '' && (state.firstToken === null
+                              || events.indexOf(state.firstToken) !== -1)) {
+        state.ttft = r.variables.request_time;  // the first token event the door passes on
     }
     if (state.rewrite) {
         sendAsAsked(r, events, state);
@@ -271,6 +275,7 @@ function usageFilter(r, data, flags) {
             asked: asked,
             rewrite: asked === 'none' || asked === 'final',
             completions: r.variables.uri === '/v1/completions',
+            firstToken: r.variables.uri === '/v1/responses' ? RESPONSE_DELTA : null,
             pending: NOTHING,
             tail: NOTHING,
             usage: NOTHING,

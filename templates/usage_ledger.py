@@ -66,6 +66,7 @@ LOST_RANGES = 4096  # gaps of one boot remembered, so a line that turns up late 
 OVERFLOW_WHO = "_other"
 PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+SPOOL_ROOM = 64 << 10  # nginx flushes its buffer of spool lines (buffer=64k) in one write
 
 UTC = datetime.timezone.utc  # noqa: UP017 - datetime.UTC is 3.11+; the image's python may be older
 _BOOT = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -413,6 +414,15 @@ def _fsync_folder(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _free_bytes(folder: str) -> int | None:
+    """What an unprivileged writer may still put on the folder's filesystem."""
+    try:
+        info = os.statvfs(folder)
+    except OSError:
+        return None
+    return info.f_bavail * info.f_frsize
 
 
 def _now_iso() -> str:
@@ -823,6 +833,7 @@ class Collector:
 
     def failed(self, error: Exception) -> None:
         with self.lock:
+            self.caught_up = False  # what waits in the spool is behind: lag counts from now on
             self.last_error = f"{_now_iso()} {error!r}"
             self.failing_since = self.failing_since or _now_iso()
             if getattr(error, "errno", None) in DISK_FULL and self.disk_full_since is None:
@@ -845,11 +856,9 @@ class Collector:
             size = os.stat(spool).st_size
         except OSError:
             size = None
-        try:
-            folder = os.statvfs(self.options.ledger)
-            free = folder.f_bavail * folder.f_frsize
-        except OSError:
-            free = None
+        free = _free_bytes(self.options.ledger)
+        spool_free = _free_bytes(os.path.dirname(spool) or ".")
+        spool_full = spool_free is not None and spool_free < SPOOL_ROOM
         with self.lock:
             pending = max(0, size - self.offset) if size is not None else 0
             now = time.time()
@@ -865,6 +874,10 @@ class Collector:
             if self.disk_full_since:
                 problems.append(f"the ledger's disk is full since {self.disk_full_since}: "
                                 "records wait in the spool")
+            if spool_full:
+                problems.append(f"the spool's disk is full ({spool_free} bytes free): the door "
+                                "keeps serving but cannot write its records, and each one it "
+                                "drops is counted lost once later ones arrive")
             if self.over_max_bytes:
                 problems.append("today's segment alone is over --max-bytes")
             if self.puncher.error:
@@ -873,7 +886,7 @@ class Collector:
                 "version": FORMAT_VERSION,
                 "updated": _now_iso(),
                 "ok": self.recovered and size is not None and not self.failing_since
-                and not self.over_max_bytes,
+                and not self.over_max_bytes and not spool_full,
                 "problems": problems,
                 "recovering": not self.recovered,
                 "records": self.last_seq,
@@ -884,7 +897,7 @@ class Collector:
                 "lag_seconds": lag,
                 "spool_pending_bytes": pending,
                 "spool": {"path": spool, "exists": size is not None, "size": size,
-                          "resets": self.counts["spool_resets"]},
+                          "resets": self.counts["spool_resets"], "free_bytes": spool_free},
                 "checkpoint": {"offset": self.offset, "inode": self.inode,
                                "punched_to": self.puncher.punched_to},
                 "lost": {"total": self.lost_total,

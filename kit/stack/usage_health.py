@@ -54,8 +54,15 @@ class LedgerHealth:
             f"({_size(disk.get('free_bytes'))} free)",
         ]
         if j["disk_full_since"]:
-            lines.append(f"  DISK FULL since {j['disk_full_since']}: the door keeps serving; "
-                         "records it cannot write are counted as lost")
+            lines.append(f"  DISK FULL since {j['disk_full_since']}: the door keeps serving and "
+                         f"its records wait in the spool ({_size(j['spool_pending_bytes'])}), "
+                         "none lost; free space on the disk of the engine's volumes (or lower "
+                         "usage.max_disk) and the collector catches up by itself")
+        if isinstance(j["lost"], int) and j["lost"] > 0:
+            lines.append(f"  {j['lost']:,} record{'s' if j['lost'] > 1 else ''} LOST: the door "
+                         "numbered them but never wrote them to its spool (the spool's disk "
+                         "full, or nginx killed before its buffer was written); `kit logs SPEC "
+                         "nginx` shows its write errors")
         lines += [f"  {problem}" for problem in j["problems"]]
         return lines
 

@@ -34,11 +34,11 @@ from tests.support.live_stack import (
     wait_for,
     write_spec,
 )
+from tests.support.usage_stack import assert_once, caught_up, door_ids, ledger_with
 
 pytestmark = pytest.mark.e2e
 
 ABORTED = 4  # streams the client closes after a few events
-REQUEST_ID = re.compile(r" id=([0-9a-f]{32})$", re.MULTILINE)
 
 
 @pytest.fixture(scope="module")
@@ -65,60 +65,6 @@ def engine_counts(site: LiveSite) -> tuple[int, int]:
             rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)))
 
     return total("vllm:prompt_tokens_total"), total("vllm:generation_tokens_total")
-
-
-def ledger(site: LiveSite, since: float) -> list[dict]:
-    """Every record the collector wrote since then (kit audit export, read through the engine)."""
-    exported = checked(site.kit("audit export", "--since", "1d", "--format", "jsonl"))
-    records = [json.loads(line) for line in exported.stdout.splitlines() if line.strip()]
-    return [r for r in records if _epoch(r["time"]) >= since - 1]
-
-
-def _epoch(text: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
-def caught_up(site: LiveSite) -> dict:
-    """kit status's view of the ledger once the collector has read everything the door wrote
-    (nginx flushes its buffer within a second): the report that showed it."""
-    seen: list[dict] = []
-
-    def settled() -> bool:
-        report = json.loads(checked(site.kit("status", "--json")).stdout)["usage_ledger"]
-        seen.append(report)
-        return bool(report.get("ok")) and report.get("spool_pending_bytes") == 0
-
-    time.sleep(1.5)
-    wait_for("the ledger to catch up with the door", settled, 30)
-    return seen[-1]
-
-
-def door_ids(site: LiveSite, since: float) -> list[str]:
-    """The request ids of nginx's own access log (stdout) since then."""
-    return REQUEST_ID.findall(site.nginx_log(since))
-
-
-def ledger_with(site: LiveSite, since: float, ids: list[str], timeout: float = 30) -> list[dict]:
-    """The ledger once it holds every one of `ids` (nginx flushes its buffers within a second,
-    the collector polls its spool: a line logged just now takes a moment), or as it is at the
-    timeout — then assert_once names what is missing."""
-    deadline = time.monotonic() + timeout
-    while True:
-        records = ledger(site, since)
-        if set(ids) <= {r["request_id"] for r in records} or time.monotonic() > deadline:
-            return records
-        time.sleep(0.5)
-
-
-def assert_once(records: list[dict], ids: list[str], log: str) -> None:
-    """Every request id nginx logged is in the ledger, and no record is there twice."""
-    counts = Counter(r["request_id"] for r in records)
-    wrong = [i for i in ids if counts[i] != 1]
-    assert not wrong, ([counts[i] for i in wrong],
-                       [line for line in log.splitlines() if any(i in line for i in wrong)])
-    assert max(counts.values()) == 1
 
 
 def test_every_request_is_recorded_once_with_the_engines_own_counts(site: LiveSite) -> None:

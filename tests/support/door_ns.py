@@ -278,12 +278,12 @@ def _own_namespace(proc: subprocess.Popen, timeout: float = 10) -> int:
 
 
 def _standin(netns: int, work: Path, model: Path, served_name: str,
-             env: dict[str, str]) -> subprocess.Popen:
+             env: dict[str, str], args: tuple[str, ...] = ()) -> subprocess.Popen:
     with open(work / "standin.out", "ab") as log:
         return subprocess.Popen(
             [sys.executable, str(STANDIN / "vllm"), "serve", str(model), "--served-model-name",
              served_name, "--host", "127.0.0.1", "--port", str(VLLM_PORT),
-             "--disable-uvicorn-access-log"],
+             "--disable-uvicorn-access-log", *args],
             env=standin_env(**env), stdout=log, stderr=subprocess.STDOUT,
             preexec_fn=lambda: _setns(netns))
 
@@ -312,11 +312,11 @@ def _verifier(netns_pid: int, nginx_dir: Path, work: Path) -> subprocess.Popen:
 @contextmanager
 def serving_door(nginx_dir: Path, work: Path, hostnames: list[str], model: Path,
                  served_name: str, server_name: str, *, verifier: bool = False,
-                 **standin: str) -> Iterator[Door]:
-    """nginx on the rendered `nginx_dir` and a stand-in serving `model` as `served_name`,
-    in a namespace of their own, until the block ends; with `verifier`, the rendered verifier
-    too (Basic passwords are checked; without it a credential that is not a Bearer key of the
-    site gets a 500)."""
+                 standin_args: tuple[str, ...] = (), **standin: str) -> Iterator[Door]:
+    """nginx on the rendered `nginx_dir` and a stand-in serving `model` as `served_name`
+    (with `standin_args`, e.g. ("--runner", "pooling")), in a namespace of their own, until
+    the block ends; with `verifier`, the rendered verifier too (Basic passwords are checked;
+    without it a credential that is not a Bearer key of the site gets a 500)."""
     root = nginx_ns.nginx_root()
     assert root is not None, nginx_ns.available()
     (work / "spool").mkdir()
@@ -331,9 +331,9 @@ def serving_door(nginx_dir: Path, work: Path, hostnames: list[str], model: Path,
         nginx = subprocess.Popen(["unshare", "-m", "-n", "sh", "-c", script], stdout=out,
                                  stderr=err, start_new_session=True)
     netns = _own_namespace(nginx)
-    standin_proc = _standin(netns, work, model, served_name, standin)
+    standin_proc = _standin(netns, work, model, served_name, standin, standin_args)
     door = Door(work, nginx, standin_proc, netns, server_name, nginx_dir / "tls" / "ca.crt",
-                lambda: _standin(netns, work, model, served_name, standin))
+                lambda: _standin(netns, work, model, served_name, standin, standin_args))
     checker = door.verifier = _verifier(nginx.pid, nginx_dir, work) if verifier else None
     try:
         _wait_port(door, 443, nginx)

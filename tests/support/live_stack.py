@@ -39,6 +39,7 @@ from kit.front_door.client import basic_header, probe_password, target_for
 from kit.front_door.gate import Gate
 from kit.layout import SiteLayout
 from kit.plan.host import load_spec
+from kit.site import Site
 from kit.stack.live_figures import api_argv
 from tests.support.docker_engine import IMAGES, pick_free_port, remove_project
 from tests.support.sites import LLAMA_8B, REPO
@@ -446,11 +447,19 @@ def cpu_seconds(container) -> float:
 
 
 @contextmanager
-def running(root: Path, client: docker.DockerClient, **options) -> Iterator[LiveSite]:
+def running(root: Path, client: docker.DockerClient, *,
+            small_volumes: dict[str, str] | None = None, **options) -> Iterator[LiveSite]:
     """For the tests' fixtures: a site (LiveSite.create's options) on two free ports, up; its
-    compose project removed afterwards, also when `kit up` failed."""
+    compose project removed afterwards, also when `kit up` failed. `small_volumes` (compose
+    volume key → size, e.g. {"usage-ledger": "2m"}): those volumes are created first, as kit
+    would (its name and labels), but on a tmpfs of that size, so a test can fill them up."""
     site = LiveSite.create(root, client, pick_free_port(), pick_free_port(), **options)
     try:
+        for volume in Site.load(site.spec_path, check_host=False).desired.volumes:
+            if volume.key in (small_volumes or {}):
+                client.volumes.create(volume.name, driver="local", labels=volume.labels,
+                                      driver_opts={"type": "tmpfs", "device": "tmpfs",
+                                                   "o": f"size={small_volumes[volume.key]}"})
         site.up()
         yield site
     finally:
@@ -490,3 +499,34 @@ def kill_port_forwarder(host_port: int) -> list[int]:
             os.kill(int(entry.name), 9)
             killed.append(int(entry.name))
     return killed
+
+
+FILLER = "kit-test-filler"
+_FILL = """import errno, os, sys
+fd = os.open(os.path.join(sys.argv[1], sys.argv[2]), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+size = 1 << 16
+while size:
+    try:
+        os.write(fd, bytes(size))
+    except OSError as error:
+        if error.errno != errno.ENOSPC:
+            raise
+        size //= 2
+os.fsync(fd)
+info = os.statvfs(sys.argv[1])
+print(info.f_bavail * info.f_frsize)
+"""
+
+
+def fill_disk(container, folder: str) -> int:
+    """Fill the filesystem of `folder` inside `container` with one file, to the last byte (a
+    full disk, as a volume on a full host disk would be): the bytes still free (0)."""
+    code, output = container.exec_run(["python3", "-c", _FILL, folder, FILLER])
+    assert code == 0, output.decode(errors="replace")
+    return int(output.decode().split()[-1])
+
+
+def free_disk(container, folder: str) -> None:
+    """Give back what fill_disk took."""
+    code, output = container.exec_run(["rm", f"{folder}/{FILLER}"])
+    assert code == 0, output.decode(errors="replace")

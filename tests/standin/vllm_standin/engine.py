@@ -305,6 +305,11 @@ class Engine:
             self._next_tick = loop.time()
             self._timer = loop.call_soon(self._step)
 
+    def pooled(self, prompt_tokens: int) -> None:
+        """A pooling request (an embedding): its prompt computed, nothing generated."""
+        self.counters["prompt_tokens"] += prompt_tokens
+        self.window["prompt"] += prompt_tokens
+
     def abort(self, request: Request) -> None:
         if request.finished:
             return

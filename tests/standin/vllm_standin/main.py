@@ -456,6 +456,9 @@ class Standin:
             },
             bounds=a.histogram_bounds,
         )
+        # a pooling model embeds (--runner pooling, or --convert embed), else it generates
+        pooling = getattr(a, "runner", "auto") == "pooling" or getattr(a, "convert", "") == "embed"
+        tasks = ("embed",) if pooling else ("generate",)
         self.app = App(
             engine=self.engine,
             served_names=names,
@@ -468,9 +471,11 @@ class Standin:
             access_log=not a.disable_uvicorn_access_log,
             log_stats=not a.disable_log_stats,
             keep_alive_timeout=_env_float("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", 5.0),
+            tasks=tasks,
+            hidden_size=int(source.config.get("hidden_size") or 4096),
         )
         host = a.host or "0.0.0.0"
-        logs.line(logs.API, "INFO", "api_server.py:598", "Supported tasks: ['generate']")
+        logs.line(logs.API, "INFO", "api_server.py:598", f"Supported tasks: {list(tasks)}")
         logs.line(
             logs.API, "INFO", "api_server.py:602", f"Starting vLLM server on http://{host}:{a.port}"
         )

@@ -23,6 +23,14 @@ from http import HTTPStatus
 
 from . import VERSION, logs
 from .engine import Engine, Request
+from .responses import (
+    ResponsesCollectSink,
+    ResponseShape,
+    ResponsesStreamSink,
+    embedding,
+    embedding_body,
+    embedding_inputs,
+)
 
 GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")
 SITE_PACKAGES = "/usr/local/lib/python3.12/dist-packages"
@@ -285,8 +293,11 @@ class App:
         access_log: bool,
         log_stats: bool,
         keep_alive_timeout: float = 5.0,
+        tasks: tuple[str, ...] = ("generate",),
+        hidden_size: int = 4096,
     ):
         self.engine = engine
+        self.hidden_size = hidden_size
         self.served_names = served_names
         self.root = root
         self.max_model_len = max_model_len
@@ -306,12 +317,20 @@ class App:
             "/ping": ({"GET", "POST"}, self.health),
             "/version": ({"GET"}, self.version),
             "/v1/models": ({"GET"}, self.models),
-            "/v1/chat/completions": ({"POST"}, self.chat),
-            "/v1/completions": ({"POST"}, self.completions),
             "/tokenize": ({"POST"}, self.tokenize),
-            "/invocations": ({"POST"}, self.invocations),
             "/metrics": ({"GET"}, self.metrics),
         }
+        # as vLLM registers them: the generation routes for a generative model, the embeddings
+        # route for a pooling one (--runner pooling / --convert embed)
+        if "generate" in tasks:
+            self.routes.update({
+                "/v1/chat/completions": ({"POST"}, self.chat),
+                "/v1/completions": ({"POST"}, self.completions),
+                "/v1/responses": ({"POST"}, self.create_responses),
+                "/invocations": ({"POST"}, self.invocations),
+            })
+        if "embed" in tasks:
+            self.routes["/v1/embeddings"] = ({"POST"}, self.embeddings)
 
     def access(self, conn: Connection, request: HttpRequest, status: int) -> None:
         if request.path in self.routes:
@@ -601,6 +620,68 @@ class App:
             )
         else:
             self._missing(conn, request, body, "messages")
+
+    def create_responses(self, conn: Connection, request: HttpRequest) -> None:
+        """POST /v1/responses: `input` (a text or a list of messages) after `instructions`,
+        up to `max_output_tokens` (default: what max_model_len leaves, as vLLM); the usage in
+        the body, or in the stream's `response.completed` event only."""
+        body = self._json_body(conn, request, "create_responses")
+        if body is None:
+            return
+        if not isinstance(body.get("input"), str | list):
+            self._missing(conn, request, body, "input")
+            return
+        model = self._model(conn, request, body)
+        if model is None:
+            return
+        given = body["input"]
+        messages = [{"role": "user", "content": given}] if isinstance(given, str) else given
+        if isinstance(body.get("instructions"), str):
+            messages = [{"role": "system", "content": body["instructions"]}, *messages]
+        prompt_tokens = len(self._chat_tokens(messages))
+        limit = body.get("max_output_tokens")
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)
+                                  or limit < 1):
+            conn.send(request, 400, error_body(f"max_tokens must be at least 1, got {limit}.",
+                                               "BadRequestError", "max_output_tokens", 400))
+            return
+        max_tokens = limit or max(1, self.max_model_len - prompt_tokens)
+        shape = ResponseShape(body, model=model, max_tokens=max_tokens,
+                              prompt_tokens=prompt_tokens)
+        if lax_bool(body.get("stream", False)):
+            sink: ResponsesStreamSink | ResponsesCollectSink = ResponsesStreamSink(conn, shape)
+            conn.start_stream(request)
+            conn.write_events(sink.opening())
+        else:
+            sink = ResponsesCollectSink(conn, request, shape)
+        job = Request(prompt_tokens, max_tokens, sink.on_token, conn.received)
+        conn.active = job
+        self.engine.add(job)
+
+    def embeddings(self, conn: Connection, request: HttpRequest) -> None:
+        """POST /v1/embeddings (a pooling model): one vector per input, made up; its prompt
+        tokens counted by the engine as vLLM counts a pooling request's prompt."""
+        body = self._json_body(conn, request, "create_embedding")
+        if body is None:
+            return
+        inputs = embedding_inputs(body.get("input"))
+        if inputs is None:
+            self._missing(conn, request, body, "input")
+            return
+        model = self._model(conn, request, body)
+        if model is None:
+            return
+        encoding = body.get("encoding_format") or "float"
+        if encoding not in ("float", "base64"):
+            conn.send(request, 400, error_body(
+                f"Unsupported encoding_format: {encoding!r}", "BadRequestError",
+                "encoding_format", 400))
+            return
+        tokens = [self._prompt_tokens(item) for item in inputs]
+        prompt_tokens = sum(len(t) for t in tokens)
+        self.engine.pooled(prompt_tokens)
+        vectors = [embedding(t, self.hidden_size, encoding) for t in tokens]
+        conn.send(request, 200, embedding_body(model, vectors, prompt_tokens))
 
     def tokenize(self, conn: Connection, request: HttpRequest) -> None:
         body = self._json_body(conn, request, "tokenize")

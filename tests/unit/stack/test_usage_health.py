@@ -29,6 +29,31 @@ def test_status_shows_the_collectors_own_account(tmp_path: Path) -> None:
     line = view.lines()[0]
     assert line.startswith("usage ledger: ") and "4 records" in line and "1 lost" in line
     assert "of 1.0 GB" in line  # the collector's --max-bytes
+    assert view.lines()[1].startswith("  1 record LOST: the door numbered them but never wrote")
+
+
+def test_a_full_ledger_disk_is_shown_as_records_waiting_not_lost(tmp_path: Path) -> None:
+    """The ledger's disk full: kit status says since when, how much waits in the spool, that
+    none is lost and what to do (the collector's own account of it: a full disk sets
+    disk_full_since and keeps the lines in the spool)."""
+    spool, ledger = tmp_path / "door.jsonl", tmp_path / "ledger"
+    append_spool(spool, [spool_line(seq) for seq in (1, 2)])
+    collector = CollectorProcess(spool, ledger).start()
+    try:
+        health = collector.wait_for(lambda h: h["records"] == 2, "the records")
+    finally:
+        collector.stop()
+    health = {**health, "ok": False, "disk_full_since": "2026-12-01T10:00:00.000Z",
+              "spool_pending_bytes": 3 << 20}
+    engine = ExecOnlyEngine(COLLECTOR.id)
+    engine.exec_results[tuple(HEALTH_ARGV)] = [(0, json.dumps(health))]
+    lines = ledger_health(engine, (COLLECTOR,)).lines()
+    assert lines[0].startswith("usage ledger: PROBLEM, 2 records") and "0 lost" in lines[0]
+    assert lines[1] == (
+        "  DISK FULL since 2026-12-01T10:00:00.000Z: the door keeps serving and its records "
+        "wait in the spool (3.0 MB), none lost; free space on the disk of the engine's volumes "
+        "(or lower usage.max_disk) and the collector catches up by itself")
+    assert not any("LOST" in line for line in lines)
 
 
 def test_a_collector_that_is_not_running_is_not_recording() -> None:

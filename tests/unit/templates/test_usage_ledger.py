@@ -322,6 +322,7 @@ def test_a_full_disk_is_survived_reported_and_caught_up(run, tmp_path) -> None:
     collector = run(wrap=wrap)
     health = collector.wait_for(lambda h: h["disk_full_since"] is not None, "a full disk")
     assert health["records"] == 0 and not health["ok"] and health["spool_pending_bytes"] > 0
+    assert health["lag_seconds"] > 0  # behind: the lines wait in the spool
     assert any("disk is full" in problem for problem in health["problems"])
     assert "kit_usage_disk_full 1\n" in collector.get("/metrics")
     time.sleep(1.0)  # retried meanwhile, still alive
@@ -338,6 +339,35 @@ def test_a_full_disk_is_survived_reported_and_caught_up(run, tmp_path) -> None:
     records = [json.loads(line) for line in segments.splitlines()]
     assert [r["door_seq"] for r in records] == list(range(1, 201))
     assert chain_breaks(records) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None
+                    or shutil.which("nsenter") is None, reason="needs root, unshare, nsenter")
+def test_a_full_spool_disk_is_reported_while_it_lasts(tmp_path) -> None:
+    """The spool's folder on a 256 KiB tmpfs, filled up: nginx could not write its lines
+    there, so the collector says so (not ok, the spool's free bytes, a problem naming it)
+    while it lasts, and nothing once there is room again."""
+    folder = tmp_path / "spool"
+    folder.mkdir()
+    append_spool(tmp_path / "lines", [spool_line(seq) for seq in range(1, 4)])
+    filler = folder / "filler"
+    wrap = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+            f'mount -t tmpfs -o size=256k kit-spool-test "{folder}" && '
+            f'cp "{tmp_path}/lines" "{folder}/door.jsonl" && '
+            f'(dd if=/dev/zero of="{filler}" bs=4k 2>/dev/null; true) && exec "$0" "$@"']
+    collector = CollectorProcess(folder / "door.jsonl", tmp_path / "ledger", wrap=wrap).start()
+    try:
+        health = collector.wait_for(lambda h: h["records"] == 3, "the lines written")
+        assert not health["ok"] and health["spool"]["free_bytes"] < 64 << 10
+        assert any("the spool's disk is full" in p for p in health["problems"]), health
+        assert collector.process is not None
+        subprocess.run(["nsenter", "-t", str(collector.process.pid), "-m", "rm", str(filler)],
+                       check=True)
+        health = collector.wait_for(lambda h: h["ok"], "ok once there is room")
+        assert health["spool"]["free_bytes"] > 64 << 10
+        assert not any("spool's disk" in p for p in health["problems"])
+    finally:
+        assert collector.stop() == 0
 
 
 def test_door_sequence_in_process() -> None:
