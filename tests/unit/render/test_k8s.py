@@ -65,6 +65,13 @@ def _objects(files: dict[str, bytes]) -> list[dict]:
     return [obj for content in files.values() for obj in yaml.safe_load_all(content) if obj]
 
 
+def _pod(objects: list[dict], name: str) -> dict:
+    """The pod template of the Deployment or StatefulSet `name` (the door with a usage ledger
+    is a StatefulSet)."""
+    return next(o for o in objects if o["kind"] in ("Deployment", "StatefulSet")
+                and o["metadata"]["name"] == name)["spec"]["template"]["spec"]
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_golden_manifests(case: str) -> None:
     files = _export(case)
@@ -279,8 +286,7 @@ def test_the_nginx_pods_stop_gracefully_as_compose_stops_them() -> None:
     objects = _objects(_export("example"))
     for name, config in (("nginx", "/etc/nginx/kit/nginx.conf"),
                          ("kit-auth", "/etc/nginx/kit-verifier/nginx.conf")):
-        pod = next(o for o in objects if o["kind"] == "Deployment"
-                   and o["metadata"]["name"] == name)["spec"]["template"]["spec"]
+        pod = _pod(objects, name)
         hook = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][-1]
         assert hook.startswith(f"nginx -c {config} -s quit; sleep ")
         assert int(hook.rsplit(" ", 1)[1]) < pod["terminationGracePeriodSeconds"]
@@ -312,7 +318,7 @@ def _front_door_folders(files: dict[str, bytes], root: Path) -> tuple[Path, Path
     objects = {(o["kind"], o["metadata"]["name"]): o for o in _objects(files)}
     folders = []
     for deployment in ("nginx", "kit-auth"):
-        pod = objects[("Deployment", deployment)]["spec"]["template"]["spec"]
+        pod = _pod(list(objects.values()), deployment)
         base = root / deployment
         for volume in pod["volumes"]:
             for source in volume.get("projected", {}).get("sources", []):
