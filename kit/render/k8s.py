@@ -8,7 +8,7 @@ The front door's nginx.conf is kit's own template rendered with the cluster's se
 
 import base64
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -612,7 +612,8 @@ def cannot_do(plan: Plan) -> list[str]:
         "start order: nginx does not wait for vLLM (compose's depends_on healthy); /health "
         "answers 503 and requests 502 until the services are ready",
         "credential changes (kit users/keys/rotate-password) reach the cluster only by "
-        "exporting again, applying, and restarting the nginx and kit-auth Deployments",
+        "exporting again, applying, and restarting the nginx and kit-auth workloads "
+        "(`kubectl rollout restart`)",
         "NetworkPolicy needs a network plugin that enforces it; without one vLLM is reachable "
         "from every pod",
         "nginx's nofile ulimit and the json-file log rotation (50m x 5): the node's runtime "
@@ -732,7 +733,7 @@ class ExportResult:
     notes: list[str]
     stale: list[str]  # files of an earlier export that this one no longer writes
     # (kind, name, namespace) of objects the rewritten files held and no longer hold
-    dropped: list[tuple[str, str, str]] = field(default_factory=list)
+    dropped: list[tuple[str, str, str]]
 
     def summary(self, out: Path) -> list[str]:
         lines = [f"{'created' if c.old is None else 'updated'} {out / c.output.path}"
