@@ -460,16 +460,20 @@ def ledger_claim_size(usage: UsagePlan) -> str:
 # Runs as the collector's postStart hook, before nginx starts (a sidecar counts as started only
 # once it has run): the spool is created by its reader, writable by nginx's group, so that the
 # collector, which is not root, may give its disk back (fallocate needs the file open for
-# writing). nginx's master opens the file it finds and keeps its owner and mode.
+# writing). nginx's master opens the file it finds and keeps its owner and mode. It never fails:
+# a failed hook would keep nginx from starting; the collector's /health names a spool it cannot
+# write ("the spool's disk is not given back").
 SPOOL_CREATE = (
-    "import os\n"
+    "import contextlib, os\n"
     "try:\n"
     f"    fd = os.open({COLLECTOR_SPOOL_MOUNT + '/' + SPOOL_FILE!r}, "
     "os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o660)\n"
-    "except FileExistsError:\n"
+    "except OSError:  # there already: a restarted collector\n"
     "    raise SystemExit(0)\n"
-    f"os.fchown(fd, -1, {NGINX_GID})\n"
-    "os.fchmod(fd, 0o660)\n"
+    "with contextlib.suppress(OSError):\n"
+    f"    os.fchown(fd, -1, {NGINX_GID})\n"
+    "with contextlib.suppress(OSError):\n"
+    "    os.fchmod(fd, 0o660)\n"
     "os.close(fd)\n"
 )
 # Runs as the collector's preStop hook, after nginx has stopped (a sidecar stops after the
@@ -484,7 +488,7 @@ SPOOL_DRAIN = (
     f"        health = json.load(urllib.request.urlopen('http://127.0.0.1:{USAGE_PORT}/health',"
     " timeout=2))\n"
     "        pending = health['spool_pending_bytes']\n"
-    "    except OSError as error:\n"
+    "    except (OSError, ValueError) as error:\n"
     "        pending = str(error)\n"
     "    if pending == 0:\n"
     "        break\n"

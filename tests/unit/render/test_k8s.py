@@ -628,6 +628,10 @@ def _hooks_as_the_pod_runs_them(collector: dict, tmp_path: Path) -> None:
         folder.chmod(0o2775)
     spool = spool_dir / "door.jsonl"
     create = _hook(collector, "postStart").replace("/var/lib/kit-usage/spool", str(spool_dir))
+    locked = tmp_path / "locked"  # a spool folder it cannot write: the hook must not fail, or
+    locked.mkdir(mode=0o755)      # nginx would never start
+    done = _as_collector(sys.executable, "-c", create.replace(str(spool_dir), str(locked)))
+    assert done.returncode == 0 and not list(locked.iterdir()), done.stderr
     for _ in range(2):  # a restarted collector finds the spool and leaves it
         done = _as_collector(sys.executable, "-c", create)
         assert done.returncode == 0, done.stderr
