@@ -31,6 +31,7 @@ from kit.files import (
 )
 from kit.layout import NGINX_MOUNT, VERIFIER_AUTH_MOUNT, VERIFIER_MOUNT, SiteLayout
 from kit.names import K8S_NAME, is_name
+from kit.plan import usage as ledger
 from kit.plan.build import (
     HEALTHZ_PORT,
     HF_CACHE_MOUNT,
@@ -42,20 +43,6 @@ from kit.plan.build import (
     build_plan,
 )
 from kit.plan.multinode import HEAD_RANK, MultiNodePlan, node_flags
-from kit.plan.usage import (
-    COLLECTOR_SPOOL_MOUNT,
-    DOOR_SPOOL_MOUNT,
-    HEALTH_ARGV,
-    LEDGER_MOUNT,
-    LEDGER_VOLUME,
-    SCRIPT,
-    SCRIPT_MOUNT,
-    SPOOL_FILE,
-    SPOOL_VOLUME,
-    USAGE_PORT,
-    USAGE_SERVICE,
-    UsagePlan,
-)
 from kit.render.site_files import generated_files, render_template, template_context
 from kit.render.usage import collector_script, usage_facts
 from kit.site import Site
@@ -395,7 +382,8 @@ def _front_door(plan: Plan, namespace: str, credentials: Credentials, spec_name:
     interval = plan.healthcheck_interval
     nginx_mounts = [{"name": "kit", "mountPath": NGINX_MOUNT, "readOnly": True}]
     if plan.usage is not None:
-        nginx_mounts.append({"name": SPOOL_VOLUME, "mountPath": DOOR_SPOOL_MOUNT})
+        nginx_mounts.append({"name": ledger.SPOOL_VOLUME,
+                             "mountPath": ledger.DOOR_SPOOL_MOUNT})
     nginx = _nginx_container(
         "nginx", plan.nginx_image, plan.nginx_command, NGINX_CONF, nginx_mounts,
         [{"name": "https", "containerPort": 443, "protocol": "TCP"},
@@ -449,7 +437,7 @@ def _front_door(plan: Plan, namespace: str, credentials: Credentials, spec_name:
 # --------------------------------------------------------------------------- usage ledger
 
 
-def ledger_claim_size(usage: UsagePlan) -> str:
+def ledger_claim_size(usage: ledger.UsagePlan) -> str:
     """The ledger's PersistentVolumeClaim: max_disk + 25 %, whole GiB. The collector prunes by
     the size of its files, so the filesystem must hold more than that: its own overhead, the
     blocks it reserves for root (the collector is not root) and the day being appended, which
@@ -466,7 +454,7 @@ def ledger_claim_size(usage: UsagePlan) -> str:
 SPOOL_CREATE = (
     "import contextlib, os\n"
     "try:\n"
-    f"    fd = os.open({COLLECTOR_SPOOL_MOUNT + '/' + SPOOL_FILE!r}, "
+    f"    fd = os.open({ledger.COLLECTOR_SPOOL_MOUNT + '/' + ledger.SPOOL_FILE!r}, "
     "os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o660)\n"
     "except OSError:  # there already: a restarted collector\n"
     "    raise SystemExit(0)\n"
@@ -485,8 +473,8 @@ SPOOL_DRAIN = (
     f"deadline = time.monotonic() + {USAGE_DRAIN - 2}\n"
     "while True:\n"
     "    try:\n"
-    f"        health = json.load(urllib.request.urlopen('http://127.0.0.1:{USAGE_PORT}/health',"
-    " timeout=2))\n"
+    "        health = json.load(urllib.request.urlopen("
+    f"'http://127.0.0.1:{ledger.USAGE_PORT}/health', timeout=2))\n"
     "        pending = health['spool_pending_bytes']\n"
     "    except (OSError, ValueError) as error:\n"
     "        pending = str(error)\n"
@@ -505,16 +493,16 @@ def _collector(plan: Plan, usage: dict) -> dict:
     compose service and more: its own non-root user, read-only root, no capabilities, no
     privilege escalation; its port only on the pod's loopback."""
     return {
-        "name": USAGE_SERVICE, "image": usage["image"], "restartPolicy": "Always",
+        "name": ledger.USAGE_SERVICE, "image": usage["image"], "restartPolicy": "Always",
         "command": ["python3", *usage["command"], "--host", "127.0.0.1"],
         "volumeMounts": [
-            {"name": "usage-script", "mountPath": SCRIPT_MOUNT, "readOnly": True},
-            {"name": SPOOL_VOLUME, "mountPath": COLLECTOR_SPOOL_MOUNT},
-            {"name": LEDGER_VOLUME, "mountPath": LEDGER_MOUNT},
+            {"name": "usage-script", "mountPath": ledger.SCRIPT_MOUNT, "readOnly": True},
+            {"name": ledger.SPOOL_VOLUME, "mountPath": ledger.COLLECTOR_SPOOL_MOUNT},
+            {"name": ledger.LEDGER_VOLUME, "mountPath": ledger.LEDGER_MOUNT},
         ],
         # No readinessProbe: a sidecar's readiness is the pod's, and losing the collector must
         # not take the door out of its Service (records wait in the spool meanwhile).
-        "livenessProbe": {"exec": {"command": HEALTH_ARGV},
+        "livenessProbe": {"exec": {"command": ledger.HEALTH_ARGV},
                           "initialDelaySeconds": USAGE_START_PERIOD,
                           "periodSeconds": plan.healthcheck_interval,
                           "timeoutSeconds": PROBE_TIMEOUT, "failureThreshold": PROBE_FAILURES},
@@ -528,7 +516,7 @@ def _collector(plan: Plan, usage: dict) -> dict:
     }
 
 
-def _with_ledger(plan: Plan, usage_plan: UsagePlan, namespace: str, pod: dict,
+def _with_ledger(plan: Plan, usage_plan: ledger.UsagePlan, namespace: str, pod: dict,
                  labels: dict) -> list[dict]:
     """The door with its ledger (docs/kubernetes.md): a StatefulSet, whose pod N is never
     started while the old pod N still runs, so each ledger has one writer; pod N's collector
@@ -536,18 +524,20 @@ def _with_ledger(plan: Plan, usage_plan: UsagePlan, namespace: str, pod: dict,
     an emptyDir the two containers share (it survives the collector's restarts)."""
     usage = usage_facts(plan)
     assert usage is not None
-    config = _config_map(USAGE_SERVICE, namespace, labels, {SCRIPT: collector_script()})
+    script = {ledger.SCRIPT: ledger.SCRIPT}
+    config = _config_map(ledger.USAGE_SERVICE, namespace, labels,
+                         {ledger.SCRIPT: collector_script()})
     pod = {
         **pod,
         "terminationGracePeriodSeconds": pod["terminationGracePeriodSeconds"] + USAGE_DRAIN,
         "initContainers": [_collector(plan, usage)],
-        "volumes": [*pod["volumes"], {"name": SPOOL_VOLUME, "emptyDir": {}},
-                    _projected("usage-script", [("ConfigMap", USAGE_SERVICE, {SCRIPT: SCRIPT})])],
+        "volumes": [*pod["volumes"], {"name": ledger.SPOOL_VOLUME, "emptyDir": {}},
+                    _projected("usage-script", [("ConfigMap", ledger.USAGE_SERVICE, script)])],
     }
     door = _deployment(plan, namespace, NGINX_SERVICE, FRONT_DOOR, pod)
     door["kind"] = "StatefulSet"
     door["spec"]["volumeClaimTemplates"] = [{
-        "metadata": {"name": LEDGER_VOLUME, "labels": labels},
+        "metadata": {"name": ledger.LEDGER_VOLUME, "labels": labels},
         "spec": {"accessModes": ["ReadWriteOnce"],
                  "resources": {"requests": {"storage": ledger_claim_size(usage_plan)}}},
     }]
@@ -647,7 +637,7 @@ def cannot_do(plan: Plan) -> list[str]:
             "instead of starting the new one first (a ledger has one writer): a short outage "
             "unless scaled to 2; `kit usage` and `kit audit` read a Docker engine, not the "
             "cluster: copy the ledger out (docs/kubernetes.md); its figures are on the pod's "
-            f"loopback (port {USAGE_PORT}), not scraped")
+            f"loopback (port {ledger.USAGE_PORT}), not scraped")
     if any(s.multinode for s in plan.services):
         notes.append("multi-node services: a LeaderWorkerSet (its controller must be installed) "
                      "on the pod network; host networking and the spec's network_interface and "
