@@ -445,19 +445,30 @@ def ledger_claim_size(usage: ledger.UsagePlan) -> str:
     return f"{math.ceil(usage.max_bytes * LEDGER_HEADROOM / (1 << 30))}Gi"
 
 
-# Runs as the collector's postStart hook, before nginx starts (a sidecar counts as started only
-# once it has run): the spool is created by its reader, writable by nginx's group, so that the
-# collector, which is not root, may give its disk back (fallocate needs the file open for
-# writing). nginx's master opens the file it finds and keeps its owner and mode. It never fails:
-# a failed hook would keep nginx from starting; the collector's /health names a spool it cannot
-# write ("the spool's disk is not given back").
+# Runs as the collector's postStart hook, before nginx starts (the kubelet holds the pod's other
+# containers until it completes): the spool is created by its reader, writable by nginx's group,
+# so that the collector, which is not root, may give its disk back (fallocate needs the file
+# open for writing). nginx's master opens the file it finds and keeps its owner and mode.
+# A new spool must not carry the inode number the ledger's checkpoint names (ext4 hands a freed
+# number out again at once): the collector would take it for the old pod's spool and skip its
+# start. It never fails: a failed hook would keep nginx from starting; the collector's /health
+# names a spool it cannot write ("the spool's disk is not given back").
+_SPOOL_PATH = f"{ledger.COLLECTOR_SPOOL_MOUNT}/{ledger.SPOOL_FILE}"
 SPOOL_CREATE = (
-    "import contextlib, os\n"
+    "import contextlib, json, os\n"
+    f"spool = {_SPOOL_PATH!r}\n"
     "try:\n"
-    f"    fd = os.open({ledger.COLLECTOR_SPOOL_MOUNT + '/' + ledger.SPOOL_FILE!r}, "
-    "os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o660)\n"
+    "    fd = os.open(spool, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o660)\n"
     "except OSError:  # there already: a restarted collector\n"
     "    raise SystemExit(0)\n"
+    "with contextlib.suppress(OSError, ValueError, KeyError, TypeError):\n"
+    f"    with open({ledger.LEDGER_MOUNT + '/' + ledger.STATE_FILE!r}) as state:\n"
+    "        taken = json.load(state)['checkpoint']['inode']\n"
+    "    if os.fstat(fd).st_ino == taken:  # another number: made while this one is held\n"
+    "        fresh = os.open(spool + '.new', os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o660)\n"
+    "        os.rename(spool + '.new', spool)\n"
+    "        os.close(fd)\n"
+    "        fd = fresh\n"
     "with contextlib.suppress(OSError):\n"
     f"    os.fchown(fd, -1, {NGINX_GID})\n"
     "with contextlib.suppress(OSError):\n"

@@ -5,6 +5,7 @@ and the command's writes. Regenerate the golden files with
 
 import base64
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -680,3 +681,31 @@ def test_an_object_an_earlier_export_held_is_named(site: Path) -> None:
     assert b"kind: StatefulSet" in (out / "front-door.yaml").read_bytes()
     again = run_kit("export", "k8s", spec, "--out", out)
     assert again.exit_code == 0 and "no change" in again.output and "warning" not in again.output
+
+
+def test_a_new_spool_never_takes_the_inode_the_checkpoint_names(tmp_path: Path) -> None:
+    """A new door pod's spool that got the old one's inode number back (ext4 reuses a freed
+    number at once) would be read from the old checkpoint's offset: the postStart hook gives
+    it another number."""
+    _, _, collector = _door("example")
+    spool_dir, ledger = tmp_path / "spool", tmp_path / "ledger"
+    spool_dir.mkdir()
+    ledger.mkdir()
+    create = (_hook(collector, "postStart").replace("/var/lib/kit-usage/spool", str(spool_dir))
+              .replace("/var/lib/kit-usage/ledger", str(ledger)))
+    spool = spool_dir / "door.jsonl"
+    taken = []
+    for _ in range(20):  # the number this folder's filesystem hands out next, taken by the state
+        spool.touch()
+        taken.append(spool.stat().st_ino)
+        spool.unlink()
+        (ledger / "state.json").write_text(json.dumps({"checkpoint": {
+            "offset": 4096, "inode": taken[-1], "punched_to": 0}}))
+        done = subprocess.run([sys.executable, "-c", create], capture_output=True, text=True,
+                              check=False)
+        assert done.returncode == 0, done.stderr
+        assert spool.stat().st_ino != taken[-1]
+        assert not (spool_dir / "door.jsonl.new").exists()
+        spool.unlink()
+    if len(set(taken)) == len(taken):
+        pytest.skip("this filesystem never handed a freed inode number out again")
