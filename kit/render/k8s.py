@@ -450,8 +450,8 @@ def ledger_claim_size(usage: ledger.UsagePlan) -> str:
 # so that the collector, which is not root, may give its disk back (fallocate needs the file
 # open for writing). nginx's master opens the file it finds and keeps its owner and mode.
 # A new spool must not carry the inode number the ledger's checkpoint names (ext4 hands a freed
-# number out again at once): the collector would take it for the old pod's spool and skip its
-# start. It never fails: a failed hook would keep nginx from starting; the collector's /health
+# number out again, often at once): the collector would take it for the old pod's spool and skip
+# its start. It never fails: a failed hook would keep nginx from starting; the collector's /health
 # names a spool it cannot write ("the spool's disk is not given back").
 _SPOOL_PATH = f"{ledger.COLLECTOR_SPOOL_MOUNT}/{ledger.SPOOL_FILE}"
 SPOOL_CREATE = (
