@@ -31,6 +31,7 @@ from kit.files import (
 )
 from kit.layout import NGINX_MOUNT, VERIFIER_AUTH_MOUNT, VERIFIER_MOUNT, SiteLayout
 from kit.names import K8S_NAME, is_name
+from kit.plan import usage as ledger
 from kit.plan.build import (
     HEALTHZ_PORT,
     HF_CACHE_MOUNT,
@@ -43,6 +44,7 @@ from kit.plan.build import (
 )
 from kit.plan.multinode import HEAD_RANK, MultiNodePlan, node_flags
 from kit.render.site_files import generated_files, render_template, template_context
+from kit.render.usage import collector_script, usage_facts
 from kit.site import Site
 from kit.spec.vllm_flags import flag_table, flag_uses
 
@@ -65,6 +67,10 @@ PART_OF = "app.kubernetes.io/part-of"
 NAME = "app.kubernetes.io/name"
 COMPONENT = "app.kubernetes.io/component"
 FRONT_DOOR, VLLM, VERIFIER = "front-door", "vllm", "verifier"
+USAGE_UID = 10001  # the collector's own user and group: neither root nor nginx's
+USAGE_DRAIN = 20  # seconds the collector may take to read the spool's last lines after nginx
+USAGE_START_PERIOD = 10  # as the compose healthcheck's start_period
+LEDGER_HEADROOM = 1.25  # the ledger's claim over max_disk (see ledger_claim_size)
 SECRETS_FILE = "secrets.yaml"  # 0600: htpasswd, key digests, the TLS key, services' env
 
 
@@ -342,9 +348,7 @@ def _front_door(plan: Plan, namespace: str, credentials: Credentials, spec_name:
     """nginx and the password verifier, configured as on the server but for the cluster."""
     # Each service is one Kubernetes Service whatever its replicas: nginx has one address per
     # service, the Service spreads the connections over the pods.
-    # The usage ledger is not part of the export (its collector and volumes are compose's):
-    # the door is rendered without it.
-    one_address = replace(plan, usage=None, services=[
+    one_address = replace(plan, services=[
         replace(svc, replicas=svc.replicas[:1], affinity="none", affinity_key=None)
         for svc in plan.services])
     context = {
@@ -376,12 +380,16 @@ def _front_door(plan: Plan, namespace: str, credentials: Credentials, spec_name:
                                          "tls.key": "tls/server.key"}),
     ])
     interval = plan.healthcheck_interval
+    nginx_mounts = [{"name": "kit", "mountPath": NGINX_MOUNT, "readOnly": True}]
+    if plan.usage is not None:
+        nginx_mounts.append({"name": ledger.SPOOL_VOLUME,
+                             "mountPath": ledger.DOOR_SPOOL_MOUNT})
     nginx = _nginx_container(
-        "nginx", plan.nginx_image, plan.nginx_command, NGINX_CONF,
-        [{"name": "kit", "mountPath": NGINX_MOUNT, "readOnly": True}],
+        "nginx", plan.nginx_image, plan.nginx_command, NGINX_CONF, nginx_mounts,
         [{"name": "https", "containerPort": 443, "protocol": "TCP"},
          {"name": "http", "containerPort": 80, "protocol": "TCP"}], interval)
     nginx_pod = {"terminationGracePeriodSeconds": NGINX_STOP_GRACE + STOP_GRACE,
+                 "automountServiceAccountToken": False,  # nothing in the door talks to the API
                  "securityContext": {"fsGroup": NGINX_GID}, "containers": [nginx],
                  "volumes": [nginx_volume, *_scratch_volumes()]}
     verifier_files = ("nginx.conf", "verifier.js", "unknown-user.htpasswd")
@@ -408,9 +416,13 @@ def _front_door(plan: Plan, namespace: str, credentials: Credentials, spec_name:
             *_scratch_volumes(),
         ],
     }
+    if plan.usage is None:
+        door = [_deployment(plan, namespace, NGINX_SERVICE, FRONT_DOOR, nginx_pod)]
+    else:
+        door = _with_ledger(plan, plan.usage, namespace, nginx_pod, nginx_labels)
     objects = [
         config,
-        _deployment(plan, namespace, NGINX_SERVICE, FRONT_DOOR, nginx_pod),
+        *door,
         _service(NGINX_SERVICE, namespace, nginx_labels, _selector(plan, NGINX_SERVICE),
                  [_port("https", plan.nginx.https_port, 443),
                   _port("http", plan.nginx.http_port, 80)], service_type),
@@ -420,6 +432,130 @@ def _front_door(plan: Plan, namespace: str, credentials: Credentials, spec_name:
                  _selector(plan, VERIFIER_SERVICE), [_port("verify", port)]),
     ]
     return objects, [keys, tls, htpasswd]
+
+
+# --------------------------------------------------------------------------- usage ledger
+
+
+def ledger_claim_size(usage: ledger.UsagePlan) -> str:
+    """The ledger's PersistentVolumeClaim: max_disk + 25 %, whole GiB. The collector prunes by
+    the size of its files, so the filesystem must hold more than that: its own overhead, the
+    blocks it reserves for root (the collector is not root) and the day being appended, which
+    is never pruned."""
+    return f"{math.ceil(usage.max_bytes * LEDGER_HEADROOM / (1 << 30))}Gi"
+
+
+# Runs as the collector's postStart hook, before nginx starts (the kubelet holds the pod's other
+# containers until it completes): the spool is created by its reader, writable by nginx's group,
+# so that the collector, which is not root, may give its disk back (fallocate needs the file
+# open for writing). nginx's master opens the file it finds and keeps its owner and mode.
+# A new spool must not carry the inode number the ledger's checkpoint names (ext4 hands a freed
+# number out again, often at once): the collector would take it for the old pod's spool and skip
+# its start. It never fails: a failed hook would keep nginx from starting; the collector's /health
+# names a spool it cannot write ("the spool's disk is not given back").
+_SPOOL_PATH = f"{ledger.COLLECTOR_SPOOL_MOUNT}/{ledger.SPOOL_FILE}"
+SPOOL_CREATE = (
+    "import contextlib, json, os\n"
+    f"spool = {_SPOOL_PATH!r}\n"
+    "try:\n"
+    "    fd = os.open(spool, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o660)\n"
+    "except OSError:  # there already: a restarted collector\n"
+    "    raise SystemExit(0)\n"
+    "with contextlib.suppress(OSError, ValueError, KeyError, TypeError):\n"
+    f"    with open({ledger.LEDGER_MOUNT + '/' + ledger.STATE_FILE!r}) as state:\n"
+    "        taken = json.load(state)['checkpoint']['inode']\n"
+    "    if os.fstat(fd).st_ino == taken:  # another number: made while this one is held\n"
+    "        fresh = os.open(spool + '.new', os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o660)\n"
+    "        os.rename(spool + '.new', spool)\n"
+    "        os.close(fd)\n"
+    "        fd = fresh\n"
+    "with contextlib.suppress(OSError):\n"
+    f"    os.fchown(fd, -1, {NGINX_GID})\n"
+    "with contextlib.suppress(OSError):\n"
+    "    os.fchmod(fd, 0o660)\n"
+    "os.close(fd)\n"
+)
+# Runs as the collector's preStop hook, after nginx has stopped (a sidecar stops after the
+# pod's containers): waits until every line nginx flushed is in the ledger, since the spool's
+# emptyDir goes with the pod. What it cannot wait for is named in the pod's events
+# (FailedPreStopHook), not lost silently.
+SPOOL_DRAIN = (
+    "import json, sys, time, urllib.request\n"
+    f"deadline = time.monotonic() + {USAGE_DRAIN - 2}\n"
+    "while True:\n"
+    "    try:\n"
+    "        health = json.load(urllib.request.urlopen("
+    f"'http://127.0.0.1:{ledger.USAGE_PORT}/health', timeout=2))\n"
+    "        pending = health['spool_pending_bytes']\n"
+    "    except (OSError, ValueError) as error:\n"
+    "        pending = str(error)\n"
+    "    if pending == 0:\n"
+    "        break\n"
+    "    if time.monotonic() > deadline:\n"
+    "        sys.exit(f'usage ledger: the spool was not read to its end ({pending} bytes left):"
+    " those records go with this pod')\n"
+    "    time.sleep(0.5)\n"
+)
+
+
+def _collector(plan: Plan, usage: dict) -> dict:
+    """The collector as a native sidecar (an init container that keeps running): it starts
+    before nginx and stops after it, so it reads every line nginx wrote. Hardened as the
+    compose service and more: its own non-root user, read-only root, no capabilities, no
+    privilege escalation; its port only on the pod's loopback."""
+    return {
+        "name": ledger.USAGE_SERVICE, "image": usage["image"], "restartPolicy": "Always",
+        "command": ["python3", *usage["command"], "--host", "127.0.0.1"],
+        "volumeMounts": [
+            {"name": "usage-script", "mountPath": ledger.SCRIPT_MOUNT, "readOnly": True},
+            {"name": ledger.SPOOL_VOLUME, "mountPath": ledger.COLLECTOR_SPOOL_MOUNT},
+            {"name": ledger.LEDGER_VOLUME, "mountPath": ledger.LEDGER_MOUNT},
+        ],
+        # No readinessProbe: a sidecar's readiness is the pod's, and losing the collector must
+        # not take the door out of its Service (records wait in the spool meanwhile).
+        "livenessProbe": {"exec": {"command": ledger.HEALTH_ARGV},
+                          "initialDelaySeconds": USAGE_START_PERIOD,
+                          "periodSeconds": plan.healthcheck_interval,
+                          "timeoutSeconds": PROBE_TIMEOUT, "failureThreshold": PROBE_FAILURES},
+        "lifecycle": {"postStart": {"exec": {"command": ["python3", "-c", SPOOL_CREATE]}},
+                      "preStop": {"exec": {"command": ["python3", "-c", SPOOL_DRAIN]}}},
+        "securityContext": {
+            "runAsNonRoot": True, "runAsUser": USAGE_UID, "runAsGroup": USAGE_UID,
+            "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+
+
+def _with_ledger(plan: Plan, usage_plan: ledger.UsagePlan, namespace: str, pod: dict,
+                 labels: dict) -> list[dict]:
+    """The door with its ledger (docs/kubernetes.md): a StatefulSet, whose pod N is never
+    started while the old pod N still runs, so each ledger has one writer; pod N's collector
+    writes only to its own claim usage-ledger-nginx-N, which outlives the pod. The spool is
+    an emptyDir the two containers share (it survives the collector's restarts)."""
+    usage = usage_facts(plan)
+    assert usage is not None
+    script = {ledger.SCRIPT: ledger.SCRIPT}
+    config = _config_map(ledger.USAGE_SERVICE, namespace, labels,
+                         {ledger.SCRIPT: collector_script()})
+    pod = {
+        **pod,
+        "terminationGracePeriodSeconds": pod["terminationGracePeriodSeconds"] + USAGE_DRAIN,
+        "initContainers": [_collector(plan, usage)],
+        "volumes": [*pod["volumes"], {"name": ledger.SPOOL_VOLUME, "emptyDir": {}},
+                    _projected("usage-script", [("ConfigMap", ledger.USAGE_SERVICE, script)])],
+    }
+    door = _deployment(plan, namespace, NGINX_SERVICE, FRONT_DOOR, pod)
+    door["kind"] = "StatefulSet"
+    door["spec"]["volumeClaimTemplates"] = [{
+        "metadata": {"name": ledger.LEDGER_VOLUME, "labels": labels},
+        "spec": {"accessModes": ["ReadWriteOnce"],
+                 "resources": {"requests": {"storage": ledger_claim_size(usage_plan)}}},
+    }]
+    # A ledger is an audit record: it stays when the StatefulSet is deleted or scaled down.
+    door["spec"]["persistentVolumeClaimRetentionPolicy"] = {"whenDeleted": "Retain",
+                                                            "whenScaled": "Retain"}
+    return [config, door]
 
 
 def _network_policies(plan: Plan, namespace: str) -> list[dict]:
@@ -439,6 +575,14 @@ def _network_policies(plan: Plan, namespace: str) -> list[dict]:
 
     policies = [only_front_door("vllm-from-front-door", VLLM, VLLM_PORT),
                 only_front_door("verifier-from-front-door", VERIFIER, plan.nginx.verifier_port)]
+    if plan.usage is not None:  # the collector listens on the pod's loopback; this is the wall
+        policies.append({
+            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _meta("front-door-ports-only", namespace,
+                              _labels(plan, "front-door-ports-only", FRONT_DOOR)),
+            "spec": {**pods(FRONT_DOOR), "policyTypes": ["Ingress"], "ingress": [{
+                "ports": [{"protocol": "TCP", "port": port} for port in (443, 80)]}]},
+        })
     if plan.backend_internal:  # every model is local: no internet, as compose's backend network
         dns = [{"protocol": protocol, "port": 53} for protocol in ("UDP", "TCP")]
         policies.append({
@@ -473,7 +617,8 @@ def cannot_do(plan: Plan) -> list[str]:
         "start order: nginx does not wait for vLLM (compose's depends_on healthy); /health "
         "answers 503 and requests 502 until the services are ready",
         "credential changes (kit users/keys/rotate-password) reach the cluster only by "
-        "exporting again, applying, and restarting the nginx and kit-auth Deployments",
+        "exporting again, applying, and restarting the nginx and kit-auth workloads "
+        "(`kubectl rollout restart`)",
         "NetworkPolicy needs a network plugin that enforces it; without one vLLM is reachable "
         "from every pod",
         "nginx's nofile ulimit and the json-file log rotation (50m x 5): the node's runtime "
@@ -495,6 +640,15 @@ def cannot_do(plan: Plan) -> list[str]:
         notes.append("observability: Prometheus, Grafana and the front door's figures are not "
                      "exported (nor /grafana/); scrape the vLLM pods' /metrics on port "
                      f"{VLLM_PORT} with the cluster's own monitoring")
+    if plan.usage is not None:
+        notes.append(
+            "usage ledger: one per front-door pod, in its claim usage-ledger-nginx-N "
+            f"({ledger_claim_size(plan.usage)}, the cluster's default StorageClass: without one "
+            "the door stays Pending); the door is a StatefulSet, so an update replaces its pod "
+            "instead of starting the new one first (a ledger has one writer): a short outage "
+            "unless scaled to 2; `kit usage` and `kit audit` read a Docker engine, not the "
+            "cluster: copy the ledger out (docs/kubernetes.md); its figures are on the pod's "
+            f"loopback (port {ledger.USAGE_PORT}), not scraped")
     if any(s.multinode for s in plan.services):
         notes.append("multi-node services: a LeaderWorkerSet (its controller must be installed) "
                      "on the pod network; host networking and the spec's network_interface and "
@@ -583,12 +737,17 @@ class ExportResult:
     changes: list[Change]
     notes: list[str]
     stale: list[str]  # files of an earlier export that this one no longer writes
+    # (kind, name, namespace) of objects the rewritten files held and no longer hold
+    dropped: list[tuple[str, str, str]]
 
     def summary(self, out: Path) -> list[str]:
         lines = [f"{'created' if c.old is None else 'updated'} {out / c.output.path}"
                  for c in self.changes] or [f"no change: {out} already holds this export"]
         lines += [f"warning: {out / name} is from an earlier export and no longer part of the "
                   "site: delete it before `kubectl apply`" for name in self.stale]
+        lines += [f"warning: {kind} {name} of the earlier export is no longer part of it and "
+                  "`kubectl apply` leaves it running: after applying, `kubectl delete -n "
+                  f"{namespace} {kind.lower()} {name}`" for kind, name, namespace in self.dropped]
         lines.append("Kubernetes does not do what the compose stack does here:")
         lines += [f"  - {note}" for note in self.notes]
         lines.append(f"apply with: kubectl apply -f {out}")
@@ -620,4 +779,23 @@ def export_site(site: Site, out: Path, *, namespace: str | None, force: bool) ->
     except OSError as error:
         raise write_failure(error, out) from None
     stale = sorted(name for name in files if name not in written)
-    return ExportResult(changes, result.notes, stale)
+    return ExportResult(changes, result.notes, stale, dropped_objects(changes))
+
+
+def _objects_in(content: bytes) -> set[tuple[str, str, str]]:
+    """(kind, name, namespace) of each object in a manifest file; none when it does not parse
+    (a hand edit, refused or overwritten before this is asked)."""
+    try:
+        return {(obj["kind"], obj["metadata"]["name"], obj["metadata"].get("namespace", ""))
+                for obj in yaml.safe_load_all(content) if isinstance(obj, dict)}
+    except (yaml.YAMLError, KeyError, TypeError, AttributeError):
+        return set()
+
+
+def dropped_objects(changes: list[Change]) -> list[tuple[str, str, str]]:
+    """Objects the rewritten files held before and no longer hold: `kubectl apply` does not
+    delete them (the front door's Deployment, replaced by a StatefulSet with the usage ledger,
+    would keep serving without it)."""
+    before = {obj for change in changes if change.old for obj in _objects_in(change.old)}
+    now = {obj for change in changes for obj in _objects_in(change.output.content)}
+    return sorted(before - now)

@@ -64,9 +64,13 @@ def usage_facts(plan: Plan) -> dict | None:
     }
 
 
+def collector_script() -> bytes:
+    """templates/usage_ledger.py as the collector runs it (a site file; a ConfigMap in k8s)."""
+    return resources.files("kit.templates").joinpath(SCRIPT).read_bytes()
+
+
 def usage_files(plan: Plan, layout: SiteLayout) -> list[Output]:
     """The collector's script, beside the spec (none when the ledger is off)."""
     if plan.usage is None:
         return []
-    script = resources.files("kit.templates").joinpath(SCRIPT).read_bytes()
-    return [Output(layout.usage_dir / SCRIPT, script)]
+    return [Output(layout.usage_dir / SCRIPT, collector_script())]

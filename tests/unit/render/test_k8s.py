@@ -5,9 +5,12 @@ and the command's writes. Regenerate the golden files with
 
 import base64
 import dataclasses
+import json
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import jsonschema
@@ -18,11 +21,29 @@ from kit.errors import BadInput
 from kit.layout import SiteLayout
 from kit.plan.build import Plan, build_plan
 from kit.plan.host import load_spec
-from kit.render.k8s import Credentials, cannot_do, export, replica_count, shutdown_timeout
+from kit.plan.usage import HEALTH_ARGV, USAGE_PORT, UsagePlan
+from kit.render.k8s import (
+    USAGE_DRAIN,
+    Credentials,
+    cannot_do,
+    export,
+    ledger_claim_size,
+    replica_count,
+    shutdown_timeout,
+)
+from kit.render.usage import usage_facts
 from kit.spec.vllm_flags import flag_table
 from tests.support import nginx_ns
 from tests.support.cli import run_kit
 from tests.support.sites import REPO, tree
+from tests.support.usage_collector import (
+    SCRIPT,
+    CollectorProcess,
+    append_spool,
+    chain_breaks,
+    ledger_records,
+    spool_line,
+)
 
 DATA = REPO / "tests" / "data" / "k8s"
 VERSIONS = ["1.33.0", "1.34.0", "1.35.0", "1.36.0", "1.37.0"]
@@ -63,6 +84,13 @@ def _service_type(case: str) -> str:
 
 def _objects(files: dict[str, bytes]) -> list[dict]:
     return [obj for content in files.values() for obj in yaml.safe_load_all(content) if obj]
+
+
+def _pod(objects: list[dict], name: str) -> dict:
+    """The pod template of the Deployment or StatefulSet `name` (the door with a usage ledger
+    is a StatefulSet)."""
+    return next(o for o in objects if o["kind"] in ("Deployment", "StatefulSet")
+                and o["metadata"]["name"] == name)["spec"]["template"]["spec"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -279,8 +307,7 @@ def test_the_nginx_pods_stop_gracefully_as_compose_stops_them() -> None:
     objects = _objects(_export("example"))
     for name, config in (("nginx", "/etc/nginx/kit/nginx.conf"),
                          ("kit-auth", "/etc/nginx/kit-verifier/nginx.conf")):
-        pod = next(o for o in objects if o["kind"] == "Deployment"
-                   and o["metadata"]["name"] == name)["spec"]["template"]["spec"]
+        pod = _pod(objects, name)
         hook = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][-1]
         assert hook.startswith(f"nginx -c {config} -s quit; sleep ")
         assert int(hook.rsplit(" ", 1)[1]) < pod["terminationGracePeriodSeconds"]
@@ -312,7 +339,7 @@ def _front_door_folders(files: dict[str, bytes], root: Path) -> tuple[Path, Path
     objects = {(o["kind"], o["metadata"]["name"]): o for o in _objects(files)}
     folders = []
     for deployment in ("nginx", "kit-auth"):
-        pod = objects[("Deployment", deployment)]["spec"]["template"]["spec"]
+        pod = _pod(list(objects.values()), deployment)
         base = root / deployment
         for volume in pod["volumes"]:
             for source in volume.get("projected", {}).get("sources", []):
@@ -340,6 +367,9 @@ def test_front_door_config_passes_nginx_t(site: Path) -> None:
                     service_type="LoadBalancer", spec_name="site.yaml")
     files = {str(o.path): o.content for o in result.files}
     nginx_dir, verifier = _front_door_folders(files, site.parent / "pods")
+    # the site's usage ledger is on: the door's config writes the spool the collector reads
+    assert "access_log /var/log/kit-usage/door.jsonl kit_usage" in (
+        nginx_dir / "nginx.conf").read_text()
     checked = nginx_ns.nginx_t(nginx_dir, ["llama8b.llm.svc", "kit-auth.llm.svc"])
     assert checked.returncode == 0, checked.stderr
     checked = nginx_ns.verifier_t(_verifier_view(verifier, site.parent / "verifier-view"))
@@ -463,3 +493,228 @@ def test_observability_is_named_and_left_out_of_the_front_door() -> None:
     plain = export(plan, CREDENTIALS, namespace=plan.site, service_type="LoadBalancer",
                    spec_name="site.yaml")
     assert not any(note.startswith("observability: ") for note in plain.notes)
+
+
+# --------------------------------------------------------------------------- the usage ledger
+
+
+def _door(case: str) -> tuple[dict, dict, dict]:
+    """(the door's workload, its pod, its collector) of a case's export."""
+    objects = _objects(_export(case))
+    door = next(o for o in objects if o["metadata"]["name"] == "nginx"
+                and o["kind"] in ("Deployment", "StatefulSet"))
+    pod = door["spec"]["template"]["spec"]
+    collectors = pod.get("initContainers", [])
+    return door, pod, collectors[0] if collectors else {}
+
+
+def test_the_usage_ledger_rides_in_the_door_pod() -> None:
+    """A StatefulSet (pod N never runs twice: one writer per ledger), the collector a native
+    sidecar (starts before nginx, stops after it) sharing the spool through an emptyDir, its
+    own claim for the ledger, nginx never mounting the ledger."""
+    door, pod, collector = _door("example")
+    assert door["kind"] == "StatefulSet" and door["spec"]["replicas"] == 1
+    [claim] = door["spec"]["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "usage-ledger"
+    assert claim["spec"] == {"accessModes": ["ReadWriteOnce"],
+                             "resources": {"requests": {"storage": "25Gi"}}}  # 20g + 25 %
+    assert door["spec"]["persistentVolumeClaimRetentionPolicy"] == {
+        "whenDeleted": "Retain", "whenScaled": "Retain"}
+    assert collector["name"] == "usage-ledger" and collector["restartPolicy"] == "Always"
+    facts = usage_facts(CASES["example"]())
+    assert facts is not None
+    assert collector["image"] == facts["image"] == "vllm/vllm-openai:v0.33.0"
+    assert collector["command"] == ["python3", *facts["command"], "--host", "127.0.0.1"]
+    nginx = pod["containers"][0]
+    mounts = {m["name"]: m["mountPath"] for m in nginx["volumeMounts"]}
+    theirs = {m["name"]: m["mountPath"] for m in collector["volumeMounts"]}
+    assert mounts["usage-spool"] == "/var/log/kit-usage"
+    assert theirs == {"usage-script": "/opt/kit-usage", "usage-spool": "/var/lib/kit-usage/spool",
+                      "usage-ledger": "/var/lib/kit-usage/ledger"}
+    assert "usage-ledger" not in mounts and "usage-script" not in mounts
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["usage-spool"] == {"name": "usage-spool", "emptyDir": {}}
+    assert "usage-ledger" not in volumes  # the claim, per pod
+    script = next(o for o in _objects(_export("example")) if o["kind"] == "ConfigMap"
+                  and o["metadata"]["name"] == "usage-ledger")["data"]["usage_ledger.py"]
+    assert script.encode() == SCRIPT.read_bytes()
+    assert pod["terminationGracePeriodSeconds"] == 60 + USAGE_DRAIN
+
+
+def test_the_collector_is_hardened_and_probed_as_in_compose() -> None:
+    _, pod, collector = _door("example")
+    assert collector["securityContext"] == {
+        "runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
+        "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert pod["automountServiceAccountToken"] is False
+    probe = collector["livenessProbe"]
+    assert probe["exec"]["command"] == HEALTH_ARGV  # compose's healthcheck, kit status's ask
+    assert probe["initialDelaySeconds"] == 10 and probe["failureThreshold"] == 3
+    # a sidecar's readiness is the pod's: a lost collector must not take the door away
+    assert "readinessProbe" not in collector and "startupProbe" not in collector
+
+
+def test_the_collector_is_reachable_from_nowhere_but_its_pod() -> None:
+    """It listens on the pod's loopback; the door's pods admit only 443 and 80, so no vLLM
+    pod (whose model code may be hostile) reaches its port even past the loopback."""
+    _, _, collector = _door("example")
+    assert collector["command"][-2:] == ["--host", "127.0.0.1"]
+    assert "ports" not in collector
+    policies = {o["metadata"]["name"]: o["spec"] for o in _objects(_export("example"))
+                if o["kind"] == "NetworkPolicy"}
+    door = policies["front-door-ports-only"]
+    assert door["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "front-door"
+    assert door["policyTypes"] == ["Ingress"]
+    assert door["ingress"] == [{"ports": [{"protocol": "TCP", "port": 443},
+                                          {"protocol": "TCP", "port": 80}]}]
+    admitted = {port["port"] for spec in policies.values() for rule in spec.get("ingress", [])
+                for port in rule.get("ports", [])}
+    assert USAGE_PORT not in admitted
+
+
+def test_without_the_ledger_the_door_is_a_deployment_as_before() -> None:
+    door, pod, collector = _door("multi-node")  # usage: {enabled: false}
+    assert door["kind"] == "Deployment" and collector == {}
+    assert "usage" not in str(pod["volumes"])
+    content = _export("multi-node")
+    assert b"kit-usage" not in content["front-door.yaml"]
+    assert b"front-door-ports-only" not in content["network-policy.yaml"]
+    assert not any("usage ledger" in note for note in cannot_do(CASES["multi-node"]()))
+
+
+def test_the_ledger_claim_holds_max_disk_and_a_quarter() -> None:
+    sizes = {size: ledger_claim_size(UsagePlan(400, size, None))
+             for size in (64 << 20, 20 << 30, 100 << 30, (7 << 30) + 1)}
+    assert sizes == {64 << 20: "1Gi", 20 << 30: "25Gi", 100 << 30: "125Gi", (7 << 30) + 1: "9Gi"}
+    door, _, collector = _door("multi-model")  # usage: {retention_days: 90, max_disk: 100g}
+    assert door["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"] == {
+        "storage": "125Gi"}
+    pairs = dict(zip(collector["command"], collector["command"][1:], strict=False))
+    assert pairs["--retention-days"] == "90" and pairs["--max-bytes"] == str(100 << 30)
+    notes = " ".join(cannot_do(CASES["multi-model"]()))
+    assert "usage-ledger-nginx-N (125Gi" in notes and "StatefulSet" in notes
+
+
+def _hook(collector: dict, hook: str) -> str:
+    command = collector["lifecycle"][hook]["exec"]["command"]
+    assert command[:2] == ["python3", "-c"]
+    return command[2]
+
+
+def _as_collector(*argv: str) -> subprocess.CompletedProcess:
+    """Run as the pod runs the collector: its own user and group, the pod's fsGroup (101)."""
+    return subprocess.run(["setpriv", "--reuid=10001", "--regid=10001", "--groups=101",
+                           *argv], capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="runs the hooks as the collector's user: needs root and setpriv")
+def test_the_hooks_let_a_non_root_collector_read_and_give_back_the_spool() -> None:
+    """The exported hooks on real files, as the pod's users: postStart creates the spool for
+    nginx (root) to append to, the collector (10001, group 101) appends every line to its
+    ledger and punches the spool's holes; preStop returns once the spool is read and fails,
+    naming what is left, when it cannot be."""
+    _, _, collector = _door("example")
+    with tempfile.TemporaryDirectory() as work:  # pytest's tmp_path is root's alone (0700)
+        Path(work).chmod(0o755)
+        _hooks_as_the_pod_runs_them(collector, Path(work))
+
+
+def _hooks_as_the_pod_runs_them(collector: dict, tmp_path: Path) -> None:
+    spool_dir, ledger = tmp_path / "spool", tmp_path / "ledger"
+    for folder in (spool_dir, ledger):  # as kubelet leaves volumes of a pod with fsGroup 101
+        folder.mkdir()
+        os.chown(folder, 0, 101)
+        folder.chmod(0o2775)
+    spool = spool_dir / "door.jsonl"
+    create = _hook(collector, "postStart").replace("/var/lib/kit-usage/spool", str(spool_dir))
+    locked = tmp_path / "locked"  # a spool folder it cannot write: the hook must not fail, or
+    locked.mkdir(mode=0o755)      # nginx would never start
+    done = _as_collector(sys.executable, "-c", create.replace(str(spool_dir), str(locked)))
+    assert done.returncode == 0 and not list(locked.iterdir()), done.stderr
+    for _ in range(2):  # a restarted collector finds the spool and leaves it
+        done = _as_collector(sys.executable, "-c", create)
+        assert done.returncode == 0, done.stderr
+        info = spool.stat()
+        assert (info.st_uid, info.st_gid, info.st_mode & 0o7777) == (10001, 101, 0o660)
+    append_spool(spool, [spool_line(seq) for seq in range(1, 101)])  # nginx's master: root
+    process = CollectorProcess(spool, ledger, wrap=["setpriv", "--reuid=10001",
+                                                    "--regid=10001", "--groups=101"]).start()
+    drain = _hook(collector, "preStop")
+    assert drain.count(f"127.0.0.1:{USAGE_PORT}") == 1
+    drain = drain.replace(f"127.0.0.1:{USAGE_PORT}", f"127.0.0.1:{process.port}")
+    try:
+        health = process.wait_for(lambda h: h["records"] == 100
+                                  and h["hole_punching"]["supported"] is True, "100 records")
+        assert health["hole_punching"]["error"] is None and health["ok"], health
+        done = _as_collector(sys.executable, "-c", drain)
+        assert done.returncode == 0, done.stderr
+    finally:
+        assert process.stop() == 0
+    records = ledger_records(ledger)
+    assert [r["door_seq"] for r in records] == list(range(1, 101)) and not chain_breaks(records)
+    assert {path.stat().st_uid for path in ledger.rglob("*")} == {10001}
+    append_spool(spool, [spool_line(101)])  # the collector is gone: the hook says so
+    quick = drain.replace(f"+ {USAGE_DRAIN - 2}\n", "+ 1\n")
+    assert quick != drain
+    done = _as_collector(sys.executable, "-c", quick)
+    assert done.returncode == 1
+    assert "usage ledger: the spool was not read to its end" in done.stderr
+    assert "those records go with this pod" in done.stderr
+
+
+def test_an_object_an_earlier_export_held_is_named(site: Path) -> None:
+    """Turning the ledger on makes the door a StatefulSet: `kubectl apply` would leave the old
+    Deployment serving beside it, without a ledger; the export names it and the command."""
+    spec = site / "site.yaml"
+    spec.write_text(spec.read_text() + "usage: {enabled: false}\n")
+    assert run_kit("render", spec).exit_code == 0
+    out = site / "k8s"
+    assert run_kit("export", "k8s", spec, "--out", out).exit_code == 0
+    spec.write_text(spec.read_text().replace("usage: {enabled: false}\n", ""))
+    result = run_kit("export", "k8s", spec, "--out", out)
+    assert result.exit_code == 0, result.output
+    assert ("warning: Deployment nginx of the earlier export is no longer part of it and "
+            "`kubectl apply` leaves it running: after applying, `kubectl delete -n test01 "
+            "deployment nginx`") in result.output
+    assert b"kind: StatefulSet" in (out / "front-door.yaml").read_bytes()
+    again = run_kit("export", "k8s", spec, "--out", out)
+    assert again.exit_code == 0 and "no change" in again.output and "warning" not in again.output
+
+
+def test_a_new_spool_never_takes_the_inode_the_checkpoint_names(tmp_path: Path) -> None:
+    """A new door pod's spool that got the old one's inode number back (ext4 often hands a
+    freed number out again at once) would be read from the old checkpoint's offset: the
+    postStart hook gives it another number."""
+    _, _, collector = _door("example")
+    spool_dir, ledger = tmp_path / "spool", tmp_path / "ledger"
+    spool_dir.mkdir()
+    ledger.mkdir()
+    create = (_hook(collector, "postStart").replace("/var/lib/kit-usage/spool", str(spool_dir))
+              .replace("/var/lib/kit-usage/ledger", str(ledger)))
+    spool = spool_dir / "door.jsonl"
+    state = ledger / "state.json"
+    state.write_text("{}")  # rewritten below in place: no inode taken between unlink and hook
+    reused = 0
+    for _ in range(10):
+        spool.touch()
+        number = spool.stat().st_ino
+        spool.unlink()
+        spool.touch()
+        reused += spool.stat().st_ino == number
+        spool.unlink()
+    if not reused:
+        pytest.skip("this filesystem does not hand a freed inode number out again soon")
+    for _ in range(40):  # ext4 hands it out again often, not always: the hook must every time
+        spool.touch()  # the number this folder's filesystem hands out next, named by the state
+        taken = spool.stat().st_ino
+        spool.unlink()
+        state.write_text(json.dumps({"checkpoint": {
+            "offset": 4096, "inode": taken, "punched_to": 0}}))
+        done = subprocess.run([sys.executable, "-c", create], capture_output=True, text=True,
+                              check=False)
+        assert done.returncode == 0, done.stderr
+        assert spool.stat().st_ino != taken
+        assert not (spool_dir / "door.jsonl.new").exists()
+        spool.unlink()
