@@ -10,7 +10,12 @@ from kit.engine.observe import ContainerState
 from kit.plan.usage import HEALTH_ARGV, USAGE_SERVICE
 from kit.stack.usage_health import ledger_health
 from tests.support.fake_engine import ExecOnlyEngine
-from tests.support.usage_collector import run_with_a_lost_record
+from tests.support.usage_collector import (
+    CollectorProcess,
+    append_spool,
+    run_with_a_lost_record,
+    spool_line,
+)
 
 COLLECTOR = ContainerState(
     id="c0ffee", name="site-usage-ledger-1", service=USAGE_SERVICE, number=1, config_hash=None,
