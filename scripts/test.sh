@@ -41,4 +41,5 @@ else
 fi
 tests/images/build.sh
 
-python3 -m pytest -ra "$@"
+# --durations: every run prints its slowest tests, so the 35-minute budget is watched where it goes.
+python3 -m pytest -ra --durations=30 "$@"

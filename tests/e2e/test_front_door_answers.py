@@ -24,6 +24,14 @@ def site(tmp_path, docker_client, test_images) -> Iterator[LiveSite]:
         yield site
 
 
+@pytest.fixture(scope="module")
+def two_services(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
+    """Two services behind the door, with kit's default limits; the tests only read from it."""
+    with running(tmp_path_factory.mktemp("two") / "site", docker_client, prefix="two",
+                 more_services={"second": "Second-Chat"}) as site:
+        yield site
+
+
 def error_of(reply, status: int) -> dict:
     assert reply.status == status, (reply.status, reply.body)
     assert reply.headers["Content-Type"] == "application/json"
@@ -60,12 +68,13 @@ def without_ids(model: dict) -> dict:
                                     for p in model["permission"]]}
 
 
-def test_models_are_found_by_their_exact_name(site: LiveSite) -> None:
-    gate, ops = site.gate(), site.basic("ops")
-    listed = gate.fetch("GET", "/v1/models", credentials=ops).json()["data"]
+def test_models_are_found_by_their_exact_name(two_services: LiveSite) -> None:
+    """On the two-service site (the refusals' site has spent its request rate)."""
+    gate, ops = two_services.gate(), two_services.basic("ops")
+    listed = {m["id"]: m for m in gate.fetch("GET", "/v1/models", credentials=ops).json()["data"]}
     one = gate.fetch("GET", f"/v1/models/{SERVED_NAME}", credentials=ops)
-    assert one.status == 200 and without_ids(one.json()) == without_ids(listed[0])
-    assert list(one.json()) == list(listed[0])  # vLLM's model object, fields in its order
+    assert one.status == 200 and without_ids(one.json()) == without_ids(listed[SERVED_NAME])
+    assert list(one.json()) == list(listed[SERVED_NAME])  # vLLM's model object, in its order
     for name in (SERVED_NAME.upper(), SERVED_NAME + "x", "default"):
         error = error_of(gate.fetch("GET", f"/v1/models/{name}", credentials=ops), 404)
         assert error["message"] == f"The model `{name}` does not exist."
@@ -73,13 +82,6 @@ def test_models_are_found_by_their_exact_name(site: LiveSite) -> None:
         assert error_of(gate.fetch("POST", "/v1/chat/completions", body=chat, credentials=ops),
                         404)["param"] == "model"
     assert gate.fetch("GET", f"/v1/models/{SERVED_NAME}").status == 401
-
-
-@pytest.fixture
-def two_services(tmp_path, docker_client, test_images) -> Iterator[LiveSite]:
-    with running(tmp_path / "site", docker_client, prefix="two",
-                 more_services={"second": "Second-Chat"}) as site:
-        yield site
 
 
 def test_each_model_is_answered_by_the_service_that_serves_it(two_services: LiveSite) -> None:

@@ -11,7 +11,8 @@ import re
 import secrets
 import ssl
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import pytest
 from kit.credentials.material import KEY_PREFIX
 from kit.credentials.tls import new_ca, new_server_cert
 from kit.layout import SiteLayout
+from tests.support.docker_engine import pick_free_port, remove_project
 from tests.support.live_stack import kit, reload_nginx
 from tests.support.sites import LLAMA_8B
 
@@ -39,30 +41,29 @@ class Stack:
     def probe(self, *args: str) -> subprocess.CompletedProcess:
         return kit("probe", str(self.spec), "--timeout", "10", *args, timeout=120)
 
-    def replace_in(self, path: Path, old: str, new: str) -> bytes:
-        """Edit a rendered file in place; the original bytes, to restore."""
-        original = path.read_bytes()
-        text = original.decode()
+    def replace_in(self, path: Path, old: str, new: str) -> None:
+        """Edit a rendered file in place (inside `faulted`, which restores it)."""
+        text = path.read_text()
         assert old in text, f"{path} no longer contains {old!r}: update this test"
         path.write_text(text.replace(old, new))
-        return original
 
     def reload_nginx(self) -> None:
         reload_nginx(self.nginx)
 
 
-@pytest.fixture
-def stack(tmp_path: Path, test_images, docker_client, cleanup_project: Callable,
-          free_port: Callable) -> Iterator[Stack]:
-    """A one-service site brought up with `kit up` (which itself ends with the gate)."""
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, test_images, docker_client) -> Iterator[Stack]:
+    """A one-service site brought up with `kit up` (which itself ends with the gate), shared by
+    this module's tests: each puts back what it broke (`faulted`) and proves the gate passes
+    again, so the next one meets the stack as kit rendered it."""
     site = f"gate{secrets.token_hex(3)}"
-    cleanup_project(site)
+    tmp_path = tmp_path_factory.mktemp("gate")
     models = tmp_path / "models"
     (models / "tiny").mkdir(parents=True)
     (models / "tiny" / "config.json").write_text(json.dumps(LLAMA_8B))
     root = tmp_path / "site"
     root.mkdir()
-    https_port, http_port = free_port(), free_port()
+    https_port, http_port = pick_free_port(), pick_free_port()
     spec = root / "site.yaml"
     spec.write_text(
         f"site: {site}\n"
@@ -75,12 +76,29 @@ def stack(tmp_path: Path, test_images, docker_client, cleanup_project: Callable,
         f"  - {{name: tiny, model: tiny, served_name: {SERVED_NAME}, gpus: [0], "
         "max_model_len: 4096}\n"
     )
-    up = kit("up", str(spec))
-    assert up.returncode == 0, f"kit up failed:\n{up.stdout}\n{up.stderr}"
-    assert "all checks passed" in up.stdout  # kit up ends with the gate
-    labels = [f"com.docker.compose.project={site}", "com.docker.compose.service=nginx"]
-    (nginx,) = docker_client.containers.list(filters={"label": labels})
-    yield Stack(spec, SiteLayout(root), nginx, https_port)
+    try:
+        up = kit("up", str(spec))
+        assert up.returncode == 0, f"kit up failed:\n{up.stdout}\n{up.stderr}"
+        assert "all checks passed" in up.stdout  # kit up ends with the gate
+        labels = [f"com.docker.compose.project={site}", "com.docker.compose.service=nginx"]
+        (nginx,) = docker_client.containers.list(filters={"label": labels})
+        yield Stack(spec, SiteLayout(root), nginx, https_port)
+    finally:
+        remove_project(docker_client, site)
+
+
+@contextmanager
+def faulted(stack: Stack, *paths: Path) -> Iterator[None]:
+    """Inside: the caller edits `paths` and reloads nginx. After (also when an assertion
+    failed): the original bytes back, nginx reloaded, and the gate passing again."""
+    originals = {path: path.read_bytes() for path in paths}
+    try:
+        yield
+    finally:
+        for path, content in originals.items():
+            path.write_bytes(content)
+        stack.reload_nginx()
+    assert_gate_passes(stack)
 
 
 def assert_gate_fails(stack: Stack, reason: str) -> None:
@@ -106,37 +124,30 @@ def test_the_gate_fails_when_nginx_buffers_streams(stack: Stack) -> None:
     """The usage ledger's body filter flushes each buffer it passes on, which keeps a stream
     unbuffered whatever proxy_buffering says: the fault is a door without it too."""
     conf = stack.layout.nginx_conf
-    original = stack.replace_in(conf, "proxy_buffering off;", "proxy_buffering on;")
-    stack.replace_in(conf, "js_body_filter kit.usageFilter", "# js_body_filter kit.usageFilter")
-    stack.reload_nginx()
-    assert_gate_fails(stack, "the proxy buffers SSE — proxy_buffering must be off")
-    conf.write_bytes(original)
-    stack.reload_nginx()
-    assert_gate_passes(stack)
+    with faulted(stack, conf):
+        stack.replace_in(conf, "proxy_buffering off;", "proxy_buffering on;")
+        stack.replace_in(conf, "js_body_filter kit.usageFilter",
+                         "# js_body_filter kit.usageFilter")
+        stack.reload_nginx()
+        assert_gate_fails(stack, "the proxy buffers SSE — proxy_buffering must be off")
 
 
 def test_the_gate_fails_when_auth_is_off(stack: Stack) -> None:
     conf = stack.layout.nginx_conf
-    original = stack.replace_in(conf, "auth_request /_kit/auth;", "")
-    stack.reload_nginx()
-    assert_gate_fails(stack, "unauthenticated request got 200: auth is off")
-    conf.write_bytes(original)
-    stack.reload_nginx()
-    assert_gate_passes(stack)
+    with faulted(stack, conf):
+        stack.replace_in(conf, "auth_request /_kit/auth;", "")
+        stack.reload_nginx()
+        assert_gate_fails(stack, "unauthenticated request got 200: auth is off")
 
 
 def test_the_gate_fails_with_a_certificate_from_another_ca(stack: Stack) -> None:
     layout = stack.layout
-    originals = {path: path.read_bytes() for path in (layout.server_cert, layout.server_key)}
-    cert, key = new_server_cert(DOMAIN, *new_ca("not-the-kit-ca"))
-    layout.server_cert.write_bytes(cert)
-    layout.server_key.write_bytes(key)
-    stack.reload_nginx()
-    assert_gate_fails(stack, "the server certificate is not signed by the kit CA")
-    for path, content in originals.items():
-        path.write_bytes(content)
-    stack.reload_nginx()
-    assert_gate_passes(stack)
+    with faulted(stack, layout.server_cert, layout.server_key):
+        cert, key = new_server_cert(DOMAIN, *new_ca("not-the-kit-ca"))
+        layout.server_cert.write_bytes(cert)
+        layout.server_key.write_bytes(key)
+        stack.reload_nginx()
+        assert_gate_fails(stack, "the server certificate is not signed by the kit CA")
 
 
 def test_the_openai_sdk_streams_through_nginx_with_a_bearer_key(stack: Stack) -> None:

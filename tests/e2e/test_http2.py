@@ -21,9 +21,12 @@ STREAMS = 256
 TOKENS = 64  # 20 ms a token in the stand-in: every stream is still running when the last starts
 
 
-@pytest.fixture
-def site(tmp_path, docker_client, test_images) -> Iterator[LiveSite]:
-    with running(tmp_path / "site", docker_client, prefix="h2", max_num_seqs=STREAMS) as site:
+@pytest.fixture(scope="module")
+def site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
+    """A service of STREAMS sequence slots, shared by the tests that only read from it (each
+    adds a key of its own name)."""
+    with running(tmp_path_factory.mktemp("h2") / "site", docker_client, prefix="h2",
+                 max_num_seqs=STREAMS) as site:
         yield site
 
 

@@ -1,8 +1,8 @@
 """The front door's abuse limits, from the spec's proxy section, against the running nginx.
 
-Each test brings up its own site: the limits count per client address, and every request from
-this host reaches nginx from the same address, so a test that exhausts one would starve the
-next.
+The limits count per client address, and every request from this host reaches nginx from the
+same address, so a test that exhausts one brings up its own site (it would starve the next);
+the tests that exhaust none share one.
 """
 
 import contextlib
@@ -31,6 +31,16 @@ def make_site(tmp_path, docker_client, test_images) -> Iterator[Callable[..., Li
             running(tmp_path / "site", docker_client, prefix="lim", proxy=proxy))
 
 
+@pytest.fixture(scope="module")
+def shared_site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
+    """For the tests that exhaust no limit: max_body 2k, a failed-login budget of
+    FAILED_LOGINS_PER_MINUTE (none of them sends a wrong password)."""
+    with running(tmp_path_factory.mktemp("limits") / "site", docker_client, prefix="lim",
+                 proxy={"max_body": "2k",
+                        "failed_logins_per_ip": FAILED_LOGINS_PER_MINUTE}) as site:
+        yield site
+
+
 def chat_body(size: int) -> dict:
     """A chat request whose JSON (as kit's probe client sends it) is `size` bytes long."""
     body = {"model": SERVED_NAME, "max_tokens": 1, "messages": [{"role": "user", "content": ""}]}
@@ -38,8 +48,8 @@ def chat_body(size: int) -> dict:
     return body
 
 
-def test_a_body_above_max_body_gets_413(make_site) -> None:
-    site = make_site(max_body="2k")
+def test_a_body_above_max_body_gets_413(shared_site: LiveSite) -> None:
+    site = shared_site
     ops = site.basic("ops")
     assert site.status("/v1/chat/completions", ops, "POST", chat_body(1900)) == 200
     assert site.status("/v1/chat/completions", ops, "POST", chat_body(2100)) == 413
@@ -81,9 +91,9 @@ def test_a_wrong_password_flood_is_cut_off_before_bcrypt(make_site) -> None:
     assert site.status(credentials=ops.replace("Basic ", "basic ", 1)) == 429
 
 
-def test_valid_logins_do_not_use_the_failed_login_budget(make_site) -> None:
+def test_valid_logins_do_not_use_the_failed_login_budget(shared_site: LiveSite) -> None:
     """Only failures count: more distinct valid users than the budget all get in at once."""
-    site = make_site(failed_logins_per_ip=FAILED_LOGINS_PER_MINUTE)
+    site = shared_site
     users = [f"user{n:02d}" for n in range(3 * FAILED_LOGINS_PER_MINUTE)]
     for user in users:
         added = site.kit("users add", user, "--password-stdin", stdin=f"pw-of-{user}-long\n")
@@ -99,8 +109,8 @@ def test_valid_logins_do_not_use_the_failed_login_budget(make_site) -> None:
     assert checks[:-1] == [1] * (len(users) - 1) and checks[-1] <= 1, checks
 
 
-def test_metrics_only_per_service_and_only_with_credentials(make_site) -> None:
-    site = make_site()
+def test_metrics_only_per_service_and_only_with_credentials(shared_site: LiveSite) -> None:
+    site = shared_site
     ops = site.basic("ops")
     assert site.status("/metrics") == 404
     assert site.status("/metrics", ops) == 404  # vLLM's own /metrics is not reachable at all

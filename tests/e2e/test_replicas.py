@@ -24,6 +24,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
+from kit.plan.build import REPLICA_FAIL_TIMEOUT
 from tests.support.live_stack import (
     DOMAIN,
     SERVED_NAME,
@@ -32,6 +33,7 @@ from tests.support.live_stack import (
     checked,
     finished,
     running,
+    wait_for,
     write_spec,
 )
 
@@ -187,13 +189,14 @@ def test_the_same_conversation_lands_on_one_replica(site: LiveSite):
 def test_a_session_moves_only_when_its_replica_leaves(site: LiveSite):
     sessions = [f"move-{i}" for i in range(16)]
 
-    def homes() -> dict[str, str]:
-        found = {}
-        for session in sessions:
-            counts = served(site, TINY_REPLICAS, lambda s=session: post(
-                site, chat(SERVED_NAME, "hi"), {SESSION_HEADER: s}))
-            (found[session],) = [h for h, n in counts.items() if n]
+    def home(session: str) -> str:
+        counts = served(site, TINY_REPLICAS, lambda: post(
+            site, chat(SERVED_NAME, "hi"), {SESSION_HEADER: session}))
+        (found,) = [h for h, n in counts.items() if n]
         return found
+
+    def homes() -> dict[str, str]:
+        return {session: home(session) for session in sessions}
 
     before = homes()
     leaving = before[sessions[0]]
@@ -209,7 +212,10 @@ def test_a_session_moves_only_when_its_replica_leaves(site: LiveSite):
         while site.container(leaving).attrs["State"].get("Health", {}).get("Status") != "healthy":
             assert time.monotonic() < deadline, f"{leaving} did not come back"
             time.sleep(0.5)
-    time.sleep(11)  # nginx tries it again after fail_timeout
+    # nginx tries it again after fail_timeout: within the 11 s this test used to sleep, the
+    # session that moved is home again, and then every session is
+    wait_for(f"{sessions[0]} back on {leaving}", lambda: home(sessions[0]) == leaving,
+             REPLICA_FAIL_TIMEOUT + 1)
     assert homes() == before
 
 
@@ -256,10 +262,11 @@ def test_a_replica_that_crashes_restarts_by_itself_and_rejoins(site: LiveSite):
             break
         assert time.monotonic() < deadline, victim.attrs["State"]
         time.sleep(0.5)
-    time.sleep(11)  # passive health: nginx tries it again after fail_timeout
-    counts = served(site, TINY_REPLICAS, lambda: [
-        post(site, chat(SERVED_NAME, "back?")) for _ in range(40)])
-    assert counts["tiny-r3"] > 0, counts
+    # passive health: nginx tries it again after fail_timeout; asked until it serves, within
+    # the 11 s this test used to sleep before its one round of 40 requests
+    wait_for("tiny-r3 serving again", lambda: served(site, TINY_REPLICAS, lambda: [
+        post(site, chat(SERVED_NAME, "back?")) for _ in range(8)])["tiny-r3"] > 0,
+        REPLICA_FAIL_TIMEOUT + 1)
 
 
 def test_with_no_replica_left_the_front_door_answers_503_json(site: LiveSite):

@@ -11,9 +11,12 @@ new connection; a stream whose answer had begun is never sent twice.
 
 import os
 import re
+import secrets
 import signal
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
 
 import pytest
 
@@ -28,10 +31,23 @@ FROZEN_S = 2.0  # the workers stay stopped past the stand-in's close of the idle
 RETRIED = re.compile(r"urt=[\d.]+, [\d.]+")  # two upstream attempts in one access-log line
 
 
+def keepalive_site(root: Path, client) -> AbstractContextManager[LiveSite]:
+    """A site, up, whose stand-in closes an idle keep-alive connection after IDLE_CLOSE_S."""
+    return running(root, client, prefix="ka",
+                   env={"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(IDLE_CLOSE_S)})
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
+    """Shared by the frozen-nginx runs (the one without retries puts nginx.conf back)."""
+    with keepalive_site(tmp_path_factory.mktemp("ka") / "site", docker_client) as site:
+        yield site
+
+
 @pytest.fixture
-def site(tmp_path, docker_client, test_images) -> Iterator[LiveSite]:
-    with running(tmp_path / "site", docker_client, prefix="ka",
-                 env={"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(IDLE_CLOSE_S)}) as site:
+def own_site(tmp_path, docker_client, test_images) -> Iterator[LiveSite]:
+    """A site of its own for the test that kills vLLM."""
+    with keepalive_site(tmp_path / "site", docker_client) as site:
         yield site
 
 
@@ -39,7 +55,8 @@ def frozen_nginx_run(site: LiveSite) -> tuple[dict, str]:
     """Every client sends a request, then a second one while nginx's workers are stopped and
     the stand-in closes the upstream connections they would reuse; (figures, nginx's log)."""
     since = time.time()
-    key = site.add_key("ka-bot")  # Bearer: the check costs nothing, only the upstream matters
+    # Bearer: the check costs nothing, only the upstream matters
+    key = site.add_key(f"ka-{secrets.token_hex(2)}")
     load = site.loadgen(f"Bearer {key}", streams=STREAMS, tokens=4, requests=2, pause=PAUSE_S,
                         announce=True)
     workers = [int(pid) for pid in nginx_workers(site.nginx)]
@@ -67,15 +84,20 @@ def test_requests_on_connections_vllm_closed_are_retried_not_502(site: LiveSite)
 
 def test_the_same_run_without_retries_gives_502(site: LiveSite) -> None:
     """The harness can fail: with nginx's retry switched off, the same run meets 502s."""
-    site.load_nginx_conf(site.nginx_conf_with(
-        ("proxy_next_upstream error non_idempotent;", "proxy_next_upstream off;"),
-        # nginx's own 502, not the JSON 503 kit answers when no replica can take a request
-        ("error_page 502 504 = @kit_unavailable;", "")))
-    figures, _ = frozen_nginx_run(site)
+    rendered = site.layout.nginx_conf.read_text()
+    try:
+        site.load_nginx_conf(site.nginx_conf_with(
+            ("proxy_next_upstream error non_idempotent;", "proxy_next_upstream off;"),
+            # nginx's own 502, not the JSON 503 kit answers when no replica can take a request
+            ("error_page 502 504 = @kit_unavailable;", "")))
+        figures, _ = frozen_nginx_run(site)
+    finally:
+        site.load_nginx_conf(rendered)
     assert figures["failures"].get("status 502", 0) > 0, figures
 
 
-def test_a_stream_cut_after_it_began_is_not_sent_again(site: LiveSite) -> None:
+def test_a_stream_cut_after_it_began_is_not_sent_again(own_site: LiveSite) -> None:
+    site = own_site
     time.sleep(1.1)  # leave kit up's own requests out of the logs read below
     since = time.time()
     load = site.loadgen(site.basic("ops"), streams=1, tokens=400, announce=True)
