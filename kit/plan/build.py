@@ -24,6 +24,11 @@ from kit.spec.model import Spec
 from kit.spec.replicas import ReplicaPlan, replica_plans
 
 VLLM_PORT = 8000
+# What every vLLM container runs: `vllm serve <model> <flags>`, the model as the positional
+# argument (vLLM 0.20+ warns that `--model` "will be removed in a future version"). The pinned
+# image's ENTRYPOINT is this already; kit sets it explicitly so an image whose ENTRYPOINT is the
+# older `python3 -m vllm.entrypoints.openai.api_server` (no positional model) still serves.
+VLLM_ENTRYPOINT = ("vllm", "serve")
 MODELS_MOUNT = "/models"
 HF_CACHE_MOUNT = "/root/.cache/huggingface"
 DEFAULT_ENGINE_READY_TIMEOUT = 600  # vLLM's VLLM_ENGINE_READY_TIMEOUT_S default
@@ -56,7 +61,7 @@ class ServicePlan:
     name: str
     api_name: str
     image: str
-    command: list[str]
+    command: list[str]  # what follows VLLM_ENTRYPOINT: the model first, then the flags
     gpus: list[str]
     env: dict[str, str]
     ipc_host: bool
@@ -330,7 +335,8 @@ def _service_plan(spec: Spec, service) -> ServicePlan:
     capacity = _capacity(spec, service) if planned else None
     max_num_seqs, reason = _max_num_seqs(service, capacity)
     command = [
-        "--model", f"{MODELS_MOUNT}/{service.model}" if is_local else service.model,
+        # The positional model, first: vLLM refuses --served-model-name before it.
+        f"{MODELS_MOUNT}/{service.model}" if is_local else service.model,
         "--served-model-name", service.api_name,
         "--tensor-parallel-size", str(service.tp),
         *(["--pipeline-parallel-size", str(service.pipeline_parallel)]

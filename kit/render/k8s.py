@@ -37,6 +37,7 @@ from kit.plan.build import (
     HF_CACHE_MOUNT,
     MODELS_MOUNT,
     NGINX_CONF,
+    VLLM_ENTRYPOINT,
     VLLM_PORT,
     Plan,
     ServicePlan,
@@ -251,7 +252,7 @@ def _vllm_pod(plan: Plan, service: ServicePlan, args: list[str], gpus: int, *,
     sized for model loading; stopping waits for vLLM's own shutdown timeout."""
     interval = plan.healthcheck_interval
     container: dict = {
-        "name": "vllm", "image": service.image, "args": args,
+        "name": "vllm", "image": service.image, "command": list(VLLM_ENTRYPOINT), "args": args,
         "envFrom": [{"secretRef": {"name": f"{service.name}-env"}}],
         "resources": {"limits": {GPU_RESOURCE: gpus}},
         "volumeMounts": [

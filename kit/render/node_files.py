@@ -16,7 +16,13 @@ from kit.credentials.material import SECRET
 from kit.engine.envfile import env_file_text
 from kit.files import Output
 from kit.layout import SiteLayout
-from kit.plan.build import HF_CACHE_MOUNT, MODELS_MOUNT, Plan, ServicePlan
+from kit.plan.build import (
+    HF_CACHE_MOUNT,
+    MODELS_MOUNT,
+    VLLM_ENTRYPOINT,
+    Plan,
+    ServicePlan,
+)
 from kit.plan.multinode import MultiNodePlan, NodePlan
 
 
@@ -51,6 +57,7 @@ def _worker_compose(plan: Plan, service: ServicePlan, nodes: MultiNodePlan, node
                 {"type": "volume", "source": "hf-cache", "target": HF_CACHE_MOUNT})
     body = {
         "image": service.image,
+        "entrypoint": list(VLLM_ENTRYPOINT),
         "command": nodes.args(node),
         "env_file": [env_file],
         "volumes": [

@@ -21,6 +21,7 @@ from kit.engine.desired import GpuRequest, Mount, NetworkState, ServiceState
 from kit.engine.docker_api import Engine
 from kit.engine.observe import ObservedState
 from kit.errors import BadInput, KitError
+from kit.plan.build import VLLM_ENTRYPOINT
 from kit.site import Site
 from kit.spec.model import Spec
 from kit.stack.reconcile import Action, CreateNetwork, starting_services
@@ -145,7 +146,7 @@ def check_bind_sources(spec: Spec, services: list[ServiceState]) -> None:
 
 def check_remote_bind_sources(engine: Engine, spec: Spec, services: list[ServiceState]) -> None:
     """On a remote engine, host folders are that host's: each bind source, and the model
-    folder `--model` names inside it, exists there (the engine itself is asked)."""
+    folder its `vllm serve` command names inside it, exists there (the engine itself is asked)."""
     keys = {str(spec.models_root): "models_root", str(spec.hf_cache): "hf_cache"}
     for service in services:
         for mount in service.config.mounts:
@@ -206,8 +207,14 @@ def _check_present(engine: Engine, service: ServiceState, mount: Mount,
 
 
 def model_below(service: ServiceState, target: str) -> str | None:
-    """The folder under `target` that the service's `--model` argument names, if any."""
-    model = service.argument("--model") or ""
+    """The folder under `target` that the service's model argument names, if any: the first
+    argument of `vllm serve` as kit renders it, or `--model` in a compose file an older kit
+    rendered (the image's own entrypoint then)."""
+    argv = service.config.command
+    if service.config.entrypoint == VLLM_ENTRYPOINT:
+        model = argv[0] if argv else ""
+    else:
+        model = service.argument("--model") or ""
     return model.removeprefix(f"{target}/") if model.startswith(f"{target}/") else None
 
 

@@ -68,7 +68,7 @@ def argv(changes: dict) -> list[str]:
         "--max-model-len": "8192", "--gpu-memory-utilization": "0.9", "--port": "8000",
     }
     flags.update({k: v for k, v in changes.items() if k.startswith("--")})
-    command = ["--model", f"/models/{changes.get('model', 'llama')}"]
+    command = [f"/models/{changes.get('model', 'llama')}"]  # positional, first
     for flag, value in flags.items():
         command += [flag, value]
     return command + changes.get("extra", [])

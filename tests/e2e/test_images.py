@@ -31,7 +31,7 @@ def gpu_request(*ids: str) -> list[DeviceRequest]:
 def run_standin(client, image: str, labels: dict, model_dir, *args: str, **kwargs):
     return client.containers.run(
         image,
-        command=["--model", "/models/tiny", "--served-model-name", "tiny", "--port", "8000",
+        command=["/models/tiny", "--served-model-name", "tiny", "--port", "8000",
                  *args],
         detach=True,
         labels=labels,

@@ -32,7 +32,8 @@ def compose(
     services: dict = {
         name: {
             "image": "vllm:1",
-            "command": ["--model", "/models/m", "--max-num-seqs", str(seqs if name == "a" else 8)],
+            "entrypoint": ["vllm", "serve"],
+            "command": ["/models/m", "--max-num-seqs", str(seqs if name == "a" else 8)],
             "volumes": [{"type": "volume", "source": "cache", "target": "/cache"}],
             "deploy": {"resources": {"reservations": {"devices": [
                 {"driver": "nvidia", "device_ids": [str(i)], "capabilities": ["gpu"]}

@@ -2,9 +2,12 @@
 
 vllm-0.33.0-serve-flags.txt (beside this package) was printed from vLLM's own parser; every option,
 alias, choice list, nargs and boolean pair is rebuilt from it. The argument rewriting of vLLM's
-FlexibleArgumentParser is reproduced: `--model X` moves to the positional model tag, underscores in
-option names become dashes, `--x.y.z v` merges into a JSON value for `--x`, `-O3` means
-`--optimization-level 3`. Errors go through argparse, so messages and exit code 2 are argparse's.
+FlexibleArgumentParser is reproduced: `--model X` moves to the positional model tag (with vLLM's
+warning that `--model` will be removed), so a positional model as well is an unrecognized
+argument; --served-model-name without a model first is vLLM's ValueError; underscores in option
+names become dashes, `--x.y.z v` merges into a JSON value for `--x`, `-O3` means
+`--optimization-level 3`. Other errors go through argparse, so messages and exit code 2 are
+argparse's.
 """
 
 from __future__ import annotations
@@ -28,6 +31,17 @@ SERVE_USAGE = "vllm serve [model_tag] [options]"
 
 class StandinUnsupported(Exception):
     """A vLLM feature the stand-in does not imitate."""
+
+
+class ModelNotFirst(ValueError):
+    """vLLM's parser raises this ValueError (not an argparse error: a traceback, exit 1) when
+    `vllm serve` has --served-model-name but no positional model first (and no --config)."""
+
+    def __init__(self):
+        super().__init__(
+            "`model` should be provided as the first positional argument when using `vllm "
+            "serve`. i.e. `vllm serve <model> --<arg> <value>`."
+        )
 
 
 @dataclass(frozen=True)
@@ -233,6 +247,13 @@ class FlexibleArgumentParser(argparse.ArgumentParser):
         args = list(sys.argv[1:] if args is None else args)
         if args[:1] == ["serve"]:
             args = self._move_model_option(args)
+            if (
+                len(args) > 1
+                and args[1].startswith("-")
+                and not any(re.match(r"^--config(=.+|$)", a) for a in args)
+                and any(re.match(r"^--served[-_]model[-_]name(=.+|$)", a) for a in args)
+            ):
+                raise ModelNotFirst()
         if "--config" in args:
             raise StandinUnsupported("--config (a YAML file of options) is not imitated")
         return super().parse_args(self._rewrite(args), namespace)

@@ -50,6 +50,12 @@ SERVE_FRAMES = [
     (f"{PKG}/entrypoints/cli/main.py", 75, "main", "args.dispatch_function(args)"),
     (f"{PKG}/entrypoints/cli/serve.py", 118, "cmd", "uvloop.run(run_server(args))"),
 ]
+# Where vLLM's own parser refuses the command line before any process is named (illustrative).
+PARSE_FRAMES = [
+    ("/usr/local/bin/vllm", 10, "<module>", "sys.exit(main())"),
+    (f"{PKG}/entrypoints/cli/main.py", 66, "main", "args = parser.parse_args()"),
+    (f"{PKG}/utils/argparse_utils.py", 329, "parse_args", "raise ValueError("),
+]
 # Where EngineArgs.create_engine_config builds each config class.
 CONFIG_FRAMES = {
     "ModelConfig": (1721, "model_config = self.create_model_config()"),
@@ -610,6 +616,14 @@ def main(argv: list[str] | None = None) -> int:
     except cli.StandinUnsupported as e:
         print(f"vllm stand-in: {e}", file=sys.stderr)
         return 2
+    except cli.ModelNotFirst as e:  # uncaught in vLLM: Python's traceback, exit 1
+        print("\n".join([
+            "Traceback (most recent call last):",
+            *(f'  File "{path}", line {lineno}, in {func}\n    {code}'
+              for path, lineno, func, code in PARSE_FRAMES),
+            f"ValueError: {e}",
+        ]), file=sys.stderr)
+        return 1
     if args.subparser != "serve":
         print("vllm stand-in: only `vllm serve` is imitated", file=sys.stderr)
         return 2

@@ -164,9 +164,12 @@ def test_compose_structure(rendered: dict[str, Path]) -> None:
         command = service["command"]
         assert command[command.index("--tensor-parallel-size") + 1] == str(len(gpus))
         assert command[command.index("--port") + 1] == "8000"
-        assert command[0] == "--model" and "serve" not in command
-    assert services["qwen"]["command"][1] == "Qwen/Qwen2.5-7B-Instruct"  # a Hub id, not /models
-    assert services["big70b"]["command"][1].startswith("/models/")
+        # `vllm serve` is the entrypoint, the model its first argument (never a flag, no --model)
+        assert service["entrypoint"] == ["vllm", "serve"], name
+        assert not command[0].startswith("-") and "--model" not in command, name
+        assert "serve" not in command, name
+    assert services["qwen"]["command"][0] == "Qwen/Qwen2.5-7B-Instruct"  # a Hub id, not /models
+    assert services["big70b"]["command"][0].startswith("/models/")
     nginx = services["nginx"]
     assert nginx["ports"] == ["[::]:9443:443", "[::]:9080:80"]
     assert set(nginx["depends_on"]) == set(expected_gpus) | {VERIFIER_SERVICE}

@@ -109,7 +109,8 @@ def test_dry_run_prints_the_diff_and_writes_nothing(site: Path) -> None:
     before = tree(site)
     result = render(str(spec), "--dry-run")
     assert result.exit_code == 0
-    assert '-    command: ["--model"' in result.output and '"--max-num-seqs", "32"' in result.output
+    assert '-    command: ["/models/llama-8b"' in result.output
+    assert '"--max-num-seqs", "32"' in result.output
     assert tree(site) == before
 
 

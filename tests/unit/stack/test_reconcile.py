@@ -8,8 +8,9 @@ from pathlib import Path
 import docker.errors
 import pytest
 import requests
+import yaml
 
-from kit.engine.desired import DesiredState
+from kit.engine.desired import DesiredState, parse_compose
 from kit.engine.docker_api import explain
 from kit.engine.observe import (
     ContainerState,
@@ -20,9 +21,10 @@ from kit.engine.observe import (
     parse_time,
 )
 from kit.errors import KitError
+from kit.plan.build import MODELS_MOUNT, VLLM_ENTRYPOINT
 from kit.spec.load import parse_spec
 from kit.spec.model import Spec
-from kit.stack.preflight import check_ports, show_pull
+from kit.stack.preflight import check_ports, model_below, show_pull
 from kit.stack.reconcile import Action, changes, down_actions, up_actions
 from tests.support.fake_engine import FakeEngine
 from tests.support.fake_stack import desired_state, rendered
@@ -173,6 +175,32 @@ def test_one_changed_backend_is_recreated_and_the_proxy_reloaded_after_it(site: 
         "wait until healthy a: nginx depends on it; just started\n"
         "reload p-nginx-1: re-resolve a (restarted)"
     )
+
+
+def test_a_vllm_an_older_kit_started_with_model_is_drift_and_recreated(tmp_path: Path) -> None:
+    """An older kit rendered `--model X` for the image's own entrypoint: that container's
+    config hash is not the positional form's, so kit status shows drift and kit up recreates
+    it (the front door re-resolves it); nothing else changes and nothing fails."""
+    spec = write_site(tmp_path)
+    new = rendered(spec)
+    compose_file = spec.parent / "compose" / "docker-compose.yml"
+    document = yaml.safe_load(compose_file.read_text())
+    for body in document["services"].values():
+        if body.get("entrypoint") == list(VLLM_ENTRYPOINT):
+            del body["entrypoint"]
+            body["command"] = ["--model", *body["command"]]
+    old = parse_compose(document, new.project, compose_file.resolve(), spec.parent.resolve())
+    vllm = [s for s in new.services if s.config.entrypoint == VLLM_ENTRYPOINT]
+    assert [s.name for s in vllm] == ["alpha", "beta"]
+    for service in vllm:
+        assert model_below(old.service(service.name), MODELS_MOUNT) == "qwen"
+        assert model_below(service, MODELS_MOUNT) == "qwen"
+    plan = [str(action) for action in changes(up_actions(new, running(old)))]
+    recreated = [line.split(":")[0] for line in plan if line.startswith("recreate")]
+    assert recreated == [f"recreate container {s.container_name}" for s in vllm]
+    assert all("config changed" in line for line in plan if line.startswith("recreate"))
+    assert [line for line in plan if not line.startswith("recreate")] == [
+        "reload unit01-nginx-1: re-resolve alpha, beta (restarted)"]
 
 
 def test_a_proxy_config_change_is_a_reload_not_a_recreate(site: Path) -> None:

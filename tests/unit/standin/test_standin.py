@@ -153,6 +153,42 @@ def test_refuses_removed_flags_and_bad_values(argv, capsys):
     assert ": error: " in capsys.readouterr().err.splitlines()[-1]
 
 
+MODEL_OPTION_WARNING = "The `--model` option will be removed in a future version."
+
+
+def test_the_positional_model_is_served_without_a_warning(capsys):
+    args = cli.build_parser().parse_args(["serve", "/models/x", "--served-model-name", "a"])
+    assert (args.model_tag, args.served_model_name) == ("/models/x", ["a"])
+    assert MODEL_OPTION_WARNING not in capsys.readouterr().out
+
+
+def test_the_model_option_moves_to_the_positional_with_vllms_warning(capsys):
+    args = cli.build_parser().parse_args(
+        ["serve", "--served-model-name", "a", "--model=/models/x", "--port", "8000"])
+    assert (args.model_tag, args.port) == ("/models/x", 8000)
+    assert MODEL_OPTION_WARNING in capsys.readouterr().out
+
+
+def test_a_positional_model_and_the_model_option_is_refused_like_vllm(capsys):
+    """vLLM moves `--model`'s value to the front, so the positional one is left over."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.build_parser().parse_args(["serve", "/models/x", "--model", "/models/y"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        "main.py: error: unrecognized arguments: /models/x"
+
+
+def test_served_model_name_before_the_model_is_vllms_value_error(tmp_path):
+    """vLLM's parser raises a ValueError (a traceback, exit 1) when --served-model-name comes
+    without the model as the first argument, even with the model later on."""
+    model = model_dir(tmp_path, "m", LLAMA_8B)
+    result = run_standin("serve", "--served-model-name", "a", str(model), "--port", "1")
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == (
+        "ValueError: `model` should be provided as the first positional argument when using "
+        "`vllm serve`. i.e. `vllm serve <model> --<arg> <value>`.")
+
+
 # --- start-up ---------------------------------------------------------------------------------
 
 
