@@ -66,7 +66,7 @@ LOST_RANGES = 4096  # gaps of one boot remembered, so a line that turns up late 
 OVERFLOW_WHO = "_other"
 PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-SPOOL_ROOM = MAX_LINE  # less free than the longest line: the spool is full
+SPOOL_ROOM = 64 << 10  # nginx writes its buffer of spool lines (buffer=64k) in one go
 
 UTC = datetime.timezone.utc  # noqa: UP017 - datetime.UTC is 3.11+; the image's python may be older
 _BOOT = re.compile(r"[A-Za-z0-9_-]{1,64}")
