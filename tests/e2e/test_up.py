@@ -1,9 +1,12 @@
 """kit up / status / down / logs against a real engine, on the local test images.
 
-Each test brings up its own site (unique name, free ports, the vLLM stand-in loading in 2 s,
-healthchecks every second) and asserts invariants of the running stack, as Compose's own e2e
-tests do: what the containers were given, which container ids survived a change, what nginx
-reloaded, and that docker compose sees the same stack.
+A site has a unique name, free ports, the vLLM stand-in loading in 2 s and healthchecks every
+second; the tests assert invariants of the running stack, as Compose's own e2e tests do: what the
+containers were given, which container ids survived a change, what nginx reloaded, and that
+docker compose sees the same stack. The tests that leave a stack as they found it share one
+(`TestOneSharedStack`): a test that changes it does so inside `restored`, which puts the spec back,
+converges with `kit up` and proves the gate passes and nothing is left to change. Tests that
+take a stack down, break its start or let compose create it bring up their own (`make_site`).
 """
 
 import os
@@ -15,6 +18,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from copy import deepcopy
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +30,7 @@ from click.testing import CliRunner
 from kit.cli import cli
 from kit.engine.desired import CONFIG_HASH_LABEL, PROJECT_LABEL, SERVICE_LABEL, load_desired
 from kit.layout import SiteLayout
+from tests.support.docker_engine import pick_free_port, remove_project
 from tests.support.live_stack import kill_port_forwarder, kit, write_spec
 
 pytestmark = pytest.mark.e2e
@@ -100,141 +106,286 @@ def all_healthy(site: EditedSite, services: set[str]) -> bool:
     )
 
 
+def new_site(folder: Path, client, backends: int) -> EditedSite:
+    """A spec written in `folder` with `alpha` (GPU 0) and, with `backends=2`, `beta`."""
+    name = f"kitup{secrets.token_hex(3)}"
+    models = folder / "models"
+    (models / "qwen").mkdir(parents=True, exist_ok=True)
+    shutil.copy(MODEL_CONFIG, models / "qwen" / "config.json")
+    backend = {"model": "qwen", "max_num_seqs": 8, "max_model_len": 4096,
+               "env": {"STANDIN_LOAD_SECONDS": "2"}}
+    services = [{"name": "alpha", **backend, "gpus": [0]},
+                {"name": "beta", **backend, "gpus": [1, 2]}][:backends]
+    site = EditedSite(folder / name, name, client)
+    site.root.mkdir()
+    site.spec = {
+        "site": name,
+        "domain": "llm.test.internal",
+        "models_root": str(models),
+        "auth": {"users": ["ops"]},
+        "proxy": {"bind": "127.0.0.1", "https_port": pick_free_port(),
+                  "http_port": pick_free_port(), "read_timeout": 900},
+        "healthcheck_interval": 1,
+        "services": services,
+    }
+    site.write()
+    return site
+
+
 @pytest.fixture
 def make_site(
-    tmp_path: Path, docker_client, test_images, free_port, cleanup_project
+    tmp_path: Path, docker_client, test_images, cleanup_project
 ) -> Iterator[Callable[..., EditedSite]]:
-    """EditedSite factory: `make_site(backends=2)` writes a spec with `alpha` (GPU 0) and `beta`."""
+    """EditedSite factory for a test's own site: `make_site(backends=2)` adds `beta`."""
 
     def make(backends: int = 1) -> EditedSite:
-        name = f"kitup{secrets.token_hex(3)}"
-        cleanup_project(name)
-        models = tmp_path / "models"
-        (models / "qwen").mkdir(parents=True, exist_ok=True)
-        shutil.copy(MODEL_CONFIG, models / "qwen" / "config.json")
-        backend = {"model": "qwen", "max_num_seqs": 8, "max_model_len": 4096,
-                   "env": {"STANDIN_LOAD_SECONDS": "2"}}
-        services = [{"name": "alpha", **backend, "gpus": [0]},
-                    {"name": "beta", **backend, "gpus": [1, 2]}][:backends]
-        site = EditedSite(tmp_path / name, name, docker_client)
-        site.root.mkdir()
-        site.spec = {
-            "site": name,
-            "domain": "llm.test.internal",
-            "models_root": str(models),
-            "auth": {"users": ["ops"]},
-            "proxy": {"bind": "127.0.0.1", "https_port": free_port(), "http_port": free_port(),
-                      "read_timeout": 900},
-            "healthcheck_interval": 1,
-            "services": services,
-        }
-        site.write()
+        site = new_site(tmp_path, docker_client, backends)
+        cleanup_project(site.name)
         return site
 
     yield make
 
 
-def test_up_from_nothing_is_healthy_pinned_labelled_and_passes_the_gate(make_site) -> None:
-    site = make_site(backends=2)
-    result = site.up()
-    assert "all checks passed" in result.stdout  # kit up ends with the gate
-    containers = site.containers()
-    # + the password verifier and the usage ledger's collector
-    assert set(containers) == {"alpha", "beta", "kit-auth", "nginx", "usage-ledger"}
-    for container in containers.values():
-        assert container.attrs["State"]["Health"]["Status"] == "healthy"
-        assert container.name == f"{site.name}-{container.labels[SERVICE_LABEL]}-1"
+@dataclass
+class SharedSite:
+    """The shared two-service site and what its first `kit up` printed."""
 
-    for service, gpus in (("alpha", ["0"]), ("beta", ["1", "2"])):
-        requests = containers[service].attrs["HostConfig"]["DeviceRequests"]
-        assert [(r["Driver"], r["DeviceIDs"], r["Capabilities"]) for r in requests] == [
-            ("nvidia", gpus, [["gpu"]])
-        ]
-        mounts = {m["Destination"]: m for m in containers[service].attrs["Mounts"]}
-        assert mounts["/models"]["RW"] is False
-    assert not containers["nginx"].attrs["HostConfig"]["DeviceRequests"]
-    assert containers["nginx"].attrs["HostConfig"]["ReadonlyRootfs"] is True
-    nginx_mounts = {m["Destination"]: m for m in containers["nginx"].attrs["Mounts"]}
-    assert nginx_mounts["/etc/nginx/kit"]["RW"] is False
-
-    desired = load_desired(SiteLayout(site.root), site.name)
-    for service in desired.services:
-        assert containers[service.name].labels[CONFIG_HASH_LABEL] == service.config_hash
-
-    listed = site.compose("docker-compose", "ps", "-q")
-    assert listed.returncode == 0, listed.stderr
-    assert set(listed.stdout.split()) == {c.id for c in containers.values()}
+    site: EditedSite
+    first_up: subprocess.CompletedProcess
 
 
-def test_a_second_up_without_change_touches_nothing_and_is_fast(make_site) -> None:
-    site = make_site()
-    site.up("--no-probe")
-    before = {s: c.attrs["State"]["StartedAt"] for s, c in site.containers().items()}
-    workers = nginx_workers(site.containers()["nginx"])
-
-    started = time.monotonic()
-    result = CliRunner().invoke(cli, ["up", "--no-probe", str(site.spec_path)])
-    elapsed = time.monotonic() - started
-
-    assert result.exit_code == 0, result.output
-    # + the verifier and the usage ledger's collector
-    assert "no change: 4 container(s) up to date" in result.output
-    assert elapsed < NO_CHANGE_LIMIT_S, f"a no-change kit up took {elapsed:.2f}s"
-    after = site.containers()
-    assert {s: c.attrs["State"]["StartedAt"] for s, c in after.items()} == before
-    assert nginx_workers(after["nginx"]) == workers  # not even reloaded
+@pytest.fixture(scope="class")
+def shared(tmp_path_factory: pytest.TempPathFactory, docker_client,
+           test_images) -> Iterator[SharedSite]:
+    """One two-service site brought up from nothing with `kit up` (gate included), shared by
+    the tests that leave it as they found it (`restored`)."""
+    site = new_site(tmp_path_factory.mktemp("up"), docker_client, backends=2)
+    try:
+        yield SharedSite(site, site.up())
+    finally:
+        remove_project(docker_client, site.name)
 
 
-def test_a_changed_service_is_recreated_alone_and_nginx_reloads_after_it(make_site) -> None:
-    site = make_site(backends=2)
-    site.up("--no-probe")
-    before = site.ids()
-    workers = nginx_workers(site.containers()["nginx"])
-
-    site.service("alpha")["max_num_seqs"] = 16
-    site.write()
-    result = site.up("--no-probe")
-
-    after = site.ids()
-    assert after["alpha"] != before["alpha"]
-    assert after["beta"] == before["beta"] and after["nginx"] == before["nginx"]
-    assert f"recreate container {site.name}-alpha-1: config changed" in result.stdout
-    # max_num_seqs also sets the `auto` limits in nginx.conf: its files changed too
-    assert re.search(rf"reload {site.name}-nginx-1: .*re-resolve alpha", result.stdout)
-    assert result.stdout.index("alpha healthy") < result.stdout.index(f"reload {site.name}-nginx")
-    assert not nginx_workers(site.containers()["nginx"]) & workers  # new config, same master
-    alpha = site.containers()["alpha"]
-    assert "16" in alpha.attrs["Args"][alpha.attrs["Args"].index("--max-num-seqs") + 1]
-    assert alpha.attrs["State"]["Health"]["Status"] == "healthy"
+@pytest.fixture
+def shared_site(shared: SharedSite) -> EditedSite:
+    return shared.site
 
 
-def test_a_config_only_nginx_change_is_an_in_place_reload(make_site) -> None:
-    site = make_site()
-    site.up("--no-probe")
-    before = site.containers()
-    workers = nginx_workers(before["nginx"])
+@contextmanager
+def restored(site: EditedSite) -> Iterator[None]:
+    """Inside: the caller edits the spec and converges. After (also when the stack was left
+    broken): the spec as it was, `kit up` converges back and its gate passes, and a further
+    `kit up` finds nothing to change, every container healthy."""
+    spec = deepcopy(site.spec)
+    try:
+        yield
+    finally:
+        site.spec = spec
+        site.write()
+        back = site.kit("up")
+    assert back.returncode == 0, f"kit up back failed:\n{back.stdout}\n{back.stderr}"
+    assert "all checks passed" in back.stdout
+    assert "no change: 5 container(s) up to date" in site.up("--no-probe").stdout
+    assert all_healthy(site, {"alpha", "beta", "kit-auth", "nginx", "usage-ledger"})
 
-    site.spec["proxy"]["read_timeout"] = 300
-    site.write()
-    result = site.up("--no-probe")
 
-    assert f"reload {site.name}-nginx-1: its mounted config files changed" in result.stdout
-    after = site.containers()
-    assert {s: c.id for s, c in after.items()} == {s: c.id for s, c in before.items()}
-    nginx = after["nginx"]
-    assert nginx.attrs["State"]["StartedAt"] == before["nginx"].attrs["State"]["StartedAt"]
-    assert nginx.attrs["RestartCount"] == 0
-    assert nginx_workers(nginx) and not nginx_workers(nginx) & workers
-    assert "no change" in site.up("--no-probe").stdout  # the reload was recorded
+class TestOneSharedStack:
+    """The tests that leave the shared two-service stack as they found it: a class, so the
+    stack (and its healthchecks' load) is gone before the tests that bring up their own."""
+
+    def test_up_from_nothing_is_healthy_pinned_labelled_and_passes_the_gate(self, shared) -> None:
+        site = shared.site  # the first test: the stack as its first `kit up` left it
+        assert "all checks passed" in shared.first_up.stdout  # kit up ends with the gate
+        containers = site.containers()
+        # + the password verifier and the usage ledger's collector
+        assert set(containers) == {"alpha", "beta", "kit-auth", "nginx", "usage-ledger"}
+        for container in containers.values():
+            assert container.attrs["State"]["Health"]["Status"] == "healthy"
+            assert container.name == f"{site.name}-{container.labels[SERVICE_LABEL]}-1"
+
+        for service, gpus in (("alpha", ["0"]), ("beta", ["1", "2"])):
+            requests = containers[service].attrs["HostConfig"]["DeviceRequests"]
+            assert [(r["Driver"], r["DeviceIDs"], r["Capabilities"]) for r in requests] == [
+                ("nvidia", gpus, [["gpu"]])
+            ]
+            mounts = {m["Destination"]: m for m in containers[service].attrs["Mounts"]}
+            assert mounts["/models"]["RW"] is False
+        assert not containers["nginx"].attrs["HostConfig"]["DeviceRequests"]
+        assert containers["nginx"].attrs["HostConfig"]["ReadonlyRootfs"] is True
+        nginx_mounts = {m["Destination"]: m for m in containers["nginx"].attrs["Mounts"]}
+        assert nginx_mounts["/etc/nginx/kit"]["RW"] is False
+
+        desired = load_desired(SiteLayout(site.root), site.name)
+        for service in desired.services:
+            assert containers[service.name].labels[CONFIG_HASH_LABEL] == service.config_hash
+
+        listed = site.compose("docker-compose", "ps", "-q")
+        assert listed.returncode == 0, listed.stderr
+        assert set(listed.stdout.split()) == {c.id for c in containers.values()}
+
+    def test_a_second_up_without_change_touches_nothing_and_is_fast(self, shared_site) -> None:
+        site = shared_site
+        before = {s: c.attrs["State"]["StartedAt"] for s, c in site.containers().items()}
+        workers = nginx_workers(site.containers()["nginx"])
+
+        started = time.monotonic()
+        result = CliRunner().invoke(cli, ["up", "--no-probe", str(site.spec_path)])
+        elapsed = time.monotonic() - started
+
+        assert result.exit_code == 0, result.output
+        # alpha, beta, nginx + the verifier and the usage ledger's collector
+        assert "no change: 5 container(s) up to date" in result.output
+        assert elapsed < NO_CHANGE_LIMIT_S, f"a no-change kit up took {elapsed:.2f}s"
+        after = site.containers()
+        assert {s: c.attrs["State"]["StartedAt"] for s, c in after.items()} == before
+        assert nginx_workers(after["nginx"]) == workers  # not even reloaded
+
+    def test_a_changed_service_is_recreated_alone_and_nginx_reloads_after_it(
+            self, shared_site) -> None:
+        site = shared_site
+        before = site.ids()
+        workers = nginx_workers(site.containers()["nginx"])
+
+        with restored(site):
+            site.service("alpha")["max_num_seqs"] = 16
+            site.write()
+            result = site.up("--no-probe")
+
+            after = site.ids()
+            assert after["alpha"] != before["alpha"]
+            assert after["beta"] == before["beta"] and after["nginx"] == before["nginx"]
+            assert f"recreate container {site.name}-alpha-1: config changed" in result.stdout
+            # max_num_seqs also sets the `auto` limits in nginx.conf: its files changed too
+            assert re.search(rf"reload {site.name}-nginx-1: .*re-resolve alpha", result.stdout)
+            out = result.stdout
+            assert out.index("alpha healthy") < out.index(f"reload {site.name}-nginx")
+            # new config, same master
+            assert not nginx_workers(site.containers()["nginx"]) & workers
+            alpha = site.containers()["alpha"]
+            assert "16" in alpha.attrs["Args"][alpha.attrs["Args"].index("--max-num-seqs") + 1]
+            assert alpha.attrs["State"]["Health"]["Status"] == "healthy"
+
+    def test_a_config_only_nginx_change_is_an_in_place_reload(self, shared_site) -> None:
+        site = shared_site
+        before = site.containers()
+        workers = nginx_workers(before["nginx"])
+
+        with restored(site):
+            site.spec["proxy"]["read_timeout"] = 300
+            site.write()
+            result = site.up("--no-probe")
+
+            assert f"reload {site.name}-nginx-1: its mounted config files changed" in result.stdout
+            after = site.containers()
+            assert {s: c.id for s, c in after.items()} == {s: c.id for s, c in before.items()}
+            nginx = after["nginx"]
+            assert nginx.attrs["State"]["StartedAt"] == before["nginx"].attrs["State"]["StartedAt"]
+            assert nginx.attrs["RestartCount"] == 0
+            assert nginx_workers(nginx) and not nginx_workers(nginx) & workers
+            assert "no change" in site.up("--no-probe").stdout  # the reload was recorded
+
+    def test_status_shows_health_gpus_drift_and_the_last_probe(self, shared_site) -> None:
+        """(That a last probe goes stale when its stack is gone: the `kit down` test.)"""
+        site = shared_site
+        status = site.kit("status", "--json")
+        assert status.returncode == 0, status.stderr
+        report = yaml.safe_load(status.stdout)
+        assert set(report) == {"site", "containers", "front_door_ports", "drift", "render_pending",
+                               "last_probe", "last_probe_stale", "usage_ledger"}
+        assert report["usage_ledger"]["ok"] is True, report["usage_ledger"]
+        assert [(p["port"], p["tls"], p["answers"]) for p in report["front_door_ports"]] == [
+            (site.spec["proxy"]["https_port"], True, True),
+            (site.spec["proxy"]["http_port"], False, True)]
+        assert report["last_probe_stale"] is None
+        assert set(report["containers"][0]) == {
+            "service", "name", "state", "health", "gpus", "uptime_seconds", "restarts", "image",
+            "id",
+        }
+        by_service = {c["service"]: c for c in report["containers"]}
+        assert by_service["alpha"]["gpus"] == ["0"] and by_service["alpha"]["health"] == "healthy"
+        assert report["drift"] == [] and report["render_pending"] == []
+        assert report["last_probe"]["ok"] is True
+
+        with restored(site):
+            site.service("alpha")["max_num_seqs"] = 4
+            site.write()
+            pending = yaml.safe_load(site.kit("status", "--json").stdout)["render_pending"]
+            assert "compose/docker-compose.yml" in pending
+            assert site.kit("render").returncode == 0
+            drift = yaml.safe_load(site.kit("status", "--json").stdout)["drift"]
+            assert drift[0].startswith(f"recreate container {site.name}-alpha-1: config changed")
+
+    def test_a_dead_front_door_port_is_shown_and_kit_up_repairs_it(self, shared_site) -> None:
+        """The engine's port forwarder for the HTTPS port dies while nginx runs healthy: status
+        says the port does not answer, and kit up recreates the front door and proves it."""
+        site = shared_site
+        with restored(site):  # kit up repairs it; `restored` too if this test fails before
+            https_port = site.spec["proxy"]["https_port"]
+            before = site.ids()
+            assert kill_port_forwarder(https_port), "no docker-proxy for the port: is it published?"
+            wait_until(lambda: socket.socket().connect_ex(("127.0.0.1", https_port)) != 0,
+                       "the HTTPS port to refuse", timeout=10)
+            assert site.containers()["nginx"].attrs["State"]["Health"]["Status"] == "healthy"
+
+            status = site.kit("status")
+            assert status.returncode == 0, status.stderr
+            print(status.stdout)
+            assert (f"front door: https port 127.0.0.1:{https_port} DOES NOT ANSWER: connection "
+                    "refused") in status.stdout
+            repair = f"recreate container {site.name}-nginx-1: nginx runs healthy but https port"
+            assert repair in status.stdout
+            report = yaml.safe_load(site.kit("status", "--json").stdout)
+            assert [p["answers"] for p in report["front_door_ports"]] == [False, True]
+
+            repaired = site.up()
+            print(repaired.stdout)
+            assert repair in repaired.stdout
+            assert "all checks passed" in repaired.stdout
+            after = site.ids()
+            assert after["nginx"] != before["nginx"] and after["alpha"] == before["alpha"]
+            healthy = yaml.safe_load(site.kit("status", "--json").stdout)
+            assert all(p["answers"] for p in healthy["front_door_ports"]) and healthy["drift"] == []
+
+    def test_logs_of_one_service_and_of_all(self, shared_site) -> None:
+        site = shared_site
+        one = site.kit("logs", "alpha", "-n", "5")
+        assert one.returncode == 0, one.stderr
+        assert "GET /health" in one.stdout and " | " not in one.stdout
+        every = site.kit("logs")
+        assert re.search(r"^alpha +\| ", every.stdout, re.MULTILINE)  # names padded alike
+        unknown = site.kit("logs", "gamma")
+        assert unknown.returncode == 2
+        assert "pick one of: alpha, beta, kit-auth, nginx, usage-ledger" in unknown.stderr
+
+    def test_a_service_removed_from_the_spec_loses_its_container(self, shared_site) -> None:
+        site = shared_site
+        before = site.ids()
+
+        with restored(site):  # beta comes back
+            site.spec["services"] = [site.service("alpha")]
+            site.write()
+            result = site.up("--no-probe")
+
+            assert (f"remove container {site.name}-beta-1: service no longer in the compose "
+                    "file") in result.stdout
+            after = site.ids()
+            # the usage ledger's collector is recreated: the served names it allows changed (it
+            # resumes from its checkpoint; the spool keeps what the door wrote meanwhile)
+            assert after.pop("usage-ledger") != before["usage-ledger"]
+            assert after == {"alpha": before["alpha"], "kit-auth": before["kit-auth"],
+                             "nginx": before["nginx"]}
+            assert f"reload {site.name}-nginx-1: its mounted config files changed" in result.stdout
 
 
 def test_down_removes_containers_and_networks_and_volumes_only_when_asked(make_site) -> None:
     site = make_site()
-    site.up("--no-probe")
+    site.up()  # with the gate: its last probe becomes stale below
     label = {"label": f"{PROJECT_LABEL}={site.name}"}
 
     result = site.kit("down")
     assert result.returncode == 0, result.stderr
+    after = site.kit("status")  # the last probe is of a stack that is gone
+    assert "(stale: the front door it probed no longer runs)" in after.stdout, after.stdout
     assert site.client.containers.list(all=True, filters=label) == []
     assert site.client.networks.list(filters=label) == []
     assert {v.name for v in site.client.volumes.list(filters=label)} == {
@@ -243,84 +394,6 @@ def test_down_removes_containers_and_networks_and_volumes_only_when_asked(make_s
 
     assert site.kit("down", "--volumes").returncode == 0
     assert site.client.volumes.list(filters=label) == []
-
-
-def test_status_shows_health_gpus_drift_and_the_last_probe(make_site) -> None:
-    site = make_site()
-    site.up()
-    status = site.kit("status", "--json")
-    assert status.returncode == 0, status.stderr
-    report = yaml.safe_load(status.stdout)
-    assert set(report) == {"site", "containers", "front_door_ports", "drift", "render_pending",
-                           "last_probe", "last_probe_stale", "usage_ledger"}
-    assert report["usage_ledger"]["ok"] is True, report["usage_ledger"]
-    assert [(p["port"], p["tls"], p["answers"]) for p in report["front_door_ports"]] == [
-        (site.spec["proxy"]["https_port"], True, True),
-        (site.spec["proxy"]["http_port"], False, True)]
-    assert report["last_probe_stale"] is None
-    assert set(report["containers"][0]) == {
-        "service", "name", "state", "health", "gpus", "uptime_seconds", "restarts", "image", "id",
-    }
-    by_service = {c["service"]: c for c in report["containers"]}
-    assert by_service["alpha"]["gpus"] == ["0"] and by_service["alpha"]["health"] == "healthy"
-    assert report["drift"] == [] and report["render_pending"] == []
-    assert report["last_probe"]["ok"] is True
-
-    site.service("alpha")["max_num_seqs"] = 4
-    site.write()
-    pending = yaml.safe_load(site.kit("status", "--json").stdout)["render_pending"]
-    assert "compose/docker-compose.yml" in pending
-    assert site.kit("render").returncode == 0
-    drift = yaml.safe_load(site.kit("status", "--json").stdout)["drift"]
-    assert drift[0].startswith(f"recreate container {site.name}-alpha-1: config changed")
-
-    assert site.kit("down").returncode == 0  # the last probe is of a stack that is gone
-    after = site.kit("status")
-    assert "(stale: the front door it probed no longer runs)" in after.stdout, after.stdout
-
-
-def test_a_dead_front_door_port_is_shown_and_kit_up_repairs_it(make_site) -> None:
-    """The engine's port forwarder for the HTTPS port dies while nginx runs healthy: status
-    says the port does not answer, and kit up recreates the front door and proves it."""
-    site = make_site()
-    site.up()
-    https_port = site.spec["proxy"]["https_port"]
-    before = site.ids()
-    assert kill_port_forwarder(https_port), "no docker-proxy for the port: is it published?"
-    wait_until(lambda: socket.socket().connect_ex(("127.0.0.1", https_port)) != 0,
-               "the HTTPS port to refuse", timeout=10)
-    assert site.containers()["nginx"].attrs["State"]["Health"]["Status"] == "healthy"
-
-    status = site.kit("status")
-    assert status.returncode == 0, status.stderr
-    print(status.stdout)
-    assert (f"front door: https port 127.0.0.1:{https_port} DOES NOT ANSWER: connection "
-            "refused") in status.stdout
-    repair = f"recreate container {site.name}-nginx-1: nginx runs healthy but https port"
-    assert repair in status.stdout
-    report = yaml.safe_load(site.kit("status", "--json").stdout)
-    assert [p["answers"] for p in report["front_door_ports"]] == [False, True]
-
-    repaired = site.up()
-    print(repaired.stdout)
-    assert repair in repaired.stdout
-    assert "all checks passed" in repaired.stdout
-    after = site.ids()
-    assert after["nginx"] != before["nginx"] and after["alpha"] == before["alpha"]
-    healthy = yaml.safe_load(site.kit("status", "--json").stdout)
-    assert all(p["answers"] for p in healthy["front_door_ports"]) and healthy["drift"] == []
-
-
-def test_logs_of_one_service_and_of_all(make_site) -> None:
-    site = make_site()
-    site.up("--no-probe")
-    one = site.kit("logs", "alpha", "-n", "5")
-    assert one.returncode == 0, one.stderr
-    assert "GET /health" in one.stdout and " | " not in one.stdout
-    every = site.kit("logs")
-    assert re.search(r"^alpha +\| ", every.stdout, re.MULTILINE)  # names padded alike
-    unknown = site.kit("logs", "gamma")
-    assert unknown.returncode == 2 and "pick one of: alpha, kit-auth, nginx" in unknown.stderr
 
 
 def test_a_failing_start_is_reported_at_once_with_the_log_and_its_cause(make_site) -> None:
@@ -422,27 +495,6 @@ def test_compose_runs_the_rendered_file_and_kit_adopts_its_stack(make_site, comp
 
     assert site.compose(compose, "down").returncode == 0
     assert site.containers() == {}
-
-
-def test_a_service_removed_from_the_spec_loses_its_container(make_site) -> None:
-    site = make_site(backends=2)
-    site.up("--no-probe")
-    before = site.ids()
-
-    site.spec["services"] = [site.service("alpha")]
-    site.write()
-    result = site.up("--no-probe")
-
-    assert f"remove container {site.name}-beta-1: service no longer in the compose file" in (
-        result.stdout
-    )
-    after = site.ids()
-    # the usage ledger's collector is recreated: the served names it allows changed (it
-    # resumes from its checkpoint; the spool keeps what the door wrote meanwhile)
-    assert after.pop("usage-ledger") != before["usage-ledger"]
-    assert after == {"alpha": before["alpha"], "kit-auth": before["kit-auth"],
-                     "nginx": before["nginx"]}
-    assert f"reload {site.name}-nginx-1: its mounted config files changed" in result.stdout
 
 
 def test_the_health_timeout_comes_from_the_spec_or_the_option(make_site) -> None:
