@@ -29,6 +29,10 @@ if TYPE_CHECKING:
     from kit.front_door.acme import AcmeStatus
     from kit.front_door.gate import ProbeResult
 
+# dockerd may stamp a container's first log lines before the StartedAt it records (its log
+# copier can read them first; seen on a loaded machine): a start's lines are read from this
+# much earlier.
+START_LOG_SLACK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -157,7 +161,7 @@ def _check_started_proxy(engine: Engine, project: str, actions: list[Action]) ->
     started = any(service.name == PROXY_SERVICE for service in starting_services(actions))
     proxy = running_proxy(engine, project) if started else None
     if proxy is not None and proxy.started_at is not None:
-        check_open_files(engine, proxy, proxy.started_at.timestamp())
+        check_open_files(engine, proxy, proxy.started_at.timestamp() - START_LOG_SLACK_S)
 
 
 def _report_healthy(

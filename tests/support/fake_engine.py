@@ -62,6 +62,9 @@ class FakeEngine:
         self.exec_results: dict[tuple[str, ...], list[tuple[int, str]]] = {}  # used in turn
         self.reload_errors: list[str] = []  # [emerg] lines nginx logs instead of reloading
         self.worker_log: list[str] = []  # lines nginx's new workers log (at start, each reload)
+        # how much earlier than the container's StartedAt dockerd may stamp its first log lines
+        # (its log copier can read them before it records the start)
+        self.start_log_skew = 0.0
         self.helpers: dict[str, tuple[list[str], tuple[Mount, ...], bool]] = {}  # running ones
         self.helper_results: dict[str, tuple[int, str]] = {}  # helper name → (code, log)
         self.run_helpers = False  # True: an unscripted helper really runs here, binds rebased
@@ -240,7 +243,8 @@ class FakeEngine:
         if container.argv and container.argv[0].rsplit("/", 1)[-1] == "nginx":
             container.processes = [(next(self._pids), "nginx: master process " +
                                     " ".join(container.argv)), (next(self._pids), NGINX_WORKER)]
-            container.log += [(time.time(), line) for line in self.worker_log]
+            container.log += [(time.time() - self.start_log_skew, line)
+                              for line in self.worker_log]
         else:
             container.processes = [(next(self._pids), " ".join(container.argv))]
 

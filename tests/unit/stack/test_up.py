@@ -8,7 +8,7 @@ from kit.engine.desired import NetworkState
 from kit.errors import KitError
 from kit.plan.observability import metrics_network
 from kit.site import Site
-from kit.stack.up import up_site
+from kit.stack.up import START_LOG_SLACK_S, up_site
 from tests.support.fake_engine import engine_with_images
 from tests.support.sites import write_site
 
@@ -56,6 +56,20 @@ def test_a_front_door_that_cannot_take_its_open_files_limit_fails_up(tmp_path: P
         up_site(Site.load(site.spec_path), timeout=5, probe=False, report=lambda _: None,
                 warn=lambda _: None, connect=lambda: engine)
     assert NOFILE_ALERT in at_reload.value.message
+
+
+def test_an_alert_stamped_just_before_the_recorded_start_is_still_read(tmp_path: Path) -> None:
+    """dockerd may stamp a container's first log lines a little before the StartedAt it
+    records (seen on CI: kit up passed over the alert): the start's lines are read from a
+    moment before it."""
+    site = Site.load(write_site(tmp_path))
+    engine = engine_with_images()
+    engine.worker_log.append(NOFILE_ALERT)
+    engine.start_log_skew = START_LOG_SLACK_S / 2
+    with pytest.raises(KitError) as at_start:
+        up_site(site, timeout=5, probe=False, report=lambda _: None, warn=lambda _: None,
+                connect=lambda: engine)
+    assert NOFILE_ALERT in at_start.value.message
 
 
 def test_a_metrics_subnet_the_engine_already_uses_is_refused_before_any_change(
