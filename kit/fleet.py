@@ -203,21 +203,16 @@ def server_usage(spec: Path, period: Period, now: datetime) -> ServerUsage:
     return ServerUsage(server_name(spec), time.monotonic() - started, found)
 
 
-def table(rows: list[tuple[str, ...]]) -> str:
-    """Every column left-aligned."""
-    return text_table(rows)
-
-
 def status_table(rows: list[ServerStatus]) -> str:
     header = ("SERVER", "ENGINE", "CONTAINERS", "HEALTH", "DRIFT", "LAST PROBE", "TIME", "CAUSE")
-    return table([header, *[
+    return text_table([header, *[
         (r.server, r.engine, r.containers, r.health, r.drift, r.last_probe,
          f"{r.seconds:.1f}s", r.cause or "-") for r in rows
     ]])
 
 
 def results_table(rows: list[ServerResult]) -> str:
-    return table([("SERVER", "RESULT", "TIME", "CAUSE"), *[
+    return text_table([("SERVER", "RESULT", "TIME", "CAUSE"), *[
         (r.server, r.result, f"{r.seconds:.1f}s", r.cause or "-") for r in rows
     ]])
 

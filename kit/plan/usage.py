@@ -35,10 +35,11 @@ USAGE_PORT = 9312  # the collector's /health and /metrics, on the metrics networ
 USAGE_JOB = "usage"  # Prometheus's job name of the collector's figures
 # The collector's /health asked inside its container and printed: its compose healthcheck (a
 # failed request fails it) and `kit status` (which reads the answer) run the same command.
+HEALTH_URL = f"http://127.0.0.1:{USAGE_PORT}/health"  # inside the collector's container or pod
 HEALTH_ARGV = [
     "python3", "-c",
     "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen("
-    f"'http://127.0.0.1:{USAGE_PORT}/health', timeout=4).read().decode())",
+    f"{HEALTH_URL!r}, timeout=4).read().decode())",
 ]
 
 

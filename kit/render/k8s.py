@@ -486,7 +486,7 @@ SPOOL_DRAIN = (
     "while True:\n"
     "    try:\n"
     "        health = json.load(urllib.request.urlopen("
-    f"'http://127.0.0.1:{ledger.USAGE_PORT}/health', timeout=2))\n"
+    f"{ledger.HEALTH_URL!r}, timeout=2))\n"
     "        pending = health['spool_pending_bytes']\n"
     "    except (OSError, ValueError) as error:\n"
     "        pending = str(error)\n"

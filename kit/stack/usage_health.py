@@ -61,8 +61,8 @@ class LedgerHealth:
         if isinstance(j["lost"], int) and j["lost"] > 0:
             lines.append(f"  {j['lost']:,} record{'s' if j['lost'] > 1 else ''} LOST: the door "
                          "numbered them but never wrote them to its spool (the spool's disk "
-                         "full, or nginx killed before its buffer was written); `kit logs SPEC "
-                         "nginx` shows its write errors")
+                         "full, or an nginx worker killed before its buffer was written); `kit "
+                         "logs SPEC nginx` shows its write errors")
         lines += [f"  {problem}" for problem in j["problems"]]
         return lines
 
