@@ -45,6 +45,7 @@ from kit.layout import PROBE_USER
 from kit.plan.build import VLLM_PORT, ServicePlan, build_plan
 from kit.site import Site
 from kit.spec.model import Service
+from kit.spec.vllm_flags import GENERATE
 
 API_KEY_ENV = "KIT_BENCH_API_KEY"
 SEARCH_LIMIT = 4096  # the search doubles up to this many streams
@@ -125,11 +126,19 @@ class BenchRun:
 
 
 def pick_service(site: Site, name: str | None) -> Service:
-    services = site.spec.services
+    """The service to load: the one named, else the only generative one (the bench streams
+    completions; an embedding model has none to stream)."""
+    services = [s for s in site.spec.services if s.task == GENERATE]
+    others = [s.name for s in site.spec.services if s.task != GENERATE]
+    if name in others or not services:
+        what = f"{name} is" if name in others else f"{site.spec_path} has only"
+        raise BadInput(f"{what} an embedding model: kit bench measures streamed completions",
+                       fix="bench a generative service" + (
+                           f" ({', '.join(s.name for s in services)})" if services else ""))
     if name is None:
         if len(services) == 1:
             return services[0]
-        raise BadInput(f"{site.spec_path} has {len(services)} services",
+        raise BadInput(f"{site.spec_path} has {len(services)} generative services",
                        fix="name one with --service (" + ", ".join(s.name for s in services) + ")")
     for service in services:
         if service.name == name:

@@ -35,6 +35,7 @@ from kit.front_door.client import (
 )
 from kit.layout import PROBE_USER, SiteLayout
 from kit.spec.model import Service, Spec
+from kit.spec.vllm_flags import EMBED, GENERATE
 
 STREAM_TOKENS = 24  # asked for, with ignore_eos, so the stream is long enough to judge
 MIN_STREAM_TOKENS = 16
@@ -106,6 +107,32 @@ def run_probe(
     return result
 
 
+# What proves a model answers, through the door (the gate) and on each replica (replica_check):
+# a generative model completes one token; an embedding model embeds a short text.
+PROOF_NAMES = {GENERATE: "a 1-token completion", EMBED: "an embedding"}
+PROOF_PARTS = {GENERATE: "a choice and usage", EMBED: "an embedding vector and usage"}
+
+
+def proof_request(task: str, api_name: str) -> tuple[str, dict]:
+    """(path, JSON body) of the smallest real request for a model of `task`."""
+    if task == EMBED:
+        return "/v1/embeddings", {"model": api_name, "input": "Say OK."}
+    return "/v1/chat/completions", {"model": api_name, "max_tokens": 1, "temperature": 0,
+                                    "messages": [{"role": "user", "content": "Say OK."}]}
+
+
+def proof_detail(task: str, answer: dict) -> str:
+    """What the answer shows; KeyError, IndexError or TypeError when it lacks PROOF_PARTS."""
+    if task == EMBED:
+        vector, usage = answer["data"][0]["embedding"], answer["usage"]
+        if not isinstance(vector, list) or not vector or not isinstance(usage, dict):
+            raise TypeError("no vector")
+        return f"a {len(vector)}-dimension embedding"
+    if not answer["choices"] or not isinstance(answer["usage"], dict):
+        raise TypeError("no choice")
+    return f"{answer['usage'].get('completion_tokens')} completion token(s)"
+
+
 # --------------------------------------------------------------------------- HTTP as a client
 
 
@@ -119,8 +146,8 @@ class Gate(DoorClient):
             return checks  # nothing over HTTPS can be trusted or even reached
         checks += [self.legacy_tls_refused(), self.protocols(), *self.auth_required()]
         checks += [self.wrong_password_refused(), self.models([s.api_name for s in services])]
-        checks += [self.chat(s.api_name) for s in services]
-        checks += [self.stream(s.api_name) for s in services]
+        checks += [self.answer(s.api_name, s.task) for s in services]
+        checks += [self.stream(s.api_name) for s in services if s.task == GENERATE]
         checks += [self.metrics_need_auth(s.name) for s in services]
         checks += [self.side_door_closed(method, path) for method, path in SIDE_DOORS]
         return checks
@@ -298,28 +325,22 @@ class Gate(DoorClient):
 
         return self._checked("models", run)
 
-    def chat(self, api_name: str) -> Check:
-        name = f"chat {api_name}"
+    def answer(self, api_name: str, task: str) -> Check:
+        """One real answer of the model: a 1-token chat completion, or an embedding."""
+        path, body = proof_request(task, api_name)
+        name = f"{'embed' if task == EMBED else 'chat'} {api_name}"
 
         def run() -> Check:
-            body = {
-                "model": api_name,
-                "messages": [{"role": "user", "content": "Say OK."}],
-                "max_tokens": 1,
-                "temperature": 0,
-            }
-            reply = self.fetch("POST", "/v1/chat/completions", body=body,
-                               credentials=self.credentials)
+            reply = self.fetch("POST", path, body=body, credentials=self.credentials)
             if reply.status != 200:
                 return Check(name, False, f"got {reply.status}: {_snippet(reply.body)}",
                              reply.latency_ms)
-            answer = reply.json()
-            choices, usage = answer.get("choices"), answer.get("usage")
-            if not choices or not isinstance(usage, dict):
-                return Check(name, False, f"200 without a choice and usage: {_snippet(reply.body)}",
-                             reply.latency_ms)
-            return Check(name, True, f"200, {usage.get('completion_tokens')} completion token(s)",
-                         reply.latency_ms)
+            try:
+                detail = proof_detail(task, reply.json())
+            except (KeyError, IndexError, TypeError):
+                return Check(name, False, f"200 without {PROOF_PARTS[task]}: "
+                             f"{_snippet(reply.body)}", reply.latency_ms)
+            return Check(name, True, f"200, {detail}", reply.latency_ms)
 
         return self._checked(name, run)
 

@@ -1,5 +1,6 @@
-"""One replica proven on its own: /health, then a real 1-token completion, from inside its
-container (its port is on a private network, and through nginx a request reaches *some* replica).
+"""One replica proven on its own: /health, then a real answer (1 token, or an embedding), from
+inside its container (its port is on a private network; through nginx a request reaches *some*
+replica).
 
 Used by the probe, so that every replica of a multi-replica service is shown to answer, and by
 the rolling update, which gates each new replica before nginx sends it traffic. curl is in
@@ -17,7 +18,13 @@ from typing import TYPE_CHECKING
 from kit.engine.observe import ContainerState
 from kit.errors import KitError
 from kit.front_door.client import ms_since
-from kit.front_door.gate import Check
+from kit.front_door.gate import (
+    PROOF_NAMES,
+    PROOF_PARTS,
+    Check,
+    proof_detail,
+    proof_request,
+)
 from kit.plan.build import VLLM_PORT
 from kit.spec.replicas import compose_names
 
@@ -42,9 +49,11 @@ class ReplicaVerdict:
 
 
 def prove_replica(
-    engine: Engine, container: ContainerState, api_name: str, timeout: float = CHECK_TIMEOUT_S
+    engine: Engine, container: ContainerState, api_name: str, task: str,
+    timeout: float = CHECK_TIMEOUT_S,
 ) -> ReplicaVerdict:
-    """Health, then one completion token from this container's vLLM, as its own verdict."""
+    """Health, then one real answer from this container's vLLM (a 1-token completion, or an
+    embedding for an embedding model), as its own verdict."""
     started = time.perf_counter()
     if not container.running:
         return ReplicaVerdict(False, f"{container.name} is {container.state}", 0.0)
@@ -52,19 +61,17 @@ def prove_replica(
     if status != 200:
         return ReplicaVerdict(False, f"/health answered {status or 'nothing'}: {body[:300]}",
                               ms_since(started))
-    completion = {"model": api_name, "messages": [{"role": "user", "content": "Say OK."}],
-                  "max_tokens": 1, "temperature": 0}
-    status, body = _request(engine, container, "/v1/chat/completions", completion, timeout)
+    path, request = proof_request(task, api_name)
+    status, body = _request(engine, container, path, request, timeout)
     if status != 200:
-        return ReplicaVerdict(False, f"a 1-token completion got {status or 'no answer'}: "
-                              f"{body[:300]}",
-                              ms_since(started))
+        return ReplicaVerdict(False, f"{PROOF_NAMES[task]} got {status or 'no answer'}: "
+                              f"{body[:300]}", ms_since(started))
     try:
-        tokens = json.loads(body)["usage"]["completion_tokens"]
-    except (ValueError, KeyError, TypeError):
-        return ReplicaVerdict(False, f"a completion without usage: {body[:160]}",
-                              ms_since(started))
-    return ReplicaVerdict(True, f"health 200, {tokens} completion token(s)", ms_since(started))
+        detail = proof_detail(task, json.loads(body))
+    except (ValueError, KeyError, IndexError, TypeError):
+        return ReplicaVerdict(False, f"{PROOF_NAMES[task]} answered without {PROOF_PARTS[task]}: "
+                              f"{body[:160]}", ms_since(started))
+    return ReplicaVerdict(True, f"health 200, {detail}", ms_since(started))
 
 
 def in_flight(engine: Engine, container: ContainerState) -> int | None:
@@ -96,7 +103,7 @@ def replica_checks(site: Site, connect: Callable[[], Engine]) -> list[Check]:
             if not found:
                 checks.append(Check(f"replica {host}", False, "no container: run kit up"))
                 continue
-            verdict = prove_replica(engine, found[0], service.api_name)
+            verdict = prove_replica(engine, found[0], service.api_name, service.task)
             checks.append(Check(f"replica {host}", verdict.ok, verdict.detail, verdict.latency_ms))
     return checks
 

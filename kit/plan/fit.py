@@ -7,15 +7,21 @@
 import shutil
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kit.errors import BadInput
 from kit.plan.capacity import CapacityReport, plan_capacity
-from kit.plan.modelinfo import ModelInfo, find_config, free_disk_gib, inspect_model_dir
+from kit.plan.modelinfo import (
+    NO_CHAT_TEMPLATE,
+    ModelInfo,
+    find_config,
+    free_disk_gib,
+    inspect_model_dir,
+)
 from kit.spec.model import Service, Spec
 from kit.spec.replicas import gpu_layout
-from kit.spec.vllm_flags import flag_table, flag_uses
+from kit.spec.vllm_flags import EMBED, flag_table, flag_uses
 
 NVIDIA_SMI_QUERY = ["--query-gpu=index,memory.total,name", "--format=csv,noheader,nounits"]
 
@@ -48,7 +54,10 @@ def query_gpus(run: Callable[..., subprocess.CompletedProcess] = subprocess.run)
 
 def service_capacity(model: ModelInfo, service: Service, gpu_memory_gib: float,
                      **context) -> CapacityReport:
-    """The capacity plan of one spec service on GPUs of this size."""
+    """The capacity plan of one spec service on GPUs of this size (an embedding model answers no
+    chat, so a missing chat template is no warning there)."""
+    if service.task == EMBED:
+        model = replace(model, warnings=[w for w in model.warnings if w != NO_CHAT_TEMPLATE])
     return plan_capacity(
         model,
         gpu_memory_gib=gpu_memory_gib,

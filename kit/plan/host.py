@@ -16,7 +16,7 @@ from kit.spec.checks import Parts
 from kit.spec.load import HostChecks, read_spec
 from kit.spec.model import BIND_FIX, Service, Spec, gpu_memory_for
 from kit.spec.problems import SpecProblem
-from kit.spec.vllm_flags import SHIPPED_VERSION, image_version
+from kit.spec.vllm_flags import GENERATE, SHIPPED_VERSION, image_version, last_values
 
 
 def load_spec(path: Path, *, check_host: bool = True, check_capacity: bool = True) -> Spec:
@@ -173,7 +173,10 @@ def _model_problems(
 ) -> list[SpecProblem]:
     """What vLLM would refuse about this model directory, at the key that can fix it."""
     from kit.plan.fit import service_capacity
-    from kit.plan.modelinfo import inspect_model_dir  # only where there is a config to read
+    from kit.plan.modelinfo import (  # only where there is a config to read
+        inspect_model_dir,
+        pooling_architecture,
+    )
 
     try:
         info = inspect_model_dir(model_dir)
@@ -184,6 +187,15 @@ def _model_problems(
                     "complete the model directory (re-download the missing or pointer files)")
         for error in info.errors
     ]
+    pooling = pooling_architecture(info.architectures)
+    if pooling and service.task == GENERATE and "--runner" not in last_values(service.extra_args):
+        problems.append(SpecProblem(
+            ("services", i, "extra_args"),
+            f"{service.model} is a pooling model by its architecture ({pooling}): vLLM serves "
+            "it without the completion routes kit proves a generative model with",
+            'add "--runner", "pooling" to extra_args for an embedding model (kit then proves it '
+            'with an embedding), or "--runner", "generate" if it does generate text',
+        ))
     if info.requires_trust_remote_code and not service.trust_remote_code:
         problems.append(SpecProblem(
             ("services", i, "trust_remote_code"),

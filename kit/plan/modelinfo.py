@@ -177,6 +177,33 @@ def find_config(path: Path) -> Path | None:
     return candidates[0] if len(candidates) == 1 else None
 
 
+NO_CHAT_TEMPLATE = (
+    "NO CHAT TEMPLATE: neither tokenizer_config.json 'chat_template' nor chat_template.jinja "
+    "exists, so vLLM falls back to a generic template and /v1/chat/completions answers badly; "
+    "use the instruct/chat variant or pass --chat-template"
+)
+# Architectures vLLM runs as pooling models under `--runner auto`: encoders and bare decoders
+# named *Model (BertModel, XLMRobertaModel, MistralModel of e5-mistral), *EmbeddingModel and the
+# classification / reward heads. Generative ones end otherwise (…ForCausalLM, …LMHeadModel,
+# …ForConditionalGeneration, …ChatModel), but for a few vLLM registers as generative by name,
+# and draft models for speculative decoding. Read from the class name, so kit only asks for the
+# runner to be written down (`--runner generate` overrides a wrong guess).
+GENERATIVE_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel", "ChatModel",
+                       "MTPModel", "MedusaModel", "PreTrainedModel")
+GENERATIVE_MODEL_NAMES = ("ChatGLMModel", "NVLM_D_Model", "UltravoxModel")
+POOLING_SUFFIXES = ("Model", "ForTextEncoding", "ForSequenceClassification",
+                    "ForTokenClassification", "ForRewardModeling")
+
+
+def pooling_architecture(architectures: tuple[str, ...]) -> str | None:
+    """The first architecture vLLM would run as a pooling model by default (None: generative)."""
+    for name in architectures:
+        if name.endswith(POOLING_SUFFIXES) and not name.endswith(GENERATIVE_SUFFIXES) \
+                and name not in GENERATIVE_MODEL_NAMES:
+            return name
+    return None
+
+
 def inspect_model_dir(path: Path, *, hf_cache_dir: Path | None = None) -> ModelInfo:
     """Read config, weights headers, tokenizer and template files of a local model directory.
 
@@ -241,12 +268,7 @@ def inspect_model_dir(path: Path, *, hf_cache_dir: Path | None = None) -> ModelI
                 "vocab.json + merges.txt): vLLM cannot start; copy them from the model repository"
             )
         if not has_chat_template:
-            warnings.append(
-                "NO CHAT TEMPLATE: neither tokenizer_config.json 'chat_template' nor "
-                "chat_template.jinja exists, so vLLM falls back to a generic template and "
-                "/v1/chat/completions answers badly; use the instruct/chat variant or pass "
-                "--chat-template"
-            )
+            warnings.append(NO_CHAT_TEMPLATE)
     if hf_cache_dir is not None and weights_bytes:
         warnings.extend(cache_space_warnings(hf_cache_dir, weights_bytes))
 

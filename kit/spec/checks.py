@@ -38,6 +38,8 @@ from kit.spec.model import (
 from kit.spec.problems import SpecProblem
 from kit.spec.replicas import compose_names
 from kit.spec.vllm_flags import (
+    EMBED,
+    GENERATE,
     check_extra_args,
     flag_table,
     flag_uses,
@@ -211,6 +213,16 @@ def _extra_args(services: list[tuple[int, Service]]) -> list[SpecProblem]:
                 "vLLM would wait for GPUs the container does not have",
                 "list that many GPUs in gpus, or remove the size from extra_args "
                 "(kit runs one tensor-parallel group over the service's GPUs)",
+            ))
+    for i, service in services:
+        if service.task not in (GENERATE, EMBED):
+            problems.append(SpecProblem(
+                ("services", i, "extra_args"),
+                f"extra_args make {service.name} a `{service.task}` model; kit proves a "
+                "service through the front door with a completion (a generative model) or an "
+                "embedding (--runner pooling / --convert embed), and cannot gate this one",
+                "serve it as a generative or an embedding model (--runner generate|pooling, "
+                "--convert embed)",
             ))
     return problems
 

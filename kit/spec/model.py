@@ -41,6 +41,7 @@ from kit.names import (
 from kit.spec.vllm_flags import (
     SHIPPED_VERSION,
     choices,
+    serving_task,
 )
 
 DEFAULT_SPEC = Path("site.yaml")
@@ -412,6 +413,11 @@ class Service(StrictModel):
     @property
     def api_name(self) -> str:
         return self.served_name or self.name
+
+    @property
+    def task(self) -> str:
+        """What it serves (GENERATE, EMBED, …), as its extra_args tell vLLM."""
+        return serving_task(self.extra_args)
 
 
 @overload

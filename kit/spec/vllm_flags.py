@@ -182,3 +182,29 @@ def check_extra_args(args: list[str], table: FlagTable) -> list[tuple[int, str]]
                     allowed = ", ".join(option.choices)
                     problems.append((last, f"{flag} {value!r} is not one of: {allowed}"))
     return problems
+
+
+# What a service serves, as its flags tell vLLM: kit gates a generative model with completions
+# and an embedding model with /v1/embeddings (vLLM registers only the routes of its task).
+GENERATE = "generate"
+EMBED = "embed"
+POOLING_CONVERSIONS = {"auto": EMBED, "embed": EMBED}  # --convert under --runner pooling
+
+
+def serving_task(args: list[str]) -> str:
+    """GENERATE, EMBED, or the --convert/--runner value kit cannot gate (classify, reward, …):
+    `--runner pooling` (with --convert auto or embed) or `--convert embed` mean an embedding
+    model; the last use of a flag wins, as in vLLM's parser."""
+    values = last_values(args)
+    runner, convert = values.get("--runner", "auto"), values.get("--convert", "auto")
+    if convert not in ("auto", "none"):
+        return POOLING_CONVERSIONS.get(convert, convert)
+    if runner == "pooling":
+        return EMBED
+    return GENERATE if runner in ("auto", "generate") else runner
+
+
+def last_values(args: list[str]) -> dict[str, str]:
+    """{canonical flag: the value its last use gives} of the flags with a value in `args`."""
+    return {use.option.canonical: use.values[-1] for use in flag_uses(args, flag_table())
+            if use.option is not None and use.values}

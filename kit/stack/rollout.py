@@ -26,6 +26,7 @@ from kit.files import atomic_write
 from kit.front_door.reload import reload, running_proxy
 from kit.front_door.replica_check import in_flight, prove_replica
 from kit.layout import SiteLayout
+from kit.spec.vllm_flags import serving_task
 from kit.stack.reconcile import Action, RecreateContainer, RollReplicas
 from kit.state import json_object, read_state
 
@@ -74,7 +75,8 @@ class Rollout:
         container_id = self.create(step.service)
         self.wait((step.service,))
         container = container_state(self.engine.inspect(container_id))
-        verdict = prove_replica(self.engine, container, served_name(step.service))
+        verdict = prove_replica(self.engine, container, served_name(step.service),
+                                serving_task(list(step.service.config.command)))
         if not verdict.ok:
             raise KitError(f"{host} is healthy but failed its gate: {verdict.detail}",
                            fix=f"read its log: kit logs {host}")

@@ -29,6 +29,7 @@ pytestmark = pytest.mark.e2e
 
 DOMAIN = "llm.test"  # not resolvable: the gate and the SDK connect to 127.0.0.1 and send it in SNI
 SERVED_NAME = "tiny-chat"
+EMBEDDER = "tiny-embed"  # an embedding model (vLLM's pooling runner): proven by an embedding
 
 
 @dataclass
@@ -53,14 +54,18 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, test_images, docker_client) -> Iterator[Stack]:
-    """A one-service site brought up with `kit up` (which itself ends with the gate), shared by
-    this module's tests: each puts back what it broke (`faulted`) and proves the gate passes
-    again, so the next one meets the stack as kit rendered it."""
+    """A site of a generative and an embedding service brought up with `kit up` (which itself
+    ends with the gate), shared by this module's tests: each puts back what it broke
+    (`faulted`) and proves the gate passes again, so the next one meets the stack as kit
+    rendered it."""
     site = f"gate{secrets.token_hex(3)}"
     tmp_path = tmp_path_factory.mktemp("gate")
     models = tmp_path / "models"
     (models / "tiny").mkdir(parents=True)
     (models / "tiny" / "config.json").write_text(json.dumps(LLAMA_8B))
+    (models / "encoder").mkdir()
+    (models / "encoder" / "config.json").write_text(
+        json.dumps({**LLAMA_8B, "architectures": ["BertModel"]}))
     root = tmp_path / "site"
     root.mkdir()
     https_port, http_port = pick_free_port(), pick_free_port()
@@ -75,6 +80,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory, test_images, docker_client) 
         "services:\n"
         f"  - {{name: tiny, model: tiny, served_name: {SERVED_NAME}, gpus: [0], "
         "max_model_len: 4096}\n"
+        f"  - {{name: encoder, model: encoder, served_name: {EMBEDDER}, gpus: [1], "
+        "max_model_len: 4096, extra_args: [--runner, pooling]}\n"
     )
     try:
         up = kit("up", str(spec))
@@ -116,7 +123,9 @@ def assert_gate_passes(stack: Stack) -> dict:
 def test_the_gate_passes_on_the_rendered_stack(stack: Stack) -> None:
     result = assert_gate_passes(stack)
     names = {check["name"] for check in result["checks"]}
-    assert {"tls", "auth-required", f"stream {SERVED_NAME}", "closed /metrics"} <= names
+    assert {"tls", "auth-required", f"stream {SERVED_NAME}", f"embed {EMBEDDER}",
+            "closed /metrics"} <= names
+    assert not {f"chat {EMBEDDER}", f"stream {EMBEDDER}"} & names
     assert json.loads(stack.layout.last_probe.read_text())["ok"] is True
 
 
@@ -179,6 +188,9 @@ def test_the_openai_sdk_streams_through_nginx_with_a_bearer_key(stack: Stack) ->
     )
     pieces = [chunk.choices[0].delta.content for chunk in stream if chunk.choices]
     assert len([p for p in pieces if p]) >= 2 and "".join(p or "" for p in pieces).strip()
+
+    vectors = client(key).embeddings.create(model=EMBEDDER, input=["one text", "another"])
+    assert len(vectors.data) == 2 and vectors.data[0].embedding and vectors.usage.prompt_tokens
 
     with pytest.raises(openai.AuthenticationError):
         client(KEY_PREFIX + "not-a-key").models.list()

@@ -469,7 +469,7 @@ class ReplicaEngine(HealthyEngine):
 
     def __init__(self, answers: dict[str, tuple[int, str]]) -> None:
         super().__init__(local=False)
-        self.answers = answers  # container name → (exit code, curl's output) for a completion
+        self.answers = answers  # container name → (exit code, curl's output) for its answer
         for image in SERVED_IMAGES:
             self.images[image] = f"sha256:{len(self.images)}"
 
@@ -483,8 +483,13 @@ class ReplicaEngine(HealthyEngine):
             idle = 'vllm:num_requests_running{m="x"} 0.0\nvllm:num_requests_waiting{m="x"} 0.0'
             return 0, idle + "\n200"
         name = self.inspect(container_id)["Name"].lstrip("/")
-        one_token = json.dumps({"usage": {"completion_tokens": 1}}) + "\n200"
-        return self.answers.get(name, (0, one_token))
+        if argv[4].endswith("/v1/embeddings"):
+            answer = {"data": [{"index": 0, "embedding": [0.5, -0.25]}],
+                      "usage": {"prompt_tokens": 3, "total_tokens": 3}}
+        else:
+            answer = {"choices": [{"index": 0, "message": {"content": "OK"}}],
+                      "usage": {"completion_tokens": 1}}
+        return self.answers.get(name, (0, json.dumps(answer) + "\n200"))
 
 
 class NodeEngine(FakeEngine):

@@ -462,8 +462,13 @@ class Standin:
             },
             bounds=a.histogram_bounds,
         )
-        # a pooling model embeds (--runner pooling, or --convert embed), else it generates
-        pooling = getattr(a, "runner", "auto") == "pooling" or getattr(a, "convert", "") == "embed"
+        # a pooling model embeds (--runner pooling, --convert embed, or under --runner auto an
+        # architecture vLLM registers as pooling: the stand-in knows the bare *Model encoders)
+        runner = getattr(a, "runner", "auto")
+        arch = (source.config.get("architectures") or [""])[0]
+        pooling = runner == "pooling" or getattr(a, "convert", "") == "embed" or (
+            runner == "auto" and arch.endswith("Model")
+            and not arch.endswith(("LMHeadModel", "ChatModel")))
         tasks = ("embed",) if pooling else ("generate",)
         self.app = App(
             engine=self.engine,

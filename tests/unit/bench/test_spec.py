@@ -149,6 +149,18 @@ def test_write_spec_writes_only_a_measured_boundary(site: Path, monkeypatch, fir
         assert "max_num_seqs 32 for llama8b" in result.output
 
 
+def test_an_embedding_model_is_not_benched(site: Path):
+    spec = site / "site.yaml"
+    spec.write_text(spec.read_text().replace('extra_args: ["--enable-prefix-caching"]',
+                                             'extra_args: ["--runner", "pooling"]'))
+    before = tree(site)
+    for args in ([], ["--service", "llama8b"]):
+        result = run_kit("bench", spec, *args)
+        assert result.exit_code == 2, result.output
+        assert "an embedding model: kit bench measures streamed completions" in result.output
+    assert tree(site) == before
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--service", "nope"], "no service 'nope'"),
     (["--concurrency", "4,x"], "positive integers separated by commas"),

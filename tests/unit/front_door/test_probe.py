@@ -46,6 +46,8 @@ class Faults:
     buffered: bool = False  # a stream is held back and sent in one piece at its end
     accept_tls_1_1: bool = False
     no_http2: bool = False  # ALPN offers only http/1.1 (nginx before `http2 on;`)
+    embedder: str | None = None  # this served name is an embedding model (vLLM: no chat route)
+    empty_embedding: bool = False  # its answer carries an empty vector
 
 
 @dataclass
@@ -122,10 +124,17 @@ def _handler(door: FrontDoor) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            if self.path != "/v1/chat/completions":
+            embeds = body.get("model") == door.faults.embedder
+            if self.path != ("/v1/embeddings" if embeds else "/v1/chat/completions"):
                 self._json(404, {"error": {"message": "Not found", "code": 404}})
             elif not self._allowed():
                 return
+            elif embeds:
+                vector = [] if door.faults.empty_embedding else [0.25, -0.5, 0.125]
+                self._json(200, {"object": "list", "usage": {"prompt_tokens": 3,
+                                                             "total_tokens": 3},
+                                 "data": [{"index": 0, "object": "embedding",
+                                           "embedding": vector}]})
             elif body.get("stream"):
                 self._stream(body["max_tokens"])
             else:
@@ -199,8 +208,12 @@ class ProbeSite:
     layout: SiteLayout
     ca: tuple[bytes, bytes]  # the kit CA (cert, key) the probe trusts
 
-    def spec(self, https_port: int, http_port: int) -> Spec:
-        return Spec.model_validate(self.spec_data(https_port, http_port))
+    def spec(self, https_port: int, http_port: int, embedder: str | None = None) -> Spec:
+        data = self.spec_data(https_port, http_port)
+        for service in data["services"]:
+            if service["served_name"] == embedder:
+                service["extra_args"] = ["--runner", "pooling"]
+        return Spec.model_validate(data)
 
     def spec_data(self, https_port: int, http_port: int) -> dict:
         return {
@@ -257,6 +270,34 @@ def test_a_correct_front_door_passes(site: ProbeSite, serve) -> None:
     assert recorded == json.loads(json.dumps(result.to_json()))
     assert set(recorded) == {"ok", "target", "checked_at", "checks"}
     assert set(recorded["checks"][0]) == {"name", "ok", "detail", "latency_ms", "skipped"}
+
+
+def test_an_embedding_model_is_proven_by_an_embedding_and_not_streamed(
+    site: ProbeSite, serve
+) -> None:
+    """vLLM serves a pooling model's /v1/embeddings and no chat route: the gate embeds."""
+    spec = site.spec(*serve(site.door(Faults(embedder="qwen"))), embedder="qwen")
+    result = run_probe(spec, site.layout, timeout=5)
+    assert result.ok, result.render()
+    names = set(checks_of(result))
+    assert {"embed qwen", "chat llama-3.1-8b", "stream llama-3.1-8b"} <= names
+    assert not {"chat qwen", "stream qwen"} & names
+    assert checks_of(result)["embed qwen"].detail == "200, a 3-dimension embedding"
+
+
+def test_an_embedding_without_a_vector_fails(site: ProbeSite, serve) -> None:
+    door = site.door(Faults(embedder="qwen", empty_embedding=True))
+    result = run_probe(site.spec(*serve(door), embedder="qwen"), site.layout, timeout=5)
+    assert failed(result).keys() == {"embed qwen"}
+    assert "200 without an embedding vector and usage" in failed(result)["embed qwen"]
+
+
+def test_an_embedding_model_served_as_generative_fails_its_chat(site: ProbeSite, serve) -> None:
+    """Flags that do not say pooling: the gate asks for a chat, which vLLM does not serve."""
+    result = run_probe(site.spec(*serve(site.door(Faults(embedder="qwen")))), site.layout,
+                       timeout=5)
+    assert set(failed(result)) == {"chat qwen", "stream qwen"}
+    assert failed(result)["chat qwen"].startswith("got 404")
 
 
 def test_a_buffering_proxy_fails_the_stream_checks(site: ProbeSite, serve) -> None:

@@ -8,12 +8,16 @@ from pathlib import Path
 import pytest
 
 from kit.errors import BadInput, ExitCode
+from kit.plan.fit import service_capacity
 from kit.plan.modelinfo import (
+    NO_CHAT_TEMPLATE,
     cache_space_warnings,
     derive_max_model_len,
     find_config,
     inspect_model_dir,
+    pooling_architecture,
 )
+from kit.spec.model import Service
 from tests.support.sites import REPO
 
 MODELS = REPO / "tests" / "data" / "models"
@@ -194,6 +198,33 @@ def test_weights_without_tokenizer_is_an_error_and_no_template_a_loud_warning(tm
     (model_dir / "chat_template.jinja").write_text("{{ messages }}")
     info = inspect_model_dir(model_dir)
     assert info.errors == [] and info.has_chat_template
+
+
+def test_an_embedding_service_is_not_warned_about_a_chat_template(tmp_path):
+    model_dir = model_copy(tmp_path, "llama-3.1-8b-instruct")
+    write_safetensors(model_dir / "model.safetensors", {"a": ("BF16", [4], 8)})
+    (model_dir / "tokenizer.json").write_text("{}")
+    info = inspect_model_dir(model_dir)
+    assert NO_CHAT_TEMPLATE in info.warnings
+
+    def warnings(extra_args: list[str]) -> list[str]:
+        service = Service(name="m", model="m", gpus=[0], max_model_len=4096,
+                          extra_args=extra_args)
+        return service_capacity(info, service, 80).warnings
+
+    assert NO_CHAT_TEMPLATE in warnings([])
+    assert NO_CHAT_TEMPLATE not in warnings(["--runner", "pooling"])
+
+
+@pytest.mark.parametrize(("architectures", "pooling"), [
+    (["LlamaForCausalLM"], None), (["Qwen2VLForConditionalGeneration"], None),
+    (["GPT2LMHeadModel"], None), (["InternVLChatModel"], None), (["ChatGLMModel"], None),
+    (["DeepSeekMTPModel"], None), (["BertModel"], "BertModel"),
+    (["XLMRobertaModel"], "XLMRobertaModel"), (["MistralModel"], "MistralModel"),
+    (["BertForSequenceClassification"], "BertForSequenceClassification"),
+])
+def test_pooling_architectures_are_told_by_their_class_name(architectures, pooling):
+    assert pooling_architecture(tuple(architectures)) == pooling
 
 
 def test_auto_map_needs_its_python_files(tmp_path):

@@ -173,6 +173,14 @@ CASES = [
      with_model_config(LLAMA_8B)),
     ("max-model-len-above-model", replace("max_model_len: 8192", "max_model_len: 200000"),
      ["above the model's limit 8192"], with_model_config(LLAMA_8B)),
+    ("pooling-architecture-without-runner", lambda t: t,
+     ["services[0].extra_args", "a pooling model by its architecture (BertModel)",
+      '"--runner", "pooling"'],
+     with_model_config({**LLAMA_8B, "architectures": ["BertModel"]})),
+    ("classify-model-cannot-be-gated",
+     replace('extra_args: ["--enable-prefix-caching"]',
+             'extra_args: ["--runner", "pooling", "--convert", "classify"]'),
+     ["services[0].extra_args", "a `classify` model", "cannot gate"]),
     ("needs-trust-remote-code", lambda t: t, ["trust_remote_code"],
      with_model_config({**LLAMA_8B, "auto_map": {"AutoConfig": "configuration_x.XConfig"}})),
     # issue 8 item 1: no IPv6 zone id (Python's parser takes anything after %)
@@ -369,6 +377,19 @@ def test_fp8_ds_mla_validates_with_a_capacity_plan(site: Path) -> None:
                                              "    kv_cache_dtype: fp8_ds_mla\n"
                                              "    trust_remote_code: true")
                     + "gpu_memory_gib: 80\n")
+    result = run_kit("validate", str(spec))
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("runner", ["pooling", "generate"])
+def test_a_pooling_architecture_validates_once_the_runner_is_written(
+    site: Path, runner: str
+) -> None:
+    """--runner pooling (an embedding model) or --runner generate (kit's guess overruled)."""
+    spec = site / "site.yaml"
+    spec.write_text(spec.read_text().replace(
+        'extra_args: ["--enable-prefix-caching"]', f'extra_args: ["--runner", "{runner}"]', 1))
+    with_model_config({**LLAMA_8B, "architectures": ["BertModel"]})(site)
     result = run_kit("validate", str(spec))
     assert result.exit_code == 0, result.output
 

@@ -17,6 +17,7 @@ from kit.plan.build import build_plan
 from kit.plan.host import load_spec
 from kit.site import Site
 from kit.spec.replicas import gpu_layout, replica_plans, split_gpus
+from kit.spec.vllm_flags import EMBED, GENERATE
 from kit.stack.reconcile import RecreateContainer, RollReplicas, up_actions
 from kit.stack.rollout import mark, read_start_times
 from kit.stack.status import StackStatus, gather, render_text
@@ -175,13 +176,22 @@ def test_up_starts_every_replica_and_the_probe_checks_each(replicas_site: Path) 
     assert "health 200, 1 completion token(s)" in checks["replica llama8b-r0"].detail
 
 
+def test_an_embedding_replica_is_proven_by_an_embedding(replicas_site: Path) -> None:
+    engine = ReplicaEngine({})
+    site = brought_up(replicas_site, engine)
+    container = next(c for c in site.observe(engine).containers if c.service == "qwen32b-r1")
+    verdict = prove_replica(engine, container, "qwen32b", EMBED)
+    assert verdict.ok and verdict.detail == "health 200, a 2-dimension embedding"
+    assert [a for m, a in engine.calls if m == "exec"][-1] == "http://127.0.0.1:8000/v1/embeddings"
+
+
 def test_a_stopped_replica_fails_its_check_without_a_request(replicas_site: Path) -> None:
     engine = ReplicaEngine({})
     site = brought_up(replicas_site, engine)
     container = next(c for c in site.observe(engine).containers if c.service == "qwen32b-r1")
     engine.stop(container.id)
     stopped = next(c for c in site.observe(engine).containers if c.service == "qwen32b-r1")
-    verdict = prove_replica(engine, stopped, "qwen32b")
+    verdict = prove_replica(engine, stopped, "qwen32b", GENERATE)
     assert not verdict.ok and verdict.detail == "gpu02-qwen32b-r1-1 is exited"
 
 
@@ -274,6 +284,22 @@ def test_a_changed_service_is_rolled_one_replica_at_a_time(replicas_site: Path) 
     pool = site.layout.replica_pool("llama8b").read_text()
     assert pool.count("server ") == 4 and " down;" not in pool
     assert sum("back in nginx" in line for line in reported) == 4
+
+
+def test_an_embedding_service_rolls_through_an_embedding_gate(replicas_site: Path) -> None:
+    spec = replicas_site / "site.yaml"
+    session = "    routing: {affinity: header, header: X-Session-ID}\n"
+    spec.write_text(spec.read_text().replace(
+        session, session + '    extra_args: ["--runner", "pooling"]\n'))
+    engine = ReplicaEngine({})
+    brought_up(replicas_site, engine)
+    spec.write_text(spec.read_text().replace("max_model_len: 32768", "max_model_len: 16384"))
+    engine.calls.clear()
+    up_site(Site.load(spec, check_host=False), timeout=5, probe=False, report=lambda _: None,
+            warn=lambda _: None, connect=lambda: engine)
+    gates = [about for method, about in engine.calls
+             if method == "exec" and about.startswith("http://127.0.0.1:8000/v1/")]
+    assert gates == ["http://127.0.0.1:8000/v1/embeddings"] * 2  # one per replica, in turn
 
 
 def test_a_replica_that_fails_its_gate_stops_the_rollout(replicas_site: Path) -> None:

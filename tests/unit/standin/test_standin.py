@@ -220,6 +220,23 @@ def test_refuses_connections_while_loading_then_serves(tmp_path):
         assert text in log
 
 
+@pytest.mark.parametrize(("architecture", "runner", "embeds"), [
+    ("BertModel", "auto", True), ("BertModel", "generate", False),
+    ("LlamaForCausalLM", "auto", False), ("LlamaForCausalLM", "pooling", True),
+])
+def test_the_runner_decides_the_routes_like_vllm(tmp_path, architecture, runner, embeds):
+    """vLLM registers /v1/embeddings for a pooling model and the completion routes otherwise;
+    under --runner auto a bare *Model encoder is a pooling model."""
+    model = model_dir(tmp_path, "m", {**LLAMA_8B, "architectures": [architecture]})
+    with serving(str(model), "--max-model-len", "4096", "--runner", runner) as (port, _):
+        embedded, _, _ = request(port, "POST", "/v1/embeddings",
+                                 json.dumps({"model": str(model), "input": "x"}).encode())
+        chat = json.dumps({"model": str(model), "max_tokens": 1,
+                           "messages": [{"role": "user", "content": "x"}]}).encode()
+        chatted, _, _ = request(port, "POST", "/v1/chat/completions", chat)
+    assert (embedded, chatted) == ((200, 404) if embeds else (404, 200))
+
+
 def test_sigterm_while_loading_exits_at_once(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, str(STANDIN / "vllm"), "serve", str(model_dir(tmp_path, "m", LLAMA_8B)),
