@@ -20,7 +20,7 @@ from kit.plan.observability import (
     service_slo,
 )
 from kit.plan.usage import UsagePlan, usage_plan
-from kit.spec.model import Spec
+from kit.spec.model import OFFLINE_ENV, Spec
 from kit.spec.replicas import ReplicaPlan, replica_plans
 
 VLLM_PORT = 8000
@@ -236,7 +236,7 @@ class Plan:
     nginx_image: str
     models_root: str
     hf_cache: str | None
-    backend_internal: bool  # no egress for vLLM when every model is local
+    backend_internal: bool  # no egress for vLLM when every model is local, or the site offline
     healthcheck_interval: int
     services: list[ServicePlan]
     nginx: NginxPlan
@@ -276,7 +276,7 @@ def build_plan(spec: Spec) -> Plan:
         nginx_image=spec.images.nginx,
         models_root=str(spec.models_root),
         hf_cache=str(spec.hf_cache) if spec.hf_cache else None,
-        backend_internal=all(s.model_is_local for s in services),
+        backend_internal=spec.offline or all(s.model_is_local for s in services),
         healthcheck_interval=spec.healthcheck_interval,
         services=services,
         nginx=NginxPlan(
@@ -363,7 +363,7 @@ def _service_plan(spec: Spec, service) -> ServicePlan:
         grace = REPLICA_SHUTDOWN_TIMEOUT + 10
     command += ["--port", str(VLLM_PORT), *histogram_args(service_slo(service)),
                 *service.extra_args]
-    env = {"HF_HOME": HF_CACHE_MOUNT, **service.env}
+    env = {"HF_HOME": HF_CACHE_MOUNT, **service.env, **(OFFLINE_ENV if spec.offline else {})}
     affinity = service.routing.affinity if len(replicas) > 1 else "none"
     engine_timeout = service.engine_ready_timeout or DEFAULT_ENGINE_READY_TIMEOUT
     nodes = multinode_plan(service, command, env)

@@ -73,7 +73,15 @@ def spec_warnings(spec: Spec, spec_path: Path) -> list[str]:
     if not spec.auth.users and not spec.auth.api_keys:
         warnings.append("auth has no users and api_keys is off: only kit's probe can get in")
     for i, service in enumerate(spec.services):
-        if is_hub_id(spec.models_root, service.model):
+        if is_hub_id(spec.models_root, service.model) and spec.offline:
+            if spec.hf_cache is None:
+                warnings.append(
+                    f"OFFLINE: services[{i}] ({service.name}) model {service.model!r} is a Hub "
+                    "id, which vLLM serves offline from the hf-cache volume only: kit cannot "
+                    "look into a volume, so make sure the model is there (or set hf_cache to a "
+                    "host folder kit can check)"
+                )
+        elif is_hub_id(spec.models_root, service.model):
             warnings.append(
                 f"DOWNLOAD: services[{i}] ({service.name}) model {service.model!r} is no "
                 f"directory under {spec.models_root}, so vLLM downloads it from the Hugging Face "
@@ -155,7 +163,9 @@ def _model_dirs(parts: Parts, check_capacity: bool) -> list[SpecProblem]:
     for i, service in parts.services:
         model_dir = models_root / service.model
         if is_hub_id(models_root, service.model):
-            continue  # vLLM downloads it (spec_warnings says so)
+            # vLLM downloads it (spec_warnings says so), or offline reads it from hf_cache
+            problems += _offline_hub_model(parts, i, service)
+            continue
         if not model_dir.is_dir():
             problems.append(SpecProblem(
                 ("services", i, "model"),
@@ -166,6 +176,24 @@ def _model_dirs(parts: Parts, check_capacity: bool) -> list[SpecProblem]:
         if (model_dir / "config.json").is_file():
             problems += _model_problems(parts, i, service, model_dir, check_capacity)
     return problems
+
+
+def _offline_hub_model(parts: Parts, i: int, service: Service) -> list[SpecProblem]:
+    """An offline site serves a Hub id only from the Hugging Face cache (HF_HOME/hub, the
+    layout huggingface_hub writes): where that is a folder here, the model must be in it."""
+    if not parts.offline or parts.hf_cache is None or not parts.hf_cache.is_dir():
+        return []
+    cached = parts.hf_cache / "hub" / ("models--" + service.model.replace("/", "--"))
+    if any((cached / "snapshots").glob("*/config.json")):
+        return []
+    return [SpecProblem(
+        ("services", i, "model"),
+        f"offline: true, and {service.model!r} is neither a folder under {parts.models_root} "
+        f"nor in hf_cache ({cached} has no snapshot with a config.json): vLLM cannot download "
+        "it here",
+        "copy the model into a folder under models_root, or its Hugging Face cache into "
+        "hf_cache on a connected machine first (huggingface-cli download; docs/offline.md)",
+    )]
 
 
 def _model_problems(

@@ -24,6 +24,7 @@ from kit.spec.model import (
     ENGINE_READY_TIMEOUT,
     GPU_SHARE_LIMIT,
     MAX_TIMEOUT,
+    OFFLINE_ENV,
     STRICT,
     TLS,
     EngineAddress,
@@ -62,12 +63,13 @@ class Parts:
     engine: str | None = None
     hf_cache: Path | None = None
     usage: Usage | None = None
+    offline: bool = False
 
     @classmethod
     def of(cls, spec: Spec) -> "Parts":
         return cls(list(enumerate(spec.services)), spec.domain, spec.tls, spec.models_root,
                    spec.gpu_memory_gib, spec.site, spec.observability, spec.engine,
-                   spec.hf_cache, spec.usage)
+                   spec.hf_cache, spec.usage, spec.offline)
 
     @classmethod
     def salvage(cls, data: dict) -> "Parts":
@@ -107,6 +109,7 @@ def cross_checks(parts: Parts) -> list[SpecProblem]:
     problems += _metrics_flags(parts.services, parts.observability, parts.usage)
     problems += _kit_read_env(parts.services)
     problems += _acme_domain(parts)
+    problems += _offline(parts)
     problems += _multi_node(parts)
     return problems
 
@@ -316,6 +319,32 @@ def _acme_domain(parts: Parts) -> list[SpecProblem]:
             "set domain to the server's DNS name, or use tls.mode self-signed or files",
         )]
     return []
+
+
+def _offline(parts: Parts) -> list[SpecProblem]:
+    """An offline site reaches no public CA, and no service may undo what keeps vLLM off the
+    network (kit.plan.build.OFFLINE_ENV)."""
+    if not parts.offline:
+        return []
+    problems = []
+    if parts.tls is not None and parts.tls.mode == "acme" and parts.tls.acme_server is None:
+        problems.append(SpecProblem(
+            ("tls", "mode"),
+            "offline: true, but tls.mode acme asks Let's Encrypt for certificates over the "
+            "Internet (certbot would fail at every renewal)",
+            "use tls.mode files or self-signed, or set tls.acme_server to an ACME CA on your "
+            "own network",
+        ))
+    for i, service in parts.services:
+        for key in sorted(OFFLINE_ENV.keys() & service.env.keys()):
+            if service.env[key] != OFFLINE_ENV[key]:
+                problems.append(SpecProblem(
+                    ("services", i, "env", key),
+                    f"offline: true sets {key}={OFFLINE_ENV[key]} for vLLM; "
+                    f"{service.env[key]!r} would let it reach the network",
+                    f"remove {key} from the service's env",
+                ))
+    return problems
 
 
 def _is_ip(value: str) -> bool:

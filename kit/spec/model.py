@@ -45,6 +45,9 @@ from kit.spec.vllm_flags import (
 )
 
 DEFAULT_SPEC = Path("site.yaml")
+# What `offline: true` gives every vLLM container: the Hub client never asks the network (a Hub
+# id is served from hf_cache, files from models_root) and vLLM sends no usage statistics.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
 GPU_SHARE_LIMIT = 0.95
 RESERVED_USERS = {"kit-probe"}
 # The whole request body sits in one nginx buffer (kit.route reads it): bounded like memory.
@@ -461,6 +464,8 @@ class Spec(StrictModel):
     services: Annotated[list[Service], Field(min_length=1)]
     # The Docker engine this site runs on (kit/engine/url.py); unset: DOCKER_HOST or the socket.
     engine: EngineAddress | None = None
+    # An air-gapped server: nothing kit starts may reach the Internet (docs/offline.md).
+    offline: bool = False
 
     def service(self, name: str) -> Service:
         for service in self.services:

@@ -98,7 +98,7 @@ def check_services(engine: Engine, spec: Spec, project: str, services: list[Serv
     """The checks for `services` about to start on `engine` (a site's, or a worker node's)."""
     if engine.is_local:
         check_bind_sources(spec, services)
-    ensure_images(engine, services, observed, report)
+    ensure_images(engine, services, observed, report, offline=spec.offline)
     if not engine.is_local:
         check_remote_bind_sources(engine, spec, services)
     check_not_system_folders(engine, spec, services)
@@ -223,19 +223,31 @@ def ensure_images(
     services: list[ServiceState],
     observed: ObservedState,
     report: Callable[[str], None],
+    *,
+    offline: bool = False,
 ) -> None:
-    for image in dict.fromkeys(s.config.image for s in services):
-        if observed.image_ids.get(image) is None:
-            report(f"image {image} is not on this host: pulling it")
-            try:
-                show_pull(image, engine.pull(image))
-            except KitError as error:
-                raise KitError(
-                    f"image {image} is not on this host and pulling it failed: {error.message}",
-                    fix=f"pull it where a registry is reachable and load it here "
-                    f"(docker save {image} | ssh <this host> docker load), or set images.* in "
-                    "the spec to an image this host has",
-                ) from None
+    """Pull what the engine lacks; an offline site pulls nothing (its engine reaches no
+    registry): every missing image is named with how to bring it."""
+    missing = [image for image in dict.fromkeys(s.config.image for s in services)
+               if observed.image_ids.get(image) is None]
+    if offline and missing:
+        raise KitError(
+            f"offline: true, and the engine lacks {', '.join(missing)}: kit pulls nothing on "
+            "an offline site",
+            fix="on a connected machine `docker save " + " ".join(missing) + " > images.tar`, "
+            "then `docker load < images.tar` on this server",
+        )
+    for image in missing:
+        report(f"image {image} is not on this host: pulling it")
+        try:
+            show_pull(image, engine.pull(image))
+        except KitError as error:
+            raise KitError(
+                f"image {image} is not on this host and pulling it failed: {error.message}",
+                fix=f"pull it where a registry is reachable and load it here "
+                f"(docker save {image} | ssh <this host> docker load), or set images.* in "
+                "the spec to an image this host has",
+            ) from None
 
 
 def show_pull(image: str, events: Iterator[dict], stream: TextIO | None = None) -> None:
