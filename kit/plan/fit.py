@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.errors import BadInput
+from kit.plan.adapters import lora_slots, service_adapters
 from kit.plan.capacity import CapacityReport, plan_capacity
 from kit.plan.modelinfo import ModelInfo, find_config, free_disk_gib, inspect_model_dir
 from kit.spec.model import Service, Spec
@@ -116,8 +117,10 @@ def fit_service(spec: Spec, service: Service, detected: dict[int, Gpu] | None = 
     model = inspect_model_dir(model_dir)
     names = {detected[gpu].name for gpu in service.gpus if gpu in detected}
     try:
-        report = service_capacity(model, service, min(sizes),
-                                  gpu_name=names.pop() if len(names) == 1 else None, **context)
+        report = service_capacity(
+            model, service, min(sizes), gpu_name=names.pop() if len(names) == 1 else None,
+            lora=lora_slots(service, service_adapters(service, spec.models_root, spec.hf_cache)),
+            **context)
     except BadInput as error:
         return ServiceFit(service, model, unplanned=str(error), failed=True)
     notes = []
@@ -206,7 +209,8 @@ def capacity_table(title: str, model: ModelInfo, report: CapacityReport,
         ("weights", f"{report.weights_gib:.2f} GiB per GPU ({report.weights_source})"),
         ("overhead", f"{report.overhead_gib:.2f} GiB (activation {report.activation_gib:.2f}, "
                      f"runtime {report.runtime_gib:.2f}, "
-                     f"CUDA graphs {report.cuda_graphs_gib:.2f})"),
+                     f"CUDA graphs {report.cuda_graphs_gib:.2f}"
+                     + (f", LoRA {report.lora_gib:.2f}" if report.lora_gib else "") + ")"),
         ("KV cache", f"{report.kv_cache_gib:.2f} GiB = {report.kv_cache_tokens:,} tokens "
                      f"({kib:g} KiB per token per GPU, {report.kv_cache_dtype})"),
         ("max_model_len", f"{report.max_model_len:,} (model limit "
