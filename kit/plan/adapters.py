@@ -8,7 +8,7 @@ file is found by the first client, on every replica. Here it is found before any
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
@@ -34,6 +34,7 @@ class AdapterInfo:
     rank: int | None = None  # the largest rank of any module (r, rank_pattern)
     target_modules: tuple[str, ...] = ()
     problems: list[str] = field(default_factory=list)
+    local: bool = False  # a folder under models_root (not a Hub id's snapshot or download)
 
 
 def source_folder(adapter: Adapter, models_root: Path, hf_cache: Path | None) -> Path | None:
@@ -185,10 +186,7 @@ def service_adapters(service: Service, models_root: Path,
     for adapter in service.adapters:
         folder = source_folder(adapter, models_root, hf_cache)
         info = read_adapter(folder, adapter.sha256) if folder else AdapterInfo(None)
-        if adapter.revision and folder == models_root / adapter.path:
-            info.problems.append(f"revision {adapter.revision} is read for a Hub adapter only; "
-                                 f"{adapter.path} is a folder under models_root")
-        infos.append(info)
+        infos.append(replace(info, local=folder == models_root / adapter.path))
     return infos
 
 
@@ -214,6 +212,10 @@ def adapter_problems(service: Service, infos: list[AdapterInfo],
                           f"raise --max-lora-rank in extra_args to {allowed_rank(info.rank)}"
                           if allowed_rank(info.rank) else
                           f"vLLM holds ranks up to {limit}: retrain the adapter at a lower rank"))
+        if info.local and adapter.revision:
+            found.append((j, f"revision {adapter.revision} is read for a Hub adapter only; "
+                             f"{adapter.path} is a folder under models_root",
+                          "remove revision (the folder is what vLLM loads)"))
         if (info.folder is None and "/" in adapter.path
                 and (adapter.revision or adapter.sha256)):
             found.append((j, f"adapter {adapter.name}: {adapter.path} is a Hub id whose "
