@@ -55,6 +55,7 @@ REPLICA_SHUTDOWN_TIMEOUT = 30
 STOP_GRACE_PERIOD = 30  # a single-replica service (no --shutdown-timeout: vLLM's default, 0)
 UNAVAILABLE_RETRY_AFTER = 5  # seconds a client is told to wait when no replica can take it
 PREFIX_KEY = "$kit_prefix"  # kit.js: a digest of the conversation's leading text
+ADAPTER_KEY = "$kit_adapter"  # kit.js: the LoRA adapter a request names ('' for a base model)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,14 @@ class ServicePlan:
     hub_adapters: bool = False  # an adapter vLLM downloads from the Hub (the backend goes out)
     connect_timeout: int = 10  # nginx's proxy_connect_timeout to it (seconds)
     stop_grace_period: int = STOP_GRACE_PERIOD  # seconds the engine waits after SIGTERM
+
+    @property
+    def affinity_hash(self) -> str | None:
+        """What the affinity upstream hashes: the key, with the adapter a request names when the
+        service has adapters (vLLM's prefix cache is per adapter; kit.js's prefix key holds it)."""
+        if self.affinity_key is None or not self.adapters or self.affinity_key == PREFIX_KEY:
+            return self.affinity_key
+        return self.affinity_key + ADAPTER_KEY
 
     @property
     def retry_window(self) -> int:

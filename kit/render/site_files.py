@@ -56,6 +56,7 @@ from kit.files import (
 from kit.layout import NGINX_MOUNT, VERIFIER_AUTH_MOUNT, VERIFIER_MOUNT, SiteLayout
 from kit.names import OPENAI_ROUTES
 from kit.plan.build import (
+    ADAPTER_KEY,
     HEALTHZ_PORT,
     HF_CACHE_MOUNT,
     MODELS_MOUNT,
@@ -201,6 +202,8 @@ def template_context(plan: Plan, spec_name: str) -> dict:
         "replica_fail_timeout": REPLICA_FAIL_TIMEOUT,
         "unavailable_retry_after": UNAVAILABLE_RETRY_AFTER,
         "prefix_key": PREFIX_KEY,
+        "adapter_key": ADAPTER_KEY,
+        "adapter_affinity": any(ADAPTER_KEY in (svc.affinity_hash or "") for svc in plan.services),
         "openai_routes": OPENAI_ROUTES,
         "unknown_user": UNKNOWN_USER,
         "nginx_health_url": f"http://127.0.0.1:{HEALTHZ_PORT}/kit-healthz",
