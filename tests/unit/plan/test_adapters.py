@@ -15,9 +15,11 @@ import yaml
 
 from kit.plan.capacity import GIB, LoraSlots, lora_bytes, plan_capacity
 from kit.plan.modelinfo import inspect_model_dir
+from tests.support import nginx_ns
 from tests.support.adapters import adapters_yaml, write_adapter
 from tests.support.cli import run_kit
-from tests.support.sites import base_site, tree
+from tests.support.nginx_structure import parse
+from tests.support.sites import REPO, base_site, tree
 
 BASE = "/data/models/llama-8b"  # as a local fine-tune records its base: the folder's path
 
@@ -202,3 +204,30 @@ def test_lora_memory_is_charged_to_the_kv_cache(site: Path, tmp_path: Path) -> N
     result = run_kit("plan", spec)
     assert result.exit_code == 0, result.output
     assert "LoRA adapters         0.62 GiB  2 slots x rank 64" in result.output
+
+
+def test_the_adapter_is_part_of_the_affinity_key(tmp_path: Path) -> None:
+    """Header affinity hashes the header and the adapter a request names (kit.js's
+    adapterName); the map that picks the affinity pool still reads the header alone, so a
+    request without one keeps least connections. Prefix affinity's key (kit.js's prefixKey)
+    holds the adapter itself. nginx -t accepts the result."""
+    spec = tmp_path / "site.yaml"
+    text = (REPO / "tests" / "data" / "replicas" / "site.yaml").read_text()
+    lora = ('    extra_args: ["--max-lora-rank", "16"]\n'
+            '    adapters: [{name: qwen-support, path: qwen-support}]\n')
+    spec.write_text(text.replace("    routing: {affinity: header", lora + "    routing: "
+                                 "{affinity: header", 1))
+    result = run_kit("render", spec)
+    assert result.exit_code == 0, result.output
+    conf = parse((tmp_path / "nginx" / "nginx.conf").read_text())
+    affinity = conf.one("upstream", "kit_qwen32b_affinity")
+    assert affinity.values("hash") == [("$http_x_session_id$kit_adapter", "consistent")]
+    pick = conf.one("map", "$http_x_session_id", "$kit_qwen32b_pool")
+    assert pick.values("") == [("kit_qwen32b",)]
+    assert conf.one("js_set", "$kit_adapter").args == ("$kit_adapter", "kit.adapterName")
+    assert conf.one("upstream", "kit_llama8b_affinity").values("hash") == [
+        ("$kit_prefix", "consistent")]
+    if nginx_ns.available() is None:
+        checked = nginx_ns.nginx_t(tmp_path / "nginx", ["llama8b-r0", "llama8b-r1", "llama8b-r2",
+                                                        "llama8b-r3", "qwen32b-r0", "qwen32b-r1"])
+        assert checked.returncode == 0, checked.stderr
