@@ -19,21 +19,28 @@ def write_adapter(folder: Path, *, base: str | None = "meta-llama/Llama-3.1-8B-I
               "target_modules": list(targets), "base_model_name_or_path": base,
               "task_type": "CAUSAL_LM"}
     (folder / "adapter_config.json").write_text(json.dumps(config))
+    data = adapter_weights(rank, targets, hidden)
+    if truncate:
+        data = data[: len(data) - rank * hidden * len(targets) * 2]
+    (folder / "adapter_model.safetensors").write_bytes(data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def adapter_weights(rank: int = 16, targets: tuple[str, ...] = LLAMA_TARGETS,
+                    hidden: int = 64) -> bytes:
+    """adapter_model.safetensors of zero lora_A [rank x hidden] and lora_B [hidden x rank]
+    tensors (bf16) for each target module of one layer."""
     header: dict = {}
     offset = 0
     for module in targets:
         for part, shape in (("lora_A", [rank, hidden]), ("lora_B", [hidden, rank])):
             size = shape[0] * shape[1] * 2
             name = f"base_model.model.model.layers.0.self_attn.{module}.{part}.weight"
-            header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset,
-                                                                              offset + size]}
+            header[name] = {"dtype": "BF16", "shape": shape,
+                            "data_offsets": [offset, offset + size]}
             offset += size
     encoded = json.dumps(header).encode()
-    data = struct.pack("<Q", len(encoded)) + encoded + bytes(offset)
-    if truncate:
-        data = data[: len(data) - offset // 2]
-    (folder / "adapter_model.safetensors").write_bytes(data)
-    return hashlib.sha256(data).hexdigest()
+    return struct.pack("<Q", len(encoded)) + encoded + bytes(offset)
 
 
 def adapters_yaml(entries: list[dict]) -> str:
