@@ -165,7 +165,8 @@ def allowed_rank(rank: int) -> int | None:
 
 def lora_slots(service: Service, infos: list[AdapterInfo]) -> LoraSlots | None:
     """The LoRA memory vLLM reserves for this service: --max-loras slots of --max-lora-rank
-    (extra_args' values, else kit's); None without adapters. Rank 0: not known here."""
+    (extra_args' values, else kit's); None without adapters. Rank 0: not known here. Its
+    modules (--lora-target-modules) are extra_args' memory flags (kit/plan/fit.py)."""
     if not service.adapters:
         return None
     given = flag_values(service)
@@ -173,10 +174,7 @@ def lora_slots(service: Service, infos: list[AdapterInfo]) -> LoraSlots | None:
     rank = (int(given["--max-lora-rank"]) if given.get("--max-lora-rank", "").isdigit()
             else allowed_rank(max(ranks)) if ranks and len(ranks) == len(infos) else None)
     slots = given.get("--max-loras", "")
-    targets = [use.values for use in flag_uses(service.extra_args, flag_table())
-               if use.option is not None and use.option.canonical == "--lora-target-modules"]
-    return LoraSlots(int(slots) if slots.isdigit() else len(service.adapters), rank or 0,
-                     tuple(targets[-1]) if targets else None)
+    return LoraSlots(int(slots) if slots.isdigit() else len(service.adapters), rank or 0)
 
 
 def service_adapters(service: Service, models_root: Path,

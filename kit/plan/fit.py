@@ -7,12 +7,12 @@
 import shutil
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kit.errors import BadInput
 from kit.plan.adapters import lora_slots, service_adapters
-from kit.plan.capacity import CapacityReport, plan_capacity
+from kit.plan.capacity import CapacityReport, LoraSlots, plan_capacity
 from kit.plan.modelinfo import ModelInfo, find_config, free_disk_gib, inspect_model_dir
 from kit.spec.model import Service, Spec
 from kit.spec.replicas import gpu_layout
@@ -48,8 +48,11 @@ def query_gpus(run: Callable[..., subprocess.CompletedProcess] = subprocess.run)
 
 
 def service_capacity(model: ModelInfo, service: Service, gpu_memory_gib: float,
-                     **context) -> CapacityReport:
-    """The capacity plan of one spec service on GPUs of this size."""
+                     lora: LoraSlots | None = None, **context) -> CapacityReport:
+    """The capacity plan of one spec service on GPUs of this size (with `lora`, its adapters'
+    slots: kit/plan/adapters.py)."""
+    memory = _memory_flags(service.extra_args)
+    targets = memory.pop("lora_targets", None)
     return plan_capacity(
         model,
         gpu_memory_gib=gpu_memory_gib,
@@ -60,14 +63,16 @@ def service_capacity(model: ModelInfo, service: Service, gpu_memory_gib: float,
         quantization=service.quantization,
         dtype=service.dtype,
         max_num_seqs=service.max_num_seqs if service.max_num_seqs != "auto" else None,
-        **_memory_flags(service.extra_args),
+        lora=replace(lora, targets=targets) if lora and targets else lora,
+        **memory,
         **context,
     )
 
 
 def _memory_flags(extra_args: list[str]) -> dict:
     """What the service's extra_args change in vLLM's memory account (the last use wins, as in
-    vLLM's parser): eager mode, expert parallel over TP x DP ranks, the batched-token budget."""
+    vLLM's parser): eager mode, expert parallel over TP x DP ranks, the batched-token budget,
+    the modules LoRA adapts."""
     settings: dict = {"cuda_graphs_in_budget": True}
     for use in flag_uses(extra_args, flag_table()):
         name = use.option.canonical if use.option else None
@@ -80,6 +85,8 @@ def _memory_flags(extra_args: list[str]) -> dict:
             settings["max_num_batched_tokens"] = number
         elif name == "--data-parallel-size" and number:
             settings["data_parallel"] = number
+        elif name == "--lora-target-modules" and use.values:
+            settings["lora_targets"] = tuple(use.values)
     return settings
 
 

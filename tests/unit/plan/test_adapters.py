@@ -231,3 +231,13 @@ def test_the_adapter_is_part_of_the_affinity_key(tmp_path: Path) -> None:
         checked = nginx_ns.nginx_t(tmp_path / "nginx", ["llama8b-r0", "llama8b-r1", "llama8b-r2",
                                                         "llama8b-r3", "qwen32b-r0", "qwen32b-r1"])
         assert checked.returncode == 0, checked.stderr
+
+
+def test_lora_target_modules_narrow_the_charge(site: Path) -> None:
+    spec = declare(site, TWO, top="gpu_memory_gib: 80\n",
+                   extra_args=["--lora-target-modules", "qkv_proj", "o_proj"])
+    result = run_kit("plan", spec)
+    assert result.exit_code == 0, result.output
+    # 2 x 64 x (8192 + 5120 + 5120 + 8192) x 32 layers x 2 bytes = 0.203 GiB
+    assert ("LoRA adapters         0.20 GiB  2 slots x rank 64 x (lora_A + lora_B of qkv_proj, "
+            "o_proj)") in result.output
