@@ -205,7 +205,8 @@ def adapter_problems(service: Service, infos: list[AdapterInfo],
                           "serve it on a service of that base model, or use the adapter "
                           "trained on this one"))
         if info.rank is not None and info.rank > limit:
-            found.append((j, f"adapter {adapter.name} has rank {info.rank}, above the service's "
+            whose = "the service's" if given.isdigit() else "vLLM's largest"
+            found.append((j, f"adapter {adapter.name} has rank {info.rank}, above {whose} "
                              f"--max-lora-rank {limit}",
                           f"raise --max-lora-rank in extra_args to {allowed_rank(info.rank)}"
                           if allowed_rank(info.rank) else

@@ -107,7 +107,7 @@ def test_bad_adapters_are_refused_at_their_entry(site: Path, tmp_path: Path) -> 
         "services[0].adapters[0]: adapter a was trained on 'mistralai/Mistral-7B-v0.3', not on "
         "the service's model 'llama-8b'",
         "services[0].adapters[1]: adapter_model.safetensors is shorter than its header says",
-        "services[0].adapters[2]: adapter c has rank 1024, above the service's --max-lora-rank "
+        "services[0].adapters[2]: adapter c has rank 1024, above vLLM's largest --max-lora-rank "
         "512",
         f"services[0].adapters[3]: adapter_model.safetensors has sha256 {digest}, not the "
         f"{'0' * 64} the spec gives",
