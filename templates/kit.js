@@ -2,7 +2,7 @@
 // shared dictionary).
 // Layout lives in nginx.conf; this file only holds the logic nginx cannot express.
 var crypto = require('crypto');
-import routes from 'kit-routes.js';  // served model name → service (rendered by kit)
+import routes from 'kit-routes.js';  // served model name → service; adapter → {service, parent}
 
 function authorization(r) {
     return r.headersIn['Authorization'] || '';
@@ -45,7 +45,7 @@ function sendError(r, status, type, message, param) {
 
 // Each service once, in a stable order.
 function services() {
-    var names = Object.keys(routes).map(function (served) { return routes[served]; });
+    var names = Object.keys(routes).map(serviceOf);
     return names.filter(function (name, i) { return names.indexOf(name) === i; }).sort();
 }
 
@@ -53,9 +53,31 @@ function location(service) {
     return '@kit_' + service.replace(/-/g, '_');
 }
 
-// The service that serves a model name: an exact, case-sensitive match, as vLLM's own.
-function serviceOf(model) {
+// A model name's entry: an exact, case-sensitive match, as vLLM's own (null: unknown).
+function entryOf(model) {
     return Object.prototype.hasOwnProperty.call(routes, model) ? routes[model] : null;
+}
+
+// The service that serves a model name, a LoRA adapter's base service for an adapter.
+function serviceOf(model) {
+    var entry = entryOf(model);
+    return entry === null || typeof entry === 'string' ? entry : entry.service;
+}
+
+// The adapter a request asks for ('' for a base model): part of its affinity key, as vLLM's
+// prefix cache keeps each adapter's own.
+function adapterOf(model) {
+    var entry = typeof model === 'string' ? entryOf(model) : null;
+    return entry !== null && typeof entry === 'object' ? model : '';
+}
+
+function adapterName(r) {
+    try {
+        var body = JSON.parse(r.requestText || '');
+        return body && typeof body === 'object' ? adapterOf(body.model) : '';
+    } catch (e) {
+        return '';
+    }
 }
 
 function noSuchModel(r, model) {
@@ -98,6 +120,7 @@ function route(r) {
     forward(r, request, model, service);
 }
 
+// A service's base served names (its adapters are not: a request without a model gets the base).
 function servedNames(service) {
     return Object.keys(routes).filter(function (served) { return routes[served] === service; });
 }
@@ -412,7 +435,9 @@ function prefixKey(r) {
         return '';
     }
     var lead = body && typeof body === 'object' ? leadingText(body).slice(0, PREFIX_CHARS) : '';
-    return lead ? crypto.createHash('sha256').update(lead).digest('hex') : '';
+    var adapter = lead ? adapterOf(body.model) : '';
+    return lead ? crypto.createHash('sha256').update(adapter ? adapter + '\n' + lead : lead)
+        .digest('hex') : '';
 }
 
 function fetchAll(r, prefix, names) {
@@ -426,7 +451,8 @@ function fetchAll(r, prefix, names) {
 }
 
 // One /v1/models for the whole site: the union of every service's list.
-// The model lists of these services, joined; null when none of them answered.
+// The model lists of these services, joined, of the names the door routes (an adapter a replica
+// holds but the spec does not declare is not offered); null when none of them answered.
 function listed(r, names) {
     return fetchAll(r, '/_kit/models/', names).then(function (replies) {
         var data = [];
@@ -436,7 +462,9 @@ function listed(r, names) {
                 if (reply.status !== 200) {
                     throw new Error('status ' + reply.status);
                 }
-                data = data.concat(JSON.parse(reply.body).data);
+                data = data.concat(JSON.parse(reply.body).data.filter(function (entry) {
+                    return entry && serviceOf(entry.id) === reply.name;
+                }));
             } catch (e) {
                 down += 1;
             }
@@ -501,4 +529,4 @@ function health(r) {
 }
 
 export default {bearerDigest, credentialDigest, principal, route, models, model, health, prefixKey,
-                usageFilter, promptTokens, completionTokens, ttft, doorSeq, doorBoot, usageEnd};
+                adapterName, usageFilter, promptTokens, completionTokens, ttft, doorSeq, doorBoot, usageEnd};

@@ -88,6 +88,20 @@ def in_flight(engine: Engine, container: ContainerState) -> int | None:
     return round(sum(values)) if status == 200 and values else None
 
 
+def served_adapters(engine: Engine, container: ContainerState) -> list[str] | None:
+    """The LoRA adapters this replica's vLLM serves now: the entries of its own /v1/models with
+    a `parent` (vLLM's LoRA model cards); None when it does not answer."""
+    if not container.running:
+        return None
+    status, body = _request(engine, container, "/v1/models", None, CHECK_TIMEOUT_S)
+    try:
+        cards = json.loads(body)["data"] if status == 200 else None
+        return None if cards is None else sorted(card["id"] for card in cards
+                                                 if card.get("parent") is not None)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def replica_checks(site: Site, connect: Callable[[], Engine]) -> list[Check]:
     """A check per replica of every multi-replica service (none for a single-replica site: the
     front door's own chat and stream checks already reach its only container)."""

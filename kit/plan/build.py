@@ -10,6 +10,7 @@ from typing import cast
 
 from kit.errors import BadInput
 from kit.layout import ACME_LAST_RUN, NGINX_MOUNT
+from kit.plan.adapters import DERIVED_FLAGS, flag_values, lora_slots, service_adapters
 from kit.plan.multinode import MultiNodePlan, multinode_plan
 from kit.plan.observability import (
     MetricsNetwork,
@@ -20,7 +21,7 @@ from kit.plan.observability import (
     service_slo,
 )
 from kit.plan.usage import UsagePlan, usage_plan
-from kit.spec.model import OFFLINE_ENV, Spec
+from kit.spec.model import OFFLINE_ENV, Service, Spec
 from kit.spec.replicas import ReplicaPlan, replica_plans
 
 VLLM_PORT = 8000
@@ -54,6 +55,7 @@ REPLICA_SHUTDOWN_TIMEOUT = 30
 STOP_GRACE_PERIOD = 30  # a single-replica service (no --shutdown-timeout: vLLM's default, 0)
 UNAVAILABLE_RETRY_AFTER = 5  # seconds a client is told to wait when no replica can take it
 PREFIX_KEY = "$kit_prefix"  # kit.js: a digest of the conversation's leading text
+ADAPTER_KEY = "$kit_adapter"  # kit.js: the LoRA adapter a request names ('' for a base model)
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,18 @@ class ServicePlan:
     replicas: list[ReplicaPlan] = field(default_factory=list)
     affinity: str = "none"  # routing.affinity: none | header | prefix (multi-replica only)
     affinity_key: str | None = None  # the nginx variable the affinity upstream hashes
+    adapters: tuple[str, ...] = ()  # LoRA adapters' names: models the door routes here too
+    hub_adapters: bool = False  # an adapter vLLM downloads from the Hub (the backend goes out)
     connect_timeout: int = 10  # nginx's proxy_connect_timeout to it (seconds)
     stop_grace_period: int = STOP_GRACE_PERIOD  # seconds the engine waits after SIGTERM
+
+    @property
+    def affinity_hash(self) -> str | None:
+        """What the affinity upstream hashes: the key, with the adapter a request names when the
+        service has adapters (vLLM's prefix cache is per adapter; kit.js's prefix key holds it)."""
+        if self.affinity_key is None or not self.adapters or self.affinity_key == PREFIX_KEY:
+            return self.affinity_key
+        return self.affinity_key + ADAPTER_KEY
 
     @property
     def retry_window(self) -> int:
@@ -276,7 +288,8 @@ def build_plan(spec: Spec) -> Plan:
         nginx_image=spec.images.nginx,
         models_root=str(spec.models_root),
         hf_cache=str(spec.hf_cache) if spec.hf_cache else None,
-        backend_internal=spec.offline or all(s.model_is_local for s in services),
+        backend_internal=spec.offline or all(s.model_is_local and not s.hub_adapters
+                                             for s in services),
         healthcheck_interval=spec.healthcheck_interval,
         services=services,
         nginx=NginxPlan(
@@ -361,7 +374,8 @@ def _service_plan(spec: Spec, service) -> ServicePlan:
     if len(replicas) > 1:
         command += ["--shutdown-timeout", str(REPLICA_SHUTDOWN_TIMEOUT)]
         grace = REPLICA_SHUTDOWN_TIMEOUT + 10
-    command += ["--port", str(VLLM_PORT), *histogram_args(service_slo(service)),
+    lora, downloads = _lora_args(spec, service)
+    command += ["--port", str(VLLM_PORT), *histogram_args(service_slo(service)), *lora,
                 *service.extra_args]
     env = {"HF_HOME": HF_CACHE_MOUNT, **service.env, **(OFFLINE_ENV if spec.offline else {})}
     affinity = service.routing.affinity if len(replicas) > 1 else "none"
@@ -388,10 +402,45 @@ def _service_plan(spec: Spec, service) -> ServicePlan:
         replicas=replicas,
         affinity=affinity,
         affinity_key=_affinity_key(affinity, service.routing.header),
+        adapters=tuple(adapter.name for adapter in service.adapters),
+        hub_adapters=downloads,
         connect_timeout=spec.proxy.connect_timeout if len(replicas) == 1
         else min(spec.proxy.connect_timeout, REPLICA_CONNECT_TIMEOUT),
         stop_grace_period=grace,
     )
+
+
+def _lora_args(spec: Spec, service: Service) -> tuple[list[str], bool]:
+    """The flags that serve every declared adapter from the start: --enable-lora, the rank,
+    slot and CPU-cache sizes (kit/plan/adapters.py; a value extra_args sets wins) and
+    --lora-modules name=path; and whether one is downloaded from the Hub."""
+    if not service.adapters:
+        return [], False
+    infos = service_adapters(service, spec.models_root, spec.hf_cache)
+    slots = lora_slots(service, infos)
+    if slots is None or not slots.rank:
+        unknown = [a.name for a, info in zip(service.adapters, infos, strict=True)
+                   if info.rank is None]
+        raise BadInput(
+            f"service {service.name}: the rank of adapter(s) {', '.join(unknown)} is unknown "
+            "on this host (a Hub id, or files kit cannot read here)",
+            fix=f"set --max-lora-rank in services[{service.name}].extra_args to a rank that "
+                "holds them (or put the adapters under models_root)")
+    derived = dict(zip(DERIVED_FLAGS, ("", str(slots.rank), str(slots.slots),
+                                       str(max(slots.slots, len(service.adapters)))),
+                       strict=True))
+    given = flag_values(service)
+    args = [part for flag, value in derived.items() if flag not in given
+            for part in (flag, value) if part]
+    modules = []
+    for adapter, info in zip(service.adapters, infos, strict=True):
+        path = adapter.path  # a Hub id: vLLM downloads it
+        if info.folder is not None and info.folder.is_relative_to(spec.models_root):
+            path = f"{MODELS_MOUNT}/{info.folder.relative_to(spec.models_root)}"
+        elif info.folder is not None and spec.hf_cache is not None:
+            path = f"{HF_CACHE_MOUNT}/{info.folder.relative_to(spec.hf_cache)}"
+        modules.append(f"{adapter.name}={path}")
+    return [*args, "--lora-modules", *modules], any(info.folder is None for info in infos)
 
 
 def _affinity_key(affinity: str, header: str | None) -> str | None:

@@ -123,6 +123,44 @@ QUANTIZATION_BITS: dict[str, int | None] = {
 
 
 @dataclass(frozen=True)
+class LoraSlots:
+    """What vLLM reserves for LoRA adapters (--enable-lora): `slots` (--max-loras) adapters of
+    rank `rank` (--max-lora-rank; 0: unknown) on the modules `targets` (--lora-target-modules;
+    None: every module vLLM can adapt)."""
+
+    slots: int
+    rank: int
+    targets: tuple[str, ...] | None = None
+
+
+# The modules vLLM wraps for LoRA in a decoder layer (Hugging Face names): (input, output,
+# which side tensor parallelism splits). A column-parallel module splits its output (lora_B),
+# a row-parallel one its input (lora_A); the other matrix is whole on every GPU.
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_PACKED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def lora_bytes(model: ModelInfo, lora: LoraSlots, tensor_parallel: int,
+               element_bytes: int) -> float:
+    """Bytes per GPU of vLLM's LoRA buffers: for every adapted module of every layer, `slots`
+    pairs lora_A [rank x input] and lora_B [output x rank] in the model's dtype, the split side
+    divided by tensor_parallel (docs/adapters.md)."""
+    h, tp = model.hidden_size, tensor_parallel
+    q = model.num_attention_heads * model.head_dim
+    kv = model.num_key_value_heads * model.head_dim
+    mlp = model.dense_mlp_width
+    shapes = {  # module: (lora_A columns, lora_B rows) on one GPU
+        "q_proj": (h, q / tp), "k_proj": (h, kv / tp), "v_proj": (h, kv / tp),
+        "o_proj": (q / tp, h), "gate_proj": (h, mlp / tp) if model.gated_mlp else (0, 0),
+        "up_proj": (h, mlp / tp), "down_proj": (mlp / tp, h),
+    }
+    wanted = set(LORA_MODULES) if lora.targets is None else {
+        module for target in lora.targets for module in LORA_PACKED.get(target, (target,))}
+    per_layer = sum(a + b for module, (a, b) in shapes.items() if module in wanted)
+    return lora.slots * lora.rank * per_layer * model.num_hidden_layers * element_bytes
+
+
+@dataclass(frozen=True)
 class Term:
     """One line of the memory account: its size per GPU, vLLM's rule and what changes it."""
 
@@ -164,6 +202,7 @@ class CapacityReport:
     recommended_max_num_seqs_reason: str
     kv_cache_dtype: str
     expert_parallel: bool = False
+    lora_gib: float = 0.0  # vLLM's LoRA buffers (--max-loras x --max-lora-rank)
     terms: list[Term] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -171,7 +210,7 @@ class CapacityReport:
     @property
     def overhead_gib(self) -> float:
         """Everything in the budget that is neither weights nor KV cache."""
-        return self.activation_gib + self.runtime_gib + self.cuda_graphs_gib
+        return self.activation_gib + self.runtime_gib + self.cuda_graphs_gib + self.lora_gib
 
     def to_json(self) -> dict[str, Any]:
         """The stable keys other tools read (`kit plan --json`)."""
@@ -188,6 +227,7 @@ class CapacityReport:
                 "activation_gib": round(self.activation_gib, 3),
                 "runtime_gib": round(self.runtime_gib, 3),
                 "cuda_graphs_gib": round(self.cuda_graphs_gib, 3),
+                **({"lora_gib": round(self.lora_gib, 3)} if self.lora_gib else {}),
             },
             "kv_cache_gib": round(self.kv_cache_gib, 3),
             "kv_cache_tokens": self.kv_cache_tokens,
@@ -327,6 +367,7 @@ def plan_capacity(
     cuda_graphs_in_budget: bool = True,
     expert_parallel: bool = False,
     data_parallel: int = 1,
+    lora: LoraSlots | None = None,
 ) -> CapacityReport:
     """Plan one service's memory on each of its GPUs the way vLLM will split it.
 
@@ -393,7 +434,13 @@ def plan_capacity(
     cuda_graphs = (cuda_graph_gib(model.num_hidden_layers, captures)
                    if cuda_graphs_in_budget else 0.0)
     budget = gpu_memory_gib * gpu_memory_utilization
-    kv_cache_gib = budget - weights_per_gpu - activation - runtime - cuda_graphs
+    adapters = lora_bytes(model, lora, tensor_parallel, element_bytes) / GIB if lora else 0.0
+    if lora and not lora.rank:
+        warnings.append("LoRA memory not counted: an adapter's rank is unknown on this host "
+                        "(set --max-lora-rank in extra_args)")
+    if lora and model.num_experts:
+        warnings.append("LoRA memory counts attention and dense MLP modules, not the experts")
+    kv_cache_gib = budget - weights_per_gpu - activation - runtime - cuda_graphs - adapters
     kv_bytes = max(kv_cache_gib, 0.0) * GIB
 
     if weights_per_gpu >= budget:
@@ -405,7 +452,8 @@ def plan_capacity(
     elif kv_cache_gib <= 0:
         errors.append(
             f"no memory left for the KV cache: weights {weights_per_gpu:.1f} GiB + overhead "
-            f"{activation + runtime + cuda_graphs:.1f} GiB exceed the {budget:.1f} GiB budget "
+            f"{activation + runtime + cuda_graphs + adapters:.1f} GiB exceed the "
+            f"{budget:.1f} GiB budget "
             "(vLLM: 'No available memory for the cache blocks'); raise gpu_memory_utilization "
             "or services[].tensor_parallel"
         )
@@ -438,8 +486,14 @@ def plan_capacity(
              f"{MAX_CUDA_GRAPH_CAPTURE})) x {model.num_hidden_layers} layers"
              if cuda_graphs_in_budget else "not reserved inside the budget",
              "--enforce-eager, --max-num-seqs, VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"),
+        *([Term("LoRA adapters", adapters,
+                f"{lora.slots} slots x rank {lora.rank} x (lora_A + lora_B of "
+                f"{', '.join(lora.targets or LORA_MODULES)}) x {model.num_hidden_layers} layers",
+                "--max-loras, --max-lora-rank, --lora-target-modules, services[].adapters")]
+          if lora else []),
         Term("KV cache", kv_cache_gib, "budget - weights - activation - non-torch - CUDA "
-             f"graphs = {layout.tokens(kv_bytes):,} tokens of {layout.bytes_per_token:,} B",
+             f"graphs{' - LoRA' if lora else ''} = {layout.tokens(kv_bytes):,} tokens of "
+             f"{layout.bytes_per_token:,} B",
              "--kv-cache-dtype, --gpu-memory-utilization"),
     ]
     typical = min(typical_request_tokens or DEFAULT_TYPICAL_REQUEST_TOKENS, max_model_len)
@@ -471,6 +525,7 @@ def plan_capacity(
         recommended_max_num_seqs_reason=reason,
         kv_cache_dtype=kv_cache_dtype,
         expert_parallel=expert_parallel,
+        lora_gib=adapters,
         terms=terms,
         warnings=warnings,
         errors=errors,

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kit.errors import BadInput
-from kit.plan.capacity import CapacityReport, plan_capacity
+from kit.plan.adapters import lora_slots, service_adapters
+from kit.plan.capacity import CapacityReport, LoraSlots, plan_capacity
 from kit.plan.modelinfo import (
     NO_CHAT_TEMPLATE,
     ModelInfo,
@@ -53,11 +54,14 @@ def query_gpus(run: Callable[..., subprocess.CompletedProcess] = subprocess.run)
 
 
 def service_capacity(model: ModelInfo, service: Service, gpu_memory_gib: float,
-                     **context) -> CapacityReport:
-    """The capacity plan of one spec service on GPUs of this size (an embedding model answers no
-    chat, so a missing chat template is no warning there)."""
+                     lora: LoraSlots | None = None, **context) -> CapacityReport:
+    """The capacity plan of one spec service on GPUs of this size (with `lora`, its adapters'
+    slots: kit/plan/adapters.py; an embedding model answers no chat, so a missing chat template
+    is no warning there)."""
     if service.task == EMBED:
         model = replace(model, warnings=[w for w in model.warnings if w != NO_CHAT_TEMPLATE])
+    memory = _memory_flags(service.extra_args)
+    targets = memory.pop("lora_targets", None)
     return plan_capacity(
         model,
         gpu_memory_gib=gpu_memory_gib,
@@ -68,14 +72,16 @@ def service_capacity(model: ModelInfo, service: Service, gpu_memory_gib: float,
         quantization=service.quantization,
         dtype=service.dtype,
         max_num_seqs=service.max_num_seqs if service.max_num_seqs != "auto" else None,
-        **_memory_flags(service.extra_args),
+        lora=replace(lora, targets=targets) if lora and targets else lora,
+        **memory,
         **context,
     )
 
 
 def _memory_flags(extra_args: list[str]) -> dict:
     """What the service's extra_args change in vLLM's memory account (the last use wins, as in
-    vLLM's parser): eager mode, expert parallel over TP x DP ranks, the batched-token budget."""
+    vLLM's parser): eager mode, expert parallel over TP x DP ranks, the batched-token budget,
+    the modules LoRA adapts."""
     settings: dict = {"cuda_graphs_in_budget": True}
     for use in flag_uses(extra_args, flag_table()):
         name = use.option.canonical if use.option else None
@@ -88,6 +94,8 @@ def _memory_flags(extra_args: list[str]) -> dict:
             settings["max_num_batched_tokens"] = number
         elif name == "--data-parallel-size" and number:
             settings["data_parallel"] = number
+        elif name == "--lora-target-modules" and use.values:
+            settings["lora_targets"] = tuple(use.values)
     return settings
 
 
@@ -125,8 +133,10 @@ def fit_service(spec: Spec, service: Service, detected: dict[int, Gpu] | None = 
     model = inspect_model_dir(model_dir)
     names = {detected[gpu].name for gpu in service.gpus if gpu in detected}
     try:
-        report = service_capacity(model, service, min(sizes),
-                                  gpu_name=names.pop() if len(names) == 1 else None, **context)
+        report = service_capacity(
+            model, service, min(sizes), gpu_name=names.pop() if len(names) == 1 else None,
+            lora=lora_slots(service, service_adapters(service, spec.models_root, spec.hf_cache)),
+            **context)
     except BadInput as error:
         return ServiceFit(service, model, unplanned=str(error), failed=True)
     notes = []
@@ -215,7 +225,8 @@ def capacity_table(title: str, model: ModelInfo, report: CapacityReport,
         ("weights", f"{report.weights_gib:.2f} GiB per GPU ({report.weights_source})"),
         ("overhead", f"{report.overhead_gib:.2f} GiB (activation {report.activation_gib:.2f}, "
                      f"runtime {report.runtime_gib:.2f}, "
-                     f"CUDA graphs {report.cuda_graphs_gib:.2f})"),
+                     f"CUDA graphs {report.cuda_graphs_gib:.2f}"
+                     + (f", LoRA {report.lora_gib:.2f}" if report.lora_gib else "") + ")"),
         ("KV cache", f"{report.kv_cache_gib:.2f} GiB = {report.kv_cache_tokens:,} tokens "
                      f"({kib:g} KiB per token per GPU, {report.kv_cache_dtype})"),
         ("max_model_len", f"{report.max_model_len:,} (model limit "

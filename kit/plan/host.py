@@ -12,6 +12,13 @@ from pathlib import Path
 from kit import names
 from kit.engine.url import DEFAULT_HOST, is_local, resolve
 from kit.errors import BadInput
+from kit.plan.adapters import (
+    adapter_problems,
+    lora_slots,
+    model_name_or_path,
+    service_adapters,
+    source_folder,
+)
 from kit.spec.checks import Parts
 from kit.spec.load import HostChecks, read_spec
 from kit.spec.model import BIND_FIX, Service, Spec, gpu_memory_for
@@ -88,6 +95,12 @@ def spec_warnings(spec: Spec, spec_path: Path) -> list[str]:
                 "Hub and the backend network gets internet access for every service; if it is "
                 "a typo of a local model, fix services[].model"
             )
+        warnings += [
+            f"DOWNLOAD: services[{i}].adapters[{j}] ({adapter.name}) {adapter.path!r} is no "
+            f"directory under {spec.models_root}: vLLM downloads it from the Hugging Face Hub "
+            "(unchecked, unpinned) and the backend network gets internet access"
+            for j, adapter in enumerate(service.adapters)
+            if source_folder(adapter, spec.models_root, spec.hf_cache) is None]
     return warnings
 
 
@@ -162,6 +175,7 @@ def _model_dirs(parts: Parts, check_capacity: bool) -> list[SpecProblem]:
     problems = []
     for i, service in parts.services:
         model_dir = models_root / service.model
+        problems += _adapter_problems(parts, i, service, models_root)
         if is_hub_id(models_root, service.model):
             # vLLM downloads it (spec_warnings says so), or offline reads it from hf_cache
             problems += _offline_hub_model(parts, i, service)
@@ -233,9 +247,12 @@ def _model_problems(
         ))
     memory = [gpu_memory_for(parts.gpu_memory_gib, gpu) for gpu in service.gpus]
     sizes = [gib for gib in memory if gib is not None]
+    assert parts.models_root is not None  # _model_dirs reads model folders only under one
+    adapters = service_adapters(service, parts.models_root, parts.hf_cache)
     if check_capacity and len(sizes) == len(memory):  # the plan covers heads and max_model_len too
         try:
-            errors = service_capacity(info, service, min(sizes)).errors
+            errors = service_capacity(info, service, min(sizes),
+                                      lora=lora_slots(service, adapters)).errors
         except BadInput as error:
             errors = [error.message]
         return problems + [
@@ -260,6 +277,15 @@ def _model_problems(
             f"set max_model_len to at most {limit}",
         ))
     return problems
+
+
+def _adapter_problems(parts: Parts, i: int, service: Service,
+                      models_root: Path) -> list[SpecProblem]:
+    """Each adapter's files, base model and rank (kit/plan/adapters.py), at its entry."""
+    infos = service_adapters(service, models_root, parts.hf_cache)
+    saved_as = model_name_or_path(models_root / service.model)
+    return [SpecProblem(("services", i, "adapters", j), problem, fix)
+            for j, problem, fix in adapter_problems(service, infos, saved_as)]
 
 
 def _exposed_secrets(spec: Spec, spec_path: Path) -> list[str]:

@@ -753,7 +753,7 @@ def _weights(model_dir: Path) -> tuple[int | None, dict[str, int], list[str], li
         if not shard_path.is_file():
             errors.append(f"shard {shard} named by {SAFETENSORS_INDEX} is missing from {model_dir}")
             continue
-        header, problem = _read_safetensors_header(shard_path)
+        header, problem = read_safetensors_header(shard_path)
         if problem:
             errors.append(problem)
             continue
@@ -773,7 +773,7 @@ def _weights(model_dir: Path) -> tuple[int | None, dict[str, int], list[str], li
     return (sum(by_dtype.values()) if by_dtype else None), by_dtype, errors, warnings
 
 
-def _read_safetensors_header(path: Path) -> tuple[dict[str, Any], str | None]:
+def read_safetensors_header(path: Path) -> tuple[dict[str, Any], str | None]:
     try:
         with path.open("rb") as handle:
             prefix = handle.read(8)

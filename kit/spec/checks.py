@@ -104,6 +104,7 @@ def cross_checks(parts: Parts) -> list[SpecProblem]:
     """The checks that read the spec alone: names, GPUs, vLLM flags, metrics, ACME, nodes."""
     problems: list[SpecProblem] = []
     problems += _unique_names(parts.services)
+    problems += _adapter_names(parts.services) + _lora_flags(parts.services)
     problems += _gpu_sharing(parts.services)
     problems += _extra_args(parts.services)
     problems += _metrics_flags(parts.services, parts.observability, parts.usage)
@@ -143,6 +144,57 @@ def _unique_names(services: list[tuple[int, Service]]) -> list[SpecProblem]:
                 "give each service its own served_name",
             ))
         seen_served.setdefault(served, i)
+    return problems
+
+
+def _adapter_names(services: list[tuple[int, Service]]) -> list[SpecProblem]:
+    """An adapter's name is a model clients ask for: no other adapter's, no served name (the
+    door routes each name to one service; vLLM would serve the base under a clashing one)."""
+    taken = {service.api_name: f"the served name of services[{i}]" for i, service in services}
+    problems = []
+    for i, service in services:
+        for j, adapter in enumerate(service.adapters):
+            if adapter.name in taken:
+                problems.append(SpecProblem(
+                    ("services", i, "adapters", j, "name"),
+                    f"adapter name {adapter.name!r} is also {taken[adapter.name]}; clients pick "
+                    "a model by it", "give the adapter a name of its own"))
+            taken.setdefault(adapter.name, f"adapter services[{i}].adapters[{j}]")
+    return problems
+
+
+# extra_args LoRA flags that `adapters:` owns or contradicts: flag → why.
+ADAPTER_OWNED_FLAGS = {
+    "--lora-modules": "declare adapters in services[].adapters: kit checks them and the front "
+                      "door routes only declared names",
+}
+
+
+def _lora_flags(services: list[tuple[int, Service]]) -> list[SpecProblem]:
+    """--lora-modules belongs to `adapters:`; --disable-lora and a CPU cache smaller than the
+    GPU slots (vLLM: max_cpu_loras must be >= max_loras) cannot serve what is declared."""
+    table = flag_table()
+    problems = []
+    for i, service in services:
+        values: dict[str, tuple[int, str]] = {}
+        for use in flag_uses(service.extra_args, table):
+            name = use.option.canonical if use.option else use.flag
+            if name in ADAPTER_OWNED_FLAGS:
+                problems.append(SpecProblem(("services", i, "extra_args", use.index),
+                                            f"{use.flag}: {ADAPTER_OWNED_FLAGS[name]}",
+                                            f"remove {use.flag} from extra_args"))
+            elif use.flag == "--disable-lora" and service.adapters:
+                problems.append(SpecProblem(("services", i, "extra_args", use.index),
+                                            "--disable-lora contradicts the service's adapters",
+                                            "remove --disable-lora, or the adapters"))
+            values[name] = (use.index, use.values[-1] if use.values else "")
+        slots = values.get("--max-loras", (0, str(len(service.adapters))))[1]
+        index, cpu = values.get("--max-cpu-loras", (0, ""))
+        if service.adapters and cpu.isdigit() and slots.isdigit() and int(cpu) < int(slots):
+            problems.append(SpecProblem(
+                ("services", i, "extra_args", index),
+                f"--max-cpu-loras {cpu} is below --max-loras {slots} (kit's default: one slot "
+                "per adapter); vLLM refuses to start", f"set --max-cpu-loras to at least {slots}"))
     return problems
 
 

@@ -286,6 +286,18 @@ class Routing(StrictModel):
         return self
 
 
+class Adapter(StrictModel):
+    """A LoRA adapter served on its service's base model (docs/adapters.md): clients ask for it
+    by `name` as a model; `path` is a folder under models_root or a Hub id (org/name)."""
+
+    name: Annotated[str, Field(pattern=SERVED_NAME)]
+    path: Annotated[str, Field(pattern=MODEL_REF, max_length=200)]
+    # a Hub adapter's commit or branch, served from its snapshot in hf_cache (vLLM's
+    # --lora-modules cannot pin one itself)
+    revision: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")] | None = None
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None  # adapter weights
+
+
 class Service(StrictModel):
     name: Annotated[str, Field(pattern=SERVICE_NAME), AfterValidator(_yaml_safe_key)]
     model: Annotated[str, Field(pattern=MODEL_REF, max_length=200)]
@@ -314,6 +326,7 @@ class Service(StrictModel):
     network_interface: Annotated[str, Field(pattern=INTERFACE_NAME)] | None = None
     master_port: Annotated[int, Field(ge=1024, le=65535)] = 29501  # vLLM's --master-port default
     slo: Slo | None = None
+    adapters: Annotated[list[Adapter], Field(max_length=256)] = []
 
     @field_validator("gpus")
     @classmethod

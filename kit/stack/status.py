@@ -11,6 +11,7 @@ from kit.engine.door_ports import PortAnswer
 from kit.engine.observe import ContainerState, ObservedState
 from kit.files import read_existing
 from kit.front_door.acme import AcmeStatus, acme_status
+from kit.front_door.replica_check import served_adapters
 from kit.render.site_files import render_site
 from kit.site import Site
 from kit.stack.live_figures import LiveFigures, live_figures
@@ -32,6 +33,31 @@ class NodeContainers:
 
 
 @dataclass(frozen=True)
+class ReplicaAdapters:
+    """The LoRA adapters one replica serves (its own /v1/models) against the spec's."""
+
+    container: str
+    served: tuple[str, ...] | None  # None: the replica did not answer
+    missing: tuple[str, ...] = ()  # declared, not served: requests for them fail there
+    undeclared: tuple[str, ...] = ()  # served, not declared (the door does not route them)
+
+    def to_json(self) -> dict:
+        return {"container": self.container, "served": None if self.served is None
+                else list(self.served), "missing": list(self.missing),
+                "undeclared": list(self.undeclared)}
+
+    def line(self) -> str:
+        if self.served is None:
+            return f"adapters of {self.container}: unknown (its /v1/models did not answer)"
+        text = f"adapters of {self.container}: {', '.join(self.served) or 'none'}"
+        if self.missing:
+            text += f"; DRIFT: declared but not loaded: {', '.join(self.missing)}"
+        if self.undeclared:
+            text += f"; DRIFT: loaded but not declared: {', '.join(self.undeclared)}"
+        return text
+
+
+@dataclass(frozen=True)
 class StackStatus:
     site: str
     containers: tuple[ContainerState, ...]
@@ -47,6 +73,7 @@ class StackStatus:
     out_of_rotation: frozenset[str] = frozenset()  # replicas nginx's server lists leave out
     probe_stale: str | None = None  # why the last probe says nothing of what runs now
     usage: LedgerHealth | None = None  # the usage ledger's health (None: usage is off)
+    adapters: tuple[ReplicaAdapters, ...] = ()  # per running replica of a service with adapters
 
     def replicas_in_service(self) -> dict[str, dict[str, int]]:
         """Per multi-replica service: how many replicas run healthy, of how many containers,
@@ -83,6 +110,8 @@ class StackStatus:
             **extra,
             **({"tls": self.acme.to_json()} if self.acme else {}),  # tls.mode acme only
             **({"usage_ledger": self.usage.to_json()} if self.usage else {}),
+            **({"adapters": [replica.to_json() for replica in self.adapters]}
+               if self.adapters else {}),
         }
 
 
@@ -125,7 +154,24 @@ def gather(site: Site, engine: Engine,
         out_of_rotation=_out_of_rotation(site, observed.containers),
         probe_stale=_probe_stale(last_probe, observed),
         usage=ledger_health(engine, observed.containers) if site.spec.usage.enabled else None,
+        adapters=_adapters(site, engine, observed.containers),
     )
+
+
+def _adapters(site: Site, engine: Engine, containers: tuple[ContainerState, ...]
+              ) -> tuple[ReplicaAdapters, ...]:
+    """Each running replica of a service with adapters, asked what it serves."""
+    declared = {s.name: {a.name for a in s.adapters} for s in site.spec.services if s.adapters}
+    found = []
+    for c in containers:
+        if c.spec_service not in declared or not c.running:
+            continue
+        served = served_adapters(engine, c)
+        wanted = declared[c.spec_service]
+        found.append(ReplicaAdapters(c.service, None if served is None else tuple(served),
+                                     tuple(sorted(wanted - set(served or wanted))),
+                                     tuple(sorted(set(served or ()) - wanted))))
+    return tuple(found)
 
 
 def _out_of_rotation(site: Site, containers: tuple[ContainerState, ...]) -> frozenset[str]:
@@ -274,4 +320,5 @@ def render_text(status: StackStatus, now: datetime) -> str:
         lines += status.acme.lines()
     if status.usage is not None:
         lines += status.usage.lines()
+    lines += [replica.line() for replica in status.adapters]
     return "\n".join(lines)

@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from . import VERSION, buckets, cli, logs, model, multinode
+from . import VERSION, buckets, cli, logs, lora, model, multinode
 from .engine import Engine
 from .server import App, Connection
 
@@ -470,6 +470,7 @@ class Standin:
             runner == "auto" and arch.endswith("Model")
             and not arch.endswith(("LMHeadModel", "ChatModel")))
         tasks = ("embed",) if pooling else ("generate",)
+        adapters = self.static_loras(names[0])
         self.app = App(
             engine=self.engine,
             served_names=names,
@@ -484,6 +485,7 @@ class Standin:
             keep_alive_timeout=_env_float("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", 5.0),
             tasks=tasks,
             hidden_size=int(source.config.get("hidden_size") or 4096),
+            adapters=adapters,
         )
         host = a.host or "0.0.0.0"
         logs.line(logs.API, "INFO", "api_server.py:598", f"Supported tasks: {list(tasks)}")
@@ -511,6 +513,34 @@ class Standin:
         if not a.disable_log_stats:
             self._schedule_stats(loop)
         return server
+
+    def static_loras(self, base: str) -> lora.Adapters | None:
+        """--enable-lora and --lora-modules (vllm_standin/lora.py): every listed adapter loaded
+        before the server answers; one that fails ends the server, as in vLLM."""
+        a = self.args
+        modules = lora.parse_modules(a.lora_modules)
+        if not a.enable_lora and not modules:
+            return None
+        slots = a.max_loras or 1
+        cpu = int(a.max_cpu_loras) if a.max_cpu_loras is not None else slots
+        if a.enable_lora and cpu < slots:
+            raise config_failure(model.ConfigError(
+                "LoRAConfig", f"max_cpu_loras ({cpu}) must be >= max_loras ({slots})",
+                f"max_cpu_loras={cpu}"))
+        adapters = lora.Adapters(bool(a.enable_lora), a.max_lora_rank or 16, base,
+                                 _env_float("STANDIN_LORA_LOAD_SECONDS", 0))
+        for name, path in modules:
+            try:
+                adapters.load(name, path)
+            except lora.LoraError as error:
+                raise Failure(lambda message=error.message: api_traceback(
+                    [*SERVE_FRAMES, (f"{PKG}/entrypoints/openai/models/serving.py", 96,
+                                     "init_static_loras", "raise ValueError(load_result.error"
+                                     ".message)")],
+                    f"ValueError: {message}")) from error
+            logs.line(logs.API, "INFO", "serving.py:93", f"Loaded new LoRA adapter: name '{name}', "
+                      f"path '{path}'")
+        return adapters
 
     def _schedule_stats(self, loop: asyncio.AbstractEventLoop) -> None:
         def tick() -> None:

@@ -21,7 +21,7 @@ import zlib
 from dataclasses import dataclass
 from http import HTTPStatus
 
-from . import VERSION, logs
+from . import VERSION, logs, lora
 from .engine import Engine, Request
 from .responses import (
     ResponsesCollectSink,
@@ -295,8 +295,10 @@ class App:
         keep_alive_timeout: float = 5.0,
         tasks: tuple[str, ...] = ("generate",),
         hidden_size: int = 4096,
+        adapters: lora.Adapters | None = None,
     ):
         self.engine = engine
+        self.adapters = adapters
         self.hidden_size = hidden_size
         self.served_names = served_names
         self.root = root
@@ -331,6 +333,9 @@ class App:
             })
         if "embed" in tasks:
             self.routes["/v1/embeddings"] = ({"POST"}, self.embeddings)
+        if adapters is not None and lora.runtime_updates():  # as vLLM registers them
+            self.routes["/v1/load_lora_adapter"] = ({"POST"}, self.load_lora_adapter)
+            self.routes["/v1/unload_lora_adapter"] = ({"POST"}, self.unload_lora_adapter)
 
     def access(self, conn: Connection, request: HttpRequest, status: int) -> None:
         if request.path in self.routes:
@@ -383,15 +388,18 @@ class App:
         conn.send(request, 200, dumps({"version": VERSION}))
 
     def models(self, conn: Connection, request: HttpRequest) -> None:
+        base = [{"id": name, "root": self.root, "parent": None,
+                 "max_model_len": self.max_model_len} for name in self.served_names]
+        cards = base + (self.adapters.cards() if self.adapters else [])
         data = [
             {
-                "id": name,
+                "id": card["id"],
                 "object": "model",
                 "created": self.created,
                 "owned_by": "vllm",
-                "root": self.root,
-                "parent": None,
-                "max_model_len": self.max_model_len,
+                "root": card["root"],
+                "parent": card["parent"],
+                "max_model_len": card["max_model_len"],
                 "permission": [
                     {
                         "id": f"modelperm-{secrets.token_hex(8)}",
@@ -409,9 +417,48 @@ class App:
                     }
                 ],
             }
-            for name in self.served_names
+            for card in cards
         ]
         conn.send(request, 200, dumps({"object": "list", "data": data}))
+
+    def load_lora_adapter(self, conn: Connection, request: HttpRequest) -> None:
+        """vLLM's runtime load: 200 with a plain-text line, or its JSON error; the stand-in
+        takes STANDIN_LORA_LOAD_SECONDS to load (other requests are served meanwhile)."""
+        body = self._json_body(conn, request, "load_lora_adapter")
+        if body is None or self.adapters is None:
+            return
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not name or not path:
+            conn.send(request, 400, error_body("Both 'lora_name' and 'lora_path' must be "
+                                               "provided.", "InvalidUserInput", None, 400))
+            return
+        adapters = self.adapters
+
+        def finish() -> None:
+            try:
+                adapters.load(name, path)
+            except lora.LoraError as error:
+                conn.send(request, error.status, error_body(error.message, error.err_type,
+                                                            None, error.status))
+                return
+            conn.send(request, 200, f"Success: LoRA adapter '{name}' added successfully."
+                      .encode(), content_type="text/plain; charset=utf-8")
+
+        asyncio.get_running_loop().call_later(adapters.load_s, finish)
+
+    def unload_lora_adapter(self, conn: Connection, request: HttpRequest) -> None:
+        body = self._json_body(conn, request, "unload_lora_adapter")
+        if body is None or self.adapters is None:
+            return
+        name = body.get("lora_name")
+        try:
+            self.adapters.unload(str(name))
+        except lora.LoraError as error:
+            conn.send(request, error.status, error_body(error.message, error.err_type, None,
+                                                        error.status))
+            return
+        conn.send(request, 200, f"Success: LoRA adapter '{name}' removed successfully."
+                  .encode(), content_type="text/plain; charset=utf-8")
 
     def metrics(self, conn: Connection, request: HttpRequest) -> None:
         v = sys.version_info
@@ -507,7 +554,8 @@ class App:
         model = body.get("model")
         if model is None:
             return self.served_names[0]
-        if model not in self.served_names:
+        if model not in self.served_names and not (self.adapters and
+                                                    model in self.adapters.loaded):
             conn.send(
                 request,
                 404,

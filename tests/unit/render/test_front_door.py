@@ -60,7 +60,8 @@ def test_the_rendered_limits_and_verifier(site: Path) -> None:
 
 def test_routes_are_json_whatever_the_names_hold() -> None:
     names = {"llama-3.1-8b": "llama8b", "Org/Model:v2": "big", 'a"b\\c</x>$y': "odd"}
-    plan = SimpleNamespace(services=[SimpleNamespace(api_name=k, name=v) for k, v in names.items()])
+    plan = SimpleNamespace(services=[SimpleNamespace(api_name=k, name=v, adapters=())
+                                     for k, v in names.items()])
     text = routes_module(plan).decode()
     body = text.split("export default ", 1)[1]
     assert body.endswith(";\n") and json.loads(body[:-2]) == names

@@ -12,6 +12,7 @@ from kit.plan.build import MODELS_MOUNT, VLLM_ENTRYPOINT, model_is_local
 from kit.plan.host import load_spec
 from kit.spec.vllm_flags import flag_table, flag_uses
 from kit.stack.preflight import model_below
+from tests.support.adapters import write_adapter
 from tests.support.cli import run_kit
 from tests.support.sites import MULTI_NODE, OBSERVABILITY, REPO, enable
 from tests.support.vllm_deprecations import (
@@ -21,7 +22,8 @@ from tests.support.vllm_deprecations import (
 )
 
 # The modules that build vLLM's argv: every vLLM flag literal in them is one kit can render.
-ARGV_SOURCES = ("kit/plan/build.py", "kit/plan/multinode.py", "kit/plan/observability.py")
+ARGV_SOURCES = ("kit/plan/build.py", "kit/plan/multinode.py", "kit/plan/observability.py",
+                "kit/plan/adapters.py")
 # A service that turns on every optional flag of kit/plan/build.py (and replicas: the
 # --shutdown-timeout of a multi-replica service), beside the base site's, SLO, multi-node.
 EVERY_OPTION = """\
@@ -35,6 +37,7 @@ EVERY_OPTION = """\
     kv_cache_dtype: fp8
     trust_remote_code: true
     slo: {ttft_p95_ms: 200, tpot_p95_ms: 30}
+    adapters: [{name: tuned-lora, path: tuned-lora}]
   - name: hub
     model: org/some-model
     gpus: [5]
@@ -47,6 +50,7 @@ def _documents(path: Path) -> list[dict]:
 
 def _every_option_site(site: Path) -> list[dict]:
     """The base site with every option on, rendered: its compose file and worker node's."""
+    write_adapter(site.parent / "models" / "tuned-lora", base="llama-8b")
     spec = enable(site, OBSERVABILITY, EVERY_OPTION + MULTI_NODE.replace("gpus: [0, 1]",
                                                                          "gpus: [6, 7]"))
     result = run_kit("render", spec)

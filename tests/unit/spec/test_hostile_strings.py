@@ -7,6 +7,7 @@ also tries arbitrary text. Derandomised, so CI runs the same examples every time
 """
 
 import copy
+import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,7 @@ from kit.plan.host import load_spec
 from kit.render.site_files import generated_files
 from kit.spec.model import Spec
 from tests.support import nginx_ns
+from tests.support.adapters import adapter_weights, write_adapter
 from tests.support.cli import run_kit
 from tests.support.compose import services_of
 from tests.support.nginx_structure import structure
@@ -79,6 +81,20 @@ def routing(key: str, affinity: str) -> Setter:
     return setter
 
 
+def adapter(key: str) -> Setter:
+    """One adapter of the service: the fixture's folder `support`, or (revision) the Hub
+    adapter org/support pinned in the fixture's hf_cache beside models_root."""
+
+    def setter(data: dict, value: str) -> None:
+        entry = {"name": "support-v3", "path": "support"}
+        if key == "revision":
+            entry["path"] = "org/support"
+            data["hf_cache"] = str(Path(data["models_root"]).parent / "hf")
+        data["services"][0]["adapters"] = [{**entry, key: value}]
+
+    return setter
+
+
 TLS_NEEDS = {
     "acme": {"email": "ops@test.example"},
     "files": {"cert": "server.pem", "key": "server.key"},
@@ -124,6 +140,10 @@ FIELDS: dict[str, tuple[Setter, str]] = {
     "services.env.name": (env_name, "HF_HUB_OFFLINE"),
     "services.env.value": (at(*S, "env", "HF_HUB_OFFLINE"), "1"),
     "services.network_interface": (interface, "ens5f0"),
+    "services.adapters.name": (adapter("name"), "support-v3"),
+    "services.adapters.path": (adapter("path"), "support"),
+    "services.adapters.revision": (adapter("revision"), "main"),
+    "services.adapters.sha256": (adapter("sha256"), hashlib.sha256(adapter_weights()).hexdigest()),
     "observability.subnet": (at("observability", "subnet"), "10.89.7.0/28"),
     "usage.max_disk": (at("usage", "max_disk"), "2g"),
     "kubernetes.service_type": (at("kubernetes", "service_type"), "LoadBalancer"),
@@ -166,6 +186,11 @@ def site_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("hostile")
     (root / "models" / "llama-8b").mkdir(parents=True)
     (root / "models" / "llama-8b" / "config.json").write_text(json.dumps(LLAMA_8B))
+    write_adapter(root / "models" / "support", base="llama-8b")
+    hub = root / "hf" / "hub" / "models--org--support"
+    write_adapter(hub / "snapshots" / ("c" * 40), base="llama-8b")
+    (hub / "refs").mkdir()
+    (hub / "refs" / "main").write_text("c" * 40)
     (root / "site").mkdir()
     certificate("llm.test.internal")(root / "site")  # for tls.mode files
     ca_bundle("ca")(root / "site")  # for tls.ca_bundle
