@@ -19,7 +19,7 @@ import ssl
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import yaml
@@ -101,15 +101,27 @@ def metrics(site: LiveSite, hosts: list[str]) -> dict[str, dict[str, float]]:
     return found
 
 
+def served_each(site: LiveSite, hosts: list[str],
+                sends: dict[str, Callable]) -> dict[str, dict[str, int]]:
+    """How many requests each replica finished while each `send()` ran, in turn (every one
+    answered 200). Nothing else sends completions, so the counters read after one send are
+    the counters before the next: one read between two sends, not two."""
+    done = "vllm:request_success_total"
+    before = metrics(site, hosts)
+    found = {}
+    for name, send in sends.items():
+        replies = send()
+        for status, body in replies if isinstance(replies, list) else [replies]:
+            assert status == 200, body
+        after = metrics(site, hosts)
+        found[name] = {h: round(after[h].get(done, 0) - before[h].get(done, 0)) for h in hosts}
+        before = after
+    return found
+
+
 def served(site: LiveSite, hosts: list[str], send) -> dict[str, int]:
     """How many requests each replica finished while `send()` ran (every one answered 200)."""
-    before = metrics(site, hosts)
-    replies = send()
-    for status, body in replies if isinstance(replies, list) else [replies]:
-        assert status == 200, body
-    after = metrics(site, hosts)
-    done = "vllm:request_success_total"
-    return {h: round(after[h].get(done, 0) - before[h].get(done, 0)) for h in hosts}
+    return served_each(site, hosts, {"send": send})["send"]
 
 
 def test_every_replica_is_its_own_pinned_container_and_both_models_answer(site: LiveSite):
@@ -154,16 +166,14 @@ def test_least_connections_keeps_16_streams_even_across_4_replicas(site: LiveSit
 
 def test_the_same_session_header_lands_on_one_replica(site: LiveSite):
     sessions = [f"session-{i}" for i in range(12)]
+    turns = {session: 100 if session == sessions[0] else 5 for session in sessions}
     homes = {}
-    for session in sessions:
-        counts = served(site, TINY_REPLICAS, lambda s=session: [
-            post(site, chat(SERVED_NAME, f"turn {n}"), {SESSION_HEADER: s}) for n in range(100)
-        ] if s == sessions[0] else [
-            post(site, chat(SERVED_NAME, f"turn {n}"), {SESSION_HEADER: s}) for n in range(5)
-        ])
+    for session, counts in served_each(site, TINY_REPLICAS, {s: lambda s=s: [
+            post(site, chat(SERVED_NAME, f"turn {n}"), {SESSION_HEADER: s})
+            for n in range(turns[s])] for s in sessions}).items():
         (home,) = [h for h, n in counts.items() if n]  # every request of it on one replica
         homes[session] = home
-        assert counts[home] == (100 if session == sessions[0] else 5), counts
+        assert counts[home] == turns[session], counts
     assert len(set(homes.values())) >= 3, homes  # sessions spread over the replicas
 
 
@@ -179,31 +189,31 @@ def test_the_same_conversation_lands_on_one_replica(site: LiveSite):
     counts = served(site, DUO_REPLICAS, lambda: [
         post(site, conversation(7, turn % 5)) for turn in range(100)])
     assert sorted(counts.values()) == [0, 100], counts  # it grows, and keeps its replica
-    homes = set()
-    for n in range(8):
-        counts = served(site, DUO_REPLICAS, lambda n=n: post(site, conversation(n, 0)))
-        homes |= {h for h, c in counts.items() if c}
+    conversations = served_each(site, DUO_REPLICAS, {
+        str(n): lambda n=n: post(site, conversation(n, 0)) for n in range(8)})
+    homes = {h for counts in conversations.values() for h, c in counts.items() if c}
     assert homes == set(DUO_REPLICAS)  # different conversations use both
 
 
 def test_a_session_moves_only_when_its_replica_leaves(site: LiveSite):
     sessions = [f"move-{i}" for i in range(16)]
 
-    def home(session: str) -> str:
-        counts = served(site, TINY_REPLICAS, lambda: post(
-            site, chat(SERVED_NAME, "hi"), {SESSION_HEADER: session}))
-        (found,) = [h for h, n in counts.items() if n]
+    def homes(chosen: list[str], hosts: list[str] = TINY_REPLICAS) -> dict[str, str]:
+        """The replica of `hosts` that served each session's request (one each, in turn)."""
+        counted = served_each(site, hosts, {s: lambda s=s: post(
+            site, chat(SERVED_NAME, "hi"), {SESSION_HEADER: s}) for s in chosen})
+        found = {}
+        for session, counts in counted.items():
+            (found[session],) = [h for h, n in counts.items() if n]
         return found
 
-    def homes() -> dict[str, str]:
-        return {session: home(session) for session in sessions}
-
-    before = homes()
+    before = homes(sessions)
     leaving = before[sessions[0]]
     site.container(leaving).stop(timeout=5)
     try:
-        during = {s: h for s, h in homes().items()}
-        assert leaving not in during.values()
+        # counted by the replicas still there (a read of the stopped one only waited out curl's
+        # 5 s, for nothing): every request answered 200 and exactly one of them served it
+        during = homes(sessions, [h for h in TINY_REPLICAS if h != leaving])
         assert all(during[s] == before[s] for s in sessions if before[s] != leaving), (before,
                                                                                       during)
     finally:
@@ -214,9 +224,9 @@ def test_a_session_moves_only_when_its_replica_leaves(site: LiveSite):
             time.sleep(0.5)
     # nginx tries it again after fail_timeout: within the 11 s this test used to sleep, the
     # session that moved is home again, and then every session is
-    wait_for(f"{sessions[0]} back on {leaving}", lambda: home(sessions[0]) == leaving,
-             REPLICA_FAIL_TIMEOUT + 1)
-    assert homes() == before
+    wait_for(f"{sessions[0]} back on {leaving}",
+             lambda: homes(sessions[:1])[sessions[0]] == leaving, REPLICA_FAIL_TIMEOUT + 1)
+    assert homes(sessions) == before
 
 
 def test_a_killed_replica_costs_only_its_streams_and_rejoins(site: LiveSite):
