@@ -22,8 +22,9 @@ from kit.state import read_state
 
 LOCK_VERSION = 1
 SHA256 = re.compile(r"[0-9a-f]{64}")
-# a file of a model repository: relative, no `..`, no hidden kit staging names, printable
-REPO_PATH = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+=-]*(/[A-Za-z0-9_][A-Za-z0-9._+=-]*)*")
+# a file of a model repository: relative, printable, never `..` nor kit's staging folder
+REPO_PATH = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9._+=-]*(/[A-Za-z0-9_.][A-Za-z0-9._+=-]*)*")
+STAGING_NAME = ".kit-partial"  # kit pull's partial files, under a model's staging folder
 LOCK_FIX = "run `kit lock SPEC` to write it again from the Hub (and review the diff in git)"
 
 
@@ -143,7 +144,8 @@ def _file(key: object, raw: object) -> LockedFile:
 def is_repo_path(path: object) -> bool:
     """A repository file kit may write under a model's folder: relative, normal, no `..`."""
     return (isinstance(path, str) and len(path) <= 512 and REPO_PATH.fullmatch(path) is not None
-            and posixpath.normpath(path) == path and ".." not in path.split("/"))
+            and posixpath.normpath(path) == path and ".." not in path.split("/")
+            and path.split("/")[0] != STAGING_NAME)
 
 
 def _whole(pattern: str, value: object) -> bool:

@@ -26,12 +26,10 @@ from kit.errors import BadInput, KitError
 from kit.layout import SiteLayout
 from kit.spec.model import Spec
 from kit.weights import hub
-from kit.weights.lock import LockedModel, locked_for, model_dir, read_lock
+from kit.weights.lock import STAGING_NAME, LockedFile, LockedModel, locked_for, model_dir, read_lock
 from kit.weights.verify import HashCache, check_folder, folder_files, hash_files
 
-PARTIAL = ".kit-partial"  # never a repository path (kit.weights.lock.REPO_PATH)
 REPORT_SECONDS = 5.0  # a progress line this often when the output is no terminal
-FETCH_WORKERS = 4
 
 
 @dataclass
@@ -76,7 +74,7 @@ def pull_model(locked: LockedModel, folder: Path, cache: HashCache,
     staging.mkdir(parents=True, exist_ok=True)
     expected = {f.path: f for f in locked.files}
     for path, local in folder_files(staging).items():
-        if path.split("/")[0] != PARTIAL and path not in expected:
+        if path.split("/")[0] != STAGING_NAME and path not in expected:
             local.unlink()
             result.removed.append(path)
     present = {p: staging / p for p in expected if (staging / p).is_file()
@@ -87,7 +85,7 @@ def pull_model(locked: LockedModel, folder: Path, cache: HashCache,
     todo = [f for f in locked.files if staging / f.path not in good]
     for f in todo:
         (staging / f.path).unlink(missing_ok=True)
-    partial_root = staging / PARTIAL
+    partial_root = staging / STAGING_NAME
     start_bytes = sum(_size_of(partial_root / f.path) for f in todo)
     progress = Progress(locked.key, sum(f.size for f in todo), start_bytes,
                         lambda: sum(_size_of(partial_root / f.path) + _size_of(staging / f.path)
@@ -109,12 +107,11 @@ def pull_model(locked: LockedModel, folder: Path, cache: HashCache,
     return result
 
 
-def _fetch_all(locked: LockedModel, todo: list, staging: Path, partial_root: Path,
+def _fetch_all(locked: LockedModel, todo: list[LockedFile], staging: Path, partial_root: Path,
                cache: HashCache) -> None:
-    """The files fetched a few at a time (the largest first); each checked, then moved in."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    def one(f) -> None:
+    """The files fetched one after another, the largest first (Ctrl-C stops at once and keeps
+    the partial bytes); each checked, then moved in."""
+    for f in sorted(todo, key=lambda f: -f.size):
         partial = partial_root / f.path
         sha = hub.fetch(locked, f, partial)
         if sha != f.sha256:
@@ -127,10 +124,6 @@ def _fetch_all(locked: LockedModel, todo: list, staging: Path, partial_root: Pat
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(partial, target)
         cache.put(target, target.stat(), sha)
-
-    with ThreadPoolExecutor(FETCH_WORKERS) as pool:
-        for future in [pool.submit(one, f) for f in sorted(todo, key=lambda f: -f.size)]:
-            future.result()
 
 
 def _size_of(path: Path) -> int:
