@@ -56,20 +56,21 @@ def safetensors(tensors: dict[str, int], seed: int) -> bytes:
 
 
 def small_model(shard_bytes: int = 1 << 20, seed: int = 1) -> dict[str, bytes]:
-    """A small model repository: config, tokenizer config, an index and two shards."""
+    """A small model repository: config, tokenizer, an index and two shards."""
     elements = max(1, shard_bytes // 2)
-    shards = {
-        "model-00001-of-00002.safetensors": safetensors({"model.embed.weight": elements}, seed),
-        "model-00002-of-00002.safetensors": safetensors({"lm_head.weight": elements}, seed + 1),
-    }
+    shards = {f"model-0000{n}-of-00002.safetensors":
+              safetensors({f"model.layer{n - 1}.weight": elements}, seed + n) for n in (1, 2)}
     index = {"metadata": {"total_size": 4 * elements}, "weight_map": {
-        "model.embed.weight": "model-00001-of-00002.safetensors",
-        "lm_head.weight": "model-00002-of-00002.safetensors"}}
+        "model.layer0.weight": "model-00001-of-00002.safetensors",
+        "model.layer1.weight": "model-00002-of-00002.safetensors"}}
     return {
         ".gitattributes": b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n",
         "README.md": f"# a stand-in model (seed {seed})\n".encode(),
         "config.json": QWEN_CONFIG.read_bytes(),
         "generation_config.json": b'{"max_new_tokens": 64}\n',
+        "tokenizer.json": b'{"version": "1.0", "model": {"type": "BPE", "vocab": {}, '
+                          b'"merges": []}}\n',
+        "tokenizer_config.json": b'{"chat_template": "{{ messages[0].content }}"}\n',
         "model.safetensors.index.json": json.dumps(index, indent=2).encode(),
         **shards,
     }
@@ -235,7 +236,8 @@ class _HubHandler(_Handler):
             return
         sha = hashlib.sha256(content).hexdigest()
         self._send(302, b"", {"X-Repo-Commit": commit, "X-Linked-Etag": f'"{sha}"',
-                              "X-Linked-Size": str(len(content)), "ETag": f'"{git_blob_id(content)}"',
+                              "X-Linked-Size": str(len(content)),
+                              "ETag": f'"{git_blob_id(content)}"',
                               "Location": f"{self.hub.storage_url}/blobs/{sha}"})
 
 
