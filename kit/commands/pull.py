@@ -1,5 +1,6 @@
 """kit pull: fetch the pinned models into models_root and verify them against the lock file."""
 
+import sys
 from pathlib import Path
 
 import click
@@ -30,6 +31,6 @@ def pull(spec: Path, service: str | None, wait_lock: float) -> None:
             fix="run `kit pull` on the GPU server itself (it must never download through "
             "this machine); docs/weights.md lists this gap")
     with holding(site.layout.root, "pull", wait_lock):
-        results = pull_site(site.spec, site.layout, service)
+        results = pull_site(site.spec, site.layout, service, sys.stderr)
     for result in results:
         click.echo(result.summary())

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -54,8 +53,7 @@ def staging_folder(folder: Path) -> Path:
     return folder.with_name(f".{folder.name}.partial")
 
 
-def pull_model(locked: LockedModel, folder: Path, cache: HashCache,
-               out: TextIO = sys.stderr) -> PullResult:
+def pull_model(locked: LockedModel, folder: Path, cache: HashCache, out: TextIO) -> PullResult:
     """Make `folder` hold exactly the locked files; KitError naming the file when the Hub
     serves something else."""
     started = time.monotonic()
@@ -188,7 +186,7 @@ def _clock(seconds: float) -> str:
 
 
 def pull_site(spec: Spec, layout: SiteLayout, service: str | None,
-              out: TextIO = sys.stderr) -> list[PullResult]:
+              out: TextIO) -> list[PullResult]:
     """`kit pull`: the pinned models of the spec (or of one service), each pulled once."""
     chosen = [s for s in spec.services if service in (None, s.name)]
     if service is not None and not chosen:

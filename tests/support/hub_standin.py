@@ -102,6 +102,7 @@ class HubStandin:
     token: str | None = None
     bytes_per_second: float | None = None
     requests: list[Seen] = field(default_factory=list)
+    blobs: dict[str, bytes] = field(default_factory=dict)  # the storage host's, by sha256
 
     def add(self, repo_id: str, files: dict[str, bytes], *, branch: str = "main") -> str:
         """A new commit of `repo_id` holding `files`, the branch moved to it; its id."""
@@ -110,6 +111,8 @@ class HubStandin:
         ).hexdigest()
         repo = self.repos.setdefault(repo_id, Repo({}, {}))
         repo.commits[commit] = dict(files)
+        self.blobs.update({hashlib.sha256(c).hexdigest(): c for c in files.values()
+                           if len(c) >= LFS_MIN_BYTES})
         repo.refs[branch] = commit
         return commit
 
@@ -132,12 +135,7 @@ class HubStandin:
             server.server_close()
 
     def blob(self, sha256: str) -> bytes | None:
-        for repo in self.repos.values():
-            for files in repo.commits.values():
-                for content in files.values():
-                    if hashlib.sha256(content).hexdigest() == sha256:
-                        return content
-        return None
+        return self.blobs.get(sha256)
 
 
 def _serve(hub: HubStandin, host: str, *, storage: bool) -> ThreadingHTTPServer:
@@ -275,7 +273,7 @@ class _StorageHandler(_Handler):
         self.end_headers()
         if self.command == "HEAD":
             return
-        step = 64 << 10
+        step = 16 << 10
         for at in range(0, len(body), step):
             try:
                 self.wfile.write(body[at:at + step])
