@@ -153,6 +153,17 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         pass
 
+    def do_HEAD(self) -> None:
+        self._record()
+        self._answer()
+
+    def do_GET(self) -> None:
+        self._record()
+        self._answer()
+
+    def _answer(self) -> None:
+        raise NotImplementedError
+
     def _record(self) -> None:
         self.hub.requests.append(Seen(self.command, self.headers.get("Host", ""), self.path,
                                       {k.lower(): v for k, v in self.headers.items()}))
@@ -176,14 +187,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class _HubHandler(_Handler):
-    def do_HEAD(self) -> None:
-        self._route()
-
-    def do_GET(self) -> None:
-        self._route()
-
-    def _route(self) -> None:
-        self._record()
+    def _answer(self) -> None:
         if self.hub.token and self.headers.get("Authorization") != f"Bearer {self.hub.token}":
             self._error(401, "RepoNotFound", "Invalid credentials in Authorization header")
             return
@@ -240,14 +244,7 @@ class _HubHandler(_Handler):
 
 
 class _StorageHandler(_Handler):
-    def do_HEAD(self) -> None:
-        self._blob()
-
-    def do_GET(self) -> None:
-        self._blob()
-
-    def _blob(self) -> None:
-        self._record()
+    def _answer(self) -> None:
         match = re.fullmatch(r"/blobs/([0-9a-f]{64})", urlsplit(self.path).path)
         content = self.hub.blob(match.group(1)) if match else None
         if content is None:
