@@ -65,3 +65,19 @@ def locked_and_pulled(root: Path, revision: str = "main") -> Path:
     lock_site(spec, layout.lock_file)
     pull_site(spec, layout, None, io.StringIO())
     return spec_path
+
+
+def pinned_on_disk(models: Path, site: Path, revision: str = "main") -> None:
+    """The small model already pulled under `models` and locked in `site`/site.lock, without a
+    Hub: for tests of the spec that need a pinned service to load."""
+    import hashlib
+
+    from kit.weights.lock import LockedFile, LockedModel, write_lock
+    from tests.support.hub_standin import small_model, write_files
+
+    files = small_model(4096)
+    write_files(models / f"{MODEL}@{revision}", files)
+    site.mkdir(parents=True, exist_ok=True)
+    write_lock(site / "site.lock", [LockedModel(MODEL, revision, "c" * 40, tuple(
+        LockedFile(path, len(content), hashlib.sha256(content).hexdigest())
+        for path, content in files.items()))])
