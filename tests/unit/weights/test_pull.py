@@ -6,6 +6,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from kit.plan.build import build_plan
 from kit.plan.host import load_spec
 from kit.weights.hub import resolve
@@ -83,13 +85,15 @@ def test_an_interrupted_pull_resumes(tmp_path: Path, hub: HubStandin) -> None:
           f"bytes of a shard); the re-run asked for {ranges[0]}")
 
 
-def test_a_damaged_folder_is_repaired_file_by_file(tmp_path: Path, hub: HubStandin) -> None:
+def test_a_damaged_folder_is_repaired_file_by_file(tmp_path: Path, hub: HubStandin,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     spec = locked_and_pulled(tmp_path)
     folder = pulled_folder(tmp_path)
     (folder / SHARD1).write_bytes(b"garbage")
     (folder / "stale.safetensors").write_bytes(b"old")
     assert run_kit("validate", spec).exit_code == 2
-    repaired = run_kit("pull", spec, "tiny")
+    monkeypatch.chdir(spec.parent)
+    repaired = run_kit("pull", "tiny")  # SERVICE alone: the spec is ./site.yaml
     assert repaired.exit_code == 0, repaired.output
     assert "1 file(s) fetched, 8 kept, removed 1 extra" in repaired.output
     assert run_kit("validate", spec).exit_code == 0
