@@ -16,8 +16,9 @@
                                         (prometheus.yml, rules.yml, web.yml: its API's
                                         bcrypt hash), grafana/provisioning/,
                                         grafana/dashboards/, door-figures/ (the door's counter)
+    <site>/site.lock                    the pinned models' commits and file hashes (`kit lock`)
     <site>/.kit/                        kit's state: manifest, CA key, probe identity, last probe,
-                                        the usage ledger's anchors
+                                        the usage ledger's anchors, the model files' hash cache
 """
 
 from dataclasses import dataclass
@@ -168,6 +169,16 @@ class SiteLayout:
     @property
     def state_dir(self) -> Path:
         return self.root / ".kit"
+
+    @property
+    def lock_file(self) -> Path:
+        """The pinned models' commits and file hashes, beside the spec (docs/weights.md)."""
+        return self.root / "site.lock"
+
+    @property
+    def weights_hashes(self) -> Path:
+        """The model files' sha256 by path and stat: a re-up does not read them again."""
+        return self.state_dir / "weights-hashes.json"
 
     @property
     def ca_key(self) -> Path:

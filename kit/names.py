@@ -13,6 +13,9 @@ SITE_NAME = r"^[a-z][a-z0-9-]{0,30}$"
 SERVICE_NAME = r"^[a-z][a-z0-9-]{0,40}$"
 SERVED_NAME = r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}$"
 MODEL_REF = r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$"
+# a Hub revision: a 40-hex commit, or a branch or tag name (resolved to a commit by `kit lock`)
+REVISION = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+COMMIT = r"^[0-9a-f]{40}$"
 USER_NAME = r"^[a-z][a-z0-9._-]{0,31}$"  # auth.users, `kit users`, `kit keys` names
 IMAGE_REF = r"^[a-z0-9][a-z0-9._/:-]*(@sha256:[a-f0-9]{64})?$"
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"

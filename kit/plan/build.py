@@ -23,6 +23,7 @@ from kit.plan.observability import (
 from kit.plan.usage import UsagePlan, usage_plan
 from kit.spec.model import OFFLINE_ENV, Service, Spec
 from kit.spec.replicas import ReplicaPlan, replica_plans
+from kit.weights.lock import pinned_relative
 
 VLLM_PORT = 8000
 # What every vLLM container runs: `vllm serve <model> <flags>`, the model as the positional
@@ -342,14 +343,15 @@ def model_is_local(spec: Spec, model: str) -> bool:
 
 
 def _service_plan(spec: Spec, service) -> ServicePlan:
-    is_local = model_is_local(spec, service.model)
+    pinned = pinned_relative(service)  # a pinned model is served from its pulled folder
+    is_local = pinned is not None or model_is_local(spec, service.model)
     # The capacity model covers one tensor-parallel group on one server.
     planned = is_local and service.nodes is None and service.pipeline_parallel == 1
     capacity = _capacity(spec, service) if planned else None
     max_num_seqs, reason = _max_num_seqs(service, capacity)
     command = [
         # The positional model, first: vLLM refuses --served-model-name before it.
-        f"{MODELS_MOUNT}/{service.model}" if is_local else service.model,
+        f"{MODELS_MOUNT}/{pinned or service.model}" if is_local else service.model,
         "--served-model-name", service.api_name,
         "--tensor-parallel-size", str(service.tp),
         *(["--pipeline-parallel-size", str(service.pipeline_parallel)]

@@ -23,6 +23,7 @@ from kit.plan.modelinfo import (
 from kit.spec.model import Service, Spec
 from kit.spec.replicas import gpu_layout
 from kit.spec.vllm_flags import EMBED, flag_table, flag_uses
+from kit.weights.lock import model_dir as weights_model_dir
 
 NVIDIA_SMI_QUERY = ["--query-gpu=index,memory.total,name", "--format=csv,noheader,nounits"]
 
@@ -115,7 +116,7 @@ def fit_service(spec: Spec, service: Service, detected: dict[int, Gpu] | None = 
                 **context) -> ServiceFit:
     """Plan `service` with the spec's GPU sizes, else those `detected` on this host."""
     detected = detected or {}
-    model_dir = spec.models_root / service.model
+    model_dir = weights_model_dir(spec.models_root, service)
     config = find_config(model_dir) if model_dir.is_dir() else None
     memory = [spec.gpu_memory_for(gpu) or _detected_gib(detected, gpu) for gpu in service.gpus]
     if config is None:

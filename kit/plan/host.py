@@ -7,11 +7,13 @@ spec's own, sorted by position, in one error.
 """
 
 import os
+from functools import cached_property
 from pathlib import Path
 
 from kit import names
 from kit.engine.url import DEFAULT_HOST, is_local, resolve
 from kit.errors import BadInput
+from kit.layout import SiteLayout
 from kit.plan.adapters import (
     adapter_problems,
     lora_slots,
@@ -24,6 +26,8 @@ from kit.spec.load import HostChecks, read_spec
 from kit.spec.model import BIND_FIX, Service, Spec, gpu_memory_for
 from kit.spec.problems import SpecProblem
 from kit.spec.vllm_flags import GENERATE, SHIPPED_VERSION, image_version, last_values
+from kit.weights import lock as weights_lock
+from kit.weights.verify import HashCache, check_folder
 
 
 def load_spec(path: Path, *, check_host: bool = True, check_capacity: bool = True) -> Spec:
@@ -44,7 +48,7 @@ def host_checks(*, check_host: bool = True, check_capacity: bool = True) -> Host
         if check_host and is_local(resolve(parts.engine)):  # elsewhere: the engine's preflight
             problems += _bind_sources(parts, resolve(parts.engine))
             if parts.models_root is not None:
-                problems += _model_dirs(parts, check_capacity)
+                problems += _model_dirs(parts, spec_dir, check_capacity)
         return problems
 
     return run
@@ -80,7 +84,8 @@ def spec_warnings(spec: Spec, spec_path: Path) -> list[str]:
     if not spec.auth.users and not spec.auth.api_keys:
         warnings.append("auth has no users and api_keys is off: only kit's probe can get in")
     for i, service in enumerate(spec.services):
-        if is_hub_id(spec.models_root, service.model) and spec.offline:
+        downloaded = service.revision is None and is_hub_id(spec.models_root, service.model)
+        if downloaded and spec.offline:
             if spec.hf_cache is None:
                 warnings.append(
                     f"OFFLINE: services[{i}] ({service.name}) model {service.model!r} is a Hub "
@@ -88,7 +93,7 @@ def spec_warnings(spec: Spec, spec_path: Path) -> list[str]:
                     "look into a volume, so make sure the model is there (or set hf_cache to a "
                     "host folder kit can check)"
                 )
-        elif is_hub_id(spec.models_root, service.model):
+        elif downloaded:
             warnings.append(
                 f"DOWNLOAD: services[{i}] ({service.name}) model {service.model!r} is no "
                 f"directory under {spec.models_root}, so vLLM downloads it from the Hugging Face "
@@ -167,16 +172,22 @@ def _ca_bundle(parts: Parts, spec_dir: Path) -> list[SpecProblem]:
             for problem in ca_bundle_problems(content)]
 
 
-def _model_dirs(parts: Parts, check_capacity: bool) -> list[SpecProblem]:
+def _model_dirs(parts: Parts, spec_dir: Path, check_capacity: bool) -> list[SpecProblem]:
     """Checks that need the model directory on this host (skipped when it is elsewhere)."""
     models_root = parts.models_root
     if models_root is None or not models_root.is_dir():
         return []  # rendering away from the GPU server: nothing to check here
     problems = []
+    pinned = PinnedCheck(SiteLayout(spec_dir))
     for i, service in parts.services:
-        model_dir = models_root / service.model
+        model_dir = weights_lock.model_dir(models_root, service)
         problems += _adapter_problems(parts, i, service, models_root)
-        if is_hub_id(models_root, service.model):
+        if service.revision is not None:
+            found = pinned.problems(i, service, model_dir)
+            if found:
+                problems += found
+                continue
+        elif is_hub_id(models_root, service.model):
             # vLLM downloads it (spec_warnings says so), or offline reads it from hf_cache
             problems += _offline_hub_model(parts, i, service)
             continue
@@ -208,6 +219,34 @@ def _offline_hub_model(parts: Parts, i: int, service: Service) -> list[SpecProbl
         "copy the model into a folder under models_root, or its Hugging Face cache into "
         "hf_cache on a connected machine first (huggingface-cli download; docs/offline.md)",
     )]
+
+
+class PinnedCheck:
+    """A pinned service's folder against the lock file (kit/weights/verify.py): the lock read
+    once, the hash cache in the spec's state folder shared by every service."""
+
+    def __init__(self, layout: SiteLayout):
+        self.layout = layout
+        self.cache = HashCache(layout.weights_hashes)
+
+    @cached_property
+    def lock(self) -> dict[str, weights_lock.LockedModel] | None | BadInput:
+        try:
+            return weights_lock.read_lock(self.layout.lock_file)
+        except BadInput as error:
+            return error
+
+    def problems(self, i: int, service: Service, model_dir: Path) -> list[SpecProblem]:
+        try:
+            if isinstance(self.lock, BadInput):
+                raise self.lock
+            locked = weights_lock.locked_for(self.lock, self.layout.lock_file, service)
+        except BadInput as error:
+            return [SpecProblem(("services", i, "revision"), error.message, error.fix)]
+        fix = (f"run `kit pull {service.name}`: it fetches missing and changed files again and "
+               "removes extra ones")
+        return [SpecProblem(("services", i, "model"), problem.message, fix)
+                for problem in check_folder(model_dir, locked, self.cache)]
 
 
 def _model_problems(

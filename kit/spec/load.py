@@ -267,7 +267,9 @@ def _pattern_hint(path: tuple) -> str:
         "name": "lower-case letters, digits and '-', starting with a letter",
         "users": "lower-case letters, digits, '.', '_' and '-', starting with a letter",
         "served_name": "letters, digits and . _ / : -",
-        "model": "a directory name under models_root or an org/name Hugging Face id",
+        "model": "a directory name under models_root or an org/name Hugging Face id (pin its "
+                 "revision with the service's `revision:` key, not org/name@rev)",
+        "revision": "a 40-hex commit, or a branch or tag name without '/'",
         "vllm": "an image reference like vllm/vllm-openai:v0.33.0",
         "nginx": "an image reference like nginx:1.27-alpine",
         "certbot": "an image reference like certbot/certbot:v3.1.0",

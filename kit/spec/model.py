@@ -32,6 +32,7 @@ from kit.names import (
     INTERFACE_NAME,
     MODEL_REF,
     PATH_TEXT,
+    REVISION,
     SERVED_NAME,
     SERVICE_NAME,
     SITE_NAME,
@@ -301,6 +302,7 @@ class Adapter(StrictModel):
 class Service(StrictModel):
     name: Annotated[str, Field(pattern=SERVICE_NAME), AfterValidator(_yaml_safe_key)]
     model: Annotated[str, Field(pattern=MODEL_REF, max_length=200)]
+    revision: Annotated[str, Field(pattern=REVISION)] | None = None  # pinned: docs/weights.md
     served_name: Annotated[str, Field(pattern=SERVED_NAME)] | None = None
     gpus: Annotated[list[GpuIndex], Field(min_length=1)]
     tensor_parallel: Annotated[int, Field(ge=1, le=64)] | None = None
@@ -381,6 +383,13 @@ class Service(StrictModel):
                 f"replicas is {self.replicas} but gpus lists {gpus} GPU(s) for "
                 f"tensor_parallel {self.tp}: that makes {gpus // self.tp} replica(s)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _revision_of_a_hub_id(self) -> "Service":
+        if self.revision is not None and "/" not in self.model:
+            raise ValueError(f"revision pins a Hugging Face id (org/name), and {self.model!r} is "
+                             "a local folder name; write the Hub id, or drop revision")
         return self
 
     @model_validator(mode="after")

@@ -16,6 +16,8 @@ EXAMPLES = {
     "SERVICE_NAME": "llama8b",
     "SERVED_NAME": "org/model:v1.2",
     "MODEL_REF": "Qwen/Qwen2.5-7B-Instruct",
+    "REVISION": "v2.1_rc-1",
+    "COMMIT": "a09a35458c702b33eeacc393d103063234e8bc28",
     "USER_NAME": "ops.team_1",
     "IMAGE_REF": "vllm/vllm-openai:v0.33.0",
     "ENV_NAME": "HF_HUB_OFFLINE",

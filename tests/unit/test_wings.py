@@ -18,7 +18,7 @@ KIT = REPO / "kit"
 # The wings, lowest first. A wing imports only wings before it (and itself); wings on one rank
 # are siblings and never import each other.
 ORDER: tuple[tuple[str, ...], ...] = (
-    ("ground",), ("engine",), ("spec",), ("credentials",), ("plan",), ("site",),
+    ("ground",), ("engine",), ("spec",), ("credentials",), ("weights",), ("plan",), ("site",),
     ("front_door", "render", "usage"), ("stack",), ("bench",), ("fleet",), ("commands",),
     ("entry",),
 )

@@ -29,6 +29,7 @@ from tests.support.adapters import adapter_weights, write_adapter
 from tests.support.cli import run_kit
 from tests.support.compose import services_of
 from tests.support.nginx_structure import structure
+from tests.support.pinned_site import MODEL, pinned_on_disk
 from tests.support.sites import LLAMA_8B
 from tests.support.tls_files import ca_bundle, certificate
 
@@ -70,6 +71,13 @@ def interface(data: dict, value: str) -> None:
     data["services"][0]["nodes"] = [{"name": "test01", "address": "10.0.0.1"},
                                     {"name": "gpu02", "address": "10.0.0.2"}]
     data["services"][0]["network_interface"] = value
+def revision(data: dict, value: str) -> None:
+    """A pinned service: its model pulled and locked at `main` (other revisions: no entry)."""
+    models = Path(data["models_root"])
+    pinned_on_disk(models, models.parent / "site")
+    data["services"][0].update(model=MODEL, revision=value)
+
+
 def routing(key: str, affinity: str) -> Setter:
     """A routing value of a two-replica service (one replica renders no affinity)."""
 
@@ -130,6 +138,7 @@ FIELDS: dict[str, tuple[Setter, str]] = {
     "services.name": (at(*S, "name"), "llama8b"),
     "services.model": (at(*S, "model"), "llama-8b"),
     "services.served_name": (at(*S, "served_name"), "llama-3.1-8b"),
+    "services.revision": (revision, "main"),
     "services.max_num_seqs": (at(*S, "max_num_seqs"), "auto"),
     "services.dtype": (at(*S, "dtype"), "bfloat16"),
     "services.quantization": (at(*S, "quantization"), "fp8"),

@@ -1,0 +1,1 @@
+"""Model weights you can trust: pinned revisions, the lock file, pulling and verifying them."""
