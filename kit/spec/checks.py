@@ -38,6 +38,7 @@ from kit.spec.model import (
 from kit.spec.problems import SpecProblem
 from kit.spec.replicas import compose_names
 from kit.spec.vllm_flags import (
+    DEV_MODE_ENV,
     check_extra_args,
     flag_table,
     flag_uses,
@@ -106,6 +107,7 @@ def cross_checks(parts: Parts) -> list[SpecProblem]:
     problems += _kit_read_env(parts.services)
     problems += _acme_domain(parts)
     problems += _multi_node(parts)
+    problems += _sleep_mode(parts.services)
     return problems
 
 
@@ -212,6 +214,26 @@ def _extra_args(services: list[tuple[int, Service]]) -> list[SpecProblem]:
                 "list that many GPUs in gpus, or remove the size from extra_args "
                 "(kit runs one tensor-parallel group over the service's GPUs)",
             ))
+    return problems
+
+
+def _sleep_mode(services: list[tuple[int, Service]]) -> list[SpecProblem]:
+    """idle_sleep owns vLLM's dev mode: set by hand it would open the dev routes (or, without
+    sleep mode, for nothing); a multi-node service's workers are out of kit's reach to wake."""
+    problems = [
+        SpecProblem(("services", i, "env", DEV_MODE_ENV),
+                    f"{DEV_MODE_ENV} is set by kit for a service with idle_sleep (it opens "
+                    "vLLM's development routes, which only kit's own components reach)",
+                    f"remove {DEV_MODE_ENV} from env (add idle_sleep to sleep an idle service)")
+        for i, service in services if DEV_MODE_ENV in service.env
+    ]
+    problems += [
+        SpecProblem(("services", i, "idle_sleep"),
+                    "idle_sleep is not built for a multi-node service (kit reaches its head "
+                    "only, and each node's vLLM would have to sleep and wake)",
+                    "remove idle_sleep, or run the model on one server")
+        for i, service in services if service.idle_sleep is not None and service.nodes
+    ]
     return problems
 
 

@@ -282,6 +282,39 @@ class Routing(StrictModel):
         return self
 
 
+IDLE_SLEEP_UNITS = {"s": 1, "m": 60, "h": 3600}
+IDLE_SLEEP_BOUNDS = (10, 7 * 86400)  # seconds: at least a few requests' gap, at most a week
+
+
+def _idle_duration(value: str | int) -> str:
+    """`90s`, `15m`, `2h`: a whole number and one unit, within IDLE_SLEEP_BOUNDS."""
+    if isinstance(value, int):
+        raise ValueError(f"{value} has no unit: write it with s, m or h (e.g. {value}m)")
+    match = re.fullmatch(r"([1-9][0-9]{0,5})([smh])", value)
+    if match is None:
+        raise ValueError(f"{value!r} is not a duration: write a whole number and s, m or h "
+                         "(e.g. 90s, 15m, 2h)")
+    seconds = int(match[1]) * IDLE_SLEEP_UNITS[match[2]]
+    low, high = IDLE_SLEEP_BOUNDS
+    if not low <= seconds <= high:
+        raise ValueError(f"{value!r} is outside {low}s..{high // 3600}h: write a duration in "
+                         "that range (e.g. 15m)")
+    return value
+
+
+class IdleSleep(StrictModel):
+    """vLLM's sleep mode for an idle service (docs/sleep.md): level 1 offloads the weights to
+    CPU memory and drops the KV cache, level 2 drops the weights too."""
+
+    after: Annotated[str | int, AfterValidator(_idle_duration)]  # no request for this long
+    level: Literal[1, 2] = 1
+
+    @property
+    def after_seconds(self) -> int:
+        after = str(self.after)
+        return int(after[:-1]) * IDLE_SLEEP_UNITS[after[-1]]
+
+
 class Service(StrictModel):
     name: Annotated[str, Field(pattern=SERVICE_NAME), AfterValidator(_yaml_safe_key)]
     model: Annotated[str, Field(pattern=MODEL_REF, max_length=200)]
@@ -310,6 +343,7 @@ class Service(StrictModel):
     network_interface: Annotated[str, Field(pattern=INTERFACE_NAME)] | None = None
     master_port: Annotated[int, Field(ge=1024, le=65535)] = 29501  # vLLM's --master-port default
     slo: Slo | None = None
+    idle_sleep: IdleSleep | None = None
 
     @field_validator("gpus")
     @classmethod

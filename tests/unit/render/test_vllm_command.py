@@ -35,6 +35,7 @@ EVERY_OPTION = """\
     kv_cache_dtype: fp8
     trust_remote_code: true
     slo: {ttft_p95_ms: 200, tpot_p95_ms: 30}
+    idle_sleep: {after: 15m}
   - name: hub
     model: org/some-model
     gpus: [5]
