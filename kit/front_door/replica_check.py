@@ -48,13 +48,14 @@ def prove_replica(
     started = time.perf_counter()
     if not container.running:
         return ReplicaVerdict(False, f"{container.name} is {container.state}", 0.0)
-    status, body = _request(engine, container, "/health", None, timeout)
+    status, body = request_in_container(engine, container, "/health", None, timeout)
     if status != 200:
         return ReplicaVerdict(False, f"/health answered {status or 'nothing'}: {body[:300]}",
                               ms_since(started))
     completion = {"model": api_name, "messages": [{"role": "user", "content": "Say OK."}],
                   "max_tokens": 1, "temperature": 0}
-    status, body = _request(engine, container, "/v1/chat/completions", completion, timeout)
+    status, body = request_in_container(engine, container, "/v1/chat/completions", completion,
+                                        timeout)
     if status != 200:
         return ReplicaVerdict(False, f"a 1-token completion got {status or 'no answer'}: "
                               f"{body[:300]}",
@@ -72,7 +73,7 @@ def in_flight(engine: Engine, container: ContainerState) -> int | None:
     stopped, or runs with --disable-log-stats, which removes every vllm:* metric)."""
     if not container.running:
         return None
-    status, body = _request(engine, container, "/metrics", None, CHECK_TIMEOUT_S)
+    status, body = request_in_container(engine, container, "/metrics", None, CHECK_TIMEOUT_S)
     values = [
         float(line.rpartition(" ")[2])
         for line in body.splitlines()
@@ -101,7 +102,7 @@ def replica_checks(site: Site, connect: Callable[[], Engine]) -> list[Check]:
     return checks
 
 
-def _request(
+def request_in_container(
     engine: Engine, container: ContainerState, path: str, body: dict | None, timeout: float
 ) -> tuple[int, str]:
     """(HTTP status, body) of one request to the replica's own port; status 0 when none came."""

@@ -16,6 +16,7 @@ from kit.site import Site
 from kit.stack.live_figures import LiveFigures, live_figures
 from kit.stack.reconcile import changes, up_actions
 from kit.stack.rollout import out_of_service
+from kit.stack.sleep import ReplicaSleep, sleep_states
 from kit.stack.usage_health import LedgerHealth, ledger_health
 from kit.stack.worker_nodes import WorkerEngines, node_drift, worker_nodes
 from kit.state import json_object, read_state
@@ -47,6 +48,7 @@ class StackStatus:
     out_of_rotation: frozenset[str] = frozenset()  # replicas nginx's server lists leave out
     probe_stale: str | None = None  # why the last probe says nothing of what runs now
     usage: LedgerHealth | None = None  # the usage ledger's health (None: usage is off)
+    sleep: tuple[ReplicaSleep, ...] = ()  # awake/asleep of services with idle_sleep
 
     def replicas_in_service(self) -> dict[str, dict[str, int]]:
         """Per multi-replica service: how many replicas run healthy, of how many containers,
@@ -83,6 +85,7 @@ class StackStatus:
             **extra,
             **({"tls": self.acme.to_json()} if self.acme else {}),  # tls.mode acme only
             **({"usage_ledger": self.usage.to_json()} if self.usage else {}),
+            **({"sleep": [state.to_json() for state in self.sleep]} if self.sleep else {}),
         }
 
 
@@ -125,6 +128,7 @@ def gather(site: Site, engine: Engine,
         out_of_rotation=_out_of_rotation(site, observed.containers),
         probe_stale=_probe_stale(last_probe, observed),
         usage=ledger_health(engine, observed.containers) if site.spec.usage.enabled else None,
+        sleep=sleep_states(engine, site, observed.containers),
     )
 
 
@@ -274,4 +278,6 @@ def render_text(status: StackStatus, now: datetime) -> str:
         lines += status.acme.lines()
     if status.usage is not None:
         lines += status.usage.lines()
+    lines += [f"sleep mode: {state.replica} {state.state.upper()}"
+              + (f" ({state.detail})" if state.detail else "") for state in status.sleep]
     return "\n".join(lines)
