@@ -27,8 +27,10 @@ CHANGE_TIMEOUT_S = 300
 ASK_TIMEOUT_S = 10
 # After a level-2 wake the weights are garbage until reloaded, and the prefix cache holds blocks
 # computed with the old ones (vLLM's sleep-mode docs): both follow the wake.
-LEVEL_2_AFTER_WAKE = (("/collective_rpc", {"method": "reload_weights"}),
-                      ("/reset_prefix_cache", {}))
+LEVEL_2_AFTER_WAKE: tuple[tuple[str, dict[str, str]], ...] = (
+    ("/collective_rpc", {"method": "reload_weights"}),
+    ("/reset_prefix_cache", {}),
+)
 
 
 @dataclass(frozen=True)
