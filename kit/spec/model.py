@@ -13,6 +13,7 @@ import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     Strict,
@@ -286,10 +287,15 @@ IDLE_SLEEP_UNITS = {"s": 1, "m": 60, "h": 3600}
 IDLE_SLEEP_BOUNDS = (10, 7 * 86400)  # seconds: at least a few requests' gap, at most a week
 
 
-def _idle_duration(value: str | int) -> str:
-    """`90s`, `15m`, `2h`: a whole number and one unit, within IDLE_SLEEP_BOUNDS."""
-    if isinstance(value, int):
+def _with_unit(value: Any) -> Any:
+    """A bare number is the likely slip (`after: 15`): say which unit is missing."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
         raise ValueError(f"{value} has no unit: write it with s, m or h (e.g. {value}m)")
+    return value
+
+
+def _idle_duration(value: str) -> str:
+    """`90s`, `15m`, `2h`: a whole number and one unit, within IDLE_SLEEP_BOUNDS."""
     match = re.fullmatch(r"([1-9][0-9]{0,5})([smh])", value)
     if match is None:
         raise ValueError(f"{value!r} is not a duration: write a whole number and s, m or h "
@@ -306,13 +312,8 @@ class IdleSleep(StrictModel):
     """vLLM's sleep mode for an idle service (docs/sleep.md): level 1 offloads the weights to
     CPU memory and drops the KV cache, level 2 drops the weights too."""
 
-    after: Annotated[str | int, AfterValidator(_idle_duration)]  # no request for this long
+    after: Annotated[str, BeforeValidator(_with_unit), AfterValidator(_idle_duration)]
     level: Literal[1, 2] = 1
-
-    @property
-    def after_seconds(self) -> int:
-        after = str(self.after)
-        return int(after[:-1]) * IDLE_SLEEP_UNITS[after[-1]]
 
 
 class Service(StrictModel):
