@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from kit.engine.observe import ContainerState
 from kit.errors import KitError
 from kit.front_door.client import ms_since
-from kit.front_door.gate import Check
+from kit.front_door.gate import ASLEEP_SKIP, Check
 from kit.plan.build import VLLM_PORT
 from kit.spec.replicas import compose_names
 
@@ -82,9 +82,11 @@ def in_flight(engine: Engine, container: ContainerState) -> int | None:
     return round(sum(values)) if status == 200 and values else None
 
 
-def replica_checks(site: Site, connect: Callable[[], Engine]) -> list[Check]:
+def replica_checks(site: Site, connect: Callable[[], Engine],
+                   asleep: frozenset[str] = frozenset()) -> list[Check]:
     """A check per replica of every multi-replica service (none for a single-replica site: the
-    front door's own chat and stream checks already reach its only container)."""
+    front door's own chat and stream checks already reach its only container); a service in
+    `asleep` (idle_sleep) is not sent a completion its vLLM would hold until woken."""
     services = [s for s in site.spec.services if s.replica_count > 1]
     if not services:
         return []
@@ -96,6 +98,9 @@ def replica_checks(site: Site, connect: Callable[[], Engine]) -> list[Check]:
             found = sorted(observed.of(host), key=lambda c: not c.running)
             if not found:
                 checks.append(Check(f"replica {host}", False, "no container: run kit up"))
+                continue
+            if service.name in asleep:
+                checks.append(Check(f"replica {host}", True, ASLEEP_SKIP, skipped=True))
                 continue
             verdict = prove_replica(engine, found[0], service.api_name)
             checks.append(Check(f"replica {host}", verdict.ok, verdict.detail, verdict.latency_ms))
@@ -118,3 +123,20 @@ def request_in_container(
     if code != 0 or not status.isdigit():
         return 0, output.strip()[-200:]
     return int(status), text.strip()
+
+
+def sleep_state(engine: Engine, container: ContainerState,
+                timeout: float) -> tuple[bool | None, str]:
+    """vLLM's /is_sleeping (a dev route of sleep mode, asked inside the container): (asleep,
+    "") or (None, why it cannot tell)."""
+    status, body = request_in_container(engine, container, "/is_sleeping", None, timeout)
+    if status == 404:
+        return None, ("its vLLM has no /is_sleeping: it runs without dev mode (started before "
+                      "idle_sleep was added)")
+    try:
+        answer = json.loads(body)["is_sleeping"] if status == 200 else None
+    except (ValueError, KeyError, TypeError):
+        answer = None
+    if not isinstance(answer, bool):
+        return None, f"/is_sleeping answered {status or 'nothing'}: {body[:200]}"
+    return answer, ""

@@ -10,13 +10,13 @@ cannot tell a sleeping engine (it answers 200), so the state is asked of /is_sle
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kit.engine.docker_api import Engine
 from kit.engine.observe import ContainerState
 from kit.errors import BadInput, KitError
-from kit.front_door.replica_check import request_in_container
+from kit.front_door.replica_check import request_in_container, sleep_state
 from kit.site import Site
 from kit.spec.model import Service
 from kit.spec.replicas import compose_names
@@ -124,6 +124,16 @@ def sleep_states(engine: Engine, site: Site,
     return tuple(states)
 
 
+def asleep_services(site: Site, connect: Callable[[], Engine]) -> frozenset[str]:
+    """The services with idle_sleep that have a replica asleep, for the gate and the probe
+    (which must not send them a completion). A site without idle_sleep: no engine call."""
+    if all(service.idle_sleep is None for service in site.spec.services):
+        return frozenset()
+    engine = connect()
+    states = sleep_states(engine, site, site.observe(engine, with_images=False).containers)
+    return frozenset(state.service for state in states if state.state == "asleep")
+
+
 def _running_replicas(site: Site, engine: Engine,
                       service: Service) -> list[tuple[str, ContainerState]]:
     observed = site.observe(engine, with_images=False)
@@ -139,18 +149,12 @@ def _running_replicas(site: Site, engine: Engine,
 
 def _asleep(engine: Engine, host: str, container: ContainerState,
             timeout: float = CHANGE_TIMEOUT_S) -> bool:
-    status, body = request_in_container(engine, container, "/is_sleeping", None, timeout)
-    if status == 404:
-        raise KitError(f"{host}'s vLLM has no /is_sleeping: it runs without dev mode (started "
-                       "before idle_sleep was added)", fix="run kit up: it recreates the container")
-    try:
-        answer = json.loads(body)["is_sleeping"] if status == 200 else None
-    except (ValueError, KeyError, TypeError):
-        answer = None
-    if not isinstance(answer, bool):
-        raise KitError(f"{host}: /is_sleeping answered {status or 'nothing'}: {body[:200]}",
-                       fix="see kit logs and kit status")
-    return answer
+    asleep, why = sleep_state(engine, container, timeout)
+    if asleep is None:
+        fix = ("run kit up: it recreates the container" if "dev mode" in why
+               else "see kit logs and kit status")
+        raise KitError(f"{host}: {why}", fix=fix)
+    return asleep
 
 
 def _call(engine: Engine, host: str, container: ContainerState, path: str, body: dict) -> None:

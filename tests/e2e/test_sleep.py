@@ -102,3 +102,16 @@ def test_a_failed_wake_exits_1_with_the_cause_and_stays_asleep(site: LiveSite) -
         container.exec_run(["rm", "-f", FAIL_FILE])
     assert site.kit("wake", SERVICE).returncode == 0
     assert states(site) == ["awake"]
+
+
+def test_probe_and_up_pass_over_a_sleeping_service_without_waking_it(site: LiveSite) -> None:
+    assert site.kit("sleep", SERVICE).returncode == 0
+    wakes = standin_state(site)["wakes"]
+    probe = site.kit("probe")
+    assert probe.returncode == 0, probe.stdout + probe.stderr
+    assert "skipped: asleep (idle_sleep)" in probe.stdout
+    up = site.kit("up")
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert states(site) == ["asleep"]
+    assert standin_state(site)["wakes"] == wakes  # neither woke it
+    assert site.kit("wake", SERVICE).returncode == 0

@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 
 import kit.commands.sleep
+from kit.front_door.gate import ASLEEP_SKIP
+from kit.front_door.replica_check import replica_checks
 from kit.site import Site
+from kit.stack.sleep import asleep_services
 from kit.stack.status import gather, render_text
 from kit.stack.up import up_site
 from tests.support.cli import run_kit
@@ -124,7 +127,7 @@ def test_a_stopped_replica_or_one_without_dev_mode_exits_1(
     engine.no_dev_mode.add(QWEN[0])
     result = run_kit("sleep", spec, "qwen32b")
     assert result.exit_code == 1
-    assert "qwen32b-r0's vLLM has no /is_sleeping" in result.output
+    assert "qwen32b-r0: its vLLM has no /is_sleeping" in result.output
     assert "run kit up: it recreates the container" in result.output
     engine.no_dev_mode.clear()
     engine.stop(QWEN[1])
@@ -133,3 +136,30 @@ def test_a_stopped_replica_or_one_without_dev_mode_exits_1(
     assert engine.posts == []  # refused before any replica changed
     text = render_text(gather(Site.load(spec, check_host=False), engine), datetime.now(UTC))
     assert "sleep mode: qwen32b-r1 UNKNOWN (not running)" in text
+
+
+def test_the_probe_sends_no_completion_to_a_sleeping_service(
+        tmp_path: Path, engine: SleepyEngine) -> None:
+    spec = sleepy_site(tmp_path)
+    site = brought_up(spec, engine)
+    engine.asleep.add(QWEN[1])  # one replica asleep: a request routed to it would be held
+    asleep = asleep_services(site, lambda: engine)
+    assert asleep == {"qwen32b"}
+    engine.calls.clear()
+    checks = {check.name: check for check in replica_checks(site, lambda: engine, asleep)}
+    for host in ("qwen32b-r0", "qwen32b-r1"):
+        assert checks[f"replica {host}"].skipped and checks[f"replica {host}"].ok
+        assert checks[f"replica {host}"].detail == ASLEEP_SKIP
+    assert checks["replica llama8b-r0"].ok and not checks["replica llama8b-r0"].skipped
+    completions = [about for method, about in engine.calls
+                   if method == "exec" and "/v1/chat/completions" in about]
+    assert len(completions) == 4  # llama8b's four replicas only
+
+
+def test_a_site_without_idle_sleep_never_connects_for_the_probe(tmp_path: Path) -> None:
+    spec = spec_in_folder(EXAMPLE, tmp_path / "plain") / "site.yaml"
+
+    def no_engine() -> SleepyEngine:
+        raise AssertionError("connected")
+
+    assert asleep_services(Site.load(spec, check_host=False), no_engine) == frozenset()
