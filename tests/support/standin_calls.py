@@ -43,11 +43,11 @@ class InFlight:
 
 
 def in_flight(port: int, method: str, path: str, body: object = None) -> InFlight:
-    flight = InFlight(threading.Thread(daemon=True, target=lambda: None))
-    flight.thread = threading.Thread(
-        daemon=True, target=lambda: flight.answers.append(call(port, method, path, body)))
-    flight.thread.start()
-    return flight
+    answers: list[Answer] = []
+    thread = threading.Thread(
+        daemon=True, target=lambda: answers.append(call(port, method, path, body)))
+    thread.start()
+    return InFlight(thread, answers)
 
 
 def metric(text: str, name: str, label: str = "") -> float:

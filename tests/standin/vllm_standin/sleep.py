@@ -28,7 +28,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -133,11 +133,11 @@ class SleepMode:
     # --- the engine's side -----------------------------------------------------------------
 
     async def _run(self, conn: Connection, request: HttpRequest,
-                   change: Callable[[int], object], level: int) -> None:
+                   change: Callable[[int], Awaitable[str | None]], level: int) -> None:
         if self._turn is None:
             self._turn = asyncio.Lock()
         async with self._turn:
-            failure = await change(level)  # type: ignore[misc]
+            failure = await change(level)
         if failure:
             logs.raw(logs.API, "Traceback (most recent call last):\n" + failure, sys.stderr)
             conn.send(request, 500, b"Internal Server Error", "text/plain; charset=utf-8")
