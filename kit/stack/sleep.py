@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from kit.engine.docker_api import Engine
 from kit.engine.observe import ContainerState
 from kit.errors import BadInput, KitError
-from kit.front_door.replica_check import request_in_container, sleep_state
+from kit.front_door.replica_check import in_flight, request_in_container, sleep_state
 from kit.site import Site
 from kit.spec.model import Service
 from kit.spec.replicas import compose_names
@@ -82,11 +82,14 @@ def change_sleep(site: Site, engine: Engine, name: str, verb: str) -> SleepOutco
     service = sleeping_service(site, name)
     assert service.idle_sleep is not None
     replicas = _running_replicas(site, engine, service)
-    done, already = [], []
-    for host, container in replicas:
-        if _asleep(engine, host, container) == (verb == "sleep"):
-            already.append(host)
-            continue
+    to_change = [(host, container) for host, container in replicas
+                 if _asleep(engine, host, container) != (verb == "sleep")]
+    changing = {host for host, _ in to_change}
+    already = [host for host, _ in replicas if host not in changing]
+    if verb == "sleep":
+        _all_idle(engine, to_change)  # before any sleeps: never one asleep alone among busy ones
+    done = []
+    for host, container in to_change:
         if verb == "sleep":
             _call(engine, host, container, f"/sleep?level={service.idle_sleep.level}", {})
         else:
@@ -100,6 +103,15 @@ def change_sleep(site: Site, engine: Engine, name: str, verb: str) -> SleepOutco
                            fix=f"see kit logs {site.spec_path}")
         done.append(host)
     return SleepOutcome(verb, name, tuple(done), tuple(already))
+
+
+def _all_idle(engine: Engine, replicas: list[tuple[str, ContainerState]]) -> None:
+    for host, container in replicas:
+        busy = in_flight(engine, container)
+        if busy:
+            raise KitError(f"{host} has {busy} request(s) in flight: a sleep now would hold or "
+                           "drop them", fix="run kit sleep again once they finished (a sleep "
+                           "by hand never cuts a stream)")
 
 
 def sleep_states(engine: Engine, site: Site,

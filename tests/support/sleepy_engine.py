@@ -21,17 +21,22 @@ class SleepyEngine(ReplicaEngine):
         self.no_dev_mode: set[str] = set()
         self.posts: list[tuple[str, str]] = []  # (container name, path) of every POST
         self.asked: list[str] = []  # container names, one per GET /is_sleeping
+        self.busy: dict[str, int] = {}  # container name → requests running (its /metrics)
 
     def exec(self, container_id: str, argv: list[str]) -> tuple[int, str]:
         if argv[:3] != ["sh", "-c", CURL]:
             return super().exec(container_id, argv)
         path = argv[4].split(":8000", 1)[1]
         route = path.split("?")[0]
+        name = self.inspect(container_id)["Name"].lstrip("/")
+        if route == "/metrics" and name in self.busy:
+            self._call("exec", argv[4])
+            return 0, f'vllm:num_requests_running{{m="x"}} {self.busy[name]}.0\n200'
+
         if route not in ("/is_sleeping", "/sleep", "/wake_up", "/collective_rpc",
                          "/reset_prefix_cache"):
             return super().exec(container_id, argv)
         self._call("exec", argv[4])
-        name = self.inspect(container_id)["Name"].lstrip("/")
         if name in self.no_dev_mode:
             return 0, '{"detail":"Not Found"}\n404'
         if route == "/is_sleeping":

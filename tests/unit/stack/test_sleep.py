@@ -163,3 +163,16 @@ def test_a_site_without_idle_sleep_never_connects_for_the_probe(tmp_path: Path) 
         raise AssertionError("connected")
 
     assert asleep_services(Site.load(spec, check_host=False), no_engine) == frozenset()
+
+
+def test_sleep_by_hand_never_cuts_requests_in_flight(tmp_path: Path, engine: SleepyEngine) -> None:
+    spec = sleepy_site(tmp_path)
+    brought_up(spec, engine)
+    engine.busy[QWEN[1]] = 3  # the second: the first must not be asleep alone meanwhile
+    result = run_kit("sleep", spec, "qwen32b")
+    assert result.exit_code == 1, result.output
+    assert "qwen32b-r1 has 3 request(s) in flight" in result.output
+    assert engine.posts == [] and engine.asleep == set()
+    del engine.busy[QWEN[1]]
+    assert run_kit("sleep", spec, "qwen32b").exit_code == 0
+    assert engine.asleep == set(QWEN)
