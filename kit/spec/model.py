@@ -313,7 +313,7 @@ class IdleSleep(StrictModel):
     CPU memory and drops the KV cache, level 2 drops the weights too."""
 
     after: Annotated[str, BeforeValidator(_with_unit), AfterValidator(_idle_duration)]
-    level: Literal[1, 2] = 1
+    level: Annotated[int, Field(ge=1, le=2)] = 1  # vLLM's sleep levels
 
 
 class Service(StrictModel):

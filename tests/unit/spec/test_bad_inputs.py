@@ -320,7 +320,7 @@ CASES = [
      ["services[0].idle_sleep.after", "'200h' is outside 10s..168h"]),
     ("26-idle-sleep-level-3", replace(
         "    gpus: [0]", "    gpus: [0]\n    idle_sleep: {after: 15m, level: 3}"),
-     ["services[0].idle_sleep.level", "Input should be 1 or 2", "(got 3)"]),
+     ["services[0].idle_sleep.level", "less than or equal to 2", "(got 3)"]),
     ("26-idle-sleep-no-after", replace(
         "    gpus: [0]", "    gpus: [0]\n    idle_sleep: {level: 1}"),
      ["services[0].idle_sleep.after: required key is missing",

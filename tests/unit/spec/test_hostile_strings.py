@@ -124,6 +124,7 @@ FIELDS: dict[str, tuple[Setter, str]] = {
     "services.env.name": (env_name, "HF_HUB_OFFLINE"),
     "services.env.value": (at(*S, "env", "HF_HUB_OFFLINE"), "1"),
     "services.network_interface": (interface, "ens5f0"),
+    "services.idle_sleep.after": (at(*S, "idle_sleep", "after"), "15m"),
     "observability.subnet": (at("observability", "subnet"), "10.89.7.0/28"),
     "usage.max_disk": (at("usage", "max_disk"), "2g"),
     "kubernetes.service_type": (at("kubernetes", "service_type"), "LoadBalancer"),
