@@ -38,6 +38,9 @@ from kit.spec.model import Service, Spec
 from kit.spec.vllm_flags import EMBED, GENERATE
 
 STREAM_TOKENS = 24  # asked for, with ignore_eos, so the stream is long enough to judge
+# A service asleep (idle_sleep) gets no completion: vLLM holds one until a wake, and the probe
+# never wakes a model (docs/sleep.md).
+ASLEEP_SKIP = "skipped: asleep (idle_sleep); the probe does not wake it (kit wake does)"
 MIN_STREAM_TOKENS = 16
 FIRST_CHUNK_BEFORE = 0.5  # the first data must arrive before this share of the stream's time
 MIN_ARRIVALS = 4  # distinct arrival times an unbuffered stream of 16+ tokens shows at least
@@ -90,13 +93,14 @@ class ProbeResult:
 
 def run_probe(
     spec: Spec, layout: SiteLayout, *, address: str | None = None, timeout: float = 30,
-    replicas: Callable[[], list[Check]] = list,
+    replicas: Callable[[], list[Check]] = list, asleep: frozenset[str] = frozenset(),
 ) -> ProbeResult:
     """Run every check against the live front door, then `replicas` (each replica on its own,
-    kit/front_door/replica_check.py); record the result in .kit/last-probe.json."""
+    kit/front_door/replica_check.py); record the result in .kit/last-probe.json. The services
+    in `asleep` (idle_sleep, docs/sleep.md) get no completion: vLLM would hold it until woken."""
     target = target_for(spec, layout, address, timeout)
     gate = Gate(target, probe_password(layout))
-    checks = gate.run(spec.services) + replicas()
+    checks = gate.run(spec.services, asleep) + replicas()
     result = ProbeResult(
         target=f"https://{target.https_authority} via {target.address}",
         checked_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -139,15 +143,20 @@ def proof_detail(task: str, answer: dict) -> str:
 class Gate(DoorClient):
     """The checks, in order; each returns a Check and never raises for a network problem."""
 
-    def run(self, services: Sequence[Service]) -> list[Check]:
+    def run(self, services: Sequence[Service],
+            asleep: frozenset[str] = frozenset()) -> list[Check]:
         tls = self.tls()
         checks = [tls, self.http_redirect()]
         if not tls.ok:
             return checks  # nothing over HTTPS can be trusted or even reached
         checks += [self.legacy_tls_refused(), self.protocols(), *self.auth_required()]
         checks += [self.wrong_password_refused(), self.models([s.api_name for s in services])]
-        checks += [self.answer(s.api_name, s.task) for s in services]
-        checks += [self.stream(s.api_name) for s in services if s.task == GENERATE]
+        awake = [s for s in services if s.name not in asleep]
+        checks += [self.answer(s.api_name, s.task) for s in awake]
+        checks += [self.stream(s.api_name) for s in awake if s.task == GENERATE]
+        checks += [Check(f"{'embed' if s.task == EMBED else 'chat'} {s.api_name}", True,
+                         ASLEEP_SKIP, skipped=True)
+                   for s in services if s.name in asleep]
         checks += [self.metrics_need_auth(s.name) for s in services]
         checks += [self.side_door_closed(method, path) for method, path in SIDE_DOORS]
         return checks

@@ -19,6 +19,7 @@ from kit.engine.observe import ContainerState
 from kit.errors import KitError
 from kit.front_door.client import ms_since
 from kit.front_door.gate import (
+    ASLEEP_SKIP,
     PROOF_NAMES,
     PROOF_PARTS,
     Check,
@@ -57,12 +58,12 @@ def prove_replica(
     started = time.perf_counter()
     if not container.running:
         return ReplicaVerdict(False, f"{container.name} is {container.state}", 0.0)
-    status, body = _request(engine, container, "/health", None, timeout)
+    status, body = request_in_container(engine, container, "/health", None, timeout)
     if status != 200:
         return ReplicaVerdict(False, f"/health answered {status or 'nothing'}: {body[:300]}",
                               ms_since(started))
     path, request = proof_request(task, api_name)
-    status, body = _request(engine, container, path, request, timeout)
+    status, body = request_in_container(engine, container, path, request, timeout)
     if status != 200:
         return ReplicaVerdict(False, f"{PROOF_NAMES[task]} got {status or 'no answer'}: "
                               f"{body[:300]}", ms_since(started))
@@ -79,7 +80,7 @@ def in_flight(engine: Engine, container: ContainerState) -> int | None:
     stopped, or runs with --disable-log-stats, which removes every vllm:* metric)."""
     if not container.running:
         return None
-    status, body = _request(engine, container, "/metrics", None, CHECK_TIMEOUT_S)
+    status, body = request_in_container(engine, container, "/metrics", None, CHECK_TIMEOUT_S)
     values = [
         float(line.rpartition(" ")[2])
         for line in body.splitlines()
@@ -93,7 +94,7 @@ def served_adapters(engine: Engine, container: ContainerState) -> list[str] | No
     a `parent` (vLLM's LoRA model cards); None when it does not answer."""
     if not container.running:
         return None
-    status, body = _request(engine, container, "/v1/models", None, CHECK_TIMEOUT_S)
+    status, body = request_in_container(engine, container, "/v1/models", None, CHECK_TIMEOUT_S)
     try:
         cards = json.loads(body)["data"] if status == 200 else None
         return None if cards is None else sorted(card["id"] for card in cards
@@ -102,9 +103,11 @@ def served_adapters(engine: Engine, container: ContainerState) -> list[str] | No
         return None
 
 
-def replica_checks(site: Site, connect: Callable[[], Engine]) -> list[Check]:
+def replica_checks(site: Site, connect: Callable[[], Engine],
+                   asleep: frozenset[str] = frozenset()) -> list[Check]:
     """A check per replica of every multi-replica service (none for a single-replica site: the
-    front door's own chat and stream checks already reach its only container)."""
+    front door's own chat and stream checks already reach its only container); a service in
+    `asleep` (idle_sleep) is not sent a completion its vLLM would hold until woken."""
     services = [s for s in site.spec.services if s.replica_count > 1]
     if not services:
         return []
@@ -117,12 +120,15 @@ def replica_checks(site: Site, connect: Callable[[], Engine]) -> list[Check]:
             if not found:
                 checks.append(Check(f"replica {host}", False, "no container: run kit up"))
                 continue
+            if service.name in asleep:
+                checks.append(Check(f"replica {host}", True, ASLEEP_SKIP, skipped=True))
+                continue
             verdict = prove_replica(engine, found[0], service.api_name, service.task)
             checks.append(Check(f"replica {host}", verdict.ok, verdict.detail, verdict.latency_ms))
     return checks
 
 
-def _request(
+def request_in_container(
     engine: Engine, container: ContainerState, path: str, body: dict | None, timeout: float
 ) -> tuple[int, str]:
     """(HTTP status, body) of one request to the replica's own port; status 0 when none came."""
@@ -138,3 +144,20 @@ def _request(
     if code != 0 or not status.isdigit():
         return 0, output.strip()[-200:]
     return int(status), text.strip()
+
+
+def sleep_state(engine: Engine, container: ContainerState,
+                timeout: float) -> tuple[bool | None, str]:
+    """vLLM's /is_sleeping (a dev route of sleep mode, asked inside the container): (asleep,
+    "") or (None, why it cannot tell)."""
+    status, body = request_in_container(engine, container, "/is_sleeping", None, timeout)
+    if status == 404:
+        return None, ("its vLLM has no /is_sleeping: it runs without dev mode (started before "
+                      "idle_sleep was added)")
+    try:
+        answer = json.loads(body)["is_sleeping"] if status == 200 else None
+    except (ValueError, KeyError, TypeError):
+        answer = None
+    if not isinstance(answer, bool):
+        return None, f"/is_sleeping answered {status or 'nothing'}: {body[:200]}"
+    return answer, ""

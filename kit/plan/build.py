@@ -23,6 +23,7 @@ from kit.plan.observability import (
 from kit.plan.usage import UsagePlan, usage_plan
 from kit.spec.model import OFFLINE_ENV, Service, Spec
 from kit.spec.replicas import ReplicaPlan, replica_plans
+from kit.spec.vllm_flags import DEV_MODE_ENV, SLEEP_MODE_FLAG
 from kit.weights.lock import pinned_relative
 
 VLLM_PORT = 8000
@@ -369,6 +370,8 @@ def _service_plan(spec: Spec, service) -> ServicePlan:
         command += ["--kv-cache-dtype", service.kv_cache_dtype]
     if service.trust_remote_code:
         command += ["--trust-remote-code"]
+    if service.idle_sleep is not None:  # /sleep and /wake_up, for kit only (docs/sleep.md)
+        command += [SLEEP_MODE_FLAG]
     # A multi-node service is one replica here (its head) over all of gpus.
     replicas = replica_plans(service.name, service.gpus,
                              len(service.gpus) // service.replica_count)
@@ -380,6 +383,8 @@ def _service_plan(spec: Spec, service) -> ServicePlan:
     command += ["--port", str(VLLM_PORT), *histogram_args(service_slo(service)), *lora,
                 *service.extra_args]
     env = {"HF_HOME": HF_CACHE_MOUNT, **service.env, **(OFFLINE_ENV if spec.offline else {})}
+    if service.idle_sleep is not None:
+        env[DEV_MODE_ENV] = "1"
     affinity = service.routing.affinity if len(replicas) > 1 else "none"
     engine_timeout = service.engine_ready_timeout or DEFAULT_ENGINE_READY_TIMEOUT
     nodes = multinode_plan(service, command, env)

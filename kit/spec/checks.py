@@ -39,6 +39,7 @@ from kit.spec.model import (
 from kit.spec.problems import SpecProblem
 from kit.spec.replicas import compose_names
 from kit.spec.vllm_flags import (
+    DEV_MODE_ENV,
     EMBED,
     GENERATE,
     check_extra_args,
@@ -112,6 +113,7 @@ def cross_checks(parts: Parts) -> list[SpecProblem]:
     problems += _acme_domain(parts)
     problems += _offline(parts)
     problems += _multi_node(parts)
+    problems += _sleep_mode(parts.services)
     return problems
 
 
@@ -279,6 +281,26 @@ def _extra_args(services: list[tuple[int, Service]]) -> list[SpecProblem]:
                 "serve it as a generative or an embedding model (--runner generate|pooling, "
                 "--convert embed)",
             ))
+    return problems
+
+
+def _sleep_mode(services: list[tuple[int, Service]]) -> list[SpecProblem]:
+    """idle_sleep owns vLLM's dev mode: set by hand it would open the dev routes (or, without
+    sleep mode, for nothing); a multi-node service's workers are out of kit's reach to wake."""
+    problems = [
+        SpecProblem(("services", i, "env", DEV_MODE_ENV),
+                    f"{DEV_MODE_ENV} is set by kit for a service with idle_sleep (it opens "
+                    "vLLM's development routes, which only kit's own components reach)",
+                    f"remove {DEV_MODE_ENV} from env (add idle_sleep to sleep an idle service)")
+        for i, service in services if DEV_MODE_ENV in service.env
+    ]
+    problems += [
+        SpecProblem(("services", i, "idle_sleep"),
+                    "idle_sleep is not built for a multi-node service (kit reaches its head "
+                    "only, and each node's vLLM would have to sleep and wake)",
+                    "remove idle_sleep, or run the model on one server")
+        for i, service in services if service.idle_sleep is not None and service.nodes
+    ]
     return problems
 
 

@@ -13,6 +13,7 @@ import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     Strict,
@@ -299,6 +300,39 @@ class Adapter(StrictModel):
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None  # adapter weights
 
 
+IDLE_SLEEP_UNITS = {"s": 1, "m": 60, "h": 3600}
+IDLE_SLEEP_BOUNDS = (10, 7 * 86400)  # seconds: at least a few requests' gap, at most a week
+
+
+def _with_unit(value: Any) -> Any:
+    """A bare number is the likely slip (`after: 15`): say which unit is missing."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        raise ValueError(f"{value} has no unit: write it with s, m or h (e.g. {value}m)")
+    return value
+
+
+def _idle_duration(value: str) -> str:
+    """`90s`, `15m`, `2h`: a whole number and one unit, within IDLE_SLEEP_BOUNDS."""
+    match = re.fullmatch(r"([1-9][0-9]{0,5})([smh])", value)
+    if match is None:
+        raise ValueError(f"{value!r} is not a duration: write a whole number and s, m or h "
+                         "(e.g. 90s, 15m, 2h)")
+    seconds = int(match[1]) * IDLE_SLEEP_UNITS[match[2]]
+    low, high = IDLE_SLEEP_BOUNDS
+    if not low <= seconds <= high:
+        raise ValueError(f"{value!r} is outside {low}s..{high // 3600}h: write a duration in "
+                         "that range (e.g. 15m)")
+    return value
+
+
+class IdleSleep(StrictModel):
+    """vLLM's sleep mode for an idle service (docs/sleep.md): level 1 offloads the weights to
+    CPU memory and drops the KV cache, level 2 drops the weights too."""
+
+    after: Annotated[str, BeforeValidator(_with_unit), AfterValidator(_idle_duration)]
+    level: Annotated[int, Field(ge=1, le=2)] = 1  # vLLM's sleep levels
+
+
 class Service(StrictModel):
     name: Annotated[str, Field(pattern=SERVICE_NAME), AfterValidator(_yaml_safe_key)]
     model: Annotated[str, Field(pattern=MODEL_REF, max_length=200)]
@@ -329,6 +363,7 @@ class Service(StrictModel):
     master_port: Annotated[int, Field(ge=1024, le=65535)] = 29501  # vLLM's --master-port default
     slo: Slo | None = None
     adapters: Annotated[list[Adapter], Field(max_length=256)] = []
+    idle_sleep: IdleSleep | None = None
 
     @field_validator("gpus")
     @classmethod

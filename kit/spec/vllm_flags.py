@@ -36,7 +36,12 @@ SPEC_KEY_FLAGS = {
     "--master-addr": "nodes",
     "--master-port": "master_port",
     "--headless": "nodes (kit runs every node but the head headless)",
+    "--enable-sleep-mode": "idle_sleep (docs/sleep.md)",
 }
+# Sleep mode (docs/sleep.md): the flag, and the env that opens vLLM's /sleep and /wake_up routes
+# (with its other development routes, which the front door refuses: kit/names.py).
+SLEEP_MODE_FLAG = "--enable-sleep-mode"
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 # Sizes that multiply with --tensor-parallel-size into the number of GPUs a service uses.
 PARALLEL_SIZE_FLAGS = ("--pipeline-parallel-size", "--data-parallel-size")
 

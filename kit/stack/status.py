@@ -17,6 +17,7 @@ from kit.site import Site
 from kit.stack.live_figures import LiveFigures, live_figures
 from kit.stack.reconcile import changes, up_actions
 from kit.stack.rollout import out_of_service
+from kit.stack.sleep import ReplicaSleep, sleep_states
 from kit.stack.usage_health import LedgerHealth, ledger_health
 from kit.stack.worker_nodes import WorkerEngines, node_drift, worker_nodes
 from kit.state import json_object, read_state
@@ -74,6 +75,7 @@ class StackStatus:
     probe_stale: str | None = None  # why the last probe says nothing of what runs now
     usage: LedgerHealth | None = None  # the usage ledger's health (None: usage is off)
     adapters: tuple[ReplicaAdapters, ...] = ()  # per running replica of a service with adapters
+    sleep: tuple[ReplicaSleep, ...] = ()  # awake/asleep of services with idle_sleep
 
     def replicas_in_service(self) -> dict[str, dict[str, int]]:
         """Per multi-replica service: how many replicas run healthy, of how many containers,
@@ -112,6 +114,7 @@ class StackStatus:
             **({"usage_ledger": self.usage.to_json()} if self.usage else {}),
             **({"adapters": [replica.to_json() for replica in self.adapters]}
                if self.adapters else {}),
+            **({"sleep": [state.to_json() for state in self.sleep]} if self.sleep else {}),
         }
 
 
@@ -155,6 +158,7 @@ def gather(site: Site, engine: Engine,
         probe_stale=_probe_stale(last_probe, observed),
         usage=ledger_health(engine, observed.containers) if site.spec.usage.enabled else None,
         adapters=_adapters(site, engine, observed.containers),
+        sleep=sleep_states(engine, site, observed.containers),
     )
 
 
@@ -321,4 +325,6 @@ def render_text(status: StackStatus, now: datetime) -> str:
     if status.usage is not None:
         lines += status.usage.lines()
     lines += [replica.line() for replica in status.adapters]
+    lines += [f"sleep mode: {state.replica} {state.state.upper()}"
+              + (f" ({state.detail})" if state.detail else "") for state in status.sleep]
     return "\n".join(lines)

@@ -98,9 +98,11 @@ def up_site(
     if probe:
         from kit.front_door.gate import run_probe  # the gate: only imported when it runs
         from kit.front_door.replica_check import replica_checks
+        from kit.stack.sleep import asleep_services
 
-        gate = run_probe(site.spec, site.layout,
-                         replicas=lambda: replica_checks(site, lambda: engine))
+        asleep = asleep_services(site, lambda: engine)  # idle_sleep: never woken by the gate
+        gate = run_probe(site.spec, site.layout, asleep=asleep,
+                         replicas=lambda: replica_checks(site, lambda: engine, asleep))
     return SiteUp(rendered, converged, len(site.desired.services), gate, acme, len(workers))
 
 

@@ -25,3 +25,15 @@ def classify(method: str, path: str) -> str | None:
     if any(path in paths for paths in REFUSED_ROUTES.values()):
         return "refused"
     return None
+
+
+DEV_MODULE = "vllm.entrypoints.serve.dev."  # the routers vLLM mounts with VLLM_SERVER_DEV_MODE=1
+
+
+def dev_mode_routes() -> list[tuple[str, str]]:
+    """(METHOD, PATH) of every route vLLM 0.33.0 opens only in dev mode (its serve.dev
+    routers: /sleep, /wake_up, /is_sleeping, caches, /collective_rpc, /server_info, ...)."""
+    lines = [line.split(" ") for line in VLLM_ROUTES.read_text().splitlines()
+             if line and not line.startswith("#")]
+    return sorted({(method, path) for method, path, module in lines
+                   if module.startswith(DEV_MODULE)}, key=lambda r: (r[1], r[0]))

@@ -316,8 +316,9 @@ class Engine:
         if request in self.running:
             self.running.remove(request)
             self.used_blocks -= request.blocks(self.block_size)
-        else:
+        elif request in self.waiting:
             self.waiting.remove(request)
+        # else: never admitted (held while the engine slept, tests/standin/vllm_standin/sleep.py)
         self._finish(request, "abort", time.monotonic())
 
     def _fits(self, request: Request) -> bool:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from . import VERSION, buckets, cli, logs, lora, model, multinode
 from .engine import Engine
 from .server import App, Connection
+from .sleep import SleepMode
 
 PKG = "/usr/local/lib/python3.12/dist-packages/vllm"
 
@@ -186,6 +187,7 @@ class Standin:
         self.app: App | None = None
         self.max_num_seqs = 0
         self.max_num_batched_tokens = 0
+        self.weights = 0  # bytes on one GPU, once loaded
         self.peers: multinode.Head | multinode.Worker | None = None  # --nnodes > 1
 
     async def at(self, fraction: float) -> None:
@@ -357,7 +359,7 @@ class Standin:
         )
         await self.at(0.5)
         try:
-            weights = model.load_weights(source, dtype_flag=a.dtype, tp=tp, pp=pp)
+            weights = self.weights = model.load_weights(source, dtype_flag=a.dtype, tp=tp, pp=pp)
         except model.EngineError as e:
             raise engine_failure(e.exc_type, e.message) from e
         logs.line(
@@ -486,6 +488,7 @@ class Standin:
             tasks=tasks,
             hidden_size=int(source.config.get("hidden_size") or 4096),
             adapters=adapters,
+            sleep=self._sleep_mode(names[0], kv),
         )
         host = a.host or "0.0.0.0"
         logs.line(logs.API, "INFO", "api_server.py:598", f"Supported tasks: {list(tasks)}")
@@ -541,6 +544,16 @@ class Standin:
             logs.line(logs.API, "INFO", "serving.py:93", f"Loaded new LoRA adapter: name '{name}', "
                       f"path '{path}'")
         return adapters
+
+    def _sleep_mode(self, model_name: str, kv: model.KvCache | None) -> SleepMode | None:
+        """vLLM registers its dev routes (/sleep, /wake_up, ...) only in dev mode."""
+        if os.environ.get("VLLM_SERVER_DEV_MODE") != "1":
+            return None
+        kept = int((model.CUDA_GRAPH_GIB + model.NON_TORCH_GIB + model.CUDA_CONTEXT_GIB)
+                   * model.GiB)
+        return SleepMode(enabled=bool(self.args.enable_sleep_mode), model_name=model_name,
+                         awake_bytes=kept + self.weights + (kv.available if kv else 0),
+                         asleep_bytes=kept)
 
     def _schedule_stats(self, loop: asyncio.AbstractEventLoop) -> None:
         def tick() -> None:

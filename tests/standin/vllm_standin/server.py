@@ -31,6 +31,7 @@ from .responses import (
     embedding_body,
     embedding_inputs,
 )
+from .sleep import SleepMode
 
 GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")
 SITE_PACKAGES = "/usr/local/lib/python3.12/dist-packages"
@@ -296,9 +297,11 @@ class App:
         tasks: tuple[str, ...] = ("generate",),
         hidden_size: int = 4096,
         adapters: lora.Adapters | None = None,
+        sleep: SleepMode | None = None,
     ):
         self.engine = engine
         self.adapters = adapters
+        self.sleep = sleep  # dev mode (VLLM_SERVER_DEV_MODE=1): tests/standin/vllm_standin/sleep.py
         self.hidden_size = hidden_size
         self.served_names = served_names
         self.root = root
@@ -336,6 +339,8 @@ class App:
         if adapters is not None and lora.runtime_updates():  # as vLLM registers them
             self.routes["/v1/load_lora_adapter"] = ({"POST"}, self.load_lora_adapter)
             self.routes["/v1/unload_lora_adapter"] = ({"POST"}, self.unload_lora_adapter)
+        if sleep is not None:
+            self.routes.update(sleep.routes())
 
     def access(self, conn: Connection, request: HttpRequest, status: int) -> None:
         if request.path in self.routes:
@@ -476,6 +481,8 @@ class App:
                      f'status="{status}"}} {float(count)}\n')
         if self.log_stats:
             text += self.engine.metrics()
+            if self.sleep is not None:
+                text += self.sleep.metrics()
         conn.send(request, 200, text.encode(), "text/plain; version=1.0.0; charset=utf-8")
 
     # --- tokenization ----------------------------------------------------------------------
@@ -704,7 +711,10 @@ class App:
             sink = ResponsesCollectSink(conn, request, shape)
         job = Request(prompt_tokens, max_tokens, sink.on_token, conn.received)
         conn.active = job
-        self.engine.add(job)
+        if self.sleep is None:
+            self.engine.add(job)
+        else:  # held while asleep, as vLLM holds it; a client gone meanwhile aborted it
+            self.sleep.admit(lambda: None if job.finished else self.engine.add(job))
 
     def embeddings(self, conn: Connection, request: HttpRequest) -> None:
         """POST /v1/embeddings (a pooling model): one vector per input, made up; its prompt
@@ -794,7 +804,10 @@ class App:
             )
         job = Request(prompt_tokens, max_tokens, sink.on_token, conn.received)
         conn.active = job
-        self.engine.add(job)
+        if self.sleep is None:
+            self.engine.add(job)
+        else:  # held while asleep, as vLLM holds it; a client gone meanwhile aborted it
+            self.sleep.admit(lambda: None if job.finished else self.engine.add(job))
 
 
 class StreamSink:

@@ -479,7 +479,7 @@ def test_kit_probe_checks_replicas_on_the_sites_own_engine(example_site: Path, m
         "# engine: ssh://ops@gpu01.example.com", "engine: unix:///run/kit-test-engine.sock"))
     reached: list[str | None] = []
     monkeypatch.setattr(probe_command, "connect", lambda url=None: reached.append(url))
-    monkeypatch.setattr(probe_command, "replica_checks", lambda site, connect: connect() or [])
+    monkeypatch.setattr(probe_command, "replica_checks", lambda site, connect, *_: connect() or [])
 
     def gate_up_to_the_replicas(spec, layout, *, replicas, **_):
         replicas()

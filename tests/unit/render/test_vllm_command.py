@@ -38,6 +38,7 @@ EVERY_OPTION = """\
     trust_remote_code: true
     slo: {ttft_p95_ms: 200, tpot_p95_ms: 30}
     adapters: [{name: tuned-lora, path: tuned-lora}]
+    idle_sleep: {after: 15m}
   - name: hub
     model: org/some-model
     gpus: [5]

@@ -312,6 +312,38 @@ CASES = [
     ("10.2-unknown-affinity", replace(
         "    gpus: [0]", "    gpus: [0, 1]\n    routing: {affinity: cookie}"),
      ["services[0].routing.affinity"]),
+    ("26-idle-sleep-no-unit", replace(
+        "    gpus: [0]", "    gpus: [0]\n    idle_sleep: {after: 15}"),
+     ["services[0].idle_sleep.after", ":12:18:", "15 has no unit: write it with s, m or h "
+      "(e.g. 15m)"]),
+    ("26-idle-sleep-bad-duration", replace(
+        "    gpus: [0]", "    gpus: [0]\n    idle_sleep: {after: 15 min}"),
+     ["services[0].idle_sleep.after", "'15 min' is not a duration",
+      "write a whole number and s, m or h (e.g. 90s, 15m, 2h)"]),
+    ("26-idle-sleep-too-short", replace(
+        "    gpus: [0]", "    gpus: [0]\n    idle_sleep: {after: 5s}"),
+     ["services[0].idle_sleep.after", "'5s' is outside 10s..168h"]),
+    ("26-idle-sleep-too-long", replace(
+        "    gpus: [0]", "    gpus: [0]\n    idle_sleep: {after: 200h}"),
+     ["services[0].idle_sleep.after", "'200h' is outside 10s..168h"]),
+    ("26-idle-sleep-level-3", replace(
+        "    gpus: [0]", "    gpus: [0]\n    idle_sleep: {after: 15m, level: 3}"),
+     ["services[0].idle_sleep.level", "less than or equal to 2", "(got 3)"]),
+    ("26-idle-sleep-no-after", replace(
+        "    gpus: [0]", "    gpus: [0]\n    idle_sleep: {level: 1}"),
+     ["services[0].idle_sleep.after: required key is missing",
+      "add services[0].idle_sleep.after"]),
+    ("26-idle-sleep-unknown-key", replace(
+        "    gpus: [0]", "    gpus: [0]\n    idle_sleep: {after: 15m, levle: 2}"),
+     ["services[0].idle_sleep.levle", "did you mean 'level'"]),
+    ("26-dev-mode-by-hand", replace(
+        "    gpus: [0]", "    gpus: [0]\n    env: {VLLM_SERVER_DEV_MODE: '1'}"),
+     ["services[0].env.VLLM_SERVER_DEV_MODE", "is set by kit for a service with idle_sleep",
+      "fix: remove VLLM_SERVER_DEV_MODE from env"]),
+    ("26-sleep-flag-by-hand", replace(
+        '["--enable-prefix-caching"]', '["--enable-prefix-caching", "--enable-sleep-mode"]'),
+     ["services[0].extra_args[1]", "--enable-sleep-mode is set by kit from the spec: use "
+      "idle_sleep"]),
 ]
 
 

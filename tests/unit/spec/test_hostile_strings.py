@@ -153,6 +153,7 @@ FIELDS: dict[str, tuple[Setter, str]] = {
     "services.adapters.path": (adapter("path"), "support"),
     "services.adapters.revision": (adapter("revision"), "main"),
     "services.adapters.sha256": (adapter("sha256"), hashlib.sha256(adapter_weights()).hexdigest()),
+    "services.idle_sleep.after": (at(*S, "idle_sleep", "after"), "15m"),
     "observability.subnet": (at("observability", "subnet"), "10.89.7.0/28"),
     "usage.max_disk": (at("usage", "max_disk"), "2g"),
     "kubernetes.service_type": (at("kubernetes", "service_type"), "LoadBalancer"),

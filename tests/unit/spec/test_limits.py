@@ -91,6 +91,7 @@ def extreme_spec(models: Path, end: int) -> dict:
     service["gpus"] = list(range(service["tensor_parallel"]))  # GPU 0 alone, or 0 to 63
     service["env"] = {"VLLM_ENGINE_READY_TIMEOUT_S": str((1, MAX_TIMEOUT)[end])}
     data["proxy"]["max_body"] = ("1k", "1g")[end]
+    service["idle_sleep"]["after"] = ("10s", "168h")[end]
     return data
 
 
