@@ -3,15 +3,19 @@
 import click
 
 from kit.commands.options import (
+    clear_option,
     credential_holding,
     credential_site,
     offline_option,
+    policy_change,
     report,
     spec_argument,
     wait_lock_option,
+    with_policy_options,
 )
 from kit.credentials.material import read_keys
-from kit.front_door.credential_change import add_key, revoke_key
+from kit.credentials.policy import principal, read_policies, shown_policy
+from kit.front_door.credential_change import add_key, revoke_key, set_policy
 from kit.layout import SiteLayout
 
 
@@ -22,15 +26,18 @@ def keys_group() -> None:
 
 @keys_group.command("add")
 @click.argument("args", nargs=-1, metavar="[SPEC] NAME")
+@with_policy_options
 @offline_option
 @wait_lock_option
-def add(args: tuple[str, ...], offline: bool, wait_lock: float) -> None:
-    """Create key NAME and print it once (live: nginx reloads and the key is proven)."""
+def add(args: tuple[str, ...], offline: bool, wait_lock: float, **policy: object) -> None:
+    """Create key NAME and print it once (live: nginx reloads and the key is proven), with its
+    policy (docs/policy.md)."""
     spec, layout, name, connection = credential_site(args, "NAME", offline)
+    change = policy_change(spec, policy)
     if not spec.auth.api_keys:
         click.echo("warning: auth.api_keys is false: nginx ignores keys until it is true", err=True)
     with credential_holding(spec, layout, "keys add", wait_lock, offline):
-        key, outcome = add_key(spec, layout, name, connection)
+        key, outcome = add_key(spec, layout, name, connection, change)
     click.echo(f"key {name}: {key}\n  (shown once; only its SHA-256 is stored)")
     report(outcome)
 
@@ -48,12 +55,33 @@ def revoke(args: tuple[str, ...], offline: bool, wait_lock: float) -> None:
     report(outcome)
 
 
+@keys_group.command("set")
+@click.argument("args", nargs=-1, metavar="[SPEC] NAME")
+@with_policy_options
+@clear_option
+@offline_option
+@wait_lock_option
+def set_key_policy(args: tuple[str, ...], offline: bool, wait_lock: float,
+                   clear: tuple[str, ...], **policy: object) -> None:
+    """Change key NAME's policy, live (options not given stay as they are)."""
+    spec, layout, name, connection = credential_site(args, "NAME", offline)
+    change = policy_change(spec, policy, clear)
+    with credential_holding(spec, layout, "keys set", wait_lock, offline):
+        outcome = set_policy(spec, layout, "key", name, change, connection)
+    click.echo(f"key {name}: {shown_policy(read_policies(layout), principal('key', name))}")
+    report(outcome)
+
+
 @keys_group.command("list")
 @spec_argument
 def list_keys(spec) -> None:
-    """Key names and when they were created (the keys themselves are not stored)."""
-    for name, entry in sorted(read_keys(SiteLayout(spec.parent)).items()):
-        click.echo(f"{name}\tcreated {entry['created']}\tsha256 {entry['sha256'][:12]}…")
+    """Key names, when they were created and their policy (the keys themselves are not
+    stored)."""
+    layout = SiteLayout(spec.parent)
+    policies = read_policies(layout)
+    for name, entry in sorted(read_keys(layout).items()):
+        click.echo(f"{name}\tcreated {entry['created']}\tsha256 {entry['sha256'][:12]}…\t"
+                   f"{shown_policy(policies, principal('key', name))}")
 
 
 keys = keys_group

@@ -11,6 +11,7 @@ from kit.site_lock import DEFAULT_WAIT_SECONDS
 from kit.spec.model import DEFAULT_SPEC
 
 if TYPE_CHECKING:  # imported when a credential verb runs, not by every verb
+    from kit.credentials.policy import PolicyChange
     from kit.front_door.credential_change import Outcome
     from kit.front_door.reload import Connection
     from kit.layout import SiteLayout
@@ -134,3 +135,62 @@ def report(outcome: "Outcome") -> None:
     click.echo(f"reloaded {outcome.proxy} in place (no restart, running streams continue)")
     for line in outcome.proof:
         click.echo(f"  proven through the front door: {line}")
+
+
+# --------------------------------------------------------------------------- credential policy
+
+CLEARABLE = ("models", "expires", "class", "tokens-per-day", "tokens-per-month",
+             "requests-per-minute")
+policy_options: list[Callable] = [
+    click.option("--models", help="Served model names this credential may use, comma-separated "
+                 "(others are refused as if they did not exist). Default: all."),
+    click.option("--expires", help="Refused from this time on: a date (00:00 UTC that day) or an "
+                 "ISO time."),
+    click.option("--class", "klass", type=click.Choice(["interactive", "batch"]),
+                 help="interactive (default) or batch: batch yields to interactive."),
+    click.option("--tokens-per-day", type=int,
+                 help="Prompt + completion tokens a UTC day (stored; enforcement: docs/policy.md)."),
+    click.option("--tokens-per-month", type=int,
+                 help="Prompt + completion tokens a UTC month (stored; docs/policy.md)."),
+    click.option("--requests-per-minute", type=int,
+                 help="Requests a minute (stored; docs/policy.md)."),
+]
+clear_option = click.option(
+    "--clear", "clear", multiple=True, type=click.Choice(CLEARABLE),
+    help="Remove that part of the policy (repeatable): models → all, expires → never, class → "
+    "interactive, a limit → none.")
+
+
+def with_policy_options(command: Callable) -> Callable:
+    for option in reversed(policy_options):
+        command = option(command)
+    return command
+
+
+def policy_change(spec: "Spec", values: dict,
+                  clear: tuple[str, ...] | None = None) -> "PolicyChange":
+    """The options given as a checked change (exit 2 naming the option before anything is
+    written); with `clear` (the `set` verbs), one that changes nothing is refused too."""
+    from kit.errors import BadInput
+    from kit.credentials.policy import (
+        LIMITS,
+        PolicyChange,
+        parse_expiry,
+        parse_limit,
+        parse_models,
+    )
+
+    chosen: dict[str, object] = {}
+    if values["models"] is not None:
+        chosen["models"] = parse_models(values["models"], [s.api_name for s in spec.services])
+    if values["expires"] is not None:
+        chosen["expires"] = parse_expiry(values["expires"])
+    if values["klass"] is not None:
+        chosen["class"] = values["klass"]
+    for limit in LIMITS:
+        if values[limit] is not None:
+            chosen[limit] = parse_limit(limit, values[limit])
+    if clear is not None and not chosen and not clear:
+        raise BadInput("nothing to change", fix="give a policy option (--models, --expires, "
+                       "--class, --tokens-per-day, …) or --clear FIELD")
+    return PolicyChange(chosen, tuple(field.replace("-", "_") for field in clear or ()))

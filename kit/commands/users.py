@@ -3,17 +3,21 @@
 import click
 
 from kit.commands.options import (
+    clear_option,
     credential_holding,
     credential_site,
     offline_option,
+    policy_change,
     read_passwords,
     report,
     spec_argument,
     wait_lock_option,
     with_password_options,
+    with_policy_options,
 )
+from kit.credentials.policy import principal, read_policies, shown_policy
 from kit.credentials.store import listed_users
-from kit.front_door.credential_change import add_user, remove_user
+from kit.front_door.credential_change import add_user, remove_user, set_policy
 from kit.site import Site
 
 
@@ -25,19 +29,22 @@ def users_group() -> None:
 @users_group.command("add")
 @click.argument("args", nargs=-1, metavar="[SPEC] USER")
 @with_password_options
+@with_policy_options
 @offline_option
 @wait_lock_option
 def add(args: tuple[str, ...], password_stdin: bool, generate: bool, offline: bool,
-        wait_lock: float) -> None:
-    """Add USER with a new password, live (nginx reloads in place and the login is proven).
+        wait_lock: float, **policy: object) -> None:
+    """Add USER with a new password, live (nginx reloads in place and the login is proven),
+    with its policy (docs/policy.md).
 
     The password is asked for twice on a terminal; without one (a script), it is generated and
     printed once unless --password-stdin gives it.
     """
     spec, layout, user, connection = credential_site(args, "USER", offline)
+    change = policy_change(spec, policy)
     password, _, generated = read_passwords(password_stdin, generate, ask_current=False)
     with credential_holding(spec, layout, "users add", wait_lock, offline):
-        outcome = add_user(spec, layout, user, password, connection)
+        outcome = add_user(spec, layout, user, password, connection, change)
     click.echo(f"added {user}")
     if generated:
         click.echo(f"password for {user}: {password}  (shown once)")
@@ -57,13 +64,32 @@ def remove(args: tuple[str, ...], offline: bool, wait_lock: float) -> None:
     report(outcome)
 
 
+@users_group.command("set")
+@click.argument("args", nargs=-1, metavar="[SPEC] USER")
+@with_policy_options
+@clear_option
+@offline_option
+@wait_lock_option
+def set_user_policy(args: tuple[str, ...], offline: bool, wait_lock: float,
+                    clear: tuple[str, ...], **policy: object) -> None:
+    """Change USER's policy, live (options not given stay as they are)."""
+    spec, layout, user, connection = credential_site(args, "USER", offline)
+    change = policy_change(spec, policy, clear)
+    with credential_holding(spec, layout, "users set", wait_lock, offline):
+        outcome = set_policy(spec, layout, "user", user, change, connection)
+    click.echo(f"user {user}: {shown_policy(read_policies(layout), principal('user', user))}")
+    report(outcome)
+
+
 @users_group.command("list")
 @spec_argument
 def list_users(spec) -> None:
-    """The users in the password file (marking those the spec lists and kit's probe)."""
+    """The users in the password file (marking those the spec lists and kit's probe), and
+    their policy."""
     site = Site.load(spec)
+    policies = read_policies(site.layout)
     for user, origin in listed_users(site.spec, site.layout):
-        click.echo(f"{user}\t{origin}")
+        click.echo(f"{user}\t{origin}\t{shown_policy(policies, principal('user', user))}")
 
 
 users = users_group
