@@ -3,6 +3,7 @@
 // Layout lives in nginx.conf; this file only holds the logic nginx cannot express.
 var crypto = require('crypto');
 import routes from 'kit-routes.js';  // served model name → service (rendered by kit)
+import policies from 'auth/policy.js';  // credential → its policy (rendered by kit: docs/policy.md)
 
 function authorization(r) {
     return r.headersIn['Authorization'] || '';
@@ -28,12 +29,37 @@ function credentialDigest(r) {
     return crypto.createHmac('sha256', r.variables.kit_auth_epoch).update(header).digest('hex');
 }
 
-// Who made the request, for the access log: a key name or a Basic user, never a secret.
-function principal(r) {
+// Who made the request: a key name or a Basic user, never a secret ('' when neither).
+function credentialName(r) {
     if (r.variables.kit_key_name) {
         return 'key:' + r.variables.kit_key_name;
     }
-    return r.variables.remote_user ? 'user:' + r.variables.remote_user : '-';
+    return r.variables.remote_user ? 'user:' + r.variables.remote_user : '';
+}
+
+// Who made the request, for the access log.
+function principal(r) {
+    return credentialName(r) || '-';
+}
+
+// ---- per-credential policy (docs/policy.md) ----------------------------------------------
+var NO_POLICY = {};
+
+function policyOf(r) {
+    var name = credentialName(r);
+    return Object.prototype.hasOwnProperty.call(policies, name) ? policies[name] : NO_POLICY;
+}
+
+// Whether the credential may use this served name: compared exactly, as the routing does.
+function allowed(r, model) {
+    var models = policyOf(r).models;
+    return models === undefined || Object.prototype.hasOwnProperty.call(models, model);
+}
+
+// '1' once the credential's expiry has passed: /_kit/auth then answers 401, as for a wrong one.
+function expired(r) {
+    var expires = policyOf(r).expires;
+    return expires !== undefined && Date.now() >= expires ? '1' : '';
 }
 
 function sendError(r, status, type, message, param) {
@@ -83,15 +109,18 @@ function route(r) {
     var model = request !== null && typeof request === 'object' ? request.model : undefined;
     if (typeof model !== 'string') {
         var all = services();
-        if (all.length === 1) {
-            forward(r, request, servedNames(all[0])[0], all[0]);
+        var usable = all.length === 1 ? servedNames(all[0]).filter(function (name) {
+            return allowed(r, name);
+        }) : [];
+        if (usable.length) {
+            forward(r, request, usable[0], all[0]);
             return;
         }
         sendError(r, 400, 'BadRequestError', 'The request must name a "model".', 'model');
         return;
     }
     var service = serviceOf(model);
-    if (service === null) {
+    if (service === null || !allowed(r, model)) {  // a model it may not use does not exist for it
         noSuchModel(r, model);
         return;
     }
@@ -460,7 +489,9 @@ function models(r) {
             notReady(r);
             return;
         }
-        sendJson(r, {object: 'list', data: data});
+        sendJson(r, {object: 'list', data: data.filter(function (entry) {
+            return allowed(r, entry.id);
+        })});
     });
 }
 
@@ -468,7 +499,7 @@ function models(r) {
 function model(r) {
     var id = utf8(r.rawVariables.uri).slice('/v1/models/'.length);
     var service = serviceOf(id);
-    if (service === null) {
+    if (service === null || !allowed(r, id)) {
         noSuchModel(r, id);
         return;
     }
@@ -500,5 +531,5 @@ function health(r) {
     });
 }
 
-export default {bearerDigest, credentialDigest, principal, route, models, model, health, prefixKey,
+export default {bearerDigest, credentialDigest, principal, expired, route, models, model, health, prefixKey,
                 usageFilter, promptTokens, completionTokens, ttft, doorSeq, doorBoot, usageEnd};

@@ -149,7 +149,7 @@ policy_options: list[Callable] = [
     click.option("--class", "klass", type=click.Choice(["interactive", "batch"]),
                  help="interactive (default) or batch: batch yields to interactive."),
     click.option("--tokens-per-day", type=int,
-                 help="Prompt + completion tokens a UTC day (stored; enforcement: docs/policy.md)."),
+                 help="Prompt + completion tokens a UTC day (stored; docs/policy.md)."),
     click.option("--tokens-per-month", type=int,
                  help="Prompt + completion tokens a UTC month (stored; docs/policy.md)."),
     click.option("--requests-per-minute", type=int,
@@ -171,7 +171,6 @@ def policy_change(spec: "Spec", values: dict,
                   clear: tuple[str, ...] | None = None) -> "PolicyChange":
     """The options given as a checked change (exit 2 naming the option before anything is
     written); with `clear` (the `set` verbs), one that changes nothing is refused too."""
-    from kit.errors import BadInput
     from kit.credentials.policy import (
         LIMITS,
         PolicyChange,
@@ -179,6 +178,7 @@ def policy_change(spec: "Spec", values: dict,
         parse_limit,
         parse_models,
     )
+    from kit.errors import BadInput
 
     chosen: dict[str, object] = {}
     if values["models"] is not None:

@@ -82,6 +82,7 @@ class Credentials:
     htpasswd: bytes
     keys_map: bytes
     auth_state: bytes
+    policy_js: bytes
     server_crt: bytes
     server_key: bytes
 
@@ -89,7 +90,8 @@ class Credentials:
     def read(cls, layout: SiteLayout) -> "Credentials":
         paths = {
             "htpasswd": layout.htpasswd, "keys_map": layout.keys_map,
-            "auth_state": layout.auth_state, "server_crt": layout.server_cert,
+            "auth_state": layout.auth_state, "policy_js": layout.policy_js,
+            "server_crt": layout.server_cert,
             "server_key": layout.server_key,
         }
         missing = [path for path in paths.values() if not path.is_file()]
@@ -368,7 +370,8 @@ def _front_door(plan: Plan, namespace: str, credentials: Credentials, spec_name:
         "kit-routes.js": compose_files["nginx/kit-routes.js"],
     })
     keys = _secret(f"{FRONT_DOOR}-keys", namespace, nginx_labels, {
-        "keys.map": credentials.keys_map, "auth-state.conf": credentials.auth_state})
+        "keys.map": credentials.keys_map, "auth-state.conf": credentials.auth_state,
+        "policy.js": credentials.policy_js})
     tls = _secret(f"{FRONT_DOOR}-tls", namespace, nginx_labels, {
         "tls.crt": credentials.server_crt, "tls.key": credentials.server_key},
         "kubernetes.io/tls")
@@ -376,7 +379,8 @@ def _front_door(plan: Plan, namespace: str, credentials: Credentials, spec_name:
         ("ConfigMap", FRONT_DOOR, {"nginx.conf": "nginx.conf", "kit.js": "kit.js",
                                    "kit-routes.js": "kit-routes.js"}),
         ("Secret", f"{FRONT_DOOR}-keys", {"keys.map": "auth/keys.map",
-                                          "auth-state.conf": "auth/auth-state.conf"}),
+                                          "auth-state.conf": "auth/auth-state.conf",
+                                          "policy.js": "auth/policy.js"}),
         ("Secret", f"{FRONT_DOOR}-tls", {"tls.crt": "tls/server.crt",
                                          "tls.key": "tls/server.key"}),
     ])
