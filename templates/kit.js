@@ -56,6 +56,16 @@ function allowed(r, model) {
     return models === undefined || Object.prototype.hasOwnProperty.call(models, model);
 }
 
+// Whether any credential is batch: then every generation says its class to vLLM's priority
+// scheduler (computed once, when nginx loads this file).
+var BATCH = Object.keys(policies).some(function (name) { return policies[name].batch === true; });
+
+// The credential's name when it is batch ('' otherwise, which limit_conn does not count): the
+// key of its requests-in-flight cap.
+function batchName(r) {
+    return BATCH && policyOf(r).batch === true ? credentialName(r) : '';
+}
+
 // '1' once the credential's expiry has passed: /_kit/auth then answers 401, as for a wrong one.
 function expired(r) {
     var expires = policyOf(r).expires;
@@ -132,11 +142,35 @@ function servedNames(service) {
 }
 
 function forward(r, request, model, service) {
+    var added = [];
     if (r.variables.kit_usage_on) {
         r.variables.kit_model = model;
-        r.variables.kit_request_body = askUsage(r, request);
+        added = askUsage(r, request);
     }
+    if (BATCH && isObject(request) && GENERATIONS.indexOf(r.variables.uri) !== -1) {
+        added.push(PRIORITY[policyOf(r).batch === true ? 1 : 0]);
+    }
+    r.variables.kit_request_body = appended(r.requestBuffer || Buffer.alloc(0), added);
     r.internalRedirect(location(service));
+}
+
+function isObject(value) {
+    return value !== null && typeof value === 'object' && !Array.isArray(value);
+}
+
+// vLLM's priority (lower first among waiting requests): interactive 0, batch 1. Appended last,
+// so a client's own "priority" is replaced (Python's json keeps the last of duplicate keys).
+var GENERATIONS = ['/v1/chat/completions', '/v1/completions'];
+var PRIORITY = [Buffer.from(',"priority":0'), Buffer.from(',"priority":1')];
+
+// The client's bytes with `added` inserted before the object's closing brace: never
+// re-serialised (that could change numbers such as a 64-bit seed).
+function appended(original, added) {
+    if (!added.length) {
+        return original;
+    }
+    var end = original.lastIndexOf('}');
+    return Buffer.concat([original.slice(0, end)].concat(added, [original.slice(end)]));
 }
 
 // ---- the usage ledger (docs/usage.md) ----------------------------------------------------
@@ -170,20 +204,17 @@ function usageAsked(options) {
 var USAGE_ROUTES = ['/v1/chat/completions', '/v1/completions'];
 var ASK_ALL = Buffer.from(',"stream_options":{"include_usage":true,"continuous_usage_stats":true}');
 
-// The body vLLM gets: the client's own bytes; for a stream, the key above appended before the
-// object's closing brace. The client's JSON is never re-serialised (that could change numbers
-// such as a 64-bit seed): vLLM reads the body with Python's json, where the last of two equal
-// keys wins, so the appended stream_options replaces any the client sent.
+// What vLLM gets added to the client's own bytes: for a stream, the key above. vLLM reads the
+// body with Python's json, where the last of two equal keys wins, so the appended
+// stream_options replaces any the client sent.
 function askUsage(r, request) {
-    var original = r.requestBuffer || Buffer.alloc(0);
     r.variables.kit_stream_usage = '';
-    if (request === null || typeof request !== 'object' || Array.isArray(request)
-        || !laxTrue(request.stream) || USAGE_ROUTES.indexOf(r.variables.uri) === -1) {
-        return original;
+    if (!isObject(request) || !laxTrue(request.stream)
+        || USAGE_ROUTES.indexOf(r.variables.uri) === -1) {
+        return [];
     }
-    var end = original.lastIndexOf('}');
     r.variables.kit_stream_usage = usageAsked(request.stream_options);
-    return Buffer.concat([original.slice(0, end), ASK_ALL, original.slice(end)]);
+    return [ASK_ALL];
 }
 
 var USAGE_KEY = Buffer.from('"usage":{');
@@ -531,5 +562,5 @@ function health(r) {
     });
 }
 
-export default {bearerDigest, credentialDigest, principal, expired, route, models, model, health, prefixKey,
+export default {bearerDigest, credentialDigest, principal, expired, batchName, route, models, model, health, prefixKey,
                 usageFilter, promptTokens, completionTokens, ttft, doorSeq, doorBoot, usageEnd};

@@ -9,6 +9,7 @@ from kit.commands.options import (
     offline_option,
     policy_change,
     report,
+    scheduler_note,
     spec_argument,
     wait_lock_option,
     with_policy_options,
@@ -38,6 +39,7 @@ def add(args: tuple[str, ...], offline: bool, wait_lock: float, **policy: object
         click.echo("warning: auth.api_keys is false: nginx ignores keys until it is true", err=True)
     with credential_holding(spec, layout, "keys add", wait_lock, offline):
         key, outcome = add_key(spec, layout, name, connection, change)
+    scheduler_note(change)
     click.echo(f"key {name}: {key}\n  (shown once; only its SHA-256 is stored)")
     report(outcome)
 
@@ -68,6 +70,7 @@ def set_key_policy(args: tuple[str, ...], offline: bool, wait_lock: float,
     change = policy_change(spec, policy, clear)
     with credential_holding(spec, layout, "keys set", wait_lock, offline):
         outcome = set_policy(spec, layout, "key", name, change, connection)
+    scheduler_note(change)
     click.echo(f"key {name}: {shown_policy(read_policies(layout), principal('key', name))}")
     report(outcome)
 

@@ -194,3 +194,12 @@ def policy_change(spec: "Spec", values: dict,
         raise BadInput("nothing to change", fix="give a policy option (--models, --expires, "
                        "--class, --tokens-per-day, …) or --clear FIELD")
     return PolicyChange(chosen, tuple(field.replace("-", "_") for field in clear or ()))
+
+
+def scheduler_note(change: "PolicyChange") -> None:
+    """The engine's half of a class change is not live: say when it takes effect."""
+    if change.set.get("class") == "batch" or "class" in change.clear:
+        click.echo("note: the door caps batch requests in flight and sends each request's "
+                   "priority now; the services order their queue by it once they run vLLM's "
+                   "priority scheduler: `kit up` renders --scheduling-policy priority (while any "
+                   "credential is batch) and restarts them", err=True)

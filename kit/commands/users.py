@@ -10,6 +10,7 @@ from kit.commands.options import (
     policy_change,
     read_passwords,
     report,
+    scheduler_note,
     spec_argument,
     wait_lock_option,
     with_password_options,
@@ -45,6 +46,7 @@ def add(args: tuple[str, ...], password_stdin: bool, generate: bool, offline: bo
     password, _, generated = read_passwords(password_stdin, generate, ask_current=False)
     with credential_holding(spec, layout, "users add", wait_lock, offline):
         outcome = add_user(spec, layout, user, password, connection, change)
+    scheduler_note(change)
     click.echo(f"added {user}")
     if generated:
         click.echo(f"password for {user}: {password}  (shown once)")
@@ -77,6 +79,7 @@ def set_user_policy(args: tuple[str, ...], offline: bool, wait_lock: float,
     change = policy_change(spec, policy, clear)
     with credential_holding(spec, layout, "users set", wait_lock, offline):
         outcome = set_policy(spec, layout, "user", user, change, connection)
+    scheduler_note(change)
     click.echo(f"user {user}: {shown_policy(read_policies(layout), principal('user', user))}")
     report(outcome)
 

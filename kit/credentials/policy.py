@@ -168,6 +168,11 @@ def door_module(policies: dict[str, dict], present: set[str]) -> bytes:
             f"export default {json.dumps(door, indent=1, sort_keys=True)};\n").encode()
 
 
+def batch_in_use(layout: SiteLayout) -> bool:
+    """Whether any credential is batch: the services then run vLLM's priority scheduler."""
+    return any(entry.get("class") == "batch" for entry in read_policies(layout).values())
+
+
 def present_principals(users: Iterable[str], keys: Iterable[str]) -> set[str]:
     return ({principal("user", user) for user in users}
             | {principal("key", name) for name in keys})

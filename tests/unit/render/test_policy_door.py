@@ -12,6 +12,7 @@ import datetime as dt
 import json
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -165,3 +166,48 @@ def test_an_expired_credential_is_refused_like_a_wrong_one(door: PolicyDoor) -> 
         assert (refused.status, refused.body) == (401, wrong.body)
         assert refused.headers["www-authenticate"] == wrong.headers["www-authenticate"]
     assert send(door, "GET", "/v1/models", "all").status == 200
+
+
+@contextmanager
+def allowed_for_ann(door: PolicyDoor, needed: bool) -> Iterator[None]:
+    """The Basic user may use the model for the block (its list is put back after)."""
+    conf = door.layout.nginx_dir / "nginx.conf"
+    if needed:
+        set_policy(door.layout, "user", "ann", models=[SERVED])
+        door.door.reload(conf, conf.read_text())
+    try:
+        yield
+    finally:
+        if needed:
+            set_policy(door.layout, "user", "ann", models=["retired-model"])
+            door.door.reload(conf, conf.read_text())
+
+
+@pytest.mark.parametrize(("who", "priority"), [("all", 0), ("listed", 1), ("ann", 0)])
+@pytest.mark.parametrize("body", [
+    {"model": SERVED, "prompt": "Hi", "max_tokens": 2},
+    {"model": SERVED, "prompt": "Hi", "max_tokens": 2, "priority": -100},
+    {"model": SERVED, "prompt": "Hi", "max_tokens": 2, "stream": True, "priority": -1},
+], ids=["plain", "own-priority", "stream"])
+def test_with_a_batch_credential_every_generation_says_its_class(
+        door: PolicyDoor, who: str, priority: int, body: dict) -> None:
+    """The site has a batch key, so vLLM reads `priority` 1 from it and 0 from the others —
+    whatever the client sent (the door's key is the last, and Python's json keeps the last);
+    the client's bytes come first, unchanged."""
+    sent = json.dumps(body).encode()
+    with door.door.upstream_bodies() as bodies, allowed_for_ann(door, who == "ann"):
+        assert send(door, "POST", "/v1/completions", who, sent).status == 200
+    (upstream,) = bodies
+    assert upstream.startswith(sent[:-1]) and upstream.endswith(f',"priority":{priority}}}'
+                                                                .encode())
+    assert json.loads(upstream)["priority"] == priority
+
+
+def test_a_batch_credential_never_holds_every_slot(door: PolicyDoor) -> None:
+    """The base site's service has 64 slots: a batch key gets 32 streams at once, the 8 more
+    it asks for get 429 at the door; an interactive key gets all 40."""
+    streams = ("--model", SERVED, "--streams", "40", "--tokens", "1000")
+    batch = door.door.load("--auth", f"Bearer {door.keys['listed']}", *streams)
+    assert (batch["ok"], batch["failures"]) == (32, {"status 429": 8}), batch
+    interactive = door.door.load("--auth", f"Bearer {door.keys['all']}", *streams)
+    assert interactive["ok"] == 40, interactive
