@@ -1,13 +1,13 @@
-"""kit keys add|revoke|list: Bearer keys for programs (the OpenAI SDK's api_key)."""
+"""kit keys add|set|revoke|list: Bearer keys for programs (the OpenAI SDK's api_key)."""
 
 import click
 
 from kit.commands.options import (
-    clear_option,
     credential_holding,
     credential_site,
     offline_option,
     policy_change,
+    policy_set_command,
     report,
     scheduler_note,
     spec_argument,
@@ -16,7 +16,7 @@ from kit.commands.options import (
 )
 from kit.credentials.material import read_keys
 from kit.credentials.policy import principal, read_policies, shown_policy
-from kit.front_door.credential_change import add_key, revoke_key, set_policy
+from kit.front_door.credential_change import add_key, revoke_key
 from kit.layout import SiteLayout
 
 
@@ -57,22 +57,7 @@ def revoke(args: tuple[str, ...], offline: bool, wait_lock: float) -> None:
     report(outcome)
 
 
-@keys_group.command("set")
-@click.argument("args", nargs=-1, metavar="[SPEC] NAME")
-@with_policy_options
-@clear_option
-@offline_option
-@wait_lock_option
-def set_key_policy(args: tuple[str, ...], offline: bool, wait_lock: float,
-                   clear: tuple[str, ...], **policy: object) -> None:
-    """Change key NAME's policy, live (options not given stay as they are)."""
-    spec, layout, name, connection = credential_site(args, "NAME", offline)
-    change = policy_change(spec, policy, clear)
-    with credential_holding(spec, layout, "keys set", wait_lock, offline):
-        outcome = set_policy(spec, layout, "key", name, change, connection)
-    scheduler_note(change)
-    click.echo(f"key {name}: {shown_policy(read_policies(layout), principal('key', name))}")
-    report(outcome)
+policy_set_command(keys_group, "key", "NAME")
 
 
 @keys_group.command("list")

@@ -203,3 +203,26 @@ def scheduler_note(change: "PolicyChange") -> None:
                    "priority now; the services order their queue by it once they run vLLM's "
                    "priority scheduler: `kit up` renders --scheduling-policy priority (while any "
                    "credential is batch) and restarts them", err=True)
+
+
+def policy_set_command(group: click.Group, kind: str, what: str) -> None:
+    """`kit keys set` / `kit users set`: change a credential's policy, live."""
+    from kit.credentials.policy import principal, read_policies, shown_policy
+    from kit.front_door.credential_change import set_policy
+
+    @group.command("set", help=f"Change {kind} {what}'s policy, live (options not given stay "
+                   "as they are).")
+    @click.argument("args", nargs=-1, metavar=f"[SPEC] {what}")
+    @with_policy_options
+    @clear_option
+    @offline_option
+    @wait_lock_option
+    def set_command(args: tuple[str, ...], offline: bool, wait_lock: float,
+                    clear: tuple[str, ...], **policy: object) -> None:
+        spec, layout, name, connection = credential_site(args, what, offline)
+        change = policy_change(spec, policy, clear)
+        with credential_holding(spec, layout, f"{kind}s set", wait_lock, offline):
+            outcome = set_policy(spec, layout, kind, name, change, connection)
+        scheduler_note(change)
+        click.echo(f"{kind} {name}: {shown_policy(read_policies(layout), principal(kind, name))}")
+        report(outcome)

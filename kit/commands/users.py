@@ -1,13 +1,13 @@
-"""kit users add|remove|list: the people who log in with HTTP Basic auth (bcrypt at rest)."""
+"""kit users add|set|remove|list: the people who log in with HTTP Basic auth (bcrypt at rest)."""
 
 import click
 
 from kit.commands.options import (
-    clear_option,
     credential_holding,
     credential_site,
     offline_option,
     policy_change,
+    policy_set_command,
     read_passwords,
     report,
     scheduler_note,
@@ -18,7 +18,7 @@ from kit.commands.options import (
 )
 from kit.credentials.policy import principal, read_policies, shown_policy
 from kit.credentials.store import listed_users
-from kit.front_door.credential_change import add_user, remove_user, set_policy
+from kit.front_door.credential_change import add_user, remove_user
 from kit.site import Site
 
 
@@ -66,22 +66,7 @@ def remove(args: tuple[str, ...], offline: bool, wait_lock: float) -> None:
     report(outcome)
 
 
-@users_group.command("set")
-@click.argument("args", nargs=-1, metavar="[SPEC] USER")
-@with_policy_options
-@clear_option
-@offline_option
-@wait_lock_option
-def set_user_policy(args: tuple[str, ...], offline: bool, wait_lock: float,
-                    clear: tuple[str, ...], **policy: object) -> None:
-    """Change USER's policy, live (options not given stay as they are)."""
-    spec, layout, user, connection = credential_site(args, "USER", offline)
-    change = policy_change(spec, policy, clear)
-    with credential_holding(spec, layout, "users set", wait_lock, offline):
-        outcome = set_policy(spec, layout, "user", user, change, connection)
-    scheduler_note(change)
-    click.echo(f"user {user}: {shown_policy(read_policies(layout), principal('user', user))}")
-    report(outcome)
+policy_set_command(users_group, "user", "USER")
 
 
 @users_group.command("list")
