@@ -198,7 +198,7 @@ def policy_change(spec: "Spec", values: dict,
 
 def scheduler_note(change: "PolicyChange") -> None:
     """The engine's half of a class change is not live: say when it takes effect."""
-    if change.set.get("class") == "batch" or "class" in change.clear:
+    if "class" in change.set or "class" in change.clear:
         click.echo("note: the door caps batch requests in flight and sends each request's "
                    "priority now; the services order their queue by it once they run vLLM's "
                    "priority scheduler: `kit up` renders --scheduling-policy priority (while any "

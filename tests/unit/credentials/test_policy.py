@@ -124,3 +124,19 @@ def test_a_corrupt_policy_file_is_named_with_its_way_out(spec: Path) -> None:
         read_policies(layout)
     assert str(layout.policy_db) in refused.value.message
     assert "backup" in refused.value.fix
+
+
+def test_a_batch_credential_renders_the_priority_scheduler(spec: Path) -> None:
+    """While any credential is batch, every service runs vLLM's priority scheduler (at the next
+    render and `kit up`, as the command says); and the door caps batch at half the slots."""
+    compose = spec.parent / "compose" / "docker-compose.yml"
+    assert "--scheduling-policy" not in compose.read_text()
+    made_batch = run_kit("keys", "set", spec, "bot", "--offline", "--class", "batch")
+    assert "`kit up` renders --scheduling-policy priority" in made_batch.output
+    assert run_kit("render", spec).exit_code == 0
+    assert '"--scheduling-policy", "priority"' in compose.read_text()
+    nginx_conf = (spec.parent / "nginx" / "nginx.conf").read_text()
+    assert "limit_conn kit_batch_in_flight 32;" in nginx_conf
+    assert run_kit("keys", "set", spec, "bot", "--offline", "--clear", "class").exit_code == 0
+    assert run_kit("render", spec).exit_code == 0
+    assert "--scheduling-policy" not in compose.read_text()
