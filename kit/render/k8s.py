@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from kit.credentials.material import NGINX_GID
-from kit.credentials.policy import batch_in_use
+from kit.credentials.policy import batch_in_use, door_module
 from kit.engine.desired import PROXY_SERVICE as NGINX_SERVICE
 from kit.engine.desired import VERIFIER_SERVICE
 from kit.errors import BadInput
@@ -26,6 +26,7 @@ from kit.files import (
     hand_edits,
     manifest_content,
     pending_changes,
+    read_existing,
     read_manifest,
     recover,
     write_failure,
@@ -91,8 +92,7 @@ class Credentials:
     def read(cls, layout: SiteLayout) -> "Credentials":
         paths = {
             "htpasswd": layout.htpasswd, "keys_map": layout.keys_map,
-            "auth_state": layout.auth_state, "policy_js": layout.policy_js,
-            "server_crt": layout.server_cert,
+            "auth_state": layout.auth_state, "server_crt": layout.server_cert,
             "server_key": layout.server_key,
         }
         missing = [path for path in paths.values() if not path.is_file()]
@@ -103,7 +103,10 @@ class Credentials:
                 "the export carries the same credentials into the cluster",
             )
         try:
-            return cls(**{key: path.read_bytes() for key, path in paths.items()})
+            files = {key: path.read_bytes() for key, path in paths.items()}
+            # none before kit had policies (the next credential change or render writes it)
+            policy = read_existing(layout.policy_js) or door_module({}, set())
+            return cls(**files, policy_js=policy)
         except OSError as error:
             raise BadInput(f"cannot read {error.filename}: {error.strerror}",
                            fix="run kit as the user that owns the site folder") from None
