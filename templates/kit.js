@@ -147,7 +147,9 @@ function forward(r, request, model, service) {
         r.variables.kit_model = model;
         added = askUsage(r, request);
     }
-    if (BATCH && isObject(request) && GENERATIONS.indexOf(r.variables.uri) !== -1) {
+    // (`{}` asks for nothing vLLM would run, and would not stay JSON with a key put after it)
+    if (BATCH && isObject(request) && Object.keys(request).length
+        && GENERATIONS.indexOf(r.variables.uri) !== -1) {
         added.push(PRIORITY[policyOf(r).batch === true ? 1 : 0]);
     }
     r.variables.kit_request_body = appended(r.requestBuffer || Buffer.alloc(0), added);

@@ -203,6 +203,14 @@ def test_with_a_batch_credential_every_generation_says_its_class(
     assert json.loads(upstream)["priority"] == priority
 
 
+def test_an_empty_object_goes_upstream_as_it_came(door: PolicyDoor) -> None:
+    """Nothing to run, nothing to say: `{}` is not made into `{,"priority":0}` (vLLM then
+    answers its own 400 for the missing fields)."""
+    with door.door.upstream_bodies() as bodies:
+        assert send(door, "POST", "/v1/completions", "all", b" { } ").status == 200
+    assert bodies == [b" { } "]
+
+
 def test_a_batch_credential_never_holds_every_slot(door: PolicyDoor) -> None:
     """The base site's service has 64 slots: a batch key gets 32 streams at once, the 8 more
     it asks for get 429 at the door; an interactive key gets all 40."""
