@@ -288,7 +288,7 @@ def auth_outputs(layout: SiteLayout, users: list[str]) -> AuthFiles:
             new_passwords.append(NewPassword(user, password, hashed))
     keys_db = read_keys(layout)
     keys = keys_map(keys_db).encode()
-    present = present_principals(parse_htpasswd(htpasswd, layout.htpasswd), keys_db)
+    principals = present_principals(parse_htpasswd(htpasswd, layout.htpasswd), keys_db)
     unchanged = (
         on_disk == htpasswd.encode() and read_if_present(layout.keys_map) == keys
     )
@@ -297,7 +297,7 @@ def auth_outputs(layout: SiteLayout, users: list[str]) -> AuthFiles:
     outputs += [
         Output(layout.htpasswd.relative_to(rel), htpasswd.encode(), mode, False, group),
         Output(layout.keys_map.relative_to(rel), keys, SECRET, generated=False),
-        Output(layout.policy_js.relative_to(rel), door_module(read_policies(layout), present),
+        Output(layout.policy_js.relative_to(rel), door_module(read_policies(layout), principals),
                SECRET, generated=False),
         Output(
             layout.auth_state.relative_to(rel), epoch or auth_state().encode(), SECRET,
