@@ -9,7 +9,8 @@
     <site>/nginx/verifier/nginx.conf    rendered: the password verifier (its own container),
                                         verifier.js and unknown-user.htpasswd (unknown names)
     <site>/nginx/replicas/<svc>.conf    a multi-replica service's servers (kit up marks one down)
-    <site>/nginx/auth/                  htpasswd (bcrypt), keys.map (key digests), auth-state.conf
+    <site>/nginx/auth/                  htpasswd (bcrypt), keys.map (key digests), auth-state.conf,
+                                        policy.js (per-credential policy the door enforces)
     <site>/nginx/tls/                   server.crt, server.key, ca.crt
     <site>/nginx/trust/ca-bundle.pem    tls.ca_bundle's copy (certbot's REQUESTS_CA_BUNDLE, gate)
     <site>/observability/               rendered when observability.enabled: prometheus/
@@ -89,6 +90,11 @@ class SiteLayout:
     @property
     def auth_state(self) -> Path:
         return self.auth_dir / "auth-state.conf"
+
+    @property
+    def policy_js(self) -> Path:
+        """What the front door enforces of each credential's policy (kit.js imports it)."""
+        return self.auth_dir / "policy.js"
 
     def replica_pool(self, service: str) -> Path:
         """The servers of a multi-replica service's upstreams (kit up marks one down while it
@@ -217,6 +223,11 @@ class SiteLayout:
     @property
     def keys_db(self) -> Path:
         return self.state_dir / "keys.json"
+
+    @property
+    def policy_db(self) -> Path:
+        """Each credential's policy as the operator set it (docs/policy.md)."""
+        return self.state_dir / "policy.json"
 
     @property
     def usage_anchors(self) -> Path:

@@ -3,6 +3,7 @@
 // Layout lives in nginx.conf; this file only holds the logic nginx cannot express.
 var crypto = require('crypto');
 import routes from 'kit-routes.js';  // served model name → service; adapter → {service, parent}
+import policies from 'auth/policy.js';  // credential → its policy (rendered by kit: docs/policy.md)
 
 function authorization(r) {
     return r.headersIn['Authorization'] || '';
@@ -28,12 +29,47 @@ function credentialDigest(r) {
     return crypto.createHmac('sha256', r.variables.kit_auth_epoch).update(header).digest('hex');
 }
 
-// Who made the request, for the access log: a key name or a Basic user, never a secret.
-function principal(r) {
+// Who made the request: a key name or a Basic user, never a secret ('' when neither).
+function credentialName(r) {
     if (r.variables.kit_key_name) {
         return 'key:' + r.variables.kit_key_name;
     }
-    return r.variables.remote_user ? 'user:' + r.variables.remote_user : '-';
+    return r.variables.remote_user ? 'user:' + r.variables.remote_user : '';
+}
+
+// Who made the request, for the access log.
+function principal(r) {
+    return credentialName(r) || '-';
+}
+
+// ---- per-credential policy (docs/policy.md) ----------------------------------------------
+var NO_POLICY = {};
+
+function policyOf(r) {
+    var name = credentialName(r);
+    return Object.prototype.hasOwnProperty.call(policies, name) ? policies[name] : NO_POLICY;
+}
+
+// Whether the credential may use this served name: compared exactly, as the routing does.
+function allowed(r, model) {
+    var models = policyOf(r).models;
+    return models === undefined || Object.prototype.hasOwnProperty.call(models, model);
+}
+
+// Whether any credential is batch: then every generation says its class to vLLM's priority
+// scheduler (computed once, when nginx loads this file).
+var BATCH = Object.keys(policies).some(function (name) { return policies[name].batch === true; });
+
+// The credential's name when it is batch ('' otherwise, which limit_conn does not count): the
+// key of its requests-in-flight cap.
+function batchName(r) {
+    return BATCH && policyOf(r).batch === true ? credentialName(r) : '';
+}
+
+// '1' once the credential's expiry has passed: /_kit/auth then answers 401, as for a wrong one.
+function expired(r) {
+    var expires = policyOf(r).expires;
+    return expires !== undefined && Date.now() >= expires ? '1' : '';
 }
 
 function sendError(r, status, type, message, param) {
@@ -105,15 +141,18 @@ function route(r) {
     var model = request !== null && typeof request === 'object' ? request.model : undefined;
     if (typeof model !== 'string') {
         var all = services();
-        if (all.length === 1) {
-            forward(r, request, servedNames(all[0])[0], all[0]);
+        var usable = all.length === 1 ? servedNames(all[0]).filter(function (name) {
+            return allowed(r, name);
+        }) : [];
+        if (usable.length) {
+            forward(r, request, usable[0], all[0]);
             return;
         }
         sendError(r, 400, 'BadRequestError', 'The request must name a "model".', 'model');
         return;
     }
     var service = serviceOf(model);
-    if (service === null) {
+    if (service === null || !allowed(r, model)) {  // a model it may not use does not exist for it
         noSuchModel(r, model);
         return;
     }
@@ -126,11 +165,37 @@ function servedNames(service) {
 }
 
 function forward(r, request, model, service) {
+    var added = [];
     if (r.variables.kit_usage_on) {
         r.variables.kit_model = model;
-        r.variables.kit_request_body = askUsage(r, request);
+        added = askUsage(r, request);
     }
+    // (`{}` asks for nothing vLLM would run, and would not stay JSON with a key put after it)
+    if (BATCH && isObject(request) && Object.keys(request).length
+        && GENERATIONS.indexOf(r.variables.uri) !== -1) {
+        added.push(PRIORITY[policyOf(r).batch === true ? 1 : 0]);
+    }
+    r.variables.kit_request_body = appended(r.requestBuffer || Buffer.alloc(0), added);
     r.internalRedirect(location(service));
+}
+
+function isObject(value) {
+    return value !== null && typeof value === 'object' && !Array.isArray(value);
+}
+
+// vLLM's priority (lower first among waiting requests): interactive 0, batch 1. Appended last,
+// so a client's own "priority" is replaced (Python's json keeps the last of duplicate keys).
+var GENERATIONS = ['/v1/chat/completions', '/v1/completions'];
+var PRIORITY = [Buffer.from(',"priority":0'), Buffer.from(',"priority":1')];
+
+// The client's bytes with `added` inserted before the object's closing brace: never
+// re-serialised (that could change numbers such as a 64-bit seed).
+function appended(original, added) {
+    if (!added.length) {
+        return original;
+    }
+    var end = original.lastIndexOf('}');
+    return Buffer.concat([original.slice(0, end)].concat(added, [original.slice(end)]));
 }
 
 // ---- the usage ledger (docs/usage.md) ----------------------------------------------------
@@ -164,20 +229,17 @@ function usageAsked(options) {
 var USAGE_ROUTES = ['/v1/chat/completions', '/v1/completions'];
 var ASK_ALL = Buffer.from(',"stream_options":{"include_usage":true,"continuous_usage_stats":true}');
 
-// The body vLLM gets: the client's own bytes; for a stream, the key above appended before the
-// object's closing brace. The client's JSON is never re-serialised (that could change numbers
-// such as a 64-bit seed): vLLM reads the body with Python's json, where the last of two equal
-// keys wins, so the appended stream_options replaces any the client sent.
+// What vLLM gets added to the client's own bytes: for a stream, the key above. vLLM reads the
+// body with Python's json, where the last of two equal keys wins, so the appended
+// stream_options replaces any the client sent.
 function askUsage(r, request) {
-    var original = r.requestBuffer || Buffer.alloc(0);
     r.variables.kit_stream_usage = '';
-    if (request === null || typeof request !== 'object' || Array.isArray(request)
-        || !laxTrue(request.stream) || USAGE_ROUTES.indexOf(r.variables.uri) === -1) {
-        return original;
+    if (!isObject(request) || !laxTrue(request.stream)
+        || USAGE_ROUTES.indexOf(r.variables.uri) === -1) {
+        return [];
     }
-    var end = original.lastIndexOf('}');
     r.variables.kit_stream_usage = usageAsked(request.stream_options);
-    return Buffer.concat([original.slice(0, end), ASK_ALL, original.slice(end)]);
+    return [ASK_ALL];
 }
 
 var USAGE_KEY = Buffer.from('"usage":{');
@@ -488,7 +550,9 @@ function models(r) {
             notReady(r);
             return;
         }
-        sendJson(r, {object: 'list', data: data});
+        sendJson(r, {object: 'list', data: data.filter(function (entry) {
+            return allowed(r, entry.id);
+        })});
     });
 }
 
@@ -496,7 +560,7 @@ function models(r) {
 function model(r) {
     var id = utf8(r.rawVariables.uri).slice('/v1/models/'.length);
     var service = serviceOf(id);
-    if (service === null) {
+    if (service === null || !allowed(r, id)) {
         noSuchModel(r, id);
         return;
     }
@@ -528,5 +592,6 @@ function health(r) {
     });
 }
 
-export default {bearerDigest, credentialDigest, principal, route, models, model, health, prefixKey,
-                adapterName, usageFilter, promptTokens, completionTokens, ttft, doorSeq, doorBoot, usageEnd};
+export default {bearerDigest, credentialDigest, principal, expired, batchName, route, models, model,
+                health, prefixKey, adapterName, usageFilter, promptTokens, completionTokens, ttft,
+                doorSeq, doorBoot, usageEnd};

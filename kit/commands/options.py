@@ -11,6 +11,7 @@ from kit.site_lock import DEFAULT_WAIT_SECONDS
 from kit.spec.model import DEFAULT_SPEC
 
 if TYPE_CHECKING:  # imported when a credential verb runs, not by every verb
+    from kit.credentials.policy import PolicyChange
     from kit.front_door.credential_change import Outcome
     from kit.front_door.reload import Connection
     from kit.layout import SiteLayout
@@ -134,3 +135,94 @@ def report(outcome: "Outcome") -> None:
     click.echo(f"reloaded {outcome.proxy} in place (no restart, running streams continue)")
     for line in outcome.proof:
         click.echo(f"  proven through the front door: {line}")
+
+
+# --------------------------------------------------------------------------- credential policy
+
+CLEARABLE = ("models", "expires", "class", "tokens-per-day", "tokens-per-month",
+             "requests-per-minute")
+policy_options: list[Callable] = [
+    click.option("--models", help="Served model names this credential may use, comma-separated "
+                 "(others are refused as if they did not exist). Default: all."),
+    click.option("--expires", help="Refused from this time on: a date (00:00 UTC that day) or an "
+                 "ISO time."),
+    click.option("--class", "klass", type=click.Choice(["interactive", "batch"]),
+                 help="interactive (default) or batch: batch yields to interactive."),
+    click.option("--tokens-per-day", type=int,
+                 help="Prompt + completion tokens a UTC day (stored; docs/policy.md)."),
+    click.option("--tokens-per-month", type=int,
+                 help="Prompt + completion tokens a UTC month (stored; docs/policy.md)."),
+    click.option("--requests-per-minute", type=int,
+                 help="Requests a minute (stored; docs/policy.md)."),
+]
+clear_option = click.option(
+    "--clear", "clear", multiple=True, type=click.Choice(CLEARABLE),
+    help="Remove that part of the policy (repeatable): models → all, expires → never, class → "
+    "interactive, a limit → none.")
+
+
+def with_policy_options(command: Callable) -> Callable:
+    for option in reversed(policy_options):
+        command = option(command)
+    return command
+
+
+def policy_change(spec: "Spec", values: dict,
+                  clear: tuple[str, ...] | None = None) -> "PolicyChange":
+    """The options given as a checked change (exit 2 naming the option before anything is
+    written); with `clear` (the `set` verbs), one that changes nothing is refused too."""
+    from kit.credentials.policy import (
+        LIMITS,
+        PolicyChange,
+        parse_expiry,
+        parse_limit,
+        parse_models,
+    )
+    from kit.errors import BadInput
+
+    chosen: dict[str, object] = {}
+    if values["models"] is not None:
+        chosen["models"] = parse_models(values["models"], spec.model_names())
+    if values["expires"] is not None:
+        chosen["expires"] = parse_expiry(values["expires"])
+    if values["klass"] is not None:
+        chosen["class"] = values["klass"]
+    for limit in LIMITS:
+        if values[limit] is not None:
+            chosen[limit] = parse_limit(limit, values[limit])
+    if clear is not None and not chosen and not clear:
+        raise BadInput("nothing to change", fix="give a policy option (--models, --expires, "
+                       "--class, --tokens-per-day, …) or --clear FIELD")
+    return PolicyChange(chosen, tuple(field.replace("-", "_") for field in clear or ()))
+
+
+def scheduler_note(change: "PolicyChange") -> None:
+    """The engine's half of a class change is not live: say when it takes effect."""
+    if "class" in change.set or "class" in change.clear:
+        click.echo("note: the door caps batch requests in flight and sends each request's "
+                   "priority now; the services order their queue by it once they run vLLM's "
+                   "priority scheduler: `kit up` renders --scheduling-policy priority (while any "
+                   "credential is batch) and restarts them", err=True)
+
+
+def policy_set_command(group: click.Group, kind: str, what: str) -> None:
+    """`kit keys set` / `kit users set`: change a credential's policy, live."""
+    from kit.credentials.policy import principal, read_policies, shown_policy
+    from kit.front_door.credential_change import set_policy
+
+    @group.command("set", help=f"Change {kind} {what}'s policy, live (options not given stay "
+                   "as they are).")
+    @click.argument("args", nargs=-1, metavar=f"[SPEC] {what}")
+    @with_policy_options
+    @clear_option
+    @offline_option
+    @wait_lock_option
+    def set_command(args: tuple[str, ...], offline: bool, wait_lock: float,
+                    clear: tuple[str, ...], **policy: object) -> None:
+        spec, layout, name, connection = credential_site(args, what, offline)
+        change = policy_change(spec, policy, clear)
+        with credential_holding(spec, layout, f"{kind}s set", wait_lock, offline):
+            outcome = set_policy(spec, layout, kind, name, change, connection)
+        scheduler_note(change)
+        click.echo(f"{kind} {name}: {shown_policy(read_policies(layout), principal(kind, name))}")
+        report(outcome)

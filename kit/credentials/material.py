@@ -16,6 +16,7 @@ from pathlib import Path
 import bcrypt
 import yaml
 
+from kit.credentials.policy import door_module, present_principals, read_policies
 from kit.engine.envfile import env_file_text
 from kit.errors import BadInput
 from kit.files import Output, generated_yaml
@@ -248,7 +249,7 @@ def _user_names(text: str) -> set[str]:
 
 
 def auth_outputs(layout: SiteLayout, users: list[str]) -> AuthFiles:
-    """htpasswd with every spec user and the probe present, keys.map, auth-state.conf.
+    """htpasswd with every spec user and the probe present, keys.map, policy.js, auth-state.conf.
 
     The spec owns the users it lists: a missing one gets a generated password that the caller
     prints once; one dropped from auth.users since the last render is removed (with a new auth
@@ -285,7 +286,9 @@ def auth_outputs(layout: SiteLayout, users: list[str]) -> AuthFiles:
             hashed = hash_password(password)
             htpasswd = htpasswd_with(htpasswd, user, hashed)
             new_passwords.append(NewPassword(user, password, hashed))
-    keys = keys_map(read_keys(layout)).encode()
+    keys_db = read_keys(layout)
+    keys = keys_map(keys_db).encode()
+    principals = present_principals(parse_htpasswd(htpasswd, layout.htpasswd), keys_db)
     unchanged = (
         on_disk == htpasswd.encode() and read_if_present(layout.keys_map) == keys
     )
@@ -294,6 +297,8 @@ def auth_outputs(layout: SiteLayout, users: list[str]) -> AuthFiles:
     outputs += [
         Output(layout.htpasswd.relative_to(rel), htpasswd.encode(), mode, False, group),
         Output(layout.keys_map.relative_to(rel), keys, SECRET, generated=False),
+        Output(layout.policy_js.relative_to(rel), door_module(read_policies(layout), principals),
+               SECRET, generated=False),
         Output(
             layout.auth_state.relative_to(rel), epoch or auth_state().encode(), SECRET,
             generated=False,

@@ -30,6 +30,15 @@ from kit.credentials.material import (
     verify_password,
     worker_readable,
 )
+from kit.credentials.policy import (
+    PolicyChange,
+    check_policy_target,
+    door_module,
+    policies_db,
+    present_principals,
+    principal,
+    read_policies,
+)
 from kit.errors import BadInput
 from kit.files import atomic_write
 from kit.layout import PROBE_USER, SiteLayout
@@ -43,6 +52,8 @@ class Snapshot:
     htpasswd: bytes
     keys_db: bytes
     keys_map: bytes
+    policy_db: bytes
+    policy_js: bytes
 
 
 def _read(path: Path) -> bytes:
@@ -50,7 +61,8 @@ def _read(path: Path) -> bytes:
 
 
 def snapshot(layout: SiteLayout) -> Snapshot:
-    return Snapshot(_read(layout.htpasswd), _read(layout.keys_db), _read(layout.keys_map))
+    return Snapshot(_read(layout.htpasswd), _read(layout.keys_db), _read(layout.keys_map),
+                    _read(layout.policy_db), _read(layout.policy_js))
 
 
 def require_rendered(layout: SiteLayout) -> None:
@@ -67,6 +79,7 @@ class Credentials:
 
     htpasswd: bytes
     keys: dict[str, dict]
+    policies: dict[str, dict] | None = None  # None: as they are
 
 
 def write(layout: SiteLayout, new: Credentials) -> None:
@@ -76,8 +89,12 @@ def write(layout: SiteLayout, new: Credentials) -> None:
     backups.mkdir(mode=0o700, exist_ok=True)
     atomic_write(backups / "htpasswd", before.htpasswd, SECRET)
     atomic_write(backups / "keys.json", before.keys_db, SECRET)
+    atomic_write(backups / "policy.json", before.policy_db, SECRET)
     keys_db = (json.dumps(new.keys, indent=1, sort_keys=True) + "\n").encode()
-    restore(layout, Snapshot(new.htpasswd, keys_db, keys_map(new.keys).encode()))
+    policies = read_policies(layout) if new.policies is None else new.policies
+    present = present_principals(parse_htpasswd(new.htpasswd.decode(), layout.htpasswd), new.keys)
+    restore(layout, Snapshot(new.htpasswd, keys_db, keys_map(new.keys).encode(),
+                             policies_db(policies), door_module(policies, present)))
 
 
 def restore(layout: SiteLayout, files: Snapshot) -> None:
@@ -85,6 +102,11 @@ def restore(layout: SiteLayout, files: Snapshot) -> None:
     mode, group = worker_readable()
     atomic_write(layout.keys_db, files.keys_db, SECRET)
     atomic_write(layout.keys_map, files.keys_map, SECRET)
+    if files.policy_db:
+        atomic_write(layout.policy_db, files.policy_db, SECRET)
+    else:  # there was none: no policy (an empty file would read as a corrupt one)
+        layout.policy_db.unlink(missing_ok=True)
+    atomic_write(layout.policy_js, files.policy_js or door_module({}, set()), SECRET)
     atomic_write(layout.htpasswd, files.htpasswd, mode, group)
     atomic_write(layout.auth_state, auth_state().encode(), SECRET)
 
@@ -136,7 +158,8 @@ def without_user(layout: SiteLayout, user: str, spec_users: list[str]) -> Creden
     if user not in users(layout):
         raise BadInput(f"there is no user {user!r}", fix="see `kit users list`")
     content = htpasswd_without(_read(layout.htpasswd).decode(), user)
-    return Credentials(content.encode(), read_keys(layout))
+    return Credentials(content.encode(), read_keys(layout),
+                       _policies_without(layout, principal("user", user)))
 
 
 def with_new_key(layout: SiteLayout, name: str) -> tuple[str, Credentials]:
@@ -157,4 +180,29 @@ def without_key(layout: SiteLayout, name: str) -> Credentials:
     if name not in keys:
         raise BadInput(f"there is no key named {name!r}", fix="see `kit keys list`")
     del keys[name]
+    return Credentials(_read(layout.htpasswd), keys,
+                       _policies_without(layout, principal("key", name)))
+
+
+def _policies_without(layout: SiteLayout, who: str) -> dict[str, dict]:
+    return {other: entry for other, entry in read_policies(layout).items() if other != who}
+
+
+def with_policy(layout: SiteLayout, new: Credentials, kind: str, name: str, change: PolicyChange,
+                *, fresh: bool) -> Credentials:
+    """`new` with the policy of `kind:name` changed (`fresh`: a new credential, no earlier
+    policy of that name kept)."""
+    check_policy_target(kind, name)
+    policies = read_policies(layout)
+    who = principal(kind, name)
+    policies[who] = change.applied({} if fresh else policies.get(who, {}))
+    return Credentials(new.htpasswd, new.keys, policies)
+
+
+def existing(layout: SiteLayout, kind: str, name: str) -> Credentials:
+    """The files as they are, once `kind:name` is known to exist (`kit keys|users set`)."""
+    keys = read_keys(layout)
+    names = keys if kind == "key" else users(layout)
+    if name not in names:
+        raise BadInput(f"there is no {kind} named {name!r}", fix=f"see `kit {kind}s list`")
     return Credentials(_read(layout.htpasswd), keys)

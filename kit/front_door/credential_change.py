@@ -15,14 +15,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from kit.credentials.policy import PolicyChange
 from kit.credentials.store import (
     Credentials,
     Snapshot,
     check_current,
+    existing,
     restore,
     snapshot,
     with_new_key,
     with_password,
+    with_policy,
     without_key,
     without_user,
 )
@@ -33,14 +36,15 @@ from kit.engine.observe import ContainerState
 from kit.engine.remote_files import deliver
 from kit.engine.url import resolve
 from kit.errors import KitError
-from kit.front_door.client import basic_header
+from kit.front_door.client import basic_header, probe_password
 from kit.front_door.reload import Connection, reload, running_proxy
-from kit.layout import SiteLayout
+from kit.layout import PROBE_USER, SiteLayout
 from kit.site import desired_for
 from kit.site_lock import site_lock
 from kit.spec.model import Spec
 
 OFFLINE = "--offline"
+NO_POLICY = PolicyChange({})
 
 
 @dataclass(frozen=True)
@@ -177,10 +181,13 @@ def live_change(
 
 
 def add_user(
-    spec: Spec, layout: SiteLayout, user: str, password: str, connection: Connection | None
+    spec: Spec, layout: SiteLayout, user: str, password: str, connection: Connection | None,
+    policy: PolicyChange | None = None,
 ) -> Outcome:
+    """A new user (with `policy`), proven by its login."""
     with live_change(spec, layout, connection) as change:
-        change.write(with_password(layout, user, password, must_exist=False))
+        new = with_password(layout, user, password, must_exist=False)
+        change.write(with_policy(layout, new, "user", user, policy or NO_POLICY, fresh=True))
         change.expect(f"login of {user}", basic_header(user, password), 200)
     return change.outcome
 
@@ -208,12 +215,13 @@ def remove_user(
 
 
 def add_key(
-    spec: Spec, layout: SiteLayout, name: str, connection: Connection | None
+    spec: Spec, layout: SiteLayout, name: str, connection: Connection | None,
+    policy: PolicyChange | None = None,
 ) -> tuple[str, Outcome]:
-    """A new key, proven when nginx accepts keys at all (auth.api_keys)."""
+    """A new key (with `policy`), proven when nginx accepts keys at all (auth.api_keys)."""
     with live_change(spec, layout, connection) as change:
         key, new = with_new_key(layout, name)
-        change.write(new)
+        change.write(with_policy(layout, new, "key", name, policy or NO_POLICY, fresh=True))
         if spec.auth.api_keys:
             change.expect(f"key {name}", f"Bearer {key}", 200)
     return key, change.outcome
@@ -224,4 +232,18 @@ def revoke_key(
 ) -> Outcome:
     with live_change(spec, layout, connection) as change:
         change.write(without_key(layout, name))
+    return change.outcome
+
+
+def set_policy(
+    spec: Spec, layout: SiteLayout, kind: str, name: str, policy: PolicyChange,
+    connection: Connection | None,
+) -> Outcome:
+    """Change the policy of key or user `name`: live once nginx's new workers (all of them: the
+    reload waits until no old one accepts) compiled it, proven by kit's probe still let in."""
+    with live_change(spec, layout, connection) as change:
+        change.write(with_policy(layout, existing(layout, kind, name), kind, name, policy,
+                                 fresh=False))
+        change.expect("the front door with the new policy",
+                      basic_header(PROBE_USER, probe_password(layout)), 200)
     return change.outcome

@@ -109,6 +109,7 @@ class ServicePlan:
 
 
 MAX_WORKER_CONNECTIONS = 65536
+SCHEDULING_POLICY = "--scheduling-policy"  # vLLM 0.33: fcfs (its default) or priority
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,9 @@ class NginxPlan:
     failed_logins_per_ip: int
     max_connections_per_ip: int
     api_keys: bool
+    # A batch credential's requests in flight (docs/policy.md): half the smallest service's
+    # slots, so batch never holds every running slot (vLLM does not preempt running requests).
+    batch_in_flight: int
     verifier_port: int = VERIFIER_PORT
     bcrypt_port: int = BCRYPT_PORT
     healthz_port: int = HEALTHZ_PORT
@@ -277,8 +281,10 @@ class Plan:
         return ["/bin/sh", "-c", f"{self.acme.watch} & exec {shlex.join(run)}"]
 
 
-def build_plan(spec: Spec) -> Plan:
-    services = [_service_plan(spec, service) for service in spec.services]
+def build_plan(spec: Spec, *, priority_scheduling: bool = False) -> Plan:
+    """`priority_scheduling`: some credential is batch (docs/policy.md), so every service runs
+    vLLM's priority scheduler, which orders waiting requests by the priority the door sets."""
+    services = [_service_plan(spec, service, priority_scheduling) for service in spec.services]
     streams = sum(s.streams for s in services)
     # Each stream holds a client and an upstream connection; leave room for queued clients.
     worker_connections = min(MAX_WORKER_CONNECTIONS, max(4096, _next_power_of_two(streams * 4)))
@@ -312,6 +318,7 @@ def build_plan(spec: Spec) -> Plan:
                 min(MAX_CONNECTIONS_PER_IP, streams * CONNECTIONS_PER_SLOT),
             ),
             api_keys=spec.auth.api_keys,
+            batch_in_flight=max(1, min(s.streams for s in services) // 2),
         ),
         tls_mode=spec.tls.mode,
         metrics=metrics_network(spec.site, spec.observability.subnet),
@@ -343,7 +350,7 @@ def model_is_local(spec: Spec, model: str) -> bool:
     return "/" not in model or (spec.models_root / model).is_dir()
 
 
-def _service_plan(spec: Spec, service) -> ServicePlan:
+def _service_plan(spec: Spec, service, priority_scheduling: bool = False) -> ServicePlan:
     pinned = pinned_relative(service)  # a pinned model is served from its pulled folder
     is_local = pinned is not None or model_is_local(spec, service.model)
     # The capacity model covers one tensor-parallel group on one server.
@@ -379,6 +386,9 @@ def _service_plan(spec: Spec, service) -> ServicePlan:
     if len(replicas) > 1:
         command += ["--shutdown-timeout", str(REPLICA_SHUTDOWN_TIMEOUT)]
         grace = REPLICA_SHUTDOWN_TIMEOUT + 10
+    if priority_scheduling and not any(arg.startswith(SCHEDULING_POLICY)
+                                       for arg in service.extra_args):  # the operator's wins
+        command += [SCHEDULING_POLICY, "priority"]
     lora, downloads = _lora_args(spec, service)
     command += ["--port", str(VLLM_PORT), *histogram_args(service_slo(service)), *lora,
                 *service.extra_args]

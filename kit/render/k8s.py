@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from kit.credentials.material import NGINX_GID
+from kit.credentials.policy import batch_in_use, door_module
 from kit.engine.desired import PROXY_SERVICE as NGINX_SERVICE
 from kit.engine.desired import VERIFIER_SERVICE
 from kit.errors import BadInput
@@ -25,6 +26,7 @@ from kit.files import (
     hand_edits,
     manifest_content,
     pending_changes,
+    read_existing,
     read_manifest,
     recover,
     write_failure,
@@ -82,6 +84,7 @@ class Credentials:
     htpasswd: bytes
     keys_map: bytes
     auth_state: bytes
+    policy_js: bytes
     server_crt: bytes
     server_key: bytes
 
@@ -100,7 +103,10 @@ class Credentials:
                 "the export carries the same credentials into the cluster",
             )
         try:
-            return cls(**{key: path.read_bytes() for key, path in paths.items()})
+            files = {key: path.read_bytes() for key, path in paths.items()}
+            # none before kit had policies (the next credential change or render writes it)
+            policy = read_existing(layout.policy_js) or door_module({}, set())
+            return cls(**files, policy_js=policy)
         except OSError as error:
             raise BadInput(f"cannot read {error.filename}: {error.strerror}",
                            fix="run kit as the user that owns the site folder") from None
@@ -368,7 +374,8 @@ def _front_door(plan: Plan, namespace: str, credentials: Credentials, spec_name:
         "kit-routes.js": compose_files["nginx/kit-routes.js"],
     })
     keys = _secret(f"{FRONT_DOOR}-keys", namespace, nginx_labels, {
-        "keys.map": credentials.keys_map, "auth-state.conf": credentials.auth_state})
+        "keys.map": credentials.keys_map, "auth-state.conf": credentials.auth_state,
+        "policy.js": credentials.policy_js})
     tls = _secret(f"{FRONT_DOOR}-tls", namespace, nginx_labels, {
         "tls.crt": credentials.server_crt, "tls.key": credentials.server_key},
         "kubernetes.io/tls")
@@ -376,7 +383,8 @@ def _front_door(plan: Plan, namespace: str, credentials: Credentials, spec_name:
         ("ConfigMap", FRONT_DOOR, {"nginx.conf": "nginx.conf", "kit.js": "kit.js",
                                    "kit-routes.js": "kit-routes.js"}),
         ("Secret", f"{FRONT_DOOR}-keys", {"keys.map": "auth/keys.map",
-                                          "auth-state.conf": "auth/auth-state.conf"}),
+                                          "auth-state.conf": "auth/auth-state.conf",
+                                          "policy.js": "auth/policy.js"}),
         ("Secret", f"{FRONT_DOOR}-tls", {"tls.crt": "tls/server.crt",
                                          "tls.key": "tls/server.key"}),
     ])
@@ -759,7 +767,7 @@ def export_site(site: Site, out: Path, *, namespace: str | None, force: bool) ->
     """`kit export k8s`: the manifests written into `out` as one transaction, hand edits kept
     unless `force` (the same rules as `kit render`, with the state in out/.kit-export)."""
     spec = site.spec
-    plan = build_plan(spec)
+    plan = build_plan(spec, priority_scheduling=batch_in_use(site.layout))
     result = export(plan, Credentials.read(site.layout), namespace=namespace or spec.site,
                     service_type=spec.kubernetes.service_type, spec_name=site.spec_path.name)
     state_dir = out / STATE_DIR

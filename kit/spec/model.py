@@ -524,6 +524,10 @@ class Spec(StrictModel):
     # An air-gapped server: nothing kit starts may reach the Internet (docs/offline.md).
     offline: bool = False
 
+    def model_names(self) -> list[str]:
+        """Every name clients may ask for as `model`: served names and LoRA adapters."""
+        return [name for s in self.services for name in (s.api_name, *(a.name for a in s.adapters))]
+
     def service(self, name: str) -> Service:
         for service in self.services:
             if service.name == name:

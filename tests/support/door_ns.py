@@ -10,6 +10,7 @@ usage spool are files under the work folder, so a test reads what nginx wrote.
 from __future__ import annotations
 
 import ctypes
+import http.server
 import json
 import os
 import re
@@ -19,6 +20,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -68,6 +70,37 @@ class Door:
         self.standin.wait(timeout=10)
         self.standin = self.new_standin()
         _wait_port(self, VLLM_PORT, self.standin)
+
+    @contextmanager
+    def upstream_bodies(self) -> Iterator[list[bytes]]:
+        """The stand-in replaced, for the block, by a server that records each body nginx sends
+        upstream (what vLLM would read) and answers 200 `{}`; the stand-in back afterwards."""
+        bodies: list[bytes] = []
+
+        class Recorder(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *_: object) -> None:
+                pass
+
+        self.standin.terminate()
+        self.standin.wait(timeout=10)
+        with self.inside():
+            recorder = http.server.ThreadingHTTPServer(("127.0.0.1", VLLM_PORT), Recorder)
+        thread = threading.Thread(target=recorder.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield bodies
+        finally:
+            recorder.shutdown()
+            recorder.server_close()
+            self.restart_standin()
 
     @property
     def spool(self) -> Path:

@@ -5,6 +5,7 @@ change, effective at the next `kit up`; bad names and corrupt files → exit 2."
 
 import base64
 import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,11 +14,18 @@ import bcrypt
 import pytest
 
 from kit.credentials import store as credential_files
+from kit.credentials.policy import PolicyChange
 from kit.credentials.store import snapshot, users
 from kit.engine.desired import PROXY_SERVICE, load_desired
 from kit.engine.observe import read_proxy_loaded
 from kit.errors import BadInput, ExitCode, KitError
-from kit.front_door.credential_change import add_key, add_user, revoke_key, rotate_password
+from kit.front_door.credential_change import (
+    add_key,
+    add_user,
+    revoke_key,
+    rotate_password,
+    set_policy,
+)
 from kit.front_door.reload import Connection
 from kit.layout import SiteLayout
 from kit.plan.build import NGINX_TEST
@@ -324,3 +332,42 @@ def test_cli_users_add_without_a_terminal_generates_and_prints_the_password(
     password = result.output.split("password for dave: ")[1].split()[0]
     hashed = users(SiteLayout(rendered))["dave"]
     assert bcrypt.checkpw(password.encode(), hashed.encode())
+
+
+def policy_files(layout: SiteLayout) -> dict[str, bytes | None]:
+    return {path.name: path.read_bytes() if path.exists() else None
+            for path in (layout.policy_db, layout.policy_js)}
+
+
+def test_a_policy_change_is_reloaded_and_proven(live: Live) -> None:
+    change = PolicyChange({"models": ["llama-3.1-8b"], "class": "batch"})
+    outcome = set_policy(live.spec, live.layout, "key", "bot", change, live.connection())
+    assert outcome.proof[0].startswith("the front door with the new policy: 200 after")
+    assert live.reloads() == RELOADS
+    assert json.loads(live.layout.policy_db.read_text()) == {
+        "key:bot": {"class": "batch", "models": ["llama-3.1-8b"]}}
+    assert '"key:bot"' in live.layout.policy_js.read_text()
+
+
+@pytest.mark.parametrize("point", FAILURES)
+def test_a_failed_policy_change_restores_the_policy(live: Live, point: str) -> None:
+    set_policy(live.spec, live.layout, "key", "bot", PolicyChange({"class": "batch"}),
+               live.connection())
+    live.engine.calls.clear()
+    provoke, message, calls = FAILURES[point]
+    provoke(live)
+    before = policy_files(live.layout)
+    with pytest.raises(KitError) as failed:
+        set_policy(live.spec, live.layout, "key", "bot", PolicyChange({}, ("class",)),
+                   live.connection())
+    assert message in failed.value.message
+    assert policy_files(live.layout) == before
+    assert live.reloads() == calls
+
+
+def test_revoking_a_key_drops_its_policy(live: Live) -> None:
+    set_policy(live.spec, live.layout, "key", "bot", PolicyChange({"class": "batch"}),
+               live.connection())
+    revoke_key(live.spec, live.layout, "bot", live.connection())
+    assert not live.layout.policy_db.exists() or "bot" not in live.layout.policy_db.read_text()
+    assert "bot" not in live.layout.policy_js.read_text()

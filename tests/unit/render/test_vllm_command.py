@@ -50,10 +50,14 @@ def _documents(path: Path) -> list[dict]:
 
 
 def _every_option_site(site: Path) -> list[dict]:
-    """The base site with every option on, rendered: its compose file and worker node's."""
+    """The base site with every option on and a batch credential, rendered: its compose file
+    and worker node's."""
     write_adapter(site.parent / "models" / "tuned-lora", base="llama-8b")
     spec = enable(site, OBSERVABILITY, EVERY_OPTION + MULTI_NODE.replace("gpus: [0, 1]",
                                                                          "gpus: [6, 7]"))
+    assert run_kit("render", spec).exit_code == 0
+    batch = run_kit("keys", "add", spec, "nightly", "--class", "batch", "--offline")
+    assert batch.exit_code == 0, batch.output  # so --scheduling-policy is rendered too
     result = run_kit("render", spec)
     assert result.exit_code == 0, result.output
     return [*_documents(site / "compose" / "docker-compose.yml"),

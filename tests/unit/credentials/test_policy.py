@@ -1,0 +1,156 @@
+"""Per-credential policy as the operator sets and reads it (docs/policy.md): every bad value is
+exit 2 naming the option and writes nothing; the policy file is 0600 beside the key digests;
+what the door reads holds only credentials that exist; `list` shows each credential's policy."""
+
+import datetime as dt
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from kit.credentials.policy import door_module, parse_expiry, read_policies, shown_policy
+from kit.errors import BadInput
+from kit.layout import SiteLayout
+from tests.support.adapters import write_adapter
+from tests.support.cli import run_kit
+from tests.support.sites import tree
+
+NOW = dt.datetime(2026, 12, 2, 5, 0, tzinfo=dt.UTC)
+
+
+@pytest.fixture
+def spec(site: Path) -> Path:
+    spec = site / "site.yaml"
+    assert run_kit("render", spec).exit_code == 0
+    assert run_kit("keys", "add", spec, "bot", "--offline").exit_code == 0
+    return spec
+
+
+@pytest.mark.parametrize(("text", "instant"), [
+    ("2027-01-31", "2027-01-31T00:00:00Z"),
+    ("2027-01-31T18:00:00+01:00", "2027-01-31T17:00:00Z"),
+    ("2027-01-31T18:00", "2027-01-31T18:00:00Z"),
+])
+def test_an_expiry_is_an_instant_in_utc(text: str, instant: str) -> None:
+    assert parse_expiry(text, NOW) == instant
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--models", "Llama-3.1-8b"], "the site serves no model named 'Llama-3.1-8b'"),
+    (["--models", "llama-3.1-8b,"], "lists an empty name"),
+    (["--models", "x\"};"], "the site serves no model named"),
+    (["--expires", "2020-01-01"], "is in the past"),
+    (["--expires", "next tuesday"], "is not a date or time"),
+    (["--tokens-per-day", "0"], "--tokens-per-day 0 is out of range"),
+    (["--requests-per-minute", "-5"], "--requests-per-minute -5 is out of range"),
+])
+@pytest.mark.parametrize("verb", ["add", "set"])
+def test_bad_input_is_refused_and_writes_nothing(spec: Path, args: list[str], says: str,
+                                                 verb: str) -> None:
+    before = tree(spec.parent)
+    result = run_kit("keys", verb, spec, "ci" if verb == "add" else "bot", "--offline", *args)
+    assert result.exit_code == 2, result.output
+    assert says in result.output and "fix:" in result.output
+    assert tree(spec.parent) == before
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["keys", "set", "{spec}", "bot", "--offline"], "nothing to change"),
+    (["keys", "set", "{spec}", "bot", "--offline", "--class", "batch", "--clear", "class"],
+     "class is both set and cleared"),
+    (["keys", "set", "{spec}", "nobody", "--offline", "--class", "batch"],
+     "there is no key named 'nobody'"),
+    (["users", "set", "{spec}", "nobody", "--offline", "--class", "batch"],
+     "there is no user named 'nobody'"),
+    (["users", "set", "{spec}", "kit-probe", "--offline", "--class", "batch"],
+     "kit's probe identity"),
+    (["keys", "set", "{spec}", "bot", "--offline", "--class", "bulk"], "'bulk' is not one of"),
+])
+def test_what_cannot_be_set_is_refused(spec: Path, args: list[str], says: str) -> None:
+    before = tree(spec.parent)
+    result = run_kit(*[str(spec) if arg == "{spec}" else arg for arg in args])
+    assert result.exit_code == 2, result.output
+    assert says in result.output
+    assert tree(spec.parent) == before
+
+
+def test_set_changes_what_it_is_given_and_list_shows_it(spec: Path) -> None:
+    layout = SiteLayout(spec.parent)
+    assert run_kit("keys", "set", spec, "bot", "--offline", "--models", "llama-3.1-8b",
+                   "--class", "batch", "--tokens-per-day", "2000000").exit_code == 0
+    assert run_kit("keys", "set", spec, "bot", "--offline", "--expires", "2099-01-31",
+                   "--clear", "class").exit_code == 0
+    assert read_policies(layout) == {"key:bot": {
+        "models": ["llama-3.1-8b"], "tokens_per_day": 2000000,
+        "expires": "2099-01-31T00:00:00Z"}}
+    assert stat.S_IMODE(layout.policy_db.stat().st_mode) == 0o600
+    assert stat.S_IMODE(layout.policy_js.stat().st_mode) == 0o600
+    listed = run_kit("keys", "list", spec).output
+    assert ("class interactive  models llama-3.1-8b  expires 2099-01-31T00:00:00Z  "
+            "tokens-per-day 2000000") in listed
+    assert run_kit("keys", "set", spec, "bot", "--offline", "--clear", "models", "--clear",
+                   "expires", "--clear", "tokens-per-day").exit_code == 0
+    assert read_policies(layout) == {}
+    assert "class interactive  models all  expires never" in run_kit("keys", "list", spec).output
+
+
+def test_a_lora_adapter_is_a_model_a_credential_may_be_given(site: Path) -> None:
+    """Adapters are models clients ask for (docs/adapters.md): the list takes their names."""
+    spec = site / "site.yaml"
+    write_adapter(site.parent / "models" / "support", base="llama-8b")
+    spec.write_text(spec.read_text().replace(
+        "    max_num_seqs: 64\n", "    max_num_seqs: 64\n"
+        "    adapters: [{name: support-v3, path: support}]\n", 1))
+    assert run_kit("render", spec).exit_code == 0
+    added = run_kit("keys", "add", spec, "helpdesk", "--offline", "--models", "support-v3")
+    assert added.exit_code == 0, added.output
+    assert "models support-v3" in run_kit("keys", "list", spec).output
+
+
+def test_a_user_gets_a_policy_when_added(spec: Path) -> None:
+    added = run_kit("users", "add", spec, "ann", "--password-stdin", "--offline", "--class",
+                    "batch", stdin="a-long-enough-password-7\n")
+    assert added.exit_code == 0, added.output
+    assert "ann\tadded\tclass batch  models all" in run_kit("users", "list", spec).output
+    assert run_kit("users", "remove", spec, "ann", "--offline").exit_code == 0
+    assert read_policies(SiteLayout(spec.parent)) == {}
+
+
+def test_the_door_reads_only_credentials_that_exist() -> None:
+    policies = {"user:gone": {"class": "batch"}, "key:bot": {"models": ["m"],
+                                                             "expires": "2027-01-31T00:00:00Z"}}
+    module = door_module(policies, {"key:bot", "user:ops"}).decode()
+    body = json.loads(module.split("export default ", 1)[1].rstrip().rstrip(";"))
+    assert body == {"key:bot": {"models": {"m": True}, "expires": 1801353600000}}
+
+
+def test_an_expired_credential_says_so_in_the_list() -> None:
+    policies = {"key:bot": {"expires": "2026-12-01T00:00:00Z"}}
+    assert "expires 2026-12-01T00:00:00Z (EXPIRED: refused)" in shown_policy(
+        policies, "key:bot", NOW)
+
+
+def test_a_corrupt_policy_file_is_named_with_its_way_out(spec: Path) -> None:
+    layout = SiteLayout(spec.parent)
+    layout.policy_db.write_text('{"key:bot": {"models": ["a\\"b"]}}')
+    with pytest.raises(BadInput) as refused:
+        read_policies(layout)
+    assert str(layout.policy_db) in refused.value.message
+    assert "backup" in refused.value.fix
+
+
+def test_a_batch_credential_renders_the_priority_scheduler(spec: Path) -> None:
+    """While any credential is batch, every service runs vLLM's priority scheduler (at the next
+    render and `kit up`, as the command says); and the door caps batch at half the slots."""
+    compose = spec.parent / "compose" / "docker-compose.yml"
+    assert "--scheduling-policy" not in compose.read_text()
+    made_batch = run_kit("keys", "set", spec, "bot", "--offline", "--class", "batch")
+    assert "`kit up` renders --scheduling-policy priority" in made_batch.output
+    assert run_kit("render", spec).exit_code == 0
+    assert '"--scheduling-policy", "priority"' in compose.read_text()
+    nginx_conf = (spec.parent / "nginx" / "nginx.conf").read_text()
+    assert "limit_conn kit_batch_in_flight 32;" in nginx_conf
+    assert run_kit("keys", "set", spec, "bot", "--offline", "--clear", "class").exit_code == 0
+    assert run_kit("render", spec).exit_code == 0
+    assert "--scheduling-policy" not in compose.read_text()

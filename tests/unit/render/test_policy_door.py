@@ -1,0 +1,221 @@
+"""Per-credential policy at the real nginx + njs door (docs/policy.md), before the vLLM stand-in,
+without Docker: a model a credential may not use does not exist for it on every route (the same
+404 as an unknown model, and missing from /v1/models), with the body parsed once, by the parse
+the routing uses (duplicate keys: the last wins, as in vLLM's json; names compared exactly); an
+expired credential gets the 401 a wrong one gets, with no reload, and a policy change reaches
+every worker with the reload credential changes use.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from kit.credentials.policy import PolicyChange
+from kit.credentials.store import existing, with_policy, write
+from kit.front_door.client import basic_header
+from kit.layout import SiteLayout
+from kit.render.site_files import render_site
+from kit.site import Site
+from tests.support import nginx_ns
+from tests.support.cli import run_kit
+from tests.support.door_ns import Door, serving_door
+from tests.support.raw_http import RawReply
+from tests.support.raw_http import request as raw_request
+from tests.support.sites import base_site
+
+pytestmark = pytest.mark.skipif(nginx_ns.available() is not None,
+                                reason=str(nginx_ns.available()))
+
+SERVED = "llama-3.1-8b"
+HOST = "llm.test.internal"
+PASSWORD = "a-long-enough-password-41"
+ROUTES = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "Hi"}],
+                                   "max_tokens": 2},
+          "/v1/completions": {"prompt": "Hi", "max_tokens": 2},
+          "/v1/embeddings": {"input": "Hi"}}
+
+
+@dataclass
+class PolicyDoor:
+    door: Door
+    layout: SiteLayout
+    keys: dict[str, str]  # name → the key
+
+
+def add_key(spec: Path, name: str, *options: str) -> str:
+    added = run_kit("keys", "add", spec, name, "--offline", *options)
+    assert added.exit_code == 0, added.output
+    return added.output.split(f"key {name}: ")[1].split()[0]
+
+
+def set_policy(layout: SiteLayout, kind: str, name: str, **fields: object) -> None:
+    """A policy written as `kit keys|users set` writes it, with values the CLI would refuse
+    (a model the site no longer serves, an expiry seconds away)."""
+    write(layout, with_policy(layout, existing(layout, kind, name), kind, name,
+                              PolicyChange(fields), fresh=False))
+
+
+@pytest.fixture(scope="module")
+def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PolicyDoor]:
+    root = tmp_path_factory.mktemp("policy")
+    spec = base_site(root) / "site.yaml"
+    render_site(Site.load(spec))
+    layout = SiteLayout(spec.parent)
+    keys = {"all": add_key(spec, "all"),
+            "listed": add_key(spec, "listed", "--models", SERVED, "--class", "batch"),
+            "narrow": add_key(spec, "narrow"),
+            "soon": add_key(spec, "soon")}
+    added = run_kit("users", "add", spec, "ann", "--password-stdin", "--offline",
+                    stdin=PASSWORD + "\n")
+    assert added.exit_code == 0, added.output
+    set_policy(layout, "key", "narrow", models=["retired-model"])
+    set_policy(layout, "user", "ann", models=["retired-model"])
+    (root / "work").mkdir()
+    with serving_door(spec.parent / "nginx", root / "work", ["llama8b"],
+                      root / "models" / "llama-8b", SERVED, HOST, verifier=True,
+                      STANDIN_TOKEN_INTERVAL_MS="5", STANDIN_LOAD_SECONDS="0.1") as serving:
+        yield PolicyDoor(serving, layout, keys)
+
+
+def send(door: PolicyDoor, method: str, path: str, who: str, body: bytes = b"") -> RawReply:
+    authorization = basic_header("ann", PASSWORD) if who == "ann" else f"Bearer {door.keys[who]}"
+    headers = [("Authorization", authorization), ("Content-Type", "application/json")]
+    return door.door.exchange(raw_request(method, path, HOST, headers, body))
+
+
+def unknown_model(door: PolicyDoor, path: str, model: str) -> RawReply:
+    """What an unrestricted key gets for a model the site does not serve, named `model`."""
+    reply = send(door, "POST", path, "all", json.dumps({**ROUTES[path], "model": "x-none"})
+                 .encode())
+    assert reply.status == 404, reply.body
+    return RawReply(404, reply.headers, reply.body.replace(b"x-none", model.encode()))
+
+
+@pytest.mark.parametrize("path", sorted(ROUTES))
+@pytest.mark.parametrize("who", ["narrow", "ann"])
+def test_a_model_not_on_the_list_does_not_exist(door: PolicyDoor, path: str, who: str) -> None:
+    body = json.dumps({**ROUTES[path], "model": SERVED}).encode()
+    refused = send(door, "POST", path, who, body)
+    expected = unknown_model(door, path, SERVED)
+    assert (refused.status, refused.body) == (expected.status, expected.body)
+    assert refused.headers["content-type"] == expected.headers["content-type"]
+    if path != "/v1/embeddings":  # the generative stand-in has no embeddings route
+        for allowed in ("all", "listed"):
+            assert send(door, "POST", path, allowed, body).status == 200
+
+
+@pytest.mark.parametrize("who", ["narrow", "ann"])
+def test_models_lists_only_what_the_credential_may_use(door: PolicyDoor, who: str) -> None:
+    for allowed in ("all", "listed"):
+        listed = json.loads(send(door, "GET", "/v1/models", allowed).body)
+        assert [entry["id"] for entry in listed["data"]] == [SERVED]
+        one = send(door, "GET", f"/v1/models/{SERVED}", allowed)
+        assert one.status == 200 and json.loads(one.body)["id"] == SERVED
+    refused = send(door, "GET", "/v1/models", who)
+    assert refused.status == 200 and json.loads(refused.body) == {"object": "list", "data": []}
+    hidden = send(door, "GET", f"/v1/models/{SERVED}", who)
+    unknown = send(door, "GET", "/v1/models/x-none", "all")
+    assert (hidden.status, hidden.body) == (404, unknown.body.replace(b"x-none", SERVED.encode()))
+
+
+@pytest.mark.parametrize("body", [
+    b'{"model": "llama-3.1-8b", "model": "retired-model", "prompt": "Hi", "max_tokens": 2}',
+    b'{"model": "retired-model", "model": "llama-3.1-8b", "prompt": "Hi", "max_tokens": 2}',
+    b'{"mod\\u0065l": "llama-3.1-8b", "model": "llama-3.1-8b", "prompt": "Hi", "max_tokens": 2}',
+    b'{"model": "llama-3.1-8\\u0062", "prompt": "Hi", "max_tokens": 2}',
+    b'{"model": "Llama-3.1-8b", "prompt": "Hi", "max_tokens": 2}',
+    b'{"model": "LLAMA-3.1-8B", "prompt": "Hi", "max_tokens": 2}',
+    b'{"model": "llama-3.1-8b ", "prompt": "Hi", "max_tokens": 2}',
+    b'{"prompt": "Hi", "max_tokens": 2}',
+], ids=["dup-last-retired", "dup-last-served", "escaped-key", "escaped-value", "case",
+        "upper", "space", "no-model"])
+def test_no_spelling_of_the_body_crosses_the_list(door: PolicyDoor, body: bytes) -> None:
+    """The narrow key is refused whatever the spelling; what the door routes for the
+    unrestricted key is what vLLM (Python's json: last duplicate wins) reads."""
+    narrow = send(door, "POST", "/v1/completions", "narrow", body)
+    assert narrow.status in (400, 404), narrow.body
+    served = json.loads(body).get("model", SERVED) == SERVED
+    assert send(door, "POST", "/v1/completions", "all", body).status == (200 if served else 404)
+
+
+def test_an_expired_credential_is_refused_like_a_wrong_one(door: PolicyDoor) -> None:
+    """An expiry 2 s ahead, made live by a reload: the key works until then and gets the
+    wrong key's 401 (body and WWW-Authenticate) from the first request after, on every
+    worker, without another reload."""
+    assert send(door, "GET", "/v1/models", "soon").status == 200
+    expires = dt.datetime.now(dt.UTC).replace(microsecond=0) + dt.timedelta(seconds=3)
+    set_policy(door.layout, "key", "soon", expires=expires.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    conf = door.layout.nginx_dir / "nginx.conf"
+    door.door.reload(conf, conf.read_text())
+    assert time.time() < expires.timestamp() - 0.5, "the reload took too long to tell"
+    assert send(door, "GET", "/v1/models", "soon").status == 200
+    while time.time() < expires.timestamp():
+        time.sleep(0.05)
+    wrong = door.door.exchange(raw_request("GET", "/v1/models", HOST,
+                                           [("Authorization", "Bearer sk-kit-wrong")]))
+    for _ in range(2 * len(door.door.workers())):  # fresh connections: several workers
+        refused = send(door, "GET", "/v1/models", "soon")
+        assert (refused.status, refused.body) == (401, wrong.body)
+        assert refused.headers["www-authenticate"] == wrong.headers["www-authenticate"]
+    assert send(door, "GET", "/v1/models", "all").status == 200
+
+
+@contextmanager
+def allowed_for_ann(door: PolicyDoor, needed: bool) -> Iterator[None]:
+    """The Basic user may use the model for the block (its list is put back after)."""
+    conf = door.layout.nginx_dir / "nginx.conf"
+    if needed:
+        set_policy(door.layout, "user", "ann", models=[SERVED])
+        door.door.reload(conf, conf.read_text())
+    try:
+        yield
+    finally:
+        if needed:
+            set_policy(door.layout, "user", "ann", models=["retired-model"])
+            door.door.reload(conf, conf.read_text())
+
+
+@pytest.mark.parametrize(("who", "priority"), [("all", 0), ("listed", 1), ("ann", 0)])
+@pytest.mark.parametrize("body", [
+    {"model": SERVED, "prompt": "Hi", "max_tokens": 2},
+    {"model": SERVED, "prompt": "Hi", "max_tokens": 2, "priority": -100},
+    {"model": SERVED, "prompt": "Hi", "max_tokens": 2, "stream": True, "priority": -1},
+], ids=["plain", "own-priority", "stream"])
+def test_with_a_batch_credential_every_generation_says_its_class(
+        door: PolicyDoor, who: str, priority: int, body: dict) -> None:
+    """The site has a batch key, so vLLM reads `priority` 1 from it and 0 from the others —
+    whatever the client sent (the door's key is the last, and Python's json keeps the last);
+    the client's bytes come first, unchanged."""
+    sent = json.dumps(body).encode()
+    with door.door.upstream_bodies() as bodies, allowed_for_ann(door, who == "ann"):
+        assert send(door, "POST", "/v1/completions", who, sent).status == 200
+    (upstream,) = bodies
+    assert upstream.startswith(sent[:-1]) and upstream.endswith(f',"priority":{priority}}}'
+                                                                .encode())
+    assert json.loads(upstream)["priority"] == priority
+
+
+def test_an_empty_object_goes_upstream_as_it_came(door: PolicyDoor) -> None:
+    """Nothing to run, nothing to say: `{}` is not made into `{,"priority":0}` (vLLM then
+    answers its own 400 for the missing fields)."""
+    with door.door.upstream_bodies() as bodies:
+        assert send(door, "POST", "/v1/completions", "all", b" { } ").status == 200
+    assert bodies == [b" { } "]
+
+
+def test_a_batch_credential_never_holds_every_slot(door: PolicyDoor) -> None:
+    """The base site's service has 64 slots: a batch key gets 32 streams at once, the 8 more
+    it asks for get 429 at the door; an interactive key gets all 40."""
+    streams = ("--model", SERVED, "--streams", "40", "--tokens", "1000")
+    batch = door.door.load("--auth", f"Bearer {door.keys['listed']}", *streams)
+    assert (batch["ok"], batch["failures"]) == (32, {"status 429": 8}), batch
+    interactive = door.door.load("--auth", f"Bearer {door.keys['all']}", *streams)
+    assert interactive["ok"] == 40, interactive
