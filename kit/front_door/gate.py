@@ -125,6 +125,11 @@ def proof_request(task: str, api_name: str) -> tuple[str, dict]:
                                     "messages": [{"role": "user", "content": "Say OK."}]}
 
 
+def answer_check_name(api_name: str, task: str) -> str:
+    """The gate's name for a model's answer check (`chat X`, `embed X`), run or skipped."""
+    return f"{'embed' if task == EMBED else 'chat'} {api_name}"
+
+
 def proof_detail(task: str, answer: dict) -> str:
     """What the answer shows; KeyError, IndexError or TypeError when it lacks PROOF_PARTS."""
     if task == EMBED:
@@ -154,8 +159,7 @@ class Gate(DoorClient):
         awake = [s for s in services if s.name not in asleep]
         checks += [self.answer(s.api_name, s.task) for s in awake]
         checks += [self.stream(s.api_name) for s in awake if s.task == GENERATE]
-        checks += [Check(f"{'embed' if s.task == EMBED else 'chat'} {s.api_name}", True,
-                         ASLEEP_SKIP, skipped=True)
+        checks += [Check(answer_check_name(s.api_name, s.task), True, ASLEEP_SKIP, skipped=True)
                    for s in services if s.name in asleep]
         checks += [self.metrics_need_auth(s.name) for s in services]
         checks += [self.side_door_closed(method, path) for method, path in SIDE_DOORS]
@@ -337,7 +341,7 @@ class Gate(DoorClient):
     def answer(self, api_name: str, task: str) -> Check:
         """One real answer of the model: a 1-token chat completion, or an embedding."""
         path, body = proof_request(task, api_name)
-        name = f"{'embed' if task == EMBED else 'chat'} {api_name}"
+        name = answer_check_name(api_name, task)
 
         def run() -> Check:
             reply = self.fetch("POST", path, body=body, credentials=self.credentials)
