@@ -16,6 +16,7 @@ MODEL_REF = r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$"
 # a Hub revision: a 40-hex commit, or a branch or tag name (resolved to a commit by `kit lock`)
 REVISION = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 COMMIT = r"^[0-9a-f]{40}$"
+SHA256 = r"^[0-9a-f]{64}$"  # a file's digest, as sha256sum prints it
 USER_NAME = r"^[a-z][a-z0-9._-]{0,31}$"  # auth.users, `kit users`, `kit keys` names
 IMAGE_REF = r"^[a-z0-9][a-z0-9._/:-]*(@sha256:[a-f0-9]{64})?$"
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"

@@ -6,7 +6,6 @@ vLLM checks none of this before a request for the adapter arrives: a wrong base 
 file is found by the first client, on every replica. Here it is found before anything starts.
 """
 
-import hashlib
 import json
 from dataclasses import dataclass, field, replace
 from functools import cache
@@ -16,6 +15,7 @@ from kit.plan.capacity import LoraSlots
 from kit.plan.modelinfo import read_safetensors_header
 from kit.spec.model import Adapter, Service
 from kit.spec.vllm_flags import choices, flag_table, flag_uses
+from kit.weights.verify import file_sha256
 
 ADAPTER_CONFIG = "adapter_config.json"
 SAFETENSORS_WEIGHTS = "adapter_model.safetensors"
@@ -103,7 +103,7 @@ def _weights_problems(folder: Path, sha256: str | None) -> list[str]:
         return [problem]
     if sha256 is not None:
         stat = weights.stat()
-        found = file_sha256(weights, stat.st_size, stat.st_mtime_ns)
+        found = _weights_sha256(weights, stat.st_size, stat.st_mtime_ns)
         if found != sha256:
             return [f"{weights.name} has sha256 {found}, not the {sha256} the spec gives: "
                     "another version of the adapter, or a corrupted copy"]
@@ -111,14 +111,10 @@ def _weights_problems(folder: Path, sha256: str | None) -> list[str]:
 
 
 @cache
-def file_sha256(path: Path, size: int, mtime_ns: int) -> str:
+def _weights_sha256(path: Path, size: int, mtime_ns: int) -> str:
     """A file's sha256, once per version of it (size and mtime are the key): validate, plan and
     render each read the adapters."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return file_sha256(path)
 
 
 def same_base(declared: str | None, model: str, model_name_or_path: str | None = None) -> bool:

@@ -36,6 +36,7 @@ from kit.names import (
     REVISION,
     SERVED_NAME,
     SERVICE_NAME,
+    SHA256,
     SITE_NAME,
     SIZE,
     USER_NAME,
@@ -296,8 +297,8 @@ class Adapter(StrictModel):
     path: Annotated[str, Field(pattern=MODEL_REF, max_length=200)]
     # a Hub adapter's commit or branch, served from its snapshot in hf_cache (vLLM's
     # --lora-modules cannot pin one itself)
-    revision: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")] | None = None
-    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None  # adapter weights
+    revision: Annotated[str, Field(pattern=REVISION)] | None = None
+    sha256: Annotated[str, Field(pattern=SHA256)] | None = None  # adapter weights
 
 
 IDLE_SLEEP_UNITS = {"s": 1, "m": 60, "h": 3600}

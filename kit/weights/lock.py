@@ -16,12 +16,11 @@ import yaml
 
 from kit.errors import BadInput
 from kit.files import atomic_write
-from kit.names import COMMIT, MODEL_REF, REVISION
+from kit.names import COMMIT, MODEL_REF, REVISION, SHA256
 from kit.spec.model import Service
 from kit.state import read_state
 
 LOCK_VERSION = 1
-SHA256 = re.compile(r"[0-9a-f]{64}")
 # a file of a model repository: relative, printable, never `..` nor kit's staging folder
 REPO_PATH = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9._+=-]*(/[A-Za-z0-9_.][A-Za-z0-9._+=-]*)*")
 STAGING_NAME = ".kit-partial"  # kit pull's partial files, under a model's staging folder
@@ -136,15 +135,16 @@ def _file(key: object, raw: object) -> LockedFile:
     path, size, sha = raw.get("path"), raw.get("size"), raw.get("sha256")
     if not is_repo_path(path):
         raise ValueError(f"entry {key!r}: file path {path!r} is not a plain relative path")
-    if type(size) is not int or size < 0 or not (isinstance(sha, str) and SHA256.fullmatch(sha)):
+    if type(size) is not int or size < 0 or not _whole(SHA256, sha):
         raise ValueError(f"entry {key!r}: file {path} needs a size and a 64-hex sha256")
-    return LockedFile(str(path), size, sha)
+    return LockedFile(str(path), size, str(sha))
 
 
 def is_repo_path(path: object) -> bool:
     """A repository file kit may write under a model's folder: relative, normal, no `..`."""
     return (isinstance(path, str) and len(path) <= 512 and REPO_PATH.fullmatch(path) is not None
-            and posixpath.normpath(path) == path and ".." not in path.split("/")
+            and posixpath.normpath(path) == path
+            and not {".", ".."} & set(path.split("/"))
             and path.split("/")[0] != STAGING_NAME)
 
 

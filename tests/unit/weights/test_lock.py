@@ -39,6 +39,7 @@ def test_no_lock_file_is_nothing_yet(tmp_path: Path) -> None:
     (("path: config.json", "path: ../../etc/passwd"), "not a plain relative path"),
     (("path: config.json", "path: /etc/passwd"), "not a plain relative path"),
     (("path: config.json", "path: .kit-partial/x"), "not a plain relative path"),
+    (("path: config.json", "path: ."), "not a plain relative path"),  # the model's own folder
     (("sha256: " + SHA, "sha256: 1234"), "64-hex sha256"),
     (("size: 3", "size: -1"), "needs a size"),
     (("commit: " + COMMIT, "commit: main"), "40-hex commit"),
