@@ -3,8 +3,10 @@ the class claim (docs/policy.md: batch yields to interactive) is a number anyone
 
 Three phases of the same length, each a closed loop of streams: the interactive client alone
 (its idle TTFT), the batch credential alone at twice the service's capacity (what the service
-gives batch), then both at once. A batch request the door refuses with 429 (its in-flight cap)
-is sent again after a pause: its wait runs from its first attempt to its first token.
+gives batch), then both at once; with several rounds, interleaved (the next round in the
+opposite order), so a noisy machine weighs on every phase alike. A batch request the door
+refuses with 429 (its in-flight cap) is sent again after the door's Retry-After, as a client
+should: its wait runs from its first attempt to its first token.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from kit.site import Site
 
 BATCH_KEY_ENV = "KIT_BENCH_BATCH_KEY"
 REFUSED = "http 429"  # the door's batch cap (or a rate limit): sent again, not a failure
-RETRY_PAUSE_S = 0.25
 # The goals of issue 25, printed beside what was measured.
 TTFT_GOAL = 1.25  # interactive p95 TTFT with batch ≤ this × idle
 SHARE_GOAL = 0.80  # batch gets at least this share of what interactive leaves
@@ -35,8 +36,9 @@ SHARE_GOAL = 0.80  # batch gets at least this share of what interactive leaves
 
 @dataclass(frozen=True)
 class MixOptions:
-    seconds: float  # each phase
+    seconds: float  # each phase, each round
     interactive_streams: int
+    rounds: int = 1
 
 
 @dataclass
@@ -47,7 +49,7 @@ class ClassLoad:
     waits: list[float] = field(default_factory=list)  # first attempt → first token
     refused: int = 0  # the door's 429s, each sent again
     failures: dict[str, int] = field(default_factory=dict)
-    elapsed: float = 0.0
+    elapsed: float = 0.0  # summed over the rounds
 
     @property
     def tokens_per_s(self) -> float:
@@ -138,8 +140,10 @@ def batch_authorization(site: Site) -> str:
     return f"Bearer {key}"
 
 
-async def _drive(endpoint: Endpoint, streams: int, until: float, load: ClassLoad) -> None:
-    """`streams` closed loops until `until` (perf_counter); a refused request sent again."""
+async def _drive(endpoint: Endpoint, streams: int, until: float, load: ClassLoad,
+                 retry_after: float) -> None:
+    """`streams` closed loops until `until` (perf_counter); a refused request sent again after
+    `retry_after` seconds."""
     context = bench_client.tls_context(endpoint)
 
     async def loop(stream: Stream) -> None:
@@ -148,7 +152,7 @@ async def _drive(endpoint: Endpoint, streams: int, until: float, load: ClassLoad
             outcome = await stream.send()
             while outcome.cause == REFUSED and time.perf_counter() < until:
                 load.refused += 1
-                await asyncio.sleep(RETRY_PAUSE_S)
+                await asyncio.sleep(retry_after)
                 outcome = await stream.send()
             if outcome.ok:
                 load.outcomes.append(outcome)
@@ -164,12 +168,13 @@ async def _drive(endpoint: Endpoint, streams: int, until: float, load: ClassLoad
     finally:
         for stream in pool:
             await stream.close()
-    load.elapsed = time.perf_counter() - started
+    load.elapsed += time.perf_counter() - started
 
 
-async def _phase(loads: list[tuple[Endpoint, int, ClassLoad]], seconds: float) -> None:
+async def _phase(loads: list[tuple[Endpoint, int, ClassLoad]], seconds: float,
+                 retry_after: float) -> None:
     until = time.perf_counter() + seconds
-    await asyncio.gather(*(_drive(endpoint, streams, until, load)
+    await asyncio.gather(*(_drive(endpoint, streams, until, load, retry_after)
                            for endpoint, streams, load in loads))
 
 
@@ -187,9 +192,11 @@ def run_mix(site: Site, service_name: str, interactive: Endpoint, options: MixOp
               ("batch alone", [(batch, streams, result.batch_alone)]),
               ("both", [(interactive, options.interactive_streams, result.interactive_mixed),
                         (batch, streams, result.batch_mixed)])]
-    for label, loads in phases:
-        say(f"mix: {label} for {options.seconds:g} s")
-        asyncio.run(_phase(loads, options.seconds))
+    for round_number in range(options.rounds):
+        for label, loads in phases[::-1] if round_number % 2 else phases:
+            say(f"mix: round {round_number + 1} of {options.rounds}, {label} for "
+                f"{options.seconds:g} s")
+            asyncio.run(_phase(loads, options.seconds, plan.nginx.retry_after))
     return result
 
 

@@ -12,6 +12,7 @@ from kit.errors import ExitCode
 from kit.site import Site
 
 if TYPE_CHECKING:
+    from kit.bench.mix import MixOptions
     from kit.bench.run import BenchRun
 
 
@@ -83,6 +84,8 @@ def _positive_list(convert, what: str, example: str):
               help="--mix: how long each of its three phases runs.")
 @click.option("--interactive-streams", type=click.IntRange(min=1), default=4,
               show_default=True, help="--mix: the interactive client's streams.")
+@click.option("--mix-rounds", type=click.IntRange(min=1), default=1, show_default=True,
+              help="--mix: rounds of the three phases, interleaved (a noisy machine).")
 @wait_lock_option
 @click.pass_context
 def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: float | None,
@@ -91,7 +94,7 @@ def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: 
           request_rate: tuple[float, ...] | None, requests_per_step: int | None,
           max_minutes: float, out: Path | None, max_client_lag_ms: float, compare_direct: bool,
           write_spec: bool, mix: bool, mix_seconds: float, interactive_streams: int,
-          wait_lock: float) -> None:
+          mix_rounds: int, wait_lock: float) -> None:
     """Find the most concurrent streams SPEC's service carries within the SLO, through the front
     door, and say what to set.
 
@@ -103,12 +106,13 @@ def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: 
     Requests go as kit's probe identity, or with `Authorization: Bearer $KIT_BENCH_API_KEY` when
     that variable is set (a key from `kit keys add`).
     """
+    from kit.bench.mix import MixOptions
     from kit.bench.report import drawing, table, write_outputs
     from kit.bench.run import BenchOptions, pick_service, run_bench, slo_for
 
     if mix:
-        _mix(ctx, spec, service, input_tokens, output_tokens, out, mix_seconds,
-             interactive_streams)
+        _mix(ctx, spec, service, input_tokens, output_tokens, out,
+             MixOptions(mix_seconds, interactive_streams, mix_rounds))
         return
 
     arrival = arrival or ("poisson" if request_rate else "spread")
@@ -142,10 +146,10 @@ def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: 
 
 
 def _mix(ctx: click.Context, spec: Path, service: str | None, input_tokens: int,
-         output_tokens: int, out: Path | None, seconds: float, interactive_streams: int) -> None:
+         output_tokens: int, out: Path | None, options: "MixOptions") -> None:
     """`--mix`: the interactive and batch classes at once (kit/bench/mix.py); exit 1 when a
     request failed (the door's 429s to batch are sent again, not failures)."""
-    from kit.bench.mix import MixOptions, batch_authorization, mix_report, run_mix
+    from kit.bench.mix import batch_authorization, mix_report, run_mix
     from kit.bench.run import FrontDoor, pick_service
     from kit.files import atomic_write
 
@@ -154,7 +158,6 @@ def _mix(ctx: click.Context, spec: Path, service: str | None, input_tokens: int,
     batch_authorization(site)  # exit 2 before anything is sent
     door = FrontDoor(site, chosen)
     endpoint = door.endpoint(door.sized_prompt(input_tokens), output_tokens)
-    options = MixOptions(seconds, interactive_streams)
     result = run_mix(site, chosen.name, endpoint, options, click.echo)
     click.echo(mix_report(result))
     folder = out or site.layout.root / "bench"
