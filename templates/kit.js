@@ -672,6 +672,17 @@ function model(r) {
     });
 }
 
+// GET /metrics/{service}: vLLM's figures name the service's models, so a credential with a
+// model list reads those of a service it may use a model of; for the others the path does not
+// exist (the door's 404 for an unknown path, from `location /`).
+function metrics(r) {
+    var service = r.uri.slice('/metrics/'.length);
+    var usable = Object.keys(routes).some(function (name) {
+        return serviceOf(name) === service && allowed(r, name);
+    });
+    r.internalRedirect(usable ? location(service) + '_metrics' : '/_kit/unlisted');
+}
+
 // 200 when every service's /health is 200; otherwise 503 naming the ones that are not.
 function health(r) {
     fetchAll(r, '/_kit/health/', services()).then(function (replies) {
@@ -687,5 +698,5 @@ function health(r) {
 }
 
 export default {bearerDigest, credentialDigest, principal, expired, batchName, route, models, model,
-                health, prefixKey, adapterName, usageFilter, promptTokens, completionTokens, ttft,
+                metrics, health, prefixKey, adapterName, usageFilter, promptTokens, completionTokens, ttft,
                 doorSeq, doorBoot, usageEnd, spend};

@@ -290,3 +290,19 @@ def test_requests_per_minute_refused_until_the_minute_ends(door: PolicyDoor) -> 
     assert send(door, "POST", "/v1/completions", "all", body).status == 200
     time.sleep(60 - time.time() % 60 + 0.1)  # the window resets at the minute, UTC
     assert send(door, "POST", "/v1/completions", "minute", body).status == 200
+
+
+@pytest.mark.parametrize("who", ["narrow", "ann"])
+def test_a_services_metrics_are_only_for_credentials_that_may_use_its_models(
+        door: PolicyDoor, who: str) -> None:
+    """/metrics/{service} names no model in its path but vLLM's figures name the service's
+    models: a credential whose list holds none of them gets the door's 404 for an unknown path."""
+    for allowed in ("all", "listed"):
+        figures = send(door, "GET", "/metrics/llama8b", allowed)
+        assert figures.status == 200 and b"vllm:num_requests_running" in figures.body
+    hidden = send(door, "GET", "/metrics/llama8b", who)
+    unknown = send(door, "GET", "/v1/no-such-path", "all")
+    assert (hidden.status, hidden.body) == (404, unknown.body)
+    with allowed_for_ann(door, who == "ann"):
+        if who == "ann":
+            assert send(door, "GET", "/metrics/llama8b", who).status == 200
