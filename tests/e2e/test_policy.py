@@ -136,8 +136,8 @@ def test_bench_mix_interactive_keeps_its_ttft_and_batch_gets_what_is_left(mixed)
     """Batch at twice the 8 slots: the door lets 4 in flight (the rest 429, sent again after
     Retry-After), so interactive finds free slots and the engine puts it first. The goal is
     interactive p95 TTFT <= x1.25 idle; asserted at x1.5 on this shared 2-core machine, where
-    the extra tokens alone cost CPU (without the cap and priority it would wait a whole batch
-    request, about x4). Batch keeps >= 80 % of what interactive leaves it."""
+    the extra tokens alone cost CPU (without the cap and priority it would wait for a batch
+    request to finish). Batch keeps >= 80 % of what interactive leaves it."""
     site, keys = mixed
     assert "--scheduling-policy" in site.layout.compose_file.read_text()
     env = {"KIT_BENCH_API_KEY": keys["chat"], "KIT_BENCH_BATCH_KEY": keys["nightly"]}
