@@ -73,9 +73,9 @@ function expired(r) {
 }
 
 // ---- budgets and requests per minute (docs/policy.md) -----------------------------------------
-// Token budgets are counted in the kit_budget shared dictionary (kept across reloads, saved to
-// its state file for restarts), by the log phase of every request of a credential with one
-// (`spend`), with the tokens the usage ledger records; checked in kit.route before forwarding.
+// Token budgets are counted in the kit_budget shared dictionary (kept across reloads, not across
+// a restart of nginx), by the log phase of every request of a credential with one (`spend`),
+// with the tokens the usage ledger records; checked in kit.route before forwarding.
 // Requests per minute are counted in kit_rpm, one increment per routed request, per UTC minute.
 var MINUTE_MS = 60000;
 var DAY_MS = 86400000;
