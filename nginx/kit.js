@@ -72,6 +72,96 @@ function expired(r) {
     return expires !== undefined && Date.now() >= expires ? '1' : '';
 }
 
+// ---- budgets and requests per minute (docs/policy.md) -----------------------------------------
+// Token budgets are counted in the kit_budget shared dictionary (kept across reloads, not across
+// a restart of nginx), by the log phase of every request of a credential with one (`spend`),
+// with the tokens the usage ledger records; checked in kit.route before forwarding.
+// Requests per minute are counted in kit_rpm, one increment per routed request, per UTC minute.
+var MINUTE_MS = 60000;
+var DAY_MS = 86400000;
+
+function pad(number) {
+    return (number < 10 ? '0' : '') + number;
+}
+
+// The UTC windows an instant falls in: each its counter's key suffix and when it ends.
+function windowsAt(now) {
+    var when = new Date(now);
+    var year = when.getUTCFullYear();
+    var month = when.getUTCMonth();
+    var monthName = year + '-' + pad(month + 1);
+    var minute = Math.floor(now / MINUTE_MS);
+    return {
+        day: {key: '|d|' + monthName + '-' + pad(when.getUTCDate()),
+              ends: (Math.floor(now / DAY_MS) + 1) * DAY_MS},
+        month: {key: '|m|' + monthName, ends: Date.UTC(year, month + 1, 1)},
+        minute: {key: '|r|' + minute, ends: (minute + 1) * MINUTE_MS},
+    };
+}
+
+// Budgets and their windows: [policy field, window], the day's first (the nearer reset).
+var BUDGETS = [['tokens_per_day', 'day'], ['tokens_per_month', 'month']];
+
+function budgeted(policy) {
+    return policy.tokens_per_day !== undefined || policy.tokens_per_month !== undefined;
+}
+
+function secondsUntil(ends, now) {
+    return String(Math.max(1, Math.ceil((ends - now) / 1000)));
+}
+
+// Refuses (and answers true) a request of a credential past a budget or its requests per
+// minute: 429 with Retry-After until the window resets. Admitted while what was counted is
+// below the budget, so the request that crosses it is the last one let in (docs/policy.md:
+// the overshoot is the tokens of the requests in flight then).
+function limited(r) {
+    var policy = policyOf(r);
+    if (!budgeted(policy) && policy.requests_per_minute === undefined) {
+        return false;
+    }
+    var who = credentialName(r);
+    var now = Date.now();
+    var windows = windowsAt(now);
+    for (var i = 0; i < BUDGETS.length; i++) {
+        var budget = policy[BUDGETS[i][0]];
+        var window = windows[BUDGETS[i][1]];
+        if (budget !== undefined && (ngx.shared.kit_budget.get(who + window.key) || 0) >= budget) {
+            r.headersOut['Retry-After'] = secondsUntil(window.ends, now);
+            sendError(r, 429, 'insufficient_quota', 'This credential used its token budget of '
+                      + budget + ' a ' + BUDGETS[i][1] + ' (UTC); it resets at '
+                      + new Date(window.ends).toISOString() + '.');
+            return true;
+        }
+    }
+    var rpm = policy.requests_per_minute;
+    if (rpm !== undefined
+        && ngx.shared.kit_rpm.incr(who + windows.minute.key, 1, 0, 2 * MINUTE_MS) > rpm) {
+        r.headersOut['Retry-After'] = secondsUntil(windows.minute.ends, now);
+        sendError(r, 429, 'RateLimitError', 'This credential may send ' + rpm
+                  + ' requests a minute; retry after the minute ends.');
+        return true;
+    }
+    return false;
+}
+
+// The log phase (the spool's access_log `if=`, always '1': every record is written): the
+// tokens the ledger records for this request added to its credential's budget windows.
+function spend(r) {
+    try {
+        var policy = policyOf(r);
+        var tokens = Number(promptTokens(r) || 0) + Number(completionTokens(r) || 0);
+        if (budgeted(policy) && tokens > 0) {
+            var who = credentialName(r);
+            var windows = windowsAt(Date.now());
+            ngx.shared.kit_budget.incr(who + windows.day.key, tokens, 0, 2 * DAY_MS);
+            ngx.shared.kit_budget.incr(who + windows.month.key, tokens, 0, 32 * DAY_MS);
+        }
+    } catch (e) {
+        r.error('kit: budget not counted: ' + e);
+    }
+    return '1';
+}
+
 function sendError(r, status, type, message, param) {
     r.headersOut['Content-Type'] = 'application/json';
     r.return(status, JSON.stringify({
@@ -145,7 +235,9 @@ function route(r) {
             return allowed(r, name);
         }) : [];
         if (usable.length) {
-            forward(r, request, usable[0], all[0]);
+            if (!limited(r)) {
+                forward(r, request, usable[0], all[0]);
+            }
             return;
         }
         sendError(r, 400, 'BadRequestError', 'The request must name a "model".', 'model');
@@ -156,7 +248,9 @@ function route(r) {
         noSuchModel(r, model);
         return;
     }
-    forward(r, request, model, service);
+    if (!limited(r)) {
+        forward(r, request, model, service);
+    }
 }
 
 // A service's base served names (its adapters are not: a request without a model gets the base).
@@ -578,6 +672,17 @@ function model(r) {
     });
 }
 
+// GET /metrics/{service}: vLLM's figures name the service's models, so a credential with a
+// model list reads those of a service it may use a model of; for the others the path does not
+// exist (the door's 404 for an unknown path, from `location /`).
+function metrics(r) {
+    var service = r.uri.slice('/metrics/'.length);
+    var usable = Object.keys(routes).some(function (name) {
+        return serviceOf(name) === service && allowed(r, name);
+    });
+    r.internalRedirect(usable ? location(service) + '_metrics' : '/_kit/unlisted');
+}
+
 // 200 when every service's /health is 200; otherwise 503 naming the ones that are not.
 function health(r) {
     fetchAll(r, '/_kit/health/', services()).then(function (replies) {
@@ -593,5 +698,5 @@ function health(r) {
 }
 
 export default {bearerDigest, credentialDigest, principal, expired, batchName, route, models, model,
-                health, prefixKey, adapterName, usageFilter, promptTokens, completionTokens, ttft,
-                doorSeq, doorBoot, usageEnd};
+                metrics, health, prefixKey, adapterName, usageFilter, promptTokens, completionTokens, ttft,
+                doorSeq, doorBoot, usageEnd, spend};

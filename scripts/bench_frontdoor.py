@@ -36,10 +36,16 @@ the stand-in as a process, in a network namespace of their own (tests/support/do
 load client (loadgen.py) in that namespace. Bars: tokens/s on/off ≥ 0.99; TTFT p50 added
 ≤ 1 ms; worst gap added ≤ 5 ms.
 
-CPUs, --h2 and --ledger (tests/support/cpus.py DoorSplit, printed at the start): nginx (the
-door's and its verifier's masters and workers) alone on one CPU, the client and the stand-in on
-the other, as a real server has remote clients and an engine on cores of its own. The tables
-add each run's CPU time of nginx's workers and of the client.
+--policy: per-credential policy on vs off (issue 25), the door of --ledger (the ledger on in
+both: budgets count its tokens) with nginx/auth/policy.js holding 1,000 keys' budgets (tokens a
+day and a month, requests a minute; the bench key's among them, set too high to refuse) vs no
+policy, loaded alternately (a reload, then a warm-up run) in one run, the sustained shape. Bars:
+tokens/s on/off ≥ 0.99; TTFT p50 added ≤ 1 ms.
+
+CPUs, --h2, --ledger and --policy (tests/support/cpus.py DoorSplit, printed at the start):
+nginx (the door's and its verifier's masters and workers) alone on one CPU, the client and the
+stand-in on the other, as a real server has remote clients and an engine on cores of its own.
+The tables add each run's CPU time of nginx's workers and of the client.
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ import docker
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from kit.credentials.policy import door_module  # noqa: E402
 from kit.plan.build import VLLM_PORT, build_plan  # noqa: E402
 from kit.plan.host import load_spec  # noqa: E402
 from kit.render.site_files import render_site, render_template, template_context  # noqa: E402
@@ -372,6 +379,46 @@ def compare_ledger(args: argparse.Namespace) -> bool:
     return ok
 
 
+POLICY_KEYS = 1000
+
+
+def budget_policies(count: int) -> bytes:
+    """nginx/auth/policy.js with `count` keys' budgets, the bench key's (key:bench) among them
+    with limits it never reaches: every request is looked up, checked and counted."""
+    limits = {"tokens_per_day": 10**12, "tokens_per_month": 10**13,
+              "requests_per_minute": 10**9}
+    policies = {f"key:user{n:04d}": {"tokens_per_day": 1000 + n, "tokens_per_month": 30000 + n,
+                                    "requests_per_minute": 60} for n in range(count - 1)}
+    policies["key:bench"] = limits
+    return door_module(policies, set(policies))
+
+
+def compare_policy(args: argparse.Namespace) -> bool:
+    """--policy: rounds of the door with 1,000 keys' budgets and with no policy, alternately;
+    True when no request failed and the bars are met."""
+    results: dict[str, list[dict]] = {"off": [], "on": []}
+    with bench_door(args) as bench:
+        door = bench.door
+        policy_js = bench.conf.parent / "auth" / "policy.js"
+        modules = {"off": door_module({}, set()), "on": budget_policies(POLICY_KEYS)}
+        print(f"policy on ({POLICY_KEYS} keys with budgets) vs off: {SUSTAINED.describe(args)}; "
+              f"TLS + Bearer key; one nginx reloaded between the two (then a warm-up run); "
+              f"{args.rounds} rounds, order alternating; {bench.split.describe()}; "
+              f"{machine()} at the start")
+        for number in range(args.rounds):
+            for label in (("off", "on") if number % 2 == 0 else ("on", "off")):
+                policy_js.write_bytes(modules[label])
+                door.reload(bench.conf, bench.confs["on"])
+                door_load(door, [bench.keys["bearer"]], args, SUSTAINED)  # warm-up: new workers
+                results[label].append(door_load(door, [bench.keys["bearer"]], args, SUSTAINED))
+    bars = [Bar("on", "off", "tokens_per_s", "min_ratio", 0.99),
+            Bar("on", "off", "ttft_p50_ms", "max_added", 1)]
+    ok = report(SUSTAINED.describe(args) + f", policy with {POLICY_KEYS} budgets vs none",
+                results, bars)
+    print(f"\nbars {'all met' if ok else 'NOT all met'}; {machine()} at the end")
+    return ok
+
+
 def compare_protocols(args: argparse.Namespace) -> bool:
     """--h2: rounds of HTTP/1.1 (a connection a stream) and HTTP/2 (every stream on ONE
     connection) through the same door, alternately; True when no request failed and the
@@ -425,7 +472,11 @@ def main() -> None:
                         help="compare HTTP/2 with HTTP/1.1 through the front door instead")
     parser.add_argument("--ledger", action="store_true",
                         help="compare the usage ledger on and off instead (no Docker)")
+    parser.add_argument("--policy", action="store_true",
+                        help="compare 1,000 keys' budgets with no policy instead (no Docker)")
     args = parser.parse_args()
+    if args.policy:
+        sys.exit(0 if compare_policy(args) else 1)
     if args.h2:
         sys.exit(0 if compare_protocols(args) else 1)
     if args.ledger:

@@ -1,5 +1,6 @@
 """kit bench: the highest load a service carries within its SLO, through the front door."""
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,6 +12,7 @@ from kit.errors import ExitCode
 from kit.site import Site
 
 if TYPE_CHECKING:
+    from kit.bench.mix import MixOptions
     from kit.bench.run import BenchRun
 
 
@@ -73,6 +75,17 @@ def _positive_list(convert, what: str, example: str):
               help="Write the recommended max_num_seqs into the spec (only a measured "
               "boundary: some step must have missed the SLO; else nothing is written, exit 1), "
               "changing no other byte; through a symlink, keeping mode and owner.")
+@click.option("--mix", is_flag=True,
+              help="Instead of the search: interactive streams alone, a batch credential "
+              "($KIT_BENCH_BATCH_KEY, class batch) alone at twice the service's slots, then "
+              "both; prints interactive p95 TTFT against idle, batch's share of what "
+              "interactive leaves and batch's p99 wait (docs/policy.md).")
+@click.option("--mix-seconds", type=click.FloatRange(min=1), default=30, show_default=True,
+              help="--mix: how long each of its three phases runs.")
+@click.option("--interactive-streams", type=click.IntRange(min=1), default=4,
+              show_default=True, help="--mix: the interactive client's streams.")
+@click.option("--mix-rounds", type=click.IntRange(min=1), default=1, show_default=True,
+              help="--mix: rounds of the three phases, interleaved (a noisy machine).")
 @wait_lock_option
 @click.pass_context
 def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: float | None,
@@ -80,7 +93,8 @@ def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: 
           arrival: str | None, concurrency: tuple[int, ...] | None,
           request_rate: tuple[float, ...] | None, requests_per_step: int | None,
           max_minutes: float, out: Path | None, max_client_lag_ms: float, compare_direct: bool,
-          write_spec: bool, wait_lock: float) -> None:
+          write_spec: bool, mix: bool, mix_seconds: float, interactive_streams: int,
+          mix_rounds: int, wait_lock: float) -> None:
     """Find the most concurrent streams SPEC's service carries within the SLO, through the front
     door, and say what to set.
 
@@ -92,8 +106,14 @@ def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: 
     Requests go as kit's probe identity, or with `Authorization: Bearer $KIT_BENCH_API_KEY` when
     that variable is set (a key from `kit keys add`).
     """
+    from kit.bench.mix import MixOptions
     from kit.bench.report import drawing, table, write_outputs
     from kit.bench.run import BenchOptions, pick_service, run_bench, slo_for
+
+    if mix:
+        _mix(ctx, spec, service, input_tokens, output_tokens, out,
+             MixOptions(mix_seconds, interactive_streams, mix_rounds))
+        return
 
     arrival = arrival or ("poisson" if request_rate else "spread")
     if request_rate and arrival != "poisson":
@@ -123,6 +143,29 @@ def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: 
     if write_spec:
         with holding(site.layout.root, "bench --write-spec", wait_lock):
             _write_spec(ctx, site, run)
+
+
+def _mix(ctx: click.Context, spec: Path, service: str | None, input_tokens: int,
+         output_tokens: int, out: Path | None, options: "MixOptions") -> None:
+    """`--mix`: the interactive and batch classes at once (kit/bench/mix.py); exit 1 when a
+    request failed (the door's 429s to batch are sent again, not failures)."""
+    from kit.bench.mix import batch_authorization, mix_report, run_mix
+    from kit.bench.run import FrontDoor, pick_service
+    from kit.files import atomic_write
+
+    site = Site.load(spec, check_host=False)
+    chosen = pick_service(site, service)
+    batch_authorization(site)  # exit 2 before anything is sent
+    door = FrontDoor(site, chosen)
+    endpoint = door.endpoint(door.sized_prompt(input_tokens), output_tokens)
+    result = run_mix(site, chosen.name, endpoint, options, click.echo)
+    click.echo(mix_report(result))
+    folder = out or site.layout.root / "bench"
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write(folder / "mix.json", (json.dumps(result.to_json(), indent=1) + "\n").encode())
+    click.echo(f"wrote {folder / 'mix.json'}")
+    if result.failed:
+        ctx.exit(ExitCode.FAILED)
 
 
 def _write_spec(ctx: click.Context, site: Site, run: "BenchRun") -> None:

@@ -149,11 +149,12 @@ policy_options: list[Callable] = [
     click.option("--class", "klass", type=click.Choice(["interactive", "batch"]),
                  help="interactive (default) or batch: batch yields to interactive."),
     click.option("--tokens-per-day", type=int,
-                 help="Prompt + completion tokens a UTC day (stored; docs/policy.md)."),
+                 help="Prompt + completion tokens a UTC day, as the usage ledger counts "
+                 "them (docs/policy.md)."),
     click.option("--tokens-per-month", type=int,
-                 help="Prompt + completion tokens a UTC month (stored; docs/policy.md)."),
+                 help="Prompt + completion tokens a UTC month (docs/policy.md)."),
     click.option("--requests-per-minute", type=int,
-                 help="Requests a minute (stored; docs/policy.md)."),
+                 help="Requests a UTC minute (docs/policy.md)."),
 ]
 clear_option = click.option(
     "--clear", "clear", multiple=True, type=click.Choice(CLEARABLE),
@@ -174,6 +175,7 @@ def policy_change(spec: "Spec", values: dict,
     from kit.credentials.policy import (
         LIMITS,
         PolicyChange,
+        check_budgets_counted,
         parse_expiry,
         parse_limit,
         parse_models,
@@ -190,6 +192,7 @@ def policy_change(spec: "Spec", values: dict,
     for limit in LIMITS:
         if values[limit] is not None:
             chosen[limit] = parse_limit(limit, values[limit])
+    check_budgets_counted({"the options": chosen}, spec.usage.enabled)
     if clear is not None and not chosen and not clear:
         raise BadInput("nothing to change", fix="give a policy option (--models, --expires, "
                        "--class, --tokens-per-day, …) or --clear FIELD")

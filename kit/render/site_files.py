@@ -29,7 +29,7 @@ from kit.credentials.material import (
     unshown_passwords,
     unshown_passwords_output,
 )
-from kit.credentials.policy import batch_in_use
+from kit.credentials.policy import batch_in_use, check_budgets_counted, read_policies
 from kit.credentials.tls import acme_files, self_signed_files, tls_outputs, user_files
 from kit.engine.desired import (
     ACME_SERVICE,
@@ -345,6 +345,7 @@ def site_outputs(
     spec: Spec, layout: SiteLayout, spec_dir: Path, spec_name: str
 ) -> tuple[Plan, list[Output], AuthFiles]:
     """Every file of the site: generated config plus credential material."""
+    check_budgets_counted(read_policies(layout), spec.usage.enabled)
     plan = build_plan(spec, priority_scheduling=batch_in_use(layout))
     outputs = generated_files(plan, spec_name)
     if spec.tls.mode == "self-signed":

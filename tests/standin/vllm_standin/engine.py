@@ -22,6 +22,13 @@ a burst's prefills queue behind each other: TTFT comes from the prefill work, no
 allocated block by block as tokens are generated (`preempt`): when a running request needs a
 block and none is free, the newest running request is preempted (its blocks freed, back to the
 head of the queue, counted in vllm:num_preemptions_total) and recomputed when readmitted.
+
+vLLM's priority scheduler (`--scheduling-policy priority`; the stand-in's behaviour, as vLLM
+defines it): the waiting queue is ordered by (priority, arrival), the lower `priority` first, ties
+first come first served; a running request is never preempted to make room for a waiting one (it
+finishes; measured on vLLM 0.20), and when the KV cache must preempt, the running request with
+the highest (priority, arrival) goes back to the queue, in its order. With the default policy
+(`fcfs`) a request's `priority` is accepted and ignored, as vLLM 0.20 did.
 """
 
 from __future__ import annotations
@@ -163,6 +170,7 @@ class Request:
         "prefilling",
         "admission",
         "to_prefill",
+        "priority",
     )
 
     def __init__(
@@ -171,8 +179,10 @@ class Request:
         max_tokens: int,
         on_token: Callable[[int, str, bool], None],
         arrival: float | None = None,
+        priority: int = 0,
     ):
         self.prompt_tokens = prompt_tokens
+        self.priority = priority
         self.max_tokens = max_tokens
         self.on_token = on_token
         self.arrival = time.monotonic() if arrival is None else arrival
@@ -183,6 +193,10 @@ class Request:
         self.prefilling = False
         self.admission = 0  # admissions so far: a prefill timer of an earlier one is stale
         self.to_prefill = 0  # prompt tokens still to compute (chunked prefill)
+
+    def order(self) -> tuple[int, float]:
+        """Its place in the priority scheduler's queue: the lower priority, then the earlier."""
+        return (self.priority, self.arrival)
 
     def blocks(self, block_size: int) -> int:
         return -(-(self.prompt_tokens + self.max_tokens) // block_size)
@@ -204,8 +218,10 @@ class Engine:
         prefill_budget: int | None = None,
         prefill_s_per_token: float = 0.0,
         preempt: bool = False,
+        priority_scheduling: bool = False,
     ):
         self.model_name = model_name
+        self.priority_scheduling = priority_scheduling
         self.interval = interval_s
         self.ttft_s = ttft_s
         self.per_seq_s = per_seq_s
@@ -296,7 +312,7 @@ class Engine:
     # --- scheduling ------------------------------------------------------------------------
 
     def add(self, request: Request) -> None:
-        self.waiting.append(request)
+        self._queue(request, head=False)
         self.hist["request_params_max_tokens"].observe(request.max_tokens)
         if self.ttft_s is not None and self.prefill_budget is None:  # admitted on arrival
             self._admit(request.arrival)
@@ -304,6 +320,17 @@ class Engine:
             loop = asyncio.get_running_loop()
             self._next_tick = loop.time()
             self._timer = loop.call_soon(self._step)
+
+    def _queue(self, request: Request, *, head: bool) -> None:
+        """Into the waiting queue: by (priority, arrival) under the priority scheduler; else at
+        its end, or at its head for a preempted request (first come, first served)."""
+        if self.priority_scheduling:
+            orders = [waiting.order() for waiting in self.waiting]
+            self.waiting.insert(bisect.bisect_right(orders, request.order()), request)
+        elif head:
+            self.waiting.appendleft(request)
+        else:
+            self.waiting.append(request)
 
     def pooled(self, prompt_tokens: int) -> None:
         """A pooling request (an embedding): its prompt computed, nothing generated."""
@@ -366,10 +393,12 @@ class Engine:
         """V1's recompute preemption: while the running requests' next tokens need more blocks
         than the cache has, the newest one goes back to the head of the queue."""
         while len(self.running) > 1 and self._live_blocks(1) > self.total_blocks:
-            victim = self.running.pop()
+            victim = (max(self.running, key=Request.order) if self.priority_scheduling
+                      else self.running[-1])
+            self.running.remove(victim)
             self.used_blocks -= victim.blocks(self.block_size)
             victim.prefilling = False
-            self.waiting.appendleft(victim)
+            self._queue(victim, head=True)
             self.preemptions += 1
 
     def _prefilled(self, request: Request, admission: int) -> None:

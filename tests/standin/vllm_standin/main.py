@@ -454,6 +454,7 @@ class Standin:
             kv_tokens=int(os.environ["STANDIN_KV_TOKENS"]) if "STANDIN_KV_TOKENS" in os.environ
             else kv.tokens if kv else None,
             preempt="STANDIN_KV_TOKENS" in os.environ,
+            priority_scheduling=a.scheduling_policy == "priority",
             block_size=a.block_size or model.BLOCK_SIZE,
             cache_info={
                 "block_size": str(a.block_size or model.BLOCK_SIZE),

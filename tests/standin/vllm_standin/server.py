@@ -571,6 +571,16 @@ class App:
             return None
         return model
 
+    def _is_priority(self, conn: Connection, request: HttpRequest, value: object) -> bool:
+        """vLLM's `priority: int = 0` (the priority scheduler's order; fcfs ignores it)."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            return True
+        conn.send(request, 400, error_body(
+            f"1 validation error:\n  {{'type': 'int_type', 'loc': ('body', 'priority'), "
+            f"'msg': 'Input should be a valid integer', 'input': {value!r}}}",
+            "BadRequestError", None, 400))
+        return False
+
     def _max_tokens(self, conn: Connection, request: HttpRequest, body: dict) -> int | None:
         value = body.get("max_completion_tokens", body.get("max_tokens"))
         if value is None:
@@ -776,7 +786,8 @@ class App:
         if max_tokens is None:
             return
         usage = self._usage_options(conn, request, body)
-        if usage is None:
+        priority = body.get("priority", 0)
+        if usage is None or not self._is_priority(conn, request, priority):
             return
         created = int(time.time())
         rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(8)
@@ -802,7 +813,7 @@ class App:
                 model=model,
                 prompt_tokens=prompt_tokens,
             )
-        job = Request(prompt_tokens, max_tokens, sink.on_token, conn.received)
+        job = Request(prompt_tokens, max_tokens, sink.on_token, conn.received, priority)
         conn.active = job
         if self.sleep is None:
             self.engine.add(job)

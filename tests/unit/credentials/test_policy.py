@@ -118,11 +118,33 @@ def test_a_user_gets_a_policy_when_added(spec: Path) -> None:
 
 
 def test_the_door_reads_only_credentials_that_exist() -> None:
-    policies = {"user:gone": {"class": "batch"}, "key:bot": {"models": ["m"],
-                                                             "expires": "2027-01-31T00:00:00Z"}}
+    policies = {"user:gone": {"class": "batch"},
+                "key:bot": {"models": ["m"], "expires": "2027-01-31T00:00:00Z",
+                            "tokens_per_day": 1000, "requests_per_minute": 6}}
     module = door_module(policies, {"key:bot", "user:ops"}).decode()
     body = json.loads(module.split("export default ", 1)[1].rstrip().rstrip(";"))
-    assert body == {"key:bot": {"models": {"m": True}, "expires": 1801353600000}}
+    assert body == {"key:bot": {"models": {"m": True}, "expires": 1801353600000,
+                                "tokens_per_day": 1000, "requests_per_minute": 6}}
+
+
+def test_a_budget_needs_the_usage_ledger(spec: Path) -> None:
+    """Budgets count the ledger's tokens: with the ledger off, setting one is refused, and a
+    render of a site whose stored policy has one is refused too (nothing written); requests
+    per minute need no ledger."""
+    budget = run_kit("keys", "set", spec, "bot", "--offline", "--tokens-per-month", "9")
+    assert budget.exit_code == 0, budget.output
+    spec.write_text(spec.read_text() + "usage: {enabled: false}\n")
+    before = tree(spec.parent)
+    for args in (["keys", "set", spec, "bot", "--offline", "--tokens-per-day", "5"],
+                 ["render", spec]):
+        refused = run_kit(*args)
+        assert refused.exit_code == 2, refused.output
+        assert "token budgets need the usage ledger" in refused.output
+        assert "usage: {enabled: true}" in refused.output
+        assert tree(spec.parent) == before
+    assert run_kit("keys", "set", spec, "bot", "--offline", "--clear", "tokens-per-month",
+                   "--requests-per-minute", "5").exit_code == 0
+    assert run_kit("render", spec).exit_code == 0
 
 
 def test_an_expired_credential_says_so_in_the_list() -> None:

@@ -37,6 +37,8 @@ pytestmark = pytest.mark.skipif(nginx_ns.available() is not None,
 SERVED = "llama-3.1-8b"
 HOST = "llm.test.internal"
 PASSWORD = "a-long-enough-password-41"
+DAILY = 60  # tokens a day of the key "daily"
+MONTHLY = 40  # tokens a month of the key "monthly"
 ROUTES = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "Hi"}],
                                    "max_tokens": 2},
           "/v1/completions": {"prompt": "Hi", "max_tokens": 2},
@@ -72,7 +74,11 @@ def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PolicyDoor]:
     keys = {"all": add_key(spec, "all"),
             "listed": add_key(spec, "listed", "--models", SERVED, "--class", "batch"),
             "narrow": add_key(spec, "narrow"),
-            "soon": add_key(spec, "soon")}
+            "soon": add_key(spec, "soon"),
+            "daily": add_key(spec, "daily", "--tokens-per-day", str(DAILY)),
+            "monthly": add_key(spec, "monthly", "--tokens-per-day", str(10 * MONTHLY),
+                               "--tokens-per-month", str(MONTHLY)),
+            "minute": add_key(spec, "minute", "--requests-per-minute", "3")}
     added = run_kit("users", "add", spec, "ann", "--password-stdin", "--offline",
                     stdin=PASSWORD + "\n")
     assert added.exit_code == 0, added.output
@@ -219,3 +225,84 @@ def test_a_batch_credential_never_holds_every_slot(door: PolicyDoor) -> None:
     assert (batch["ok"], batch["failures"]) == (32, {"status 429": 8}), batch
     interactive = door.door.load("--auth", f"Bearer {door.keys['all']}", *streams)
     assert interactive["ok"] == 40, interactive
+
+
+def spend_until_refused(door: PolicyDoor, who: str) -> tuple[list[int], RawReply]:
+    """Requests one after another until the door refuses one: each admitted one's tokens (as
+    the engine counted them) and the refusal."""
+    body = json.dumps({"model": SERVED, "prompt": "Hi", "max_tokens": 5}).encode()
+    spent: list[int] = []
+    while len(spent) < 100:
+        reply = send(door, "POST", "/v1/completions", who, body)
+        if reply.status != 200:
+            return spent, reply
+        usage = json.loads(reply.body)["usage"]
+        spent.append(usage["prompt_tokens"] + usage["completion_tokens"])
+    raise AssertionError(f"{who}: never refused after {sum(spent)} tokens")
+
+
+def seconds_to(ends: dt.datetime) -> float:
+    return (ends - dt.datetime.now(dt.UTC)).total_seconds()
+
+
+@pytest.mark.parametrize(("who", "budget", "window"), [("daily", DAILY, "day"),
+                                                        ("monthly", MONTHLY, "month")])
+def test_the_request_that_crosses_a_budget_is_the_last_one_admitted(
+        door: PolicyDoor, who: str, budget: int, window: str) -> None:
+    """Admitted while the tokens counted are below the budget: the one that crosses it is the
+    last; then 429 insufficient_quota with Retry-After to the window's UTC reset, on every
+    route the credential may use, after a reload too (the count lives in a shared zone)."""
+    spent, refused = spend_until_refused(door, who)
+    assert sum(spent[:-1]) < budget <= sum(spent), spent
+    now = dt.datetime.now(dt.UTC)
+    day = dt.datetime.combine(now.date(), dt.time(), dt.UTC)
+    ends = (day + dt.timedelta(days=1) if window == "day" else
+            dt.datetime(now.year + now.month // 12, now.month % 12 + 1, 1, tzinfo=dt.UTC))
+    error = json.loads(refused.body)["error"]
+    assert (refused.status, error["type"], error["code"]) == (429, "insufficient_quota", 429)
+    assert f"budget of {budget} a {window} (UTC)" in error["message"]
+    assert ends.strftime("%Y-%m-%dT%H:%M:%S") in error["message"]
+    assert abs(int(refused.headers["retry-after"]) - seconds_to(ends)) <= 2
+    conf = door.layout.nginx_dir / "nginx.conf"
+    door.door.reload(conf, conf.read_text())  # what a credential change does: counts kept
+    for path in sorted(ROUTES):
+        again = send(door, "POST", path, who, json.dumps({**ROUTES[path], "model": SERVED})
+                     .encode())
+        assert (again.status, json.loads(again.body)["error"]["type"]) == (
+            429, "insufficient_quota")
+    assert send(door, "POST", "/v1/completions", "all",
+                json.dumps(ROUTES["/v1/completions"] | {"model": SERVED}).encode()).status == 200
+
+
+def test_requests_per_minute_refused_until_the_minute_ends(door: PolicyDoor) -> None:
+    """Three a minute: the fourth in the same UTC minute gets the rate-limit 429 with
+    Retry-After to the minute's end, and is let in from the next minute on (the windows of
+    budgets roll over the same way, a UTC day or month); an unlimited key is not counted."""
+    if 60 - time.time() % 60 < 5:  # the four requests in one minute
+        time.sleep(60 - time.time() % 60)
+    body = json.dumps(ROUTES["/v1/completions"] | {"model": SERVED}).encode()
+    assert [send(door, "POST", "/v1/completions", "minute", body).status
+            for _ in range(3)] == [200] * 3
+    refused = send(door, "POST", "/v1/completions", "minute", body)
+    error = json.loads(refused.body)["error"]
+    assert (refused.status, error["type"]) == (429, "RateLimitError")
+    assert abs(int(refused.headers["retry-after"]) - (60 - time.time() % 60)) <= 2
+    assert send(door, "POST", "/v1/completions", "all", body).status == 200
+    time.sleep(60 - time.time() % 60 + 0.1)  # the window resets at the minute, UTC
+    assert send(door, "POST", "/v1/completions", "minute", body).status == 200
+
+
+@pytest.mark.parametrize("who", ["narrow", "ann"])
+def test_a_services_metrics_are_only_for_credentials_that_may_use_its_models(
+        door: PolicyDoor, who: str) -> None:
+    """/metrics/{service} names no model in its path but vLLM's figures name the service's
+    models: a credential whose list holds none of them gets the door's 404 for an unknown path."""
+    for allowed in ("all", "listed"):
+        figures = send(door, "GET", "/metrics/llama8b", allowed)
+        assert figures.status == 200 and b"vllm:num_requests_running" in figures.body
+    hidden = send(door, "GET", "/metrics/llama8b", who)
+    unknown = send(door, "GET", "/v1/no-such-path", "all")
+    assert (hidden.status, hidden.body) == (404, unknown.body)
+    with allowed_for_ann(door, who == "ann"):
+        if who == "ann":
+            assert send(door, "GET", "/metrics/llama8b", who).status == 200
