@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kit.spec.model import Images
 from tests.support.cli import run_kit
-from tests.support.pinned_site import PINNED_SPEC, MODEL, pinned_on_disk, pinned_spec
+from tests.support.pinned_site import MODEL, PINNED_SPEC, pinned_on_disk, pinned_spec
 
 # the connected machine's engine: the images the pinned site runs (vLLM and nginx)
 IMAGES = {Images().vllm: "sha256:" + "1" * 64, Images().nginx: "sha256:" + "2" * 64}
