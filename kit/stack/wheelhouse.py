@@ -62,7 +62,7 @@ def build_wheelhouse(folder: Path) -> list[Path]:
     installed versions, and requirements.txt pinning each by sha256: every file written."""
     folder.mkdir(parents=True, exist_ok=True)
     source = kit_source()
-    _pip("building kit's wheel", "wheel", "--no-deps", "--no-build-isolation", "-q",
+    _pip("building kit's wheel", "wheel", "--no-deps", "-q",
          "-w", str(folder), str(source))
     built = [w for w in folder.glob("kit-*.whl")]
     if len(built) != 1:
