@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shutil
 import subprocess
 import sys
 from importlib import metadata
@@ -21,6 +22,7 @@ from kit.errors import BadInput, KitError
 
 WHEEL_NAME = re.compile(r"(?P<name>[A-Za-z0-9_.]+)-(?P<version>[A-Za-z0-9_.!+]+)-[^/]+\.whl")
 PIP_TIMEOUT_S = 900
+SOURCE_FILES = ("pyproject.toml", "README.md", "kit", "templates")  # what the wheel is built of
 
 
 def kit_source() -> Path:
@@ -61,9 +63,18 @@ def build_wheelhouse(folder: Path) -> list[Path]:
     """kit's wheel built from its source, its dependencies downloaded as wheels at the
     installed versions, and requirements.txt pinning each by sha256: every file written."""
     folder.mkdir(parents=True, exist_ok=True)
-    source = kit_source()
+    source = folder.parent / "kit-source"  # a copy: the build's own files stay out of kit's
+    source.mkdir()
+    root = kit_source()
+    for name in SOURCE_FILES:
+        if (root / name).is_dir():
+            shutil.copytree(root / name, source / name, symlinks=True,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(root / name, source / name)
     _pip("building kit's wheel", "wheel", "--no-deps", "-q",
          "-w", str(folder), str(source))
+    shutil.rmtree(source)
     built = [w for w in folder.glob("kit-*.whl")]
     if len(built) != 1:
         raise KitError(f"pip wheel left {len(built)} kit wheel(s) in {folder}",
