@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, BinaryIO
+from typing import IO, BinaryIO, NamedTuple
 
 from kit import __version__
 from kit.engine.docker_api import Engine
@@ -69,15 +69,17 @@ BAD_BUNDLE_FIX = ("make the bundle again on the connected machine (`kit bundle S
 Wheelhouse = Callable[[Path], list[Path]]  # fills a folder with wheels + requirements.txt
 
 
-@dataclass(frozen=True)
-class Member:
+class Member(NamedTuple):
+    """One file of the bundle as the manifest describes it."""
+
     name: str
     size: int
     sha256: str
 
 
-@dataclass(frozen=True)
-class BundledImage:
+class BundledImage(NamedTuple):
+    """An image's `docker save` member, its reference and the id it must load as."""
+
     member: str
     ref: str
     image_id: str
