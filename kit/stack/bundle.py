@@ -37,7 +37,7 @@ from kit.errors import BadInput, KitError
 from kit.files import atomic_write
 from kit.layout import SiteLayout
 from kit.names import IMAGE_REF
-from kit.spec.model import Spec
+from kit.spec.model import Service, Spec
 from kit.weights.lock import (
     LockedModel,
     is_repo_path,
@@ -173,7 +173,7 @@ def bundle_site(spec: Spec, layout: SiteLayout, engine: Engine, out: Path,
                 wheels += name != REQUIREMENTS
         if models:
             lock = Path(scratch, LOCK_MEMBER)
-            lock.write_text(lock_text(models))
+            lock.write_text(lock_text(list(models)))
             staged.append((_member_of(LOCK_MEMBER, lock), lock))
         bundled = []
         for index, ref in enumerate(images):
@@ -198,7 +198,7 @@ def bundle_site(spec: Spec, layout: SiteLayout, engine: Engine, out: Path,
                         images, [m.key for m in models], wheels, time.monotonic() - started)
 
 
-def _verified_models(spec: Spec, layout: SiteLayout) -> dict[LockedModel, object]:
+def _verified_models(spec: Spec, layout: SiteLayout) -> dict[LockedModel, Service]:
     """Each pinned model's lock entry → a service that pins it, every folder checked against
     the lock file first (BadInput naming each file that differs)."""
     pinned = [s for s in spec.services if s.revision is not None]
@@ -206,7 +206,7 @@ def _verified_models(spec: Spec, layout: SiteLayout) -> dict[LockedModel, object
         return {}
     lock = read_lock(layout.lock_file)
     cache = HashCache(layout.weights_hashes)
-    models: dict[LockedModel, object] = {}
+    models: dict[LockedModel, Service] = {}
     problems = []
     for service in pinned:
         locked = locked_for(lock, layout.lock_file, service)
