@@ -36,7 +36,7 @@ from kit.engine.docker_api import Engine
 from kit.errors import BadInput, KitError
 from kit.files import atomic_write
 from kit.layout import SiteLayout
-from kit.names import IMAGE_REF
+from kit.names import IMAGE_REF, MODEL_REF, REVISION
 from kit.spec.model import Service, Spec
 from kit.weights.lock import (
     LockedModel,
@@ -309,6 +309,11 @@ def _manifest(document: dict) -> Manifest:
     members = tuple(Member(str(m["name"]), m["size"], str(m["sha256"]))
                     for m in document["members"])
     models = tuple(str(key) for key in document["models"])
+    for key in models:  # each a pinned folder's path under models_root (kit.weights.lock)
+        model, _, revision = key.rpartition("@")
+        if not (re.fullmatch(MODEL_REF.strip("^$"), model) and "/" in model
+                and re.fullmatch(REVISION.strip("^$"), revision)):
+            raise ValueError(f"model {key!r} is not org/name@revision")
     names = [m.name for m in members]
     if len(set(names)) != len(names):
         raise ValueError("a member is listed twice")

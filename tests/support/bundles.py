@@ -54,15 +54,20 @@ def members(bundle: Path) -> list[tuple[str, bytes]]:
         return [(info.name, tar.extractfile(info).read()) for info in tar]  # type: ignore
 
 
-def rewrite(bundle: Path, out: Path,
-            change: Callable[[dict[str, bytes]], dict[str, bytes]]) -> Path:
-    """`bundle`'s members (in order) changed by `change`, written to `out` as a tar."""
+def write_tar(out: Path, files: dict[str, bytes]) -> Path:
+    """A tar of regular files, in the order given (a hand-made, possibly hostile, bundle)."""
     with tarfile.open(out, "w") as tar:
-        for name, data in change(dict(members(bundle))).items():
+        for name, data in files.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return out
+
+
+def rewrite(bundle: Path, out: Path,
+            change: Callable[[dict[str, bytes]], dict[str, bytes]]) -> Path:
+    """`bundle`'s members (in order) changed by `change`, written to `out` as a tar."""
+    return write_tar(out, change(dict(members(bundle))))
 
 
 def tree_of(root: Path) -> dict[str, bytes | None]:

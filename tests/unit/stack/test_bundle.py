@@ -22,6 +22,7 @@ from tests.support.bundles import (
     rewrite,
     server_site,
     tree_of,
+    write_tar,
 )
 from tests.support.cli import run_kit
 from tests.support.fake_engine import FakeEngine
@@ -167,16 +168,23 @@ HOSTILE = {
 def test_a_hostile_member_name_is_refused(tmp_path: Path, engines: dict[str, FakeEngine],
                                           case: str) -> None:
     name = HOSTILE[case]
-    manifest = Manifest("s", "0", (Member(name, 1, "0" * 64),), (), ("acme/tiny@main",))
-    bad = tmp_path / "hostile.tar"
-    with tarfile.open(bad, "w") as tar:
-        for member, data in (("manifest.json", manifest.text()), (name, b"x")):
-            info = tarfile.TarInfo(member)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+    manifest = Manifest("s", "0", (Member(name, 1, "0" * 64), Member("site.lock", 1, "0" * 64)),
+                        (), ("acme/tiny@main",))
+    bad = write_tar(tmp_path / "hostile.tar", {"manifest.json": manifest.text(), name: b"x"})
     spec = server_site(tmp_path)
     refused = run_kit("load", bad, spec)
     assert refused.exit_code == 2 and "not a name a kit bundle holds" in refused.output
+
+
+def test_a_model_key_out_of_models_root_is_refused(tmp_path: Path,
+                                                   engines: dict[str, FakeEngine]) -> None:
+    name = "weights/../../outside@main/config.json"
+    manifest = Manifest("s", "0", (Member(name, 1, "0" * 64), Member("site.lock", 1, "0" * 64)),
+                        (), ("../../outside@main",))
+    bad = write_tar(tmp_path / "hostile.tar", {"manifest.json": manifest.text(), name: b"x"})
+    refused = run_kit("load", bad, server_site(tmp_path))
+    assert refused.exit_code == 2 and "is not org/name@revision" in refused.output
+    assert not (tmp_path / "outside@main").exists()
 
 
 def test_a_link_member_is_refused(tmp_path: Path, engines: dict[str, FakeEngine]) -> None:
@@ -211,3 +219,23 @@ def test_needed_images_follow_the_spec() -> None:
     assert needed_images(spec) == [spec.images.vllm, spec.images.nginx,
                                    spec.images.prometheus, spec.images.grafana]
     assert BundledImage("images/00.tar", "a", "b").ref == "a"
+
+
+def test_a_bundle_without_weights_loads_its_images_through_a_remote_engine(
+        tmp_path: Path, engines: dict[str, FakeEngine]) -> None:
+    """An unpinned site's bundle (images and kit's wheels): `kit load` on the operator's
+    machine sends the images through the server's engine (`engine: ssh://…`)."""
+    spec = server_site(tmp_path)
+    spec.write_text(spec.read_text().replace("    revision: main\n", "").replace(
+        f"model: {MODEL}", "model: tiny"))
+    (tmp_path / "server" / "models" / "tiny").mkdir()
+    bundle = tmp_path / "images.tar"
+    made = run_kit("bundle", spec, "--out", bundle)
+    assert made.exit_code == 0, made.output
+    assert "0 pinned model(s)" in made.output
+    assert "site.lock" not in [name for name, _ in members(bundle)]
+    engines["server"] = FakeEngine(local=False)
+    loaded = run_kit("load", bundle, spec)
+    assert loaded.exit_code == 0, loaded.output
+    assert engines["server"].images == dict(IMAGES)
+    assert not (spec.parent / "site.lock").exists()
