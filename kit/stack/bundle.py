@@ -390,11 +390,16 @@ def load_bundle(bundle: Path, spec: Spec, layout: SiteLayout, engine: Engine,
         merged = _merged_lock(layout, bundled_lock)
         staging.check(bundled_lock, bundle)
         result = LoadResult()
+        member_sha = {m.name: m.sha256 for m in manifest.members}
         for image in manifest.images:
             report(f"loading image {image.ref}")
             member = image_members[image.member]
             reader = _Hashing(tar.extractfile(member), member.size)  # type: ignore[arg-type]
             engine.load_images(reader)  # type: ignore[arg-type]
+            if reader.digest.hexdigest() != member_sha[image.member]:
+                raise KitError(f"{bundle}: {image.member} changed while it was loaded (its "
+                               "sha256 differs from the verified one)", fix=BAD_BUNDLE_FIX +
+                               f"; remove {image.ref} from the engine (`docker rmi`)")
             if engine.image_id(image.ref) != image.image_id:
                 raise KitError(f"{bundle}: after loading {image.member}, {image.ref} is "
                                f"{engine.image_id(image.ref)}, not {image.image_id}",
@@ -451,8 +456,12 @@ def _verify_members(tar: tarfile.TarFile, bundle: Path, manifest: Manifest,
                 staging.hashed(info.name, sha)  # check_folder then only stats it
             if info.name.startswith(f"{IMAGES}/"):
                 images[info.name] = info
-    except (tarfile.TarError, OSError, EOFError) as error:
+    except (tarfile.TarError, EOFError) as error:
         raise _bad(bundle, "the archive", f"is damaged ({error})") from None
+    except OSError as error:
+        raise KitError(f"reading {bundle} or unpacking it under {staging.root} failed: {error}",
+                       fix="check the disk (free space, permissions) and run `kit load` again; "
+                       "nothing was loaded") from None
     missing = sorted(set(expected) - seen)
     if missing:
         raise _bad(bundle, missing[0], "is in the manifest but not in the archive (truncated?)")
