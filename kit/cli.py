@@ -3,7 +3,7 @@
 import click
 
 from kit import __version__
-from kit.commands import VERBS, load
+from kit.commands import VERBS, verb_command
 from kit.errors import KitError
 
 
@@ -15,7 +15,7 @@ class KitGroup(click.Group):
         return sorted(VERBS)
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        return load(name) if name in VERBS else None
+        return verb_command(name) if name in VERBS else None
 
     def invoke(self, ctx: click.Context):
         try:

@@ -10,10 +10,10 @@ import click
 VERBS = [
     "init", "validate", "schema", "render", "plan", "up", "probe", "status", "down", "logs",
     "users", "keys", "rotate-password", "tls", "export", "fleet", "bench",
-    "usage", "audit", "lock", "pull", "sleep", "wake",
+    "usage", "audit", "lock", "pull", "bundle", "load", "sleep", "wake",
 ]
 
 
-def load(verb: str) -> click.Command:
+def verb_command(verb: str) -> click.Command:
     name = verb.replace("-", "_")
     return getattr(importlib.import_module(f"kit.commands.{name}"), name)

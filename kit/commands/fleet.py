@@ -19,7 +19,7 @@ from kit.fleet import (
 
 # verb → how many words name it (`users add` is two)
 FLEET_VERBS = {"status": 1, "render": 1, "up": 1, "probe": 1, "rotate-password": 1,
-               "users": 2, "keys": 2, "usage": 1}
+               "users": 2, "keys": 2, "usage": 1, "pull": 1}
 NEW_PASSWORD = {("rotate-password",): "password", ("users", "add"): "password"}
 CREDENTIAL = {**NEW_PASSWORD, ("users", "remove"): "user list", ("keys", "add"): "key list",
               ("keys", "revoke"): "key list"}
@@ -34,7 +34,9 @@ def fleet(words: tuple[str, ...]) -> None:
 
     VERB: status | render | up | probe | rotate-password USER | users add|remove|list [USER] |
     keys add|revoke|list [NAME] | usage [--since --until --by --csv --json] (every server's
-    totals in one table with a SERVER column, then the servers that could not be read).
+    totals in one table with a SERVER column, then the servers that could not be read) |
+    pull [SERVICE] (each server downloads its own pinned models from the Hub, verified
+    against its site.lock; never through this machine).
     Servers run in parallel (at most 8 at once); each gets one row with its result, time and
     cause. Exit 1 when any server failed (the others still ran).
     rotate-password and users add set the SAME password everywhere (asked, read with

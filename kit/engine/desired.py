@@ -70,8 +70,11 @@ SERVICE_KEYS = {
     "image", "entrypoint", "command", "environment", "env_file", "volumes", "ipc", "deploy",
     "healthcheck", "restart", "stop_grace_period", "stop_signal", "logging", "networks", "ports",
     "tmpfs", "read_only", "security_opt", "ulimits", "depends_on", "labels",
-    "network_mode", "extra_hosts",
+    "network_mode", "extra_hosts", "pull_policy",
 }
+# An offline site's services (kit.plan.build.Plan.pull_policy): kit up applies it by pulling
+# nothing for such a site (kit.stack.preflight.ensure_images refuses a missing image)
+NEVER_PULL = "never"
 HOST_NETWORK = "host"  # network_mode of every node of a multi-node service (kit/plan/multinode.py)
 DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|ns)")
 DURATION_SECONDS = {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
@@ -281,6 +284,8 @@ def _service(name: str, body: dict, context: _Context) -> ServiceState:
     where = f"services.{name}"
     _expect(body.get("network_mode") in (None, HOST_NETWORK), context.config_file,
             f"{where}.network_mode is not {HOST_NETWORK!r}, the only one kit renders")
+    _expect(body.get("pull_policy") in (None, NEVER_PULL), context.config_file,
+            f"{where}.pull_policy is not {NEVER_PULL!r}, the only one kit renders")
     unknown = sorted(set(body) - SERVICE_KEYS)
     _expect(not unknown, context.config_file,
             f"{where} uses {', '.join(unknown)}, which kit up does not apply")

@@ -13,7 +13,7 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal, cast
 
 import docker
 import docker.errors
@@ -236,6 +236,26 @@ class Engine:
                 if "error" in event:
                     raise KitError(f"pulling image {ref} failed: {event['error']}")
                 yield event
+
+    def save_image(self, ref: str) -> Iterator[bytes]:
+        """`docker save REF`: the image as a tar stream (its tag kept), in chunks."""
+        doing = f"saving image {ref}"
+        with self._errors(doing):
+            stream = self._api.get_image(ref, chunk_size=ARCHIVE_CHUNK)
+        return self._chunks(stream, doing)
+
+    def load_images(self, stream: BinaryIO) -> list[str]:
+        """`docker load` of the tar `stream` (read as it is sent, never held whole); the
+        references the engine says it loaded."""
+        loaded = []
+        with self._errors("loading images"):
+            for event in self._api.load_image(stream, quiet=True):
+                if "error" in event:
+                    raise KitError(f"loading images failed: {event['error']}")
+                said = str(event.get("stream", ""))
+                if said.startswith("Loaded image"):
+                    loaded.append(said.split(":", 1)[1].strip())
+        return loaded
 
     # ----------------------------------------------------------------- networks, volumes
 

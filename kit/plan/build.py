@@ -8,6 +8,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import cast
 
+from kit.engine.desired import NEVER_PULL
 from kit.errors import BadInput
 from kit.layout import ACME_LAST_RUN, NGINX_MOUNT
 from kit.plan.adapters import DERIVED_FLAGS, flag_values, lora_slots, service_adapters
@@ -266,6 +267,13 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     observability: ObservabilityPlan | None = None  # Prometheus + Grafana when enabled
     usage: UsagePlan | None = None  # the usage ledger (on unless usage.enabled is false)
+    offline: bool = False  # `offline: true`: nothing kit starts reaches a registry or the Hub
+
+    @property
+    def pull_policy(self) -> str | None:
+        """Compose's `pull_policy` of every container: an offline site's engine never pulls
+        (`kit load` brings the images; `kit up` refuses a missing one before any change)."""
+        return NEVER_PULL if self.offline else None
 
     @property
     def url_host(self) -> str:
@@ -296,6 +304,7 @@ def build_plan(spec: Spec, *, priority_scheduling: bool = False) -> Plan:
         nginx_image=spec.images.nginx,
         models_root=str(spec.models_root),
         hf_cache=str(spec.hf_cache) if spec.hf_cache else None,
+        offline=spec.offline,
         backend_internal=spec.offline or all(s.model_is_local and not s.hub_adapters
                                              for s in services),
         healthcheck_interval=spec.healthcheck_interval,

@@ -234,8 +234,9 @@ def ensure_images(
         raise KitError(
             f"offline: true, and the engine lacks {', '.join(missing)}: kit pulls nothing on "
             "an offline site",
-            fix="on a connected machine `docker save " + " ".join(missing) + " > images.tar`, "
-            "then `docker load < images.tar` on this server",
+            fix="on a connected machine `kit bundle SPEC --out FILE`, then `kit load FILE SPEC` "
+            "here (docs/offline.md); or `docker save " + " ".join(missing) + " > images.tar` "
+            "there and `docker load < images.tar` here",
         )
     for image in missing:
         report(f"image {image} is not on this host: pulling it")

@@ -96,10 +96,11 @@ def write_lock(path: Path, models: list[LockedModel]) -> None:
 def read_lock(path: Path) -> dict[str, LockedModel] | None:
     """key → the locked model; None when there is no lock file; BadInput naming the file and
     the entry when it is broken (a hand edit, a merge gone wrong, a hostile file)."""
-    return read_state(path, _parse, fix=LOCK_FIX)
+    return read_state(path, parse_lock, fix=LOCK_FIX)
 
 
-def _parse(text: str) -> dict[str, LockedModel]:
+def parse_lock(text: str) -> dict[str, LockedModel]:
+    """A lock file's text, read strictly (ValueError naming the entry): also a bundle's copy."""
     document = yaml.safe_load(text)
     if not isinstance(document, dict) or document.get("version") != LOCK_VERSION:
         raise ValueError(f"not a kit lock file of version {LOCK_VERSION}")

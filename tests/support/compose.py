@@ -23,3 +23,13 @@ def compose_binaries() -> list[list[str]]:
 def services_of(folder: Path) -> list[str]:
     compose = yaml.safe_load((folder / "compose" / "docker-compose.yml").read_text())
     return [name for name in compose["services"] if name not in {"nginx", VERIFIER_SERVICE}]
+
+
+def pod_containers(value: object) -> list[dict]:
+    """Every container (init containers too) of the pod templates in an exported manifest."""
+    if isinstance(value, dict):
+        found = [c for key in ("containers", "initContainers") for c in value.get(key) or []]
+        return found + [c for child in value.values() for c in pod_containers(child)]
+    if isinstance(value, list):
+        return [c for item in value for c in pod_containers(item)]
+    return []

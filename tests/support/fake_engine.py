@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import BinaryIO
 
 from kit.engine.desired import ContainerConfig, GpuRequest, Mount, NetworkState, VolumeState
 from kit.engine.door_ports import PortProblem
@@ -158,6 +159,23 @@ class FakeEngine:
             raise KitError(f"pulling image {ref} failed: manifest for {ref} not found")
         yield {"id": "layer1", "status": "Pull complete", "progressDetail": {}}
         self.images[ref] = self.pullable[ref]
+
+    def save_image(self, ref: str) -> Iterator[bytes]:
+        """A saved image as this fake reads it back: its reference and id, in small chunks."""
+        self._call("save_image", ref)
+        if ref not in self.images:
+            raise KitError(f"saving image {ref} failed: No such image: {ref}")
+        saved = json.dumps({"ref": ref, "id": self.images[ref]}).encode()
+        return iter([saved[i:i + 7] for i in range(0, len(saved), 7)])
+
+    def load_images(self, stream: BinaryIO) -> list[str]:
+        self._call("load_images", "")
+        try:
+            saved = json.loads(stream.read())
+        except ValueError:
+            raise KitError("loading images failed: unexpected EOF") from None
+        self.images[saved["ref"]] = saved["id"]
+        return [saved["ref"]]
 
     # ----------------------------------------------------------------- networks, volumes
 

@@ -132,19 +132,30 @@ def write_sshd_config(root: Path, docker_cli: str | None = None) -> None:
     )
 
 
+@dataclass
+class HostNamespace:
+    """A second host without sshd: its network namespace (a veth pair to this one, LOCAL_IP
+    here and REMOTE_IP there, and no other route) and its own Docker engine."""
+
+    namespace: str
+    veth: str  # this end's name (the host's side of the pair)
+    root: Path  # the engine's state, its socket
+    client: docker.DockerClient  # the engine, straight to its socket
+
+    @property
+    def socket(self) -> Path:
+        return self.root / "docker.sock"
+
+
 @contextlib.contextmanager
-def remote_host(base: Path, local_client: docker.DockerClient,
-                images: list[str]) -> Iterator[RemoteHost]:
-    """The second host, up; torn down (engine, sshd, namespace, veth, state) afterwards."""
-    ensure_sshd()
+def host_namespace(images: list[str]) -> Iterator[HostNamespace]:
+    """The namespace and its engine up, `images` loaded from this engine (`docker save |
+    docker load`); torn down (engine, processes, namespace, veth, state) afterwards."""
     tag = secrets.token_hex(3)
     namespace, veth = f"kitr-{tag}", f"kr{tag}"
     root = Path(f"/var/lib/kitr-{tag}")  # short: containerd's socket path must fit
-    home = base / "home"
-    (home / ".ssh").mkdir(parents=True)
     root.mkdir(parents=True)
     dockerd = None
-    host = None
     try:
         _run("ip", "netns", "add", namespace)
         _run("ip", "link", "add", f"{veth}a", "type", "veth", "peer", "name", f"{veth}b",
@@ -166,24 +177,17 @@ def remote_host(base: Path, local_client: docker.DockerClient,
         )
         # a pinned API version: the client asks nothing before the socket exists
         client = docker.DockerClient(base_url=f"unix://{root / 'docker.sock'}", version="1.41")
-        _wait(lambda: _pings(client), "the remote dockerd")
-        saved = subprocess.Popen(["docker", "save", *images], stdout=subprocess.PIPE)
-        _run("docker", "-H", f"unix://{root / 'docker.sock'}", "load", stdin=saved.stdout)
-        assert saved.wait() == 0, "docker save failed"
-        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "host_ed25519"))
-        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
-             str(home / ".ssh" / "id_ed25519"))
-        shutil.copy(home / ".ssh" / "id_ed25519.pub", root / "authorized_keys")
-        write_sshd_config(root)
-        Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
-        host = RemoteHost(namespace, root, home, client)
-        host.known_hosts.write_text(host.host_key_line)
-        host.start_sshd()
-        yield host
-    finally:
-        if host is not None:
-            host.stop_sshd()
+        _wait(lambda: _pings(client), "the second host's dockerd")
+        if images:
+            saved = subprocess.Popen(["docker", "save", *images], stdout=subprocess.PIPE)
+            _run("docker", "-H", f"unix://{root / 'docker.sock'}", "load", stdin=saved.stdout)
+            assert saved.wait() == 0, "docker save failed"
+        host = HostNamespace(namespace, f"{veth}a", root, client)
+        try:
+            yield host
+        finally:
             host.client.close()
+    finally:
         if dockerd is not None:
             with contextlib.suppress(Exception):
                 for container in docker.DockerClient(base_url=f"unix://{root / 'docker.sock'}",
@@ -195,6 +199,31 @@ def remote_host(base: Path, local_client: docker.DockerClient,
         subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
         subprocess.run(["ip", "link", "del", f"{veth}a"], capture_output=True)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def remote_host(base: Path, local_client: docker.DockerClient,
+                images: list[str]) -> Iterator[RemoteHost]:
+    """The second host, up, with sshd; torn down (engine, sshd, namespace, veth, state)
+    afterwards."""
+    ensure_sshd()
+    home = base / "home"
+    (home / ".ssh").mkdir(parents=True)
+    with host_namespace(images) as second:
+        root = second.root
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "host_ed25519"))
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
+             str(home / ".ssh" / "id_ed25519"))
+        shutil.copy(home / ".ssh" / "id_ed25519.pub", root / "authorized_keys")
+        write_sshd_config(root)
+        Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
+        host = RemoteHost(second.namespace, root, home, second.client)
+        host.known_hosts.write_text(host.host_key_line)
+        try:
+            host.start_sshd()
+            yield host
+        finally:
+            host.stop_sshd()
 
 
 def _kill_processes_in(namespace: str) -> None:

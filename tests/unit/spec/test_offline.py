@@ -108,3 +108,33 @@ def test_kit_up_pulls_nothing_offline(tmp_path: Path) -> None:
     assert f"offline: true, and the engine lacks {missing}" in refused.value.message
     assert f"docker save {missing} > images.tar" in str(refused.value.fix)
     assert not [call for call in engine.calls if call[0] in ("pull", "create_container")]
+
+
+def test_no_container_of_an_offline_site_pulls_its_image(tmp_path: Path) -> None:
+    """compose: `pull_policy: never` on every service (a hand-run `docker compose up` fails
+    on a missing image instead of asking a registry), accepted by both compose versions;
+    `kit export k8s`: imagePullPolicy IfNotPresent on every container; online: neither."""
+    import subprocess
+
+    from tests.support.compose import compose_binaries, pod_containers
+
+    spec = offline_site(tmp_path)
+    assert run_kit("render", str(spec)).exit_code == 0
+    compose_file = spec.parent / "compose" / "docker-compose.yml"
+    services = yaml.safe_load(compose_file.read_text())["services"]
+    assert {name: s.get("pull_policy") for name, s in services.items()} == dict.fromkeys(
+        services, "never")
+    for binary in compose_binaries():
+        checked = subprocess.run([*binary, "-f", str(compose_file), "config", "-q"],
+                                 capture_output=True, text=True)
+        assert checked.returncode == 0, (binary, checked.stderr)
+    out = tmp_path / "k8s"
+    assert run_kit("export", "k8s", str(spec), "--out", str(out)).exit_code == 0
+    containers = [c for path in sorted(out.glob("*.yaml"))
+                  for document in yaml.safe_load_all(path.read_text()) if document
+                  for c in pod_containers(document)]
+    assert containers and {c["imagePullPolicy"] for c in containers} == {"IfNotPresent"}
+    spec.write_text(spec.read_text().replace("offline: true\n", ""))
+    assert run_kit("render", str(spec)).exit_code == 0
+    assert "pull_policy" not in compose_file.read_text()
+

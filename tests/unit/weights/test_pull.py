@@ -129,3 +129,29 @@ def test_a_revision_on_a_local_folder_is_a_spec_error(tmp_path: Path) -> None:
     spec = pinned_spec(tmp_path, revision="refs/pr/1")
     result = run_kit("validate", spec)
     assert result.exit_code == 2 and "services[0].revision" in result.output
+
+
+def test_fleet_pull_pulls_each_servers_own_models(tmp_path: Path, hub: HubStandin) -> None:
+    """`kit fleet DIR pull`: each server's `kit pull` (a process per server, at most
+    FLEET_PARALLEL at once), one row each; a server that cannot pull is named, the others
+    pulled."""
+    fleet = tmp_path / "fleet"
+    for server in ("gpu1", "gpu2", "gpu3"):
+        spec = pinned_spec(tmp_path / server)
+        assert run_kit("lock", spec).exit_code == 0
+        (fleet / server).mkdir(parents=True)
+        (fleet / server / "site.lock").write_bytes((spec.parent / "site.lock").read_bytes())
+        (fleet / server / "site.yaml").write_text(  # one stack per server: its own name
+            spec.read_text().replace("site: pin01", f"site: pin{server}"))
+    broken = fleet / "gpu3" / "site.yaml"
+    broken.write_text(broken.read_text() + "offline: true\n")
+    result = run_kit("fleet", fleet, "pull")
+    assert result.exit_code == 1, result.output
+    rows = {line.split()[0]: line for line in result.output.splitlines()
+            if line.startswith("gpu")}
+    for server in ("gpu1", "gpu2"):
+        assert "verified against the lock file: 9 file(s) fetched" in rows[server]
+        assert pulled_folder(tmp_path / server).is_dir()
+    assert "FAILED (exit 2)" in rows["gpu3"] and "offline: true" in rows["gpu3"]
+    assert not pulled_folder(tmp_path / "gpu3").exists()
+    assert "1 of 3 server(s) failed: gpu3" in result.output
