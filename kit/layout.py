@@ -10,7 +10,7 @@
                                         verifier.js and unknown-user.htpasswd (unknown names)
     <site>/nginx/replicas/<svc>.conf    a multi-replica service's servers (kit up marks one down)
     <site>/nginx/auth/                  htpasswd (bcrypt), keys.map (key digests), auth-state.conf,
-                                        policy.js (per-credential policy the door enforces)
+                                        door-policy.json (per-credential policy the door enforces)
     <site>/nginx/tls/                   server.crt, server.key, ca.crt
     <site>/nginx/trust/ca-bundle.pem    tls.ca_bundle's copy (certbot's REQUESTS_CA_BUNDLE, gate)
     <site>/observability/               rendered when observability.enabled: prometheus/
@@ -92,9 +92,10 @@ class SiteLayout:
         return self.auth_dir / "auth-state.conf"
 
     @property
-    def policy_js(self) -> Path:
-        """What the front door enforces of each credential's policy (kit.js imports it)."""
-        return self.auth_dir / "policy.js"
+    def door_policy(self) -> Path:
+        """What the front door enforces of each credential's policy (nginx preloads it for
+        kit.js: docs/policy.md)."""
+        return self.auth_dir / "door-policy.json"
 
     def replica_pool(self, service: str) -> Path:
         """The servers of a multi-replica service's upstreams (kit up marks one down while it

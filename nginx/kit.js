@@ -3,7 +3,6 @@
 // Layout lives in nginx.conf; this file only holds the logic nginx cannot express.
 var crypto = require('crypto');
 import routes from 'kit-routes.js';  // served model name → service; adapter → {service, parent}
-import policies from 'auth/policy.js';  // credential → its policy (rendered by kit: docs/policy.md)
 
 function authorization(r) {
     return r.headersIn['Authorization'] || '';
@@ -43,11 +42,14 @@ function principal(r) {
 }
 
 // ---- per-credential policy (docs/policy.md) ----------------------------------------------
+// kit_policy is auth/door-policy.json, preloaded by nginx (js_preload_object): one immutable
+// copy for every request, where a module's table would be rebuilt for each one.
 var NO_POLICY = {};
 
 function policyOf(r) {
     var name = credentialName(r);
-    return Object.prototype.hasOwnProperty.call(policies, name) ? policies[name] : NO_POLICY;
+    var credentials = kit_policy.credentials;
+    return Object.prototype.hasOwnProperty.call(credentials, name) ? credentials[name] : NO_POLICY;
 }
 
 // Whether the credential may use this served name: compared exactly, as the routing does.
@@ -57,13 +59,15 @@ function allowed(r, model) {
 }
 
 // Whether any credential is batch: then every generation says its class to vLLM's priority
-// scheduler (computed once, when nginx loads this file).
-var BATCH = Object.keys(policies).some(function (name) { return policies[name].batch === true; });
+// scheduler (kit computes it with the file).
+function batchSite() {
+    return kit_policy.batch === true;
+}
 
 // The credential's name when it is batch ('' otherwise, which limit_conn does not count): the
 // key of its requests-in-flight cap.
 function batchName(r) {
-    return BATCH && policyOf(r).batch === true ? credentialName(r) : '';
+    return batchSite() && policyOf(r).batch === true ? credentialName(r) : '';
 }
 
 // '1' once the credential's expiry has passed: /_kit/auth then answers 401, as for a wrong one.
@@ -265,7 +269,7 @@ function forward(r, request, model, service) {
         added = askUsage(r, request);
     }
     // (`{}` asks for nothing vLLM would run, and would not stay JSON with a key put after it)
-    if (BATCH && isObject(request) && Object.keys(request).length
+    if (batchSite() && isObject(request) && Object.keys(request).length
         && GENERATIONS.indexOf(r.variables.uri) !== -1) {
         added.push(PRIORITY[policyOf(r).batch === true ? 1 : 0]);
     }

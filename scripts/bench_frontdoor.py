@@ -37,10 +37,10 @@ load client (loadgen.py) in that namespace. Bars: tokens/s on/off ≥ 0.99; TTFT
 ≤ 1 ms; worst gap added ≤ 5 ms.
 
 --policy: per-credential policy on vs off (issue 25), the door of --ledger (the ledger on in
-both: budgets count its tokens) with nginx/auth/policy.js holding 1,000 keys' budgets (tokens a
-day and a month, requests a minute; the bench key's among them, set too high to refuse) vs no
-policy, loaded alternately (a reload, then a warm-up run) in one run, the sustained shape. Bars:
-tokens/s on/off ≥ 0.99; TTFT p50 added ≤ 1 ms.
+both: budgets count its tokens) with nginx/auth/door-policy.json holding 1,000 keys' budgets
+(tokens a day and a month, requests a minute; the bench key's among them, set too high to
+refuse) vs no policy, loaded alternately (a reload, then a warm-up run) in one run, the
+sustained shape. Bars: tokens/s on/off ≥ 0.99; TTFT p50 added ≤ 1 ms.
 
 CPUs, --h2, --ledger and --policy (tests/support/cpus.py DoorSplit, printed at the start):
 nginx (the door's and its verifier's masters and workers) alone on one CPU, the client and the
@@ -69,7 +69,7 @@ import docker
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kit.credentials.policy import door_module  # noqa: E402
+from kit.credentials.policy import door_policy  # noqa: E402
 from kit.plan.build import VLLM_PORT, build_plan  # noqa: E402
 from kit.plan.host import load_spec  # noqa: E402
 from kit.render.site_files import render_site, render_template, template_context  # noqa: E402
@@ -383,14 +383,14 @@ POLICY_KEYS = 1000
 
 
 def budget_policies(count: int) -> bytes:
-    """nginx/auth/policy.js with `count` keys' budgets, the bench key's (key:bench) among them
-    with limits it never reaches: every request is looked up, checked and counted."""
+    """nginx/auth/door-policy.json with `count` keys' budgets, the bench key's (key:bench) among
+    them with limits it never reaches: every request is looked up, checked and counted."""
     limits = {"tokens_per_day": 10**12, "tokens_per_month": 10**13,
               "requests_per_minute": 10**9}
     policies = {f"key:user{n:04d}": {"tokens_per_day": 1000 + n, "tokens_per_month": 30000 + n,
                                     "requests_per_minute": 60} for n in range(count - 1)}
     policies["key:bench"] = limits
-    return door_module(policies, set(policies))
+    return door_policy(policies, set(policies))
 
 
 def compare_policy(args: argparse.Namespace) -> bool:
@@ -399,15 +399,15 @@ def compare_policy(args: argparse.Namespace) -> bool:
     results: dict[str, list[dict]] = {"off": [], "on": []}
     with bench_door(args) as bench:
         door = bench.door
-        policy_js = bench.conf.parent / "auth" / "policy.js"
-        modules = {"off": door_module({}, set()), "on": budget_policies(POLICY_KEYS)}
+        policy_file = bench.conf.parent / "auth" / "door-policy.json"
+        modules = {"off": door_policy({}, set()), "on": budget_policies(POLICY_KEYS)}
         print(f"policy on ({POLICY_KEYS} keys with budgets) vs off: {SUSTAINED.describe(args)}; "
               f"TLS + Bearer key; one nginx reloaded between the two (then a warm-up run); "
               f"{args.rounds} rounds, order alternating; {bench.split.describe()}; "
               f"{machine()} at the start")
         for number in range(args.rounds):
             for label in (("off", "on") if number % 2 == 0 else ("on", "off")):
-                policy_js.write_bytes(modules[label])
+                policy_file.write_bytes(modules[label])
                 door.reload(bench.conf, bench.confs["on"])
                 door_load(door, [bench.keys["bearer"]], args, SUSTAINED)  # warm-up: new workers
                 results[label].append(door_load(door, [bench.keys["bearer"]], args, SUSTAINED))

@@ -16,7 +16,7 @@ from pathlib import Path
 import bcrypt
 import yaml
 
-from kit.credentials.policy import door_module, present_principals, read_policies
+from kit.credentials.policy import door_policy, present_principals, read_policies
 from kit.engine.envfile import env_file_text
 from kit.errors import BadInput
 from kit.files import Output, generated_yaml
@@ -249,7 +249,8 @@ def _user_names(text: str) -> set[str]:
 
 
 def auth_outputs(layout: SiteLayout, users: list[str]) -> AuthFiles:
-    """htpasswd with every spec user and the probe present, keys.map, policy.js, auth-state.conf.
+    """htpasswd with every spec user and the probe present, keys.map, door-policy.json,
+    auth-state.conf.
 
     The spec owns the users it lists: a missing one gets a generated password that the caller
     prints once; one dropped from auth.users since the last render is removed (with a new auth
@@ -297,7 +298,7 @@ def auth_outputs(layout: SiteLayout, users: list[str]) -> AuthFiles:
     outputs += [
         Output(layout.htpasswd.relative_to(rel), htpasswd.encode(), mode, False, group),
         Output(layout.keys_map.relative_to(rel), keys, SECRET, generated=False),
-        Output(layout.policy_js.relative_to(rel), door_module(read_policies(layout), principals),
+        Output(layout.door_policy.relative_to(rel), door_policy(read_policies(layout), principals),
                SECRET, generated=False),
         Output(
             layout.auth_state.relative_to(rel), epoch or auth_state().encode(), SECRET,

@@ -33,7 +33,7 @@ from kit.credentials.material import (
 from kit.credentials.policy import (
     PolicyChange,
     check_policy_target,
-    door_module,
+    door_policy,
     policies_db,
     present_principals,
     principal,
@@ -53,7 +53,7 @@ class Snapshot:
     keys_db: bytes
     keys_map: bytes
     policy_db: bytes
-    policy_js: bytes
+    door_policy: bytes
 
 
 def _read(path: Path) -> bytes:
@@ -62,7 +62,7 @@ def _read(path: Path) -> bytes:
 
 def snapshot(layout: SiteLayout) -> Snapshot:
     return Snapshot(_read(layout.htpasswd), _read(layout.keys_db), _read(layout.keys_map),
-                    _read(layout.policy_db), _read(layout.policy_js))
+                    _read(layout.policy_db), _read(layout.door_policy))
 
 
 def require_rendered(layout: SiteLayout) -> None:
@@ -94,7 +94,7 @@ def write(layout: SiteLayout, new: Credentials) -> None:
     policies = read_policies(layout) if new.policies is None else new.policies
     present = present_principals(parse_htpasswd(new.htpasswd.decode(), layout.htpasswd), new.keys)
     restore(layout, Snapshot(new.htpasswd, keys_db, keys_map(new.keys).encode(),
-                             policies_db(policies), door_module(policies, present)))
+                             policies_db(policies), door_policy(policies, present)))
 
 
 def restore(layout: SiteLayout, files: Snapshot) -> None:
@@ -106,7 +106,7 @@ def restore(layout: SiteLayout, files: Snapshot) -> None:
         atomic_write(layout.policy_db, files.policy_db, SECRET)
     else:  # there was none: no policy (an empty file would read as a corrupt one)
         layout.policy_db.unlink(missing_ok=True)
-    atomic_write(layout.policy_js, files.policy_js or door_module({}, set()), SECRET)
+    atomic_write(layout.door_policy, files.door_policy or door_policy({}, set()), SECRET)
     atomic_write(layout.htpasswd, files.htpasswd, mode, group)
     atomic_write(layout.auth_state, auth_state().encode(), SECRET)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from kit.credentials.material import NGINX_GID
-from kit.credentials.policy import batch_in_use, door_module
+from kit.credentials.policy import batch_in_use, door_policy
 from kit.engine.desired import PROXY_SERVICE as NGINX_SERVICE
 from kit.engine.desired import VERIFIER_SERVICE
 from kit.errors import BadInput
@@ -84,7 +84,7 @@ class Credentials:
     htpasswd: bytes
     keys_map: bytes
     auth_state: bytes
-    policy_js: bytes
+    door_policy: bytes
     server_crt: bytes
     server_key: bytes
 
@@ -105,8 +105,8 @@ class Credentials:
         try:
             files = {key: path.read_bytes() for key, path in paths.items()}
             # none before kit had policies (the next credential change or render writes it)
-            policy = read_existing(layout.policy_js) or door_module({}, set())
-            return cls(**files, policy_js=policy)
+            policy = read_existing(layout.door_policy) or door_policy({}, set())
+            return cls(**files, door_policy=policy)
         except OSError as error:
             raise BadInput(f"cannot read {error.filename}: {error.strerror}",
                            fix="run kit as the user that owns the site folder") from None
@@ -375,7 +375,7 @@ def _front_door(plan: Plan, namespace: str, credentials: Credentials, spec_name:
     })
     keys = _secret(f"{FRONT_DOOR}-keys", namespace, nginx_labels, {
         "keys.map": credentials.keys_map, "auth-state.conf": credentials.auth_state,
-        "policy.js": credentials.policy_js})
+        "door-policy.json": credentials.door_policy})
     tls = _secret(f"{FRONT_DOOR}-tls", namespace, nginx_labels, {
         "tls.crt": credentials.server_crt, "tls.key": credentials.server_key},
         "kubernetes.io/tls")
@@ -384,7 +384,7 @@ def _front_door(plan: Plan, namespace: str, credentials: Credentials, spec_name:
                                    "kit-routes.js": "kit-routes.js"}),
         ("Secret", f"{FRONT_DOOR}-keys", {"keys.map": "auth/keys.map",
                                           "auth-state.conf": "auth/auth-state.conf",
-                                          "policy.js": "auth/policy.js"}),
+                                          "door-policy.json": "auth/door-policy.json"}),
         ("Secret", f"{FRONT_DOOR}-tls", {"tls.crt": "tls/server.crt",
                                          "tls.key": "tls/server.key"}),
     ])

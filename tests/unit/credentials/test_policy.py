@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.credentials.policy import door_module, parse_expiry, read_policies, shown_policy
+from kit.credentials.policy import door_policy, parse_expiry, read_policies, shown_policy
 from kit.errors import BadInput
 from kit.layout import SiteLayout
 from tests.support.adapters import write_adapter
@@ -85,7 +85,7 @@ def test_set_changes_what_it_is_given_and_list_shows_it(spec: Path) -> None:
         "models": ["llama-3.1-8b"], "tokens_per_day": 2000000,
         "expires": "2099-01-31T00:00:00Z"}}
     assert stat.S_IMODE(layout.policy_db.stat().st_mode) == 0o600
-    assert stat.S_IMODE(layout.policy_js.stat().st_mode) == 0o600
+    assert stat.S_IMODE(layout.door_policy.stat().st_mode) == 0o600
     listed = run_kit("keys", "list", spec).output
     assert ("class interactive  models llama-3.1-8b  expires 2099-01-31T00:00:00Z  "
             "tokens-per-day 2000000") in listed
@@ -121,10 +121,12 @@ def test_the_door_reads_only_credentials_that_exist() -> None:
     policies = {"user:gone": {"class": "batch"},
                 "key:bot": {"models": ["m"], "expires": "2027-01-31T00:00:00Z",
                             "tokens_per_day": 1000, "requests_per_minute": 6}}
-    module = door_module(policies, {"key:bot", "user:ops"}).decode()
-    body = json.loads(module.split("export default ", 1)[1].rstrip().rstrip(";"))
-    assert body == {"key:bot": {"models": {"m": True}, "expires": 1801353600000,
-                                "tokens_per_day": 1000, "requests_per_minute": 6}}
+    body = json.loads(door_policy(policies, {"key:bot", "user:ops"}))
+    assert body == {"batch": False,  # the only batch credential is gone
+                    "credentials": {"key:bot": {"models": {"m": True}, "expires": 1801353600000,
+                                                "tokens_per_day": 1000,
+                                                "requests_per_minute": 6}}}
+    assert json.loads(door_policy(policies, {"user:gone"}))["batch"] is True
 
 
 def test_a_budget_needs_the_usage_ledger(spec: Path) -> None:

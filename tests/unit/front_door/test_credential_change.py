@@ -336,7 +336,7 @@ def test_cli_users_add_without_a_terminal_generates_and_prints_the_password(
 
 def policy_files(layout: SiteLayout) -> dict[str, bytes | None]:
     return {path.name: path.read_bytes() if path.exists() else None
-            for path in (layout.policy_db, layout.policy_js)}
+            for path in (layout.policy_db, layout.door_policy)}
 
 
 def test_a_policy_change_is_reloaded_and_proven(live: Live) -> None:
@@ -346,7 +346,7 @@ def test_a_policy_change_is_reloaded_and_proven(live: Live) -> None:
     assert live.reloads() == RELOADS
     assert json.loads(live.layout.policy_db.read_text()) == {
         "key:bot": {"class": "batch", "models": ["llama-3.1-8b"]}}
-    assert '"key:bot"' in live.layout.policy_js.read_text()
+    assert '"key:bot"' in live.layout.door_policy.read_text()
 
 
 @pytest.mark.parametrize("point", FAILURES)
@@ -370,4 +370,4 @@ def test_revoking_a_key_drops_its_policy(live: Live) -> None:
                live.connection())
     revoke_key(live.spec, live.layout, "bot", live.connection())
     assert not live.layout.policy_db.exists() or "bot" not in live.layout.policy_db.read_text()
-    assert "bot" not in live.layout.policy_js.read_text()
+    assert "bot" not in live.layout.door_policy.read_text()

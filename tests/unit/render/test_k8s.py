@@ -52,7 +52,7 @@ CREDENTIALS = Credentials(
     htpasswd=b"ops:$2b$12$abcdefghijklmnopqrstuu5l9GQ5LkZ2WbZLc3Ed8bYqv7jA0nBS6\n",
     keys_map=b'    "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0" "ci";\n',
     auth_state=b"map $host $kit_auth_epoch { default \"1\"; }\n",
-    policy_js=b"export default {};\n",
+    door_policy=b'{"batch": false, "credentials": {}}\n',
     server_crt=b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
     server_key=b"-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n",
 )
