@@ -85,8 +85,10 @@ def edit_adapters(text: str, service: str, *, add: dict[str, str] | None = None,
             adapters = CommentedSeq()
             adapters.fa.set_flow_style()
             entry.insert(list(entry).index("name") + 1, "adapters", adapters)
-        if adapters.fa.flow_style():
-            new.fa.set_flow_style()
+        last = adapters[-1] if adapters else None
+        if adapters.fa.flow_style() or (isinstance(last, CommentedMap)
+                                        and last.fa.flow_style()):
+            new.fa.set_flow_style()  # as the list's other entries are written
         adapters.append(new)
     if remove is not None:
         if remove not in names:
