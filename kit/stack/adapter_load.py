@@ -25,6 +25,7 @@ UNLOAD_ROUTE = "/v1/unload_lora_adapter"
 # A local adapter loads in well under a second on a real vLLM (its weights are megabytes);
 # generous, a slow disk is not a failure.
 LOAD_TIMEOUT_S = 120
+ALREADY_LOADED = "has already been loaded"  # vLLM's refusal of a second load of one name
 
 
 @dataclass(frozen=True)
@@ -58,17 +59,17 @@ def serve_declared(engine: Engine, container: ContainerState, service: ServiceSt
 
 
 def load_and_gate(engine: Engine, host: str, container: ContainerState, name: str, path: str,
-                  task: str, *, already: bool | None = None) -> ReplicaLoad:
-    """Adapter `name` loaded from `path` in this replica (unless it serves it `already`: asked
-    when None), then one real answer on it (a 1-token completion, or an embedding)."""
+                  task: str, *, already: bool = False) -> ReplicaLoad:
+    """Adapter `name` loaded from `path` in this replica (unless it serves it `already`, or
+    vLLM answers that it does), then one real answer on it (a 1-token completion, or an
+    embedding)."""
     started = time.monotonic()
-    if already is None:
-        already = name in (served_adapters(engine, container) or [])
     if not already:
         status, body = request_in_container(engine, container, LOAD_ROUTE,
                                             {"lora_name": name, "lora_path": path},
                                             LOAD_TIMEOUT_S)
-        if status != 200:
+        already = status == 400 and ALREADY_LOADED in body  # not kit's to undo
+        if status != 200 and not already:
             # FastAPI's own 404: the route is not registered (vLLM's refusals say `lora`)
             why = (" (its vLLM runs without VLLM_ALLOW_RUNTIME_LORA_UPDATING: started before "
                    "kit rendered it; kit up recreates it)" if status == 404 and '"detail"'
@@ -76,7 +77,7 @@ def load_and_gate(engine: Engine, host: str, container: ContainerState, name: st
             return ReplicaLoad(host, container, False, False,
                                f"load answered {status or 'nothing'}: {body[:300]}{why}",
                                time.monotonic() - started)
-    verdict = prove_replica(engine, container, name, task)
+    verdict = prove_replica(engine, container, name, task, health=False)  # it just answered
     return ReplicaLoad(host, container, not already, verdict.ok,
                        ("loaded, " if not already else "already loaded, ") + verdict.detail
                        if verdict.ok else f"gate on {name} failed: {verdict.detail}",

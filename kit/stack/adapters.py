@@ -94,27 +94,34 @@ def add_adapter(site: Site, engine: Engine, service_name: str, entry: dict[str, 
     _check_rank(site, service, entry["name"])
     report(f"adapter {entry['name']} checked (files, base, rank"
            f"{', sha256' if entry.get('sha256') else ''}); loading on {len(replicas)} replica(s)")
-    with ThreadPoolExecutor(max_workers=len(replicas)) as pool:
+    new_site = replace(site, spec=new_spec)
+    # site.yaml and the render are written while the replicas load (nginx reads them only when
+    # reloaded, below, and the site lock keeps every other kit verb out): undone on a failure
+    with ThreadPoolExecutor(max_workers=len(replicas) + 1) as pool:
+        rendering = pool.submit(_write_and_render, new_site, text.encode())
         loads = list(pool.map(lambda replica: load_and_gate(
             engine, *replica, entry["name"], path, service.task), replicas))
+        render_error = rendering.exception()
+    report(f"loaded and gated on {len(loads) - sum(not load.ok for load in loads)} of "
+           f"{len(loads)} replica(s) after {time.monotonic() - started:.1f}s")
     failed = [load for load in loads if not load.ok]
-    if failed:
-        undone = unload_all(engine, [load.container for load in loads if load.loaded],
-                             entry["name"])
+    loaded = [load.container for load in loads if load.loaded]
+    if failed or render_error is not None:
+        undone = unload_all(engine, loaded, entry["name"])
+        _write_and_render(site, original)  # as it was; nginx never loaded the new files
+        if render_error is not None:
+            raise render_error
         raise KitError(
             f"adapter {entry['name']} failed on {', '.join(load.host for load in failed)}: "
             + "; ".join(f"{load.host}: {load.detail}" for load in failed)
             + f"; unloaded again from {', '.join(undone) or 'no replica'}; site.yaml and the "
             "front door unchanged", fix="fix the adapter (or the replica: kit logs) and run "
             "kit adapters add again")
-    new_site = replace(site, spec=new_spec)
     try:
-        rewrite_in_place(site.spec_path, text.encode())
-        _route(new_site, engine, report)
+        _reload(new_site, engine, report)
     except BaseException:
-        rewrite_in_place(site.spec_path, original)
-        unload_all(engine, [load.container for load in loads if load.loaded], entry["name"])
-        _route(site, engine, report)
+        unload_all(engine, loaded, entry["name"])
+        _write_and_render(site, original)
         raise
     return AdapterChange("add", service_name, entry["name"],
                          tuple((load.host, load.detail) for load in loads),
@@ -129,8 +136,9 @@ def remove_adapter(site: Site, engine: Engine, service_name: str, name: str,
     adapter_service(site, service_name)
     text = edit_adapters(site.spec_path.read_text(encoding="utf-8"), service_name, remove=name)
     new_spec = parse_spec(text, site.spec_path, host=host_checks())
-    rewrite_in_place(site.spec_path, text.encode())
-    _route(replace(site, spec=new_spec), engine, report)
+    new_site = replace(site, spec=new_spec)
+    _write_and_render(new_site, text.encode())
+    _reload(new_site, engine, report)
     running = _replicas(site, engine, site.spec.service(service_name), required=False)
     with ThreadPoolExecutor(max_workers=max(len(running), 1)) as pool:
         answers = list(pool.map(lambda replica: unload(engine, replica[1], name), running))
@@ -207,10 +215,16 @@ def _check_rank(site: Site, service: Service, name: str) -> None:
                        "larger --max-lora-rank, one at a time)")
 
 
-def _route(site: Site, engine: Engine, report: Callable[[str], None]) -> None:
-    """Render the site as its spec now says and reload the running front door: the door routes
-    exactly the adapters the spec declares."""
+def _write_and_render(site: Site, spec_text: bytes) -> None:
+    """site.yaml as `spec_text` (its spec), and the site rendered from it."""
+    rewrite_in_place(site.spec_path, spec_text)
     render_site(site)
+
+
+def _reload(site: Site, engine: Engine, report: Callable[[str], None]) -> None:
+    """The running front door reloaded with the site's rendered files: it routes exactly the
+    adapters the spec declares."""
+    started = time.monotonic()
     desired = site.desired
     if site_volumes(desired):
         deliver(engine, desired, site.layout.root)
@@ -219,4 +233,4 @@ def _route(site: Site, engine: Engine, report: Callable[[str], None]) -> None:
         raise KitError("the front door is not running, so it cannot route the change",
                        fix=f"run kit up {site.spec_path}")
     reload(engine, desired.service(PROXY_SERVICE), proxy, site.layout.applied)
-    report("front door reloaded")
+    report(f"front door reloaded ({time.monotonic() - started:.1f}s)")

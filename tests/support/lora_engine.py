@@ -71,6 +71,8 @@ class LoraEngine(ReplicaEngine):
                 if held.pop(adapter, None) is None:
                     return 0, _error(f"The lora adapter '{adapter}' cannot be found.", 404)
                 return 0, f"Success: LoRA adapter '{adapter}' removed successfully.\n200"
+            if adapter in held:
+                return 0, _error(f"The lora adapter '{adapter}' has already been loaded.", 400)
             if (name, adapter) in self.refuse:
                 return 0, _error(f"Loading lora {adapter} failed: CUDA out of memory", 400)
             held[adapter] = body["lora_path"]

@@ -50,17 +50,24 @@ def routes(spec: Path) -> str:
     return (spec.parent / "nginx" / "kit-routes.js").read_text()
 
 
+def reloads(engine: LoraEngine) -> int:
+    """The signals sent to nginx so far (a reload is one: the door routes what it read then)."""
+    return sum(method == "signal" for method, _ in engine.calls)
+
+
 def test_add_checks_loads_and_gates_every_replica_before_the_door_routes_it(
         tmp_path: Path, engine: LoraEngine) -> None:
     spec = lora_site(tmp_path)
     brought_up(spec, engine)
     before = spec.read_text()
-    engine.watch = lambda: "legal" in routes(spec)
+    reloaded = reloads(engine)
+    engine.watch = lambda: reloads(engine)
     result = run_kit("adapters", "add", spec, "beta", "legal", "--path", "adapters/legal")
     assert result.exit_code == 0, result.output
     loads = [(name, adapter) for name, route, adapter in engine.posts if route == LOAD]
     assert sorted(loads) == [(name, "legal") for name in REPLICAS]
-    assert engine.seen == [False] * 4  # not routable while any replica was loading
+    assert engine.seen == [reloaded] * 4  # nginx not reloaded while any replica was loading
+    assert reloads(engine) == reloaded + 1
     assert all(engine.held[name]["legal"] == "/models/adapters/legal" for name in REPLICAS)
     assert sorted(engine.answered) == [(name, "legal") for name in REPLICAS]  # each gated
     assert "legal" in routes(spec)
