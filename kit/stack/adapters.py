@@ -100,7 +100,7 @@ def add_adapter(site: Site, engine: Engine, service_name: str, entry: dict[str, 
     with ThreadPoolExecutor(max_workers=len(replicas) + 1) as pool:
         rendering = pool.submit(_write_and_render, new_site, text.encode())
         loads = list(pool.map(lambda replica: load_and_gate(
-            engine, *replica, entry["name"], path, service.task), replicas))
+            engine, replica[0], replica[1], entry["name"], path, service.task), replicas))
         render_error = rendering.exception()
     report(f"loaded and gated on {len(loads) - sum(not load.ok for load in loads)} of "
            f"{len(loads)} replica(s) after {time.monotonic() - started:.1f}s")
