@@ -22,6 +22,7 @@ from ruamel.yaml.comments import CommentedMap
 from kit.errors import BadInput
 from kit.files import rewrite_in_place
 from kit.plan.host import host_checks
+from kit.spec.edit import plain
 from kit.spec.load import parse_spec
 
 BOM = "\ufeff"
@@ -82,21 +83,13 @@ def with_max_num_seqs(text: str, service: str, max_num_seqs: int) -> str:
 def _check_only_change(before: CommentedMap, after: CommentedMap, service: str,
                        max_num_seqs: int) -> None:
     """The edited text means the old document with one value set (a guard on the splice)."""
-    expected = cast(dict[str, Any], _plain(before))  # before is a mapping: so is its copy
+    expected = cast(dict[str, Any], plain(before))  # before is a mapping: so is its copy
     for entry in expected["services"]:
         if entry.get("name") == service:
             entry["max_num_seqs"] = max_num_seqs
-    if _plain(after) != expected:
+    if plain(after) != expected:
         raise BadInput(f"services[{service}] is written in a way kit cannot edit in place",
                        fix=f"set max_num_seqs: {max_num_seqs} there by hand")
-
-
-def _plain(node: object) -> object:
-    if isinstance(node, dict):
-        return {key: _plain(value) for key, value in node.items()}
-    if isinstance(node, list):
-        return [_plain(value) for value in node]
-    return node
 
 
 def write_max_num_seqs(spec_path: Path, service: str, max_num_seqs: int) -> Path:

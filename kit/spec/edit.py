@@ -42,11 +42,12 @@ def _dump(document: Any, layout: tuple[int, int, int]) -> str:
     return buffer.getvalue()
 
 
-def _plain(node: object) -> object:
+def plain(node: object) -> object:
+    """A round-trip document as plain dicts and lists (what it means, without its layout)."""
     if isinstance(node, dict):
-        return {key: _plain(value) for key, value in node.items()}
+        return {key: plain(value) for key, value in node.items()}
     if isinstance(node, list):
-        return [_plain(value) for value in node]
+        return [plain(value) for value in node]
     return node
 
 
@@ -75,7 +76,7 @@ def edit_adapters(text: str, service: str, *, add: dict[str, str] | None = None,
         raise BadInput("site.yaml is laid out in a way kit cannot reproduce, so it would not "
                        "edit it without changing other lines",
                        fix="make the change to the service's adapters: by hand and run kit up")
-    expected = _plain(document)
+    expected = plain(document)
     entry = _service(document, service)
     names = [a.get("name") for a in entry.get("adapters") or [] if isinstance(a, dict)]
     if add is not None:
@@ -96,7 +97,7 @@ def edit_adapters(text: str, service: str, *, add: dict[str, str] | None = None,
                            fix=f"name one of: {', '.join(map(str, names)) or '(none)'}")
         adapters = entry["adapters"]
         del adapters[names.index(remove)]
-    changed = _plain(document)
+    changed = plain(document)
     _check_only_change(expected, changed, service, add, remove)
     new_body = _dump(document, layout)
     return bom + (new_body.replace("\n", "\r\n") if crlf else new_body)

@@ -13,9 +13,9 @@ import pytest
 import kit.commands.adapters
 from kit.errors import KitError
 from kit.site import Site
-from kit.stack.up import up_site
 from tests.support.adapters import write_adapter
 from tests.support.cli import run_kit
+from tests.support.fake_stack import up
 from tests.support.lora_engine import LoraEngine
 from tests.support.sites import write_site
 
@@ -41,11 +41,6 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> LoraEngine:
     return engine
 
 
-def brought_up(spec: Path, engine: LoraEngine) -> None:
-    up_site(Site.load(spec), timeout=5, probe=False, report=lambda _: None,
-            warn=lambda _: None, connect=lambda: engine)
-
-
 def routes(spec: Path) -> str:
     return (spec.parent / "nginx" / "kit-routes.js").read_text()
 
@@ -58,7 +53,7 @@ def reloads(engine: LoraEngine) -> int:
 def test_add_checks_loads_and_gates_every_replica_before_the_door_routes_it(
         tmp_path: Path, engine: LoraEngine) -> None:
     spec = lora_site(tmp_path)
-    brought_up(spec, engine)
+    up(Site.load(spec), engine)
     before = spec.read_text()
     reloaded = reloads(engine)
     engine.watch = lambda: reloads(engine)
@@ -86,7 +81,7 @@ def test_add_checks_loads_and_gates_every_replica_before_the_door_routes_it(
 def test_a_bad_adapter_is_refused_before_any_replica_sees_it(
         tmp_path: Path, engine: LoraEngine, broken: str) -> None:
     spec = lora_site(tmp_path)
-    brought_up(spec, engine)
+    up(Site.load(spec), engine)
     folder = tmp_path / "models" / "adapters" / "bad"
     sha = write_adapter(folder, base="llama-3" if broken == "base" else "qwen",
                         rank=1024 if broken == "rank" else 8, truncate=broken == "truncated")
@@ -103,7 +98,7 @@ def test_a_bad_adapter_is_refused_before_any_replica_sees_it(
 def test_a_load_failing_on_one_replica_is_unloaded_from_the_others_and_never_routed(
         tmp_path: Path, engine: LoraEngine) -> None:
     spec = lora_site(tmp_path)
-    brought_up(spec, engine)
+    up(Site.load(spec), engine)
     before, routed = spec.read_bytes(), routes(spec)
     engine.refuse.add((REPLICAS[2], "legal"))
     result = run_kit("adapters", "add", spec, "beta", "legal", "--path", "adapters/legal")
@@ -117,7 +112,7 @@ def test_a_load_failing_on_one_replica_is_unloaded_from_the_others_and_never_rou
 
 def test_a_vllm_without_the_runtime_routes_is_named(tmp_path: Path, engine: LoraEngine) -> None:
     spec = lora_site(tmp_path)
-    brought_up(spec, engine)
+    up(Site.load(spec), engine)
     engine.runtime_routes = False
     result = run_kit("adapters", "add", spec, "beta", "legal", "--path", "adapters/legal")
     assert result.exit_code == 1 and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" in result.output
@@ -125,7 +120,7 @@ def test_a_vllm_without_the_runtime_routes_is_named(tmp_path: Path, engine: Lora
 
 def test_a_service_without_adapters_cannot_hot_load(tmp_path: Path, engine: LoraEngine) -> None:
     spec = lora_site(tmp_path)
-    brought_up(spec, engine)
+    up(Site.load(spec), engine)
     result = run_kit("adapters", "add", spec, "alpha", "legal", "--path", "adapters/legal")
     assert result.exit_code == 2 and "declares no adapters" in result.output
     assert engine.posts == []
@@ -134,7 +129,7 @@ def test_a_service_without_adapters_cannot_hot_load(tmp_path: Path, engine: Lora
 def test_remove_makes_it_unroutable_before_it_unloads(tmp_path: Path,
                                                       engine: LoraEngine) -> None:
     spec = lora_site(tmp_path)
-    brought_up(spec, engine)
+    up(Site.load(spec), engine)
     assert run_kit("adapters", "add", spec, "beta", "legal", "--path",
                    "adapters/legal").exit_code == 0
     engine.posts.clear()
@@ -151,14 +146,12 @@ def test_remove_makes_it_unroutable_before_it_unloads(tmp_path: Path,
 def test_a_rolling_update_loads_and_proves_declared_adapters_before_traffic(
         tmp_path: Path, engine: LoraEngine) -> None:
     spec = lora_site(tmp_path)
-    brought_up(spec, engine)
+    up(Site.load(spec), engine)
     spec.write_text(spec.read_text().replace("    replicas: 4\n",
                                              "    replicas: 4\n    env: {ROLL: '1'}\n"))
     engine.skip_at_start.add("support")  # the new replicas come up without it
-    lines: list[str] = []
     engine.answered.clear()
-    up_site(Site.load(spec), timeout=5, probe=False, report=lines.append,
-            warn=lambda _: None, connect=lambda: engine)
+    lines = up(Site.load(spec), engine)
     assert all("support" in engine.held[name] for name in REPLICAS)
     assert sorted(engine.answered) == [(name, "support") for name in REPLICAS]
     back = [line for line in lines if "back in nginx" in line]
@@ -167,5 +160,4 @@ def test_a_rolling_update_loads_and_proves_declared_adapters_before_traffic(
     spec.write_text(spec.read_text().replace("ROLL: '1'", "ROLL: '2'"))
     engine.refuse.add((REPLICAS[0], "support"))
     with pytest.raises(KitError, match="declared adapter support"):
-        up_site(Site.load(spec), timeout=5, probe=False, report=lambda _: None,
-                warn=lambda _: None, connect=lambda: engine)
+        up(Site.load(spec), engine)
