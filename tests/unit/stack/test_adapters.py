@@ -34,13 +34,6 @@ def lora_site(root: Path) -> Path:
     return spec
 
 
-@pytest.fixture
-def engine(monkeypatch: pytest.MonkeyPatch) -> LoraEngine:
-    engine = LoraEngine()
-    monkeypatch.setattr(kit.commands.adapters, "connect", lambda _: engine)
-    return engine
-
-
 def routes(spec: Path) -> str:
     return (spec.parent / "nginx" / "kit-routes.js").read_text()
 
@@ -48,6 +41,13 @@ def routes(spec: Path) -> str:
 def reloads(engine: LoraEngine) -> int:
     """The signals sent to nginx so far (a reload is one: the door routes what it read then)."""
     return sum(method == "signal" for method, _ in engine.calls)
+
+
+@pytest.fixture
+def engine(monkeypatch: pytest.MonkeyPatch) -> LoraEngine:
+    engine = LoraEngine()
+    monkeypatch.setattr(kit.commands.adapters, "connect", lambda _: engine)
+    return engine
 
 
 def test_add_checks_loads_and_gates_every_replica_before_the_door_routes_it(
