@@ -142,9 +142,10 @@ def test_after_docker_kill_and_kit_up_no_request_for_an_adapter_misses_it(
     killed one too), each loading every declared adapter before it is back in nginx."""
     if not all(ADDED in served for served in adapter_states(site).values()):
         pytest.skip("needs the adapter the add test loads")
+    key = site.add_key(f"kill-{secrets.token_hex(2)}")  # before: nginx reloads fail after it
     site.container(REPLICAS[1]).kill()
     time.sleep(1)  # the streams the kill cut are its cost (tests/e2e/test_replicas.py)
-    up, requests, failed = site.up_under_load(16, model=ADDED)
+    up, _, _, requests, failed = site.kit_under_load(16, "up", models=(ADDED,), key=key)
     print(up.stdout[-1500:])
     print(f"{ADDED} through docker kill + kit up: {requests} requests, failed {failed or 0}")
     assert up.returncode == 0, up.stdout + up.stderr

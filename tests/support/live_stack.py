@@ -261,13 +261,15 @@ class LiveSite:
 
     def kit_under_load(self, streams: int, verb: str, *args: str,
                        models: tuple[str, ...] = (SERVED_NAME,),
-                       after: Callable[[], object] = lambda: None,
+                       after: Callable[[], object] = lambda: None, key: str | None = None,
                        ) -> tuple[subprocess.CompletedProcess, float, object, int, dict]:
         """`kit VERB ARGS` while, per model in `models`, batches of `streams` streams (a fresh
         key; one request per connection, as a reload closes idle keep-alive ones) run back to
-        back from 2 s before until 2 s after it; `after` runs the moment it returned. Its
-        result, its seconds, what `after` returned, the requests sent, the failures by cause."""
-        key = self.add_key(f"load-{secrets.token_hex(2)}")
+        back from 2 s before until 2 s after it; `after` runs the moment it returned; `key`:
+        the streams' key (made earlier: adding one reloads nginx, which fails while a replica is
+        killed). Its result, its seconds, what `after` returned, the requests sent, the
+        failures by cause."""
+        key = key or self.add_key(f"load-{secrets.token_hex(2)}")
         batches: list[dict] = []
         done = threading.Event()
 
