@@ -54,7 +54,11 @@ class Rollout:
 
     def run(self, action: RollReplicas) -> None:
         total = len(action.replicas)
-        for done, step in enumerate(action.replicas):
+        # A replica that is not running (`docker kill`) has no name in Docker's DNS: while its
+        # server line is live, every reload fails `nginx -t`. Replaced first, it is out of the
+        # list (`mark`) for the first reload and back, running, by the next.
+        steps = sorted(action.replicas, key=lambda step: step.old.running)
+        for done, step in enumerate(steps):
             try:
                 self._replace(action.service, step)
             except KitError as error:
