@@ -161,3 +161,21 @@ def test_a_rolling_update_loads_and_proves_declared_adapters_before_traffic(
     engine.refuse.add((REPLICAS[0], "support"))
     with pytest.raises(KitError, match="declared adapter support"):
         up(Site.load(spec), engine)
+
+
+def test_after_an_add_and_a_killed_replica_kit_up_replaces_the_dead_one_first(
+        tmp_path: Path, engine: LoraEngine) -> None:
+    """The replicas' commands predate the add, so kit up rolls all 4; the killed one (no name
+    in Docker's DNS: any reload listing it would fail) is replaced first, with every declared
+    adapter loaded at its start and proven before it is back in nginx."""
+    spec = lora_site(tmp_path)
+    up(Site.load(spec), engine)
+    assert run_kit("adapters", "add", spec, "beta", "legal", "--path",
+                   "adapters/legal").exit_code == 0
+    engine.stop(engine.inspect(REPLICAS[1])["Id"])
+    lines = up(Site.load(spec), engine)
+    back = [line for line in lines if "back in nginx" in line]
+    assert [line.split(":")[0].strip() for line in back] == [
+        "beta-r1", "beta-r0", "beta-r2", "beta-r3"]
+    assert all("adapters support, legal answered" in line for line in back)
+    assert all(set(engine.held[name]) == {"support", "legal"} for name in REPLICAS)
