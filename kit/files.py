@@ -120,6 +120,20 @@ def atomic_write(path: Path, content: bytes | Iterable[bytes], mode: int = 0o644
     _fsync_dir(path.parent)
 
 
+def rewrite_in_place(path: Path, content: bytes) -> Path:
+    """An operator's file (site.yaml) replaced atomically by kit's edit of it: through a
+    symlink, the file it points at, keeping its mode and owner. Returns the file written."""
+    target = Path(os.path.realpath(path))
+    status = target.stat()
+    try:
+        atomic_write(target, content, mode=status.st_mode & 0o7777,
+                     group=status.st_gid if status.st_gid != os.getegid() else None,
+                     owner=status.st_uid if status.st_uid != os.geteuid() else None)
+    except OSError as error:
+        raise write_failure(error, target) from None
+    return target
+
+
 def read_manifest(path: Path, *, force: bool = False) -> dict[str, str]:
     """path → digest as kit last wrote it; with `force` an unusable manifest counts as empty
     (the render that follows rewrites it)."""

@@ -20,8 +20,9 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 
 from kit.errors import BadInput
-from kit.files import atomic_write, write_failure
+from kit.files import rewrite_in_place
 from kit.plan.host import host_checks
+from kit.spec.edit import plain
 from kit.spec.load import parse_spec
 
 BOM = "\ufeff"
@@ -82,36 +83,20 @@ def with_max_num_seqs(text: str, service: str, max_num_seqs: int) -> str:
 def _check_only_change(before: CommentedMap, after: CommentedMap, service: str,
                        max_num_seqs: int) -> None:
     """The edited text means the old document with one value set (a guard on the splice)."""
-    expected = cast(dict[str, Any], _plain(before))  # before is a mapping: so is its copy
+    expected = cast(dict[str, Any], plain(before))  # before is a mapping: so is its copy
     for entry in expected["services"]:
         if entry.get("name") == service:
             entry["max_num_seqs"] = max_num_seqs
-    if _plain(after) != expected:
+    if plain(after) != expected:
         raise BadInput(f"services[{service}] is written in a way kit cannot edit in place",
                        fix=f"set max_num_seqs: {max_num_seqs} there by hand")
-
-
-def _plain(node: object) -> object:
-    if isinstance(node, dict):
-        return {key: _plain(value) for key, value in node.items()}
-    if isinstance(node, list):
-        return [_plain(value) for value in node]
-    return node
 
 
 def write_max_num_seqs(spec_path: Path, service: str, max_num_seqs: int) -> Path:
     """Rewrite the spec once the new text loads as a valid spec; through a symlink, the file it
     points at, keeping its mode and owner. Returns the file written."""
-    target = Path(os.path.realpath(spec_path))
-    raw = target.read_bytes()
-    text = with_max_num_seqs(raw.decode(), service, max_num_seqs)
+    text = with_max_num_seqs(Path(os.path.realpath(spec_path)).read_bytes().decode(), service,
+                             max_num_seqs)
     # validated as the spec it is read as: relative paths from the folder the user named
     parse_spec(text, spec_path, host=host_checks(check_host=False, check_capacity=False))
-    status = target.stat()
-    try:
-        atomic_write(target, text.encode(), mode=status.st_mode & 0o7777,
-                     group=status.st_gid if status.st_gid != os.getegid() else None,
-                     owner=status.st_uid if status.st_uid != os.geteuid() else None)
-    except OSError as error:
-        raise write_failure(error, target) from None
-    return target
+    return rewrite_in_place(spec_path, text.encode())

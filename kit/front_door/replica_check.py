@@ -51,14 +51,16 @@ class ReplicaVerdict:
 
 def prove_replica(
     engine: Engine, container: ContainerState, api_name: str, task: str,
-    timeout: float = CHECK_TIMEOUT_S,
+    timeout: float = CHECK_TIMEOUT_S, *, health: bool = True,
 ) -> ReplicaVerdict:
-    """Health, then one real answer from this container's vLLM (a 1-token completion, or an
-    embedding for an embedding model), as its own verdict."""
+    """Health (unless the caller just had an answer from it), then one real answer from this
+    container's vLLM (a 1-token completion, or an embedding for an embedding model), as its
+    own verdict."""
     started = time.perf_counter()
     if not container.running:
         return ReplicaVerdict(False, f"{container.name} is {container.state}", 0.0)
-    status, body = request_in_container(engine, container, "/health", None, timeout)
+    status, body = (request_in_container(engine, container, "/health", None, timeout)
+                    if health else (200, ""))
     if status != 200:
         return ReplicaVerdict(False, f"/health answered {status or 'nothing'}: {body[:300]}",
                               ms_since(started))
@@ -72,7 +74,8 @@ def prove_replica(
     except (ValueError, KeyError, IndexError, TypeError):
         return ReplicaVerdict(False, f"{PROOF_NAMES[task]} answered without {PROOF_PARTS[task]}: "
                               f"{body[:160]}", ms_since(started))
-    return ReplicaVerdict(True, f"health 200, {detail}", ms_since(started))
+    return ReplicaVerdict(True, f"health 200, {detail}" if health else detail,
+                          ms_since(started))
 
 
 def in_flight(engine: Engine, container: ContainerState) -> int | None:

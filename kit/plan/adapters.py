@@ -23,6 +23,11 @@ PICKLE_WEIGHTS = "adapter_model.bin"  # vLLM loads it too; only its size and sha
 HUB_CACHE = "hub"  # under HF_HOME (hf_cache): models--<org>--<name>/snapshots/<commit>
 # The LoRA flags kit derives from `adapters:`; extra_args may set them instead (its value wins).
 DERIVED_FLAGS = ("--enable-lora", "--max-lora-rank", "--max-loras", "--max-cpu-loras")
+MODULES_FLAG = "--lora-modules"  # name=path per adapter: vLLM loads them before /health answers
+# vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter exist only with this set: rendered
+# for a service with adapters, reached by kit inside the replica's container (kit adapters),
+# never through the front door (kit/names.py refuses them there).
+RUNTIME_LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
 
 
 @dataclass(frozen=True)
@@ -221,3 +226,17 @@ def adapter_problems(service: Service, infos: list[AdapterInfo],
                           f"{adapter.path} --revision <commit> --cache-dir <hf_cache>/hub) and "
                           "name that revision"))
     return found
+
+
+def command_modules(command: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """{adapter name: path in the container} a `vllm serve` command loads at start (the values
+    of its --lora-modules, `name=path`, up to the next flag)."""
+    modules: dict[str, str] = {}
+    taking = False
+    for part in command:
+        if part.startswith("--"):
+            taking = part == MODULES_FLAG
+        elif taking:
+            name, _, path = part.partition("=")
+            modules[name] = path
+    return modules

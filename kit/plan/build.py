@@ -11,7 +11,15 @@ from typing import cast
 from kit.engine.desired import NEVER_PULL
 from kit.errors import BadInput
 from kit.layout import ACME_LAST_RUN, NGINX_MOUNT
-from kit.plan.adapters import DERIVED_FLAGS, flag_values, lora_slots, service_adapters
+from kit.plan.adapters import (
+    DERIVED_FLAGS,
+    MODULES_FLAG,
+    RUNTIME_LORA_ENV,
+    AdapterInfo,
+    flag_values,
+    lora_slots,
+    service_adapters,
+)
 from kit.plan.multinode import MultiNodePlan, multinode_plan
 from kit.plan.observability import (
     MetricsNetwork,
@@ -404,6 +412,8 @@ def _service_plan(spec: Spec, service, priority_scheduling: bool = False) -> Ser
     env = {"HF_HOME": HF_CACHE_MOUNT, **service.env, **(OFFLINE_ENV if spec.offline else {})}
     if service.idle_sleep is not None:
         env[DEV_MODE_ENV] = "1"
+    if service.adapters:  # kit adapters add|remove: the runtime routes, kept inside the stack
+        env.update(RUNTIME_LORA_ENV)
     affinity = service.routing.affinity if len(replicas) > 1 else "none"
     engine_timeout = service.engine_ready_timeout or DEFAULT_ENGINE_READY_TIMEOUT
     nodes = multinode_plan(service, command, env)
@@ -458,15 +468,25 @@ def _lora_args(spec: Spec, service: Service) -> tuple[list[str], bool]:
     given = flag_values(service)
     args = [part for flag, value in derived.items() if flag not in given
             for part in (flag, value) if part]
-    modules = []
+    modules = [f"{name}={path}" for name, path in adapter_paths(spec, service, infos).items()]
+    return [*args, MODULES_FLAG, *modules], any(info.folder is None for info in infos)
+
+
+def adapter_paths(spec: Spec, service: Service,
+                  infos: list[AdapterInfo] | None = None) -> dict[str, str]:
+    """{adapter name: the path its replica's vLLM loads it from}: under the models mount, a
+    pinned Hub snapshot under the cache mount, or (unpinned) the Hub id vLLM downloads."""
+    if infos is None:
+        infos = service_adapters(service, spec.models_root, spec.hf_cache)
+    paths = {}
     for adapter, info in zip(service.adapters, infos, strict=True):
         path = adapter.path  # a Hub id: vLLM downloads it
         if info.folder is not None and info.folder.is_relative_to(spec.models_root):
             path = f"{MODELS_MOUNT}/{info.folder.relative_to(spec.models_root)}"
         elif info.folder is not None and spec.hf_cache is not None:
             path = f"{HF_CACHE_MOUNT}/{info.folder.relative_to(spec.hf_cache)}"
-        modules.append(f"{adapter.name}={path}")
-    return [*args, "--lora-modules", *modules], any(info.folder is None for info in infos)
+        paths[adapter.name] = path
+    return paths
 
 
 def _affinity_key(affinity: str, header: str | None) -> str | None:

@@ -6,7 +6,8 @@ and reload nginx (old workers finish the streams they carry); wait until vLLM ru
 nothing (vllm:num_requests_running + waiting) or the drain deadline passes; stop it (vLLM's
 --shutdown-timeout, the engine's matching stop_grace_period); create the new one on the same
 GPUs (no surge: they are pinned); wait for its health, then prove it directly with a real
-1-token completion; put it back and reload. A replica that fails stops the rollout: it stays
+1-token completion (and one on each LoRA adapter its command declares: kit/stack/adapter_load.py);
+put it back and reload. A replica that fails stops the rollout: it stays
 out of nginx, the others keep serving (the ones already replaced, new; the rest, old), and
 kit up exits non-zero with the diagnosis. The next `kit render` (or `kit up`) lists every
 replica again.
@@ -27,6 +28,7 @@ from kit.front_door.reload import reload, running_proxy
 from kit.front_door.replica_check import in_flight, prove_replica
 from kit.layout import SiteLayout
 from kit.spec.vllm_flags import serving_task
+from kit.stack.adapter_load import serve_declared
 from kit.stack.reconcile import Action, RecreateContainer, RollReplicas
 from kit.state import json_object, read_state
 
@@ -52,7 +54,11 @@ class Rollout:
 
     def run(self, action: RollReplicas) -> None:
         total = len(action.replicas)
-        for done, step in enumerate(action.replicas):
+        # A replica that is not running (`docker kill`) has no name in Docker's DNS: while its
+        # server line is live, every reload fails `nginx -t`. Replaced first, it is out of the
+        # list (`mark`) for the first reload and back, running, by the next.
+        steps = sorted(action.replicas, key=lambda step: step.old.running)
+        for done, step in enumerate(steps):
             try:
                 self._replace(action.service, step)
             except KitError as error:
@@ -80,8 +86,10 @@ class Rollout:
         if not verdict.ok:
             raise KitError(f"{host} is healthy but failed its gate: {verdict.detail}",
                            fix=f"read its log: kit logs {host}")
+        adapters = serve_declared(self.engine, container, step.service)  # declared = loaded
         self._serve(service, host, serving=True)
-        self.report(f"  {host}: back in nginx ({verdict.detail})")
+        self.report(f"  {host}: back in nginx ({verdict.detail}"
+                    f"{f'; {adapters}' if adapters else ''})")
 
     def _serve(self, service: str, host: str, *, serving: bool) -> None:
         """Mark `host` in (or out of) the service's server list, then reload nginx."""

@@ -157,14 +157,15 @@ def gather(site: Site, engine: Engine,
         out_of_rotation=_out_of_rotation(site, observed.containers),
         probe_stale=_probe_stale(last_probe, observed),
         usage=ledger_health(engine, observed.containers) if site.spec.usage.enabled else None,
-        adapters=_adapters(site, engine, observed.containers),
+        adapters=replica_adapters(site, engine, observed.containers),
         sleep=sleep_states(engine, site, observed.containers),
     )
 
 
-def _adapters(site: Site, engine: Engine, containers: tuple[ContainerState, ...]
-              ) -> tuple[ReplicaAdapters, ...]:
-    """Each running replica of a service with adapters, asked what it serves."""
+def replica_adapters(site: Site, engine: Engine, containers: tuple[ContainerState, ...]
+                     ) -> tuple[ReplicaAdapters, ...]:
+    """Each running replica of a service with adapters, asked what it serves (kit status,
+    kit adapters list)."""
     declared = {s.name: {a.name for a in s.adapters} for s in site.spec.services if s.adapters}
     found = []
     for c in containers:

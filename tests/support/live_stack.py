@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -235,14 +235,14 @@ class LiveSite:
     def loadgen(self, auth: str | list[str] | None, *, streams: int, tokens: int,
                 announce: bool = False, requests: int = 1, pause: float = 0,
                 duration: float = 0, timeout: float = 120,
-                ca: Path | None = None) -> subprocess.Popen:
+                ca: Path | None = None, model: str = SERVED_NAME) -> subprocess.Popen:
         """scripts/loadgen.py on the host against the published port (stdout: one JSON line),
-        trusting `ca` (default: the kit CA).
+        trusting `ca` (default: the kit CA), asking for `model` (the served name, or an adapter).
 
         Several `auth` values: connection i sends the (i mod n)-th (many distinct users).
         """
         command = [sys.executable, str(LOADGEN), "--url", f"https://127.0.0.1:{self.https_port}",
-                   "--host", DOMAIN, "--ca", str(ca or self.layout.ca_cert), "--model", SERVED_NAME,
+                   "--host", DOMAIN, "--ca", str(ca or self.layout.ca_cert), "--model", model,
                    "--streams", str(streams), "--tokens", str(tokens),
                    "--requests", str(requests), "--pause", str(pause),
                    "--duration", str(duration), "--timeout", str(timeout)]
@@ -251,28 +251,49 @@ class LiveSite:
             command.append("--announce")
         return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    def up_under_load(self, streams: int) -> tuple[subprocess.CompletedProcess, int, dict]:
-        """`kit up` while batches of `streams` streams (a fresh key) run back to back from 2 s
-        before until 2 s after it: its result, the requests sent and the failures by cause."""
-        key = self.add_key(f"load-{secrets.token_hex(2)}")
+    def up_under_load(self, streams: int, model: str = SERVED_NAME
+                      ) -> tuple[subprocess.CompletedProcess, int, dict]:
+        """`kit up` while batches of `streams` streams (a fresh key) on `model` run back to back
+        from 2 s before until 2 s after it: its result, the requests sent and the failures by
+        cause."""
+        result, _, _, requests, failed = self.kit_under_load(streams, "up", models=(model,))
+        return result, requests, failed
+
+    def kit_under_load(self, streams: int, verb: str, *args: str,
+                       models: tuple[str, ...] = (SERVED_NAME,),
+                       after: Callable[[], object] = lambda: None, key: str | None = None,
+                       ) -> tuple[subprocess.CompletedProcess, float, object, int, dict]:
+        """`kit VERB ARGS` while, per model in `models`, batches of `streams` streams (a fresh
+        key; one request per connection, as a reload closes idle keep-alive ones) run back to
+        back from 2 s before until 2 s after it; `after` runs the moment it returned; `key`:
+        the streams' key (made earlier: adding one reloads nginx, which fails while a replica is
+        killed). Its result, its seconds, what `after` returned, the requests sent, the
+        failures by cause."""
+        key = key or self.add_key(f"load-{secrets.token_hex(2)}")
         batches: list[dict] = []
         done = threading.Event()
 
-        def load() -> None:
+        def load(model: str) -> None:
             while not done.is_set():
-                batches.append(finished(self.loadgen(f"Bearer {key}", streams=streams, tokens=60)))
+                batches.append(finished(self.loadgen(f"Bearer {key}", streams=streams, tokens=60,
+                                                     model=model)))
 
-        loading = threading.Thread(target=load)
-        loading.start()
+        loading = [threading.Thread(target=load, args=(model,)) for model in models]
+        for thread in loading:
+            thread.start()
         try:
             time.sleep(2)
-            result = self.kit("up")
+            started = time.monotonic()
+            result = self.kit(verb, *args)
+            seconds = time.monotonic() - started
+            seen = after()
             time.sleep(2)
         finally:
             done.set()
-            loading.join(timeout=120)
+            for thread in loading:
+                thread.join(timeout=120)
         failed = {k: v for b in batches for k, v in b["failures"].items()}
-        return result, sum(b["requests"] for b in batches), failed
+        return result, seconds, seen, sum(b["requests"] for b in batches), failed
 
     def openai(self, api_key: str, *, http2: bool = False):
         """The OpenAI Python SDK (openai>=3, httpx2) aimed at this site, trusting the kit CA;

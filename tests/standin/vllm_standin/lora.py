@@ -6,8 +6,12 @@ model of its own name in requests and in /v1/models (`root` its path, `parent` t
 name, `max_model_len` null); POST /v1/load_lora_adapter {lora_name, lora_path} and
 /v1/unload_lora_adapter {lora_name} exist only when VLLM_ALLOW_RUNTIME_LORA_UPDATING is 1/true;
 a rank above --max-lora-rank and a folder without an adapter are refused. vLLM checks no base
-model. What is the stand-in's own: the wording of a truncated weights file's refusal, and the
-programmed load time (STANDIN_LORA_LOAD_SECONDS, seconds each load takes).
+model. What is the stand-in's own: the wording of a truncated weights file's refusal, the
+programmed load time (STANDIN_LORA_LOAD_SECONDS, seconds each load takes), and a replica told to
+fail a load: a file named after the adapter in STANDIN_LORA_REFUSE_DIR (default
+/tmp/standin-lora-refuse, e.g. `docker exec REPLICA touch /tmp/standin-lora-refuse/NAME`) makes
+its load fail as vLLM reports an engine failure while loading (400, `Loading lora NAME failed:
+...`), on that replica only.
 """
 
 import json
@@ -15,6 +19,8 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+
+REFUSE_DIR = "/tmp/standin-lora-refuse"  # the stand-in's own: a load of a NAME file here fails
 
 
 class LoraError(Exception):
@@ -83,6 +89,9 @@ class Adapters:
             raise LoraError(f"The lora adapter '{name}' has already been loaded.",
                             "InvalidUserInput")
         self.check(name, path)
+        if (Path(os.environ.get("STANDIN_LORA_REFUSE_DIR", REFUSE_DIR)) / name).exists():
+            raise LoraError(f"Loading lora {name} failed: CUDA out of memory. Tried to allocate "
+                            "64.00 MiB (the stand-in was told to fail this load)")
         self.loaded[name] = path
 
     def unload(self, name: str) -> None:

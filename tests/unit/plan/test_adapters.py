@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kit.plan.adapters import command_modules
 from kit.plan.capacity import GIB, LoraSlots, lora_bytes, plan_capacity
 from kit.plan.modelinfo import inspect_model_dir
 from tests.support import nginx_ns
@@ -65,6 +66,11 @@ def test_declared_adapters_are_loaded_at_start(site: Path) -> None:
                     "support-v3=/models/support-v3", "legal=/models/legal"]
     routes = (site / "nginx" / "kit-routes.js").read_text()
     assert '"legal"' in routes and '"support-v3"' in routes
+    assert command_modules(argv) == {"support-v3": "/models/support-v3",
+                                     "legal": "/models/legal"}
+    # vLLM's runtime load/unload routes, for kit adapters add|remove (refused at the door)
+    env = (site / "compose" / "llama8b.env").read_text()
+    assert 'VLLM_ALLOW_RUNTIME_LORA_UPDATING="True"\n' in env
 
 
 def test_extra_args_override_the_derived_sizes(site: Path) -> None:

@@ -58,9 +58,13 @@ def test_runtime_load_and_unload_with_a_programmed_load_time(tmp_path: Path) -> 
     write_adapter(tmp_path / "legal", rank=8)
     write_adapter(tmp_path / "wide", rank=64)
     write_adapter(tmp_path / "cut", rank=8, truncate=True)
+    write_adapter(tmp_path / "told", rank=8)
+    refuse = tmp_path / "refuse"  # the stand-in's own: this replica told to fail `told`
+    refuse.mkdir()
+    (refuse / "told").touch()
     with serving(str(model), "--served-model-name", "base", "--max-model-len", "4096",
                  "--enable-lora", "--max-lora-rank", "32",
-                 VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
+                 VLLM_ALLOW_RUNTIME_LORA_UPDATING="True", STANDIN_LORA_REFUSE_DIR=str(refuse),
                  STANDIN_LORA_LOAD_SECONDS="0.5") as (port, _):
         start = time.monotonic()
         status, body = call(port, "POST", "/v1/load_lora_adapter",
@@ -75,6 +79,7 @@ def test_runtime_load_and_unload_with_a_programmed_load_time(tmp_path: Path) -> 
             "cut": (400, "Loading lora cut failed: Error while deserializing header"),
             "gone": (404, f"Loading lora gone failed: No adapter found for {tmp_path / 'gone'}"),
             "legal": (400, "The lora adapter 'legal' has already been loaded."),
+            "told": (400, "Loading lora told failed: CUDA out of memory."),
         }
         for name, (code, message) in refusals.items():
             status, body = call(port, "POST", "/v1/load_lora_adapter",
