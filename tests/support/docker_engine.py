@@ -5,6 +5,9 @@ removing a compose project's resources. The fixtures on top are in tests/e2e/con
 from __future__ import annotations
 
 import contextlib
+import itertools
+import os
+import random
 import socket
 
 import docker
@@ -31,11 +34,37 @@ IMAGES = {
 NGINX_VERSION, NJS_VERSION = "1.26.", "0.8."
 
 
+# scripts/test.sh runs the suite in pytest-xdist workers at once on one engine (docs/testing.md).
+# Stacks, networks and volumes take random names; what else could collide is split by worker:
+# each picks ports in its own slice, below the kernel's ephemeral range (32768-), so no other
+# worker and no outgoing connection holds one it picked (the second host's addresses:
+# tests/support/remote_host.py).
+FIRST_PORT, WORKER_PORTS, MAX_WORKERS = 20000, 1000, 12
+_port_cursor = itertools.count(random.randrange(WORKER_PORTS))
+
+
+def worker_index() -> int:
+    """This process's pytest-xdist worker number (gw3: 3); 0 in a run without workers."""
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    if index >= MAX_WORKERS:
+        raise RuntimeError(f"at most {MAX_WORKERS} pytest-xdist workers: their free ports are "
+                           f"{WORKER_PORTS} each from {FIRST_PORT}, below the ephemeral range")
+    return index
+
+
 def pick_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A TCP port nothing listens on right now, from this worker's slice, and the next one
+    round it each call (a port just handed out may not be listened on yet)."""
+    first = FIRST_PORT + worker_index() * WORKER_PORTS
+    for _ in range(WORKER_PORTS):
+        port = first + next(_port_cursor) % WORKER_PORTS
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port on {host} in {first}-{first + WORKER_PORTS - 1}")
 
 
 def remove_project(client, project: str) -> None:
