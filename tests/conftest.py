@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.sites import REPO, base_site, spec_in_folder
+from tests.support.workers import group_by_module, select_pass
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -18,19 +19,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """--serial-tests picks a pass; and every e2e test without an xdist_group of its own joins
-    its module's, so under `--dist loadgroup` a module runs on one worker, in order, and builds
-    its module-scoped stack once (a test may name a group of its own to run beside it)."""
-    choice = config.getoption("serial_tests")
-    if choice is not None:
-        wanted = choice == "only"
-        kept = [item for item in items if (item.get_closest_marker("serial") is not None) == wanted]
-        if len(kept) < len(items):
-            config.hook.pytest_deselected(items=[item for item in items if item not in kept])
-            items[:] = kept
-    for item in items:
-        if item.get_closest_marker("e2e") and not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    left_out = select_pass(items, config.getoption("serial_tests"))
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+    group_by_module(items)
 
 
 @pytest.fixture(autouse=True)

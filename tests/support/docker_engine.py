@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 import random
 import socket
 
 import docker
 
 from tests.support.sites import REPO
+from tests.support.workers import worker_index
 
 BUILD = REPO / "tests" / "images" / "build.sh"
 DOCKERD = REPO / "scripts" / "dockerd.sh"
@@ -39,17 +39,8 @@ NGINX_VERSION, NJS_VERSION = "1.26.", "0.8."
 # each picks ports in its own slice, below the kernel's ephemeral range (32768-), so no other
 # worker and no outgoing connection holds one it picked (the second host's addresses:
 # tests/support/remote_host.py).
-FIRST_PORT, WORKER_PORTS, MAX_WORKERS = 20000, 1000, 12
+FIRST_PORT, WORKER_PORTS = 20000, 1000
 _port_cursor = itertools.count(random.randrange(WORKER_PORTS))
-
-
-def worker_index() -> int:
-    """This process's pytest-xdist worker number (gw3: 3); 0 in a run without workers."""
-    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
-    if index >= MAX_WORKERS:
-        raise RuntimeError(f"at most {MAX_WORKERS} pytest-xdist workers: their free ports are "
-                           f"{WORKER_PORTS} each from {FIRST_PORT}, below the ephemeral range")
-    return index
 
 
 def pick_free_port(host: str = "127.0.0.1") -> int:

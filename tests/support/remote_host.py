@@ -28,7 +28,8 @@ from pathlib import Path
 import docker
 import requests
 
-from tests.support.docker_engine import DOCKERD, worker_index
+from tests.support.docker_engine import DOCKERD
+from tests.support.workers import worker_index
 
 # The veth pair's /24 in the engine's namespace: one per pytest-xdist worker, so second hosts of
 # tests running at once never share a route.
