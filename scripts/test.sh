@@ -41,5 +41,28 @@ else
 fi
 tests/images/build.sh
 
+# Two passes (docs/testing.md). First the tests marked `serial` (they measure time or performance
+# ratios that other tests' load would distort: tests/e2e/test_auth_refresh.py, test_auth_timing.py,
+# test_bench.py), alone on the machine. Then every other test in $KIT_TEST_WORKERS (2) pytest-xdist
+# workers at once: the e2e tests mostly wait (verdict windows, ACME retries, soaks, stacks coming
+# up), and the workers fill those waits with other modules and the CPU-bound unit tests. Each e2e
+# module runs on one worker, in order (`--dist loadgroup`, tests/conftest.py); what tests running
+# at once could share on the one engine is per worker (tests/support/docker_engine.py).
 # --durations: every run prints its slowest tests, so the 35-minute budget is watched where it goes.
-python3 -m pytest -ra --durations=30 "$@"
+workers="${KIT_TEST_WORKERS:-2}"
+took() { echo "$(( (SECONDS - $1) / 60 )) min $(( (SECONDS - $1) % 60 )) s"; }
+started=$SECONDS
+rc_serial=0
+python3 -m pytest -ra --durations=5 --serial-tests only "$@" || rc_serial=$?
+serial_took="$(took "$started")"
+started=$SECONDS
+rc_parallel=0
+python3 -m pytest -ra --durations=30 -n "$workers" --dist loadgroup --serial-tests skip "$@" ||
+  rc_parallel=$?
+echo "test.sh: serial pass exit $rc_serial in $serial_took;" \
+  "parallel pass ($workers workers) exit $rc_parallel in $(took "$started")"
+# 5 is pytest's "no test selected": fine for one pass (arguments may select only the other's).
+if [ "$rc_serial" = 5 ] && [ "$rc_parallel" = 5 ]; then exit 5; fi
+for rc in "$rc_serial" "$rc_parallel"; do
+  [ "$rc" = 0 ] || [ "$rc" = 5 ] || exit "$rc"
+done

@@ -1,11 +1,28 @@
 """Shared fixtures: a valid base spec to mutate, and a site folder per test (the helpers behind
-them are in tests/support/sites.py)."""
+them are in tests/support/sites.py); and how the suite splits into a parallel and a serial pass
+(scripts/test.sh, docs/testing.md)."""
 
 from pathlib import Path
 
 import pytest
 
 from tests.support.sites import REPO, base_site, spec_in_folder
+from tests.support.workers import group_by_module, select_pass
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--serial-tests", choices=("skip", "only"), default=None,
+        help="skip: leave out the tests marked serial (the parallel pass of scripts/test.sh); "
+             "only: run just those (its serial pass, alone on the machine)")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    left_out = select_pass(items, config.getoption("serial_tests"))
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+    group_by_module(items)
 
 
 @pytest.fixture(autouse=True)

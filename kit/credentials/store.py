@@ -100,15 +100,21 @@ def write(layout: SiteLayout, new: Credentials) -> None:
 def restore(layout: SiteLayout, files: Snapshot) -> None:
     """Write a full set of credential files, with a new auth epoch (cached verdicts expire)."""
     mode, group = worker_readable()
-    atomic_write(layout.keys_db, files.keys_db, SECRET)
+    _write_or_remove(layout.keys_db, files.keys_db)
     atomic_write(layout.keys_map, files.keys_map, SECRET)
-    if files.policy_db:
-        atomic_write(layout.policy_db, files.policy_db, SECRET)
-    else:  # there was none: no policy (an empty file would read as a corrupt one)
-        layout.policy_db.unlink(missing_ok=True)
+    _write_or_remove(layout.policy_db, files.policy_db)
     atomic_write(layout.door_policy, files.door_policy or door_policy({}, set()), SECRET)
     atomic_write(layout.htpasswd, files.htpasswd, mode, group)
     atomic_write(layout.auth_state, auth_state().encode(), SECRET)
+
+
+def _write_or_remove(path: Path, content: bytes) -> None:
+    """A JSON state file (0600), or none when there was none: an empty file would read as a
+    corrupt one (a failed change on a site without keys put back an empty keys.json)."""
+    if content:
+        atomic_write(path, content, SECRET)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def users(layout: SiteLayout) -> dict[str, str]:

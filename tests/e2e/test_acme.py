@@ -283,6 +283,8 @@ def named_by_up_and_status(case: str, site: LiveSite) -> tuple[str, str, dict]:
     return out, text, tls
 
 
+# The two tests that wait out certbot's retries run beside the module's others (own CA ports).
+@pytest.mark.xdist_group("acme-failed-first")
 @pytest.mark.parametrize("case", ["ca-unreachable", "http-port-unreachable", "dns-not-here"])
 def test_a_failed_first_certificate_is_named_by_up_and_status(
         case, docker_client, test_images, tmp_path) -> None:
@@ -316,6 +318,7 @@ def test_a_failed_first_certificate_is_named_by_up_and_status(
             ca.remove()
 
 
+@pytest.mark.xdist_group("acme-rate-limited")
 def test_a_rate_limited_first_certificate_is_named_and_retried_without_hammering(
         docker_client, test_images, tmp_path) -> None:
     """The common way into Let's Encrypt's limits: a site re-created with its letsencrypt volume

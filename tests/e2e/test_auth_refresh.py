@@ -16,7 +16,7 @@ import pytest
 from kit.front_door.client import basic_header
 from tests.support.live_stack import LiveSite, finished, running
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]  # gaps of ms compared: alone (docs/testing.md)
 
 USERS = [f"user{n:02d}" for n in range(20)]
 BASIC_STREAMS = 64  # from one client address, over the 20 users

@@ -17,7 +17,7 @@ import pytest
 from kit.front_door.client import basic_header
 from tests.support.live_stack import LiveSite, running
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]  # medians within 10 %: alone (docs/testing.md)
 
 PAIRS = 20
 WARM_UP = 3

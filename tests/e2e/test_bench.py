@@ -9,7 +9,7 @@ import pytest
 
 from tests.support.live_stack import SERVICE, LiveSite
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]  # TTFT, a boundary: alone (docs/testing.md)
 
 K = 4
 UNLIMITED = {"rate_limit_per_ip": 100000, "rate_limit_per_credential": 100000,

@@ -43,11 +43,9 @@ def directory(port: int) -> str:
 
 
 def add_acme_address() -> None:
-    """ACME_ADDRESS on this namespace's loopback (idempotent; the engine's own namespace)."""
-    shown = subprocess.run(["ip", "-4", "addr", "show", "dev", "lo"], capture_output=True,
-                           text=True, check=True).stdout
-    if f"{ACME_ADDRESS}/32" not in shown:
-        subprocess.run(["ip", "addr", "add", f"{ACME_ADDRESS}/32", "dev", "lo"], check=True)
+    """ACME_ADDRESS on this namespace's loopback (the engine's own namespace); `replace` is
+    idempotent, also when tests in parallel workers add it at once."""
+    subprocess.run(["ip", "addr", "replace", f"{ACME_ADDRESS}/32", "dev", "lo"], check=True)
 
 
 class _AcmeContainer:

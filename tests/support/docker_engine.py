@@ -5,11 +5,14 @@ removing a compose project's resources. The fixtures on top are in tests/e2e/con
 from __future__ import annotations
 
 import contextlib
+import itertools
+import random
 import socket
 
 import docker
 
 from tests.support.sites import REPO
+from tests.support.workers import worker_index
 
 BUILD = REPO / "tests" / "images" / "build.sh"
 DOCKERD = REPO / "scripts" / "dockerd.sh"
@@ -31,11 +34,28 @@ IMAGES = {
 NGINX_VERSION, NJS_VERSION = "1.26.", "0.8."
 
 
+# scripts/test.sh runs the suite in pytest-xdist workers at once on one engine (docs/testing.md).
+# Stacks, networks and volumes take random names; what else could collide is split by worker:
+# each picks ports in its own slice, below the kernel's ephemeral range (32768-), so no other
+# worker and no outgoing connection holds one it picked (the second host's addresses:
+# tests/support/remote_host.py).
+FIRST_PORT, WORKER_PORTS = 20000, 1000
+_port_cursor = itertools.count(random.randrange(WORKER_PORTS))
+
+
 def pick_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A TCP port nothing listens on right now, from this worker's slice, and the next one
+    round it each call (a port just handed out may not be listened on yet)."""
+    first = FIRST_PORT + worker_index() * WORKER_PORTS
+    for _ in range(WORKER_PORTS):
+        port = first + next(_port_cursor) % WORKER_PORTS
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port on {host} in {first}-{first + WORKER_PORTS - 1}")
 
 
 def remove_project(client, project: str) -> None:

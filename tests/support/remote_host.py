@@ -29,9 +29,12 @@ import docker
 import requests
 
 from tests.support.docker_engine import DOCKERD
+from tests.support.workers import worker_index
 
-REMOTE_IP = "10.213.13.2"
-LOCAL_IP = "10.213.13.1"
+# The veth pair's /24 in the engine's namespace: one per pytest-xdist worker, so second hosts of
+# tests running at once never share a route.
+REMOTE_IP = f"10.213.{100 + worker_index()}.2"
+LOCAL_IP = f"10.213.{100 + worker_index()}.1"
 SSH_PORT = 2222
 READY_S = 30
 

@@ -124,6 +124,17 @@ def test_a_failed_reload_restores_the_files_and_reloads_them(live: Live, point: 
     assert live.reloads() == calls
 
 
+def test_a_failed_change_on_a_site_without_keys_leaves_no_keys_file(live: Live) -> None:
+    """Seen in a parallel e2e run: a rotation that failed its proof on a site with no Bearer key
+    yet put back an empty keys.json, and every later credential command was exit 2 on it."""
+    live.layout.keys_db.unlink()
+    with pytest.raises(KitError, match="the old credentials stay in effect"):
+        rotate_password(live.spec, live.layout, "ops", PASSWORD, None,
+                        live.connection(lambda *_: 401))
+    assert not live.layout.keys_db.exists()
+    assert kit("keys", "add", str(live.layout.root / "site.yaml"), "ci", "--offline").exit_code == 0
+
+
 def test_a_failed_proof_restores_the_files_and_reloads_them(live: Live) -> None:
     before = live.credential_files()
     epoch = live.layout.auth_state.read_bytes()
