@@ -132,6 +132,7 @@ def mixed(tmp_path_factory, docker_client, test_images) -> Iterator[tuple[LiveSi
         remove_project(docker_client, site.name)
 
 
+@pytest.mark.serial  # a TTFT ratio: another module's load would move it (docs/testing.md)
 def test_bench_mix_interactive_keeps_its_ttft_and_batch_gets_what_is_left(mixed) -> None:
     """Batch at twice the 8 slots: the door lets 4 in flight (the rest 429, sent again after
     Retry-After), so interactive finds free slots and the engine puts it first. The goal is
