@@ -18,6 +18,7 @@ EXAMPLES = {
     "MODEL_REF": "Qwen/Qwen2.5-7B-Instruct",
     "REVISION": "v2.1_rc-1",
     "COMMIT": "a09a35458c702b33eeacc393d103063234e8bc28",
+    "SHA256": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
     "USER_NAME": "ops.team_1",
     "IMAGE_REF": "vllm/vllm-openai:v0.33.0",
     "ENV_NAME": "HF_HUB_OFFLINE",
