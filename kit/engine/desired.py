@@ -51,6 +51,7 @@ ACME_SERVICE = "certbot"  # the ACME client of tls.mode acme
 PROMETHEUS_SERVICE = "prometheus"  # observability.enabled
 GRAFANA_SERVICE = "grafana"  # observability.enabled, reached through the front door only
 DOOR_FIGURES_SERVICE = "door-figures"  # observability.enabled: the front door's request figures
+WAKER_SERVICE = "sleep-waker"  # idle_sleep: wakes a sleeping model for the door, sleeps idle ones
 # The compose services kit renders beside the spec's: a spec service may not take their names.
 KIT_SERVICES = {
     PROXY_SERVICE: "the front door",
@@ -59,6 +60,7 @@ KIT_SERVICES = {
     PROMETHEUS_SERVICE: "the metrics store (observability)",
     GRAFANA_SERVICE: "the dashboards (observability)",
     DOOR_FIGURES_SERVICE: "the front door's figures (observability)",
+    WAKER_SERVICE: "the waker of sleeping models (idle_sleep)",
 }
 # Site files a service re-reads on every request: a change needs neither reload nor recreate,
 # so they stay out of its digest (the verifier's auth_basic reads htpasswd per request; a

@@ -21,6 +21,7 @@ from kit.plan.observability import (
     service_slo,
 )
 from kit.plan.usage import UsagePlan, usage_plan
+from kit.plan.waker import WakerPlan, waker_plan
 from kit.spec.model import OFFLINE_ENV, Service, Spec
 from kit.spec.replicas import ReplicaPlan, replica_plans
 from kit.spec.vllm_flags import DEV_MODE_ENV, SLEEP_MODE_FLAG
@@ -266,6 +267,7 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     observability: ObservabilityPlan | None = None  # Prometheus + Grafana when enabled
     usage: UsagePlan | None = None  # the usage ledger (on unless usage.enabled is false)
+    waker: WakerPlan | None = None  # wakes and sleeps the services with idle_sleep
 
     @property
     def url_host(self) -> str:
@@ -290,6 +292,7 @@ def build_plan(spec: Spec, *, priority_scheduling: bool = False) -> Plan:
     worker_connections = min(MAX_WORKER_CONNECTIONS, max(4096, _next_power_of_two(streams * 4)))
     per_minute = streams * REQUESTS_PER_SLOT_PER_MINUTE
     warnings = [w for s in services for w in (s.capacity or {}).get("warnings", [])]
+    metrics = metrics_network(spec.site, spec.observability.subnet)
     return Plan(
         site=spec.site,
         domain=spec.domain,
@@ -321,7 +324,7 @@ def build_plan(spec: Spec, *, priority_scheduling: bool = False) -> Plan:
             batch_in_flight=max(1, min(s.streams for s in services) // 2),
         ),
         tls_mode=spec.tls.mode,
-        metrics=metrics_network(spec.site, spec.observability.subnet),
+        metrics=metrics,
         acme=AcmePlan(
             image=spec.images.certbot,
             email=cast(str, spec.tls.email),  # the spec requires one in acme mode
@@ -333,6 +336,7 @@ def build_plan(spec: Spec, *, priority_scheduling: bool = False) -> Plan:
         warnings=warnings,
         observability=observability_plan(spec),
         usage=usage_plan(spec),
+        waker=waker_plan(spec, metrics),
     )
 
 

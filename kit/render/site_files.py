@@ -77,6 +77,7 @@ from kit.render.dashboards import dashboard_files, dashboard_provisioning, datas
 from kit.render.node_files import worker_outputs
 from kit.render.prometheus import prometheus_config, rules_file, template_facts
 from kit.render.usage import usage_facts, usage_files
+from kit.render.waker import waker_facts, waker_files
 from kit.site import Site
 from kit.site_lock import site_lock
 from kit.spec.model import Spec
@@ -215,6 +216,7 @@ def template_context(plan: Plan, spec_name: str) -> dict:
         "usage": usage_facts(plan),
         "usage_spool_volume": SPOOL_VOLUME,
         "usage_door_mount": DOOR_SPOOL_MOUNT,
+        "waker": waker_facts(plan),
     }
 
 
@@ -256,6 +258,7 @@ def generated_files(plan: Plan, spec_name: str) -> list[Output]:
         ),
         *observability_files(plan, layout),
         *usage_files(plan, layout),
+        *waker_files(plan, layout),
     ]
 
 
