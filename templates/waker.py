@@ -178,6 +178,28 @@ class Waker:
             sleeper.held -= 1
         sleeper.last_use = sleeper.last_pass = time.monotonic()
 
+    async def by_hand(self, sleeper: Sleeper, verb: str) -> bool:
+        """`kit sleep` / `kit wake` when the waker runs (so it knows at once): True when the
+        service changed, False when it already was so; Refusal naming why it could not."""
+        if verb == "wake":
+            if sleeper.state == "awake":
+                return False
+            if sleeper.flight is None or sleeper.flight.done():
+                sleeper.flight = asyncio.ensure_future(self.wake(sleeper))
+            await asyncio.shield(sleeper.flight)
+            sleeper.last_use = time.monotonic()  # its idle clock starts now
+            return True
+        async with self.turn(sleeper):
+            await self.sync(sleeper)
+            if sleeper.state == "asleep":
+                return False
+            busy = await self.busy(sleeper)
+            if busy:  # a sleep by hand never cuts a stream
+                raise Refusal(f"{sleeper.name} has {busy} request(s) in flight: a sleep now "
+                              "would hold them; run kit sleep again once they finished")
+            await self.sleep(sleeper, reason="by hand (kit sleep)")
+        return True
+
     # ---- transitions -----------------------------------------------------------------------
 
     async def wake(self, sleeper: Sleeper) -> None:
@@ -414,7 +436,7 @@ class Server:
                     writer.write(error_reply(403, "the waker answers the front door only"))
                     await writer.drain()
                     return
-                writer.write(await self.answer(head))
+                writer.write(await self.answer(head, peer == "127.0.0.1"))
                 await writer.drain()
                 if b"\r\nconnection: close\r\n" in head.lower():
                     return
@@ -424,7 +446,9 @@ class Server:
         finally:
             writer.close()
 
-    async def answer(self, head: bytes) -> bytes:
+    async def answer(self, head: bytes, local: bool) -> bytes:
+        """One request's answer; `local`: asked on loopback (kit, through the engine), the only
+        peer that may sleep or wake a service by hand."""
         line = head.split(b"\r\n", 1)[0].decode("latin-1")
         parts = line.split(" ")
         if len(parts) != 3 or parts[0] != "GET":
@@ -440,6 +464,16 @@ class Server:
             except Refusal as refusal:
                 return error_reply(503, str(refusal), waker.retry_after)
             return reply(204)
+        verb, _, name = path[len("/hand/"):].partition("/")
+        if path.startswith("/hand/") and verb in ("sleep", "wake") and local:
+            sleeper = waker.sleepers.get(name)
+            if sleeper is None:
+                return error_reply(404, "no such service with idle_sleep")
+            try:
+                changed = await waker.by_hand(sleeper, verb)
+            except Refusal as refusal:
+                return error_reply(503, str(refusal))
+            return reply(200, json.dumps({"changed": changed, **sleeper.to_json()}).encode())
         if path == "/state":
             return reply(200, json.dumps(waker.state()).encode())
         if path == "/metrics":

@@ -30,14 +30,26 @@ SCRIPT_MOUNT = "/opt/kit-waker"  # the site folder waker/ inside its container
 WAKE_TIMEOUT_S = 120
 MAX_HELD = 1024
 RETRY_AFTER_S = 10  # what a 503 of the waker tells the client; a failed wake is not retried sooner
-STATE_URL = f"http://127.0.0.1:{WAKER_PORT}/state"
-# The waker's /state asked inside its container and printed: its compose healthcheck and
-# `kit status` (which reads the answer) run the same command.
-STATE_ARGV = [
-    "python3", "-c",
-    "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen("
-    f"{STATE_URL!r}, timeout=4).read().decode())",
-]
+# One request to the waker on its loopback, inside its container (the healthcheck, kit status,
+# kit sleep / kit wake): prints the status line's code, a line break, then the body; exits 1
+# when nothing answers.
+_ASK = (
+    "import sys, urllib.error, urllib.request\n"
+    "try:\n"
+    "    answer = urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2]))\n"
+    "    code, body = answer.status, answer.read()\n"
+    "except urllib.error.HTTPError as error:\n"
+    "    code, body = error.code, error.read()\n"
+    "sys.stdout.write(str(code) + '\\n' + body.decode('utf-8', 'replace'))\n"
+)
+
+
+def ask_argv(path: str, timeout: float) -> list[str]:
+    """The command that asks the waker `GET path` inside its container."""
+    return ["python3", "-c", _ASK, f"http://127.0.0.1:{WAKER_PORT}{path}", str(timeout)]
+
+
+HEALTH_ARGV = ask_argv("/health", 4)
 
 
 @dataclass(frozen=True)

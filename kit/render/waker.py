@@ -10,7 +10,7 @@ from kit.engine.desired import WAKER_SERVICE
 from kit.files import Output
 from kit.layout import PROBE_USER
 from kit.plan.build import VLLM_PORT
-from kit.plan.waker import SCRIPT, SCRIPT_MOUNT, STATE_ARGV, WAKE_TIMEOUT_S, WAKER_PORT
+from kit.plan.waker import HEALTH_ARGV, SCRIPT, SCRIPT_MOUNT, WAKE_TIMEOUT_S, WAKER_PORT
 
 if TYPE_CHECKING:
     from kit.layout import SiteLayout
@@ -29,7 +29,7 @@ def waker_facts(plan: Plan) -> dict | None:
         "port": WAKER_PORT,
         "script_mount": SCRIPT_MOUNT,
         "command": [f"{SCRIPT_MOUNT}/{SCRIPT}", "--config", waker.config(VLLM_PORT)],
-        "health": ["CMD", *STATE_ARGV],
+        "health": ["CMD", *HEALTH_ARGV],
         "services": waker.names(),
         "probe_user": PROBE_USER,
         "read_timeout": WAKE_TIMEOUT_S + 10,  # the waker answers every held request before
