@@ -18,6 +18,7 @@ A replica's answer is read bounded in size and time: a model's code may be hosti
 
 import argparse
 import asyncio
+import contextlib
 import json
 import re
 import signal
@@ -344,10 +345,30 @@ class Waker:
                 async with turn:
                     if (sleeper.state == "awake"
                             and time.monotonic() - sleeper.last_use >= sleeper.after):
-                        try:
+                        with contextlib.suppress(Refusal):
                             await self.sleep(sleeper, reason=f"idle for {sleeper.after:.0f} s")
-                        except Refusal:
-                            pass
+        for sleeper in self.over_capacity():
+            async with self.turn(sleeper):
+                if sleeper.state == "awake":
+                    with contextlib.suppress(Refusal):
+                        await self.sleep(sleeper, reason="its swap group had more awake than "
+                                         "fits on its GPUs")
+
+    def over_capacity(self) -> list:
+        """Awake members of swap groups beyond what fits on their GPUs (e.g. all of them right
+        after a start): the least recently used ones, to put to sleep."""
+        extra = []
+        load: dict[tuple[str, int], float] = {}
+        awake = sorted((s for s in self.sleepers.values() if s.group and s.state == "awake"),
+                       key=lambda s: s.last_use, reverse=True)
+        for sleeper in awake:
+            keys = [(sleeper.group, gpu) for gpu in sleeper.gpus]
+            if any(load.get(key, 0.0) + sleeper.share > self.share_limit + 1e-9 for key in keys):
+                extra.append(sleeper)
+                continue
+            for key in keys:
+                load[key] = load.get(key, 0.0) + sleeper.share
+        return extra
 
     async def sync(self, sleeper: Sleeper) -> None:
         states = [await self.asleep(host) for host in sleeper.replicas]

@@ -8,6 +8,7 @@ HTTP side (the door's address only, /state, /metrics)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -23,8 +24,10 @@ def run(coroutine):
 
 
 def test_an_answer_is_parsed_whole_chunked_or_refused() -> None:
-    assert waker.parse_answer(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA") == (200, b"ok")
-    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+    whole = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA"
+    assert waker.parse_answer(whole) == (200, b"ok")
+    chunked = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
     assert waker.parse_answer(chunked) == (200, b"abcde")
     with pytest.raises(ValueError):
         waker.parse_answer(b"SSH-2.0-hostile\r\n\r\n")
@@ -71,7 +74,8 @@ def test_one_wake_for_many_held_requests_in_arrival_order(tmp_path: Path) -> Non
         assert order == list(range(20))
         assert replicas.account("coder")["wakes"] == 1
         assert replicas.call("coder", "POST", "/v1/chat/completions", chat("coder")).status == 200
-        print(f"20 held requests, 1 wake, let through in order in {time.monotonic() - started:.2f} s")
+        print(f"20 held requests, 1 wake, let through in order in "
+              f"{time.monotonic() - started:.2f} s")
 
 
 def test_idle_service_sleeps_and_probes_never_wake_nor_count(tmp_path: Path) -> None:
@@ -86,10 +90,8 @@ def test_idle_service_sleeps_and_probes_never_wake_nor_count(tmp_path: Path) -> 
                 deadline = time.monotonic() + 6
                 while coder.state != "asleep":  # probes every 0.1 s do not keep it awake
                     assert time.monotonic() < deadline, coder.to_json()
-                    try:
+                    with contextlib.suppress(waker.Refusal):
                         await w.admit(coder, probe=True)
-                    except waker.Refusal:
-                        pass
                     await asyncio.sleep(0.1)
                 for _ in range(10):  # asleep: the probe is refused, nothing wakes it
                     with pytest.raises(waker.Refusal, match="the probe does not wake it"):
@@ -200,4 +202,19 @@ def test_the_http_side_answers_the_door_only(tmp_path: Path) -> None:
             finally:
                 server.close()
                 other.close()
+        run(scenario())
+
+
+def test_a_swap_group_started_all_awake_keeps_only_what_fits(tmp_path: Path) -> None:
+    with sleepy_replicas(tmp_path, ["chat", "coder"]) as replicas:
+        async def scenario() -> None:
+            w = waker.Waker(waker_config(replicas, [
+                {"name": "chat", "after": 600, "group": "g"},
+                {"name": "coder", "after": 600, "group": "g"}]))
+            await _settled(w)
+            w.sleepers["coder"].last_use += 1  # used last: chat is the one to go
+            assert [s.name for s in w.over_capacity()] == ["chat"]
+            await w.tick()
+            assert [w.sleepers[n].state for n in ("chat", "coder")] == ["asleep", "awake"]
+            assert w.over_capacity() == []
         run(scenario())
