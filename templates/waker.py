@@ -65,6 +65,9 @@ class Sleeper:
         self.wakes = self.sleeps = self.failed_wakes = 0
         self.last_wake = 0.0  # wall time the last wake completed
         self.last_wake_seconds = 0.0
+        # of which the engines' own time: the /sleep of the ones put to sleep for it, its
+        # /wake_up (the rest is the waker's: drain checks, turns)
+        self.last_wake_engine_seconds = 0.0
         self.failure = ""  # the last failed wake's cause ("" once a wake succeeded)
         self.failed_at = 0.0  # monotonic
         self.flight = None  # the asyncio task waking it
@@ -78,7 +81,9 @@ class Sleeper:
         return {"service": self.name, "state": self.state, "since": round(self.since, 3),
                 "wakes": self.wakes, "sleeps": self.sleeps, "failed_wakes": self.failed_wakes,
                 "last_wake": round(self.last_wake, 3) or None,
-                "last_wake_seconds": round(self.last_wake_seconds, 3), "held": self.held,
+                "last_wake_seconds": round(self.last_wake_seconds, 3),
+                "last_wake_engine_seconds": round(self.last_wake_engine_seconds, 3),
+                "held": self.held,
                 "group": self.group, "failure": self.failure or None}
 
 
@@ -210,12 +215,15 @@ class Waker:
             if sleeper.state == "awake":
                 return
             started = time.monotonic()
+            engine = 0.0
             for other in self.to_make_room(sleeper):
-                await self.sleep(other, reason=f"to make room for {sleeper.name}")
+                engine += await self.sleep(other, reason=f"to make room for {sleeper.name}")
             sleeper.become("waking")
             try:
+                calls = time.monotonic()
                 await asyncio.gather(*(self.wake_replica(sleeper, host)
                                        for host in sleeper.replicas))
+                engine += time.monotonic() - calls
             except Refusal as failure:
                 sleeper.failed_wakes += 1
                 sleeper.failure = str(failure)
@@ -224,9 +232,11 @@ class Waker:
                 await self.back_to_sleep(sleeper)
                 raise
             sleeper.failure = ""
+            sleeper.last_use = time.monotonic()  # a wake is for a use: its idle clock restarts
             sleeper.wakes += 1
             sleeper.last_wake = time.time()
             sleeper.last_wake_seconds = time.monotonic() - started
+            sleeper.last_wake_engine_seconds = engine
             sleeper.become("awake")
             log(f"woke {sleeper.name} in {sleeper.last_wake_seconds:.3f} s")
 
@@ -250,9 +260,10 @@ class Waker:
                 load -= other.share
         return chosen
 
-    async def sleep(self, sleeper: Sleeper, reason: str) -> None:
+    async def sleep(self, sleeper: Sleeper, reason: str) -> float:
         """Put a service to sleep once its requests finished (the caller holds its turn): new
-        requests for it are held meanwhile, and wake it after."""
+        requests for it are held meanwhile, and wake it after. Returns the seconds its
+        replicas took to answer /sleep."""
         sleeper.become("sleeping")
         await asyncio.sleep(max(0.0, sleeper.last_pass + PASS_GRACE - time.monotonic()))
         deadline = time.monotonic() + self.wake_timeout
@@ -262,6 +273,7 @@ class Waker:
                 raise Refusal(f"{sleeper.name} still has {busy} request(s) in flight after "
                               f"{self.wake_timeout:.0f} s ({reason})")
             await asyncio.sleep(0.05)
+        calls = time.monotonic()
         try:
             await asyncio.gather(*(self.change(host, f"/sleep?level={sleeper.level}")
                                    for host in sleeper.replicas))
@@ -272,6 +284,7 @@ class Waker:
         sleeper.sleeps += 1
         sleeper.become("asleep")
         log(f"{sleeper.name} asleep ({reason})")
+        return time.monotonic() - calls
 
     async def back_to_sleep(self, sleeper: Sleeper) -> None:
         """After a failed wake: the replicas that did wake sleep again, so the service is asleep

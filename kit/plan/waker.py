@@ -29,6 +29,9 @@ SCRIPT_MOUNT = "/opt/kit-waker"  # the site folder waker/ inside its container
 # 11.9 s), and at most this many are held per service: past either, a JSON 503 with Retry-After.
 WAKE_TIMEOUT_S = 120
 MAX_HELD = 1024
+# The words of the waker's 503 to kit's probe identity for a model asleep (templates/waker.py says
+# them; the gate reads them): the model fell asleep after the gate asked /is_sleeping.
+PROBE_ASLEEP = "the probe does not wake it"
 RETRY_AFTER_S = 10  # what a 503 of the waker tells the client; a failed wake is not retried sooner
 # One request to the waker on its loopback, inside its container (the healthcheck, kit status,
 # kit sleep / kit wake): prints the status line's code, a line break, then the body; exits 1

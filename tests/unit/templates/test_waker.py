@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from kit.plan.waker import PROBE_ASLEEP
 from kit.templates import waker
 from tests.support.waker_pair import Replicas, chat, sleepy_replicas, waker_config
 
@@ -94,7 +95,7 @@ def test_idle_service_sleeps_and_probes_never_wake_nor_count(tmp_path: Path) -> 
                         await w.admit(coder, probe=True)
                     await asyncio.sleep(0.1)
                 for _ in range(10):  # asleep: the probe is refused, nothing wakes it
-                    with pytest.raises(waker.Refusal, match="the probe does not wake it"):
+                    with pytest.raises(waker.Refusal, match=PROBE_ASLEEP):  # the gate reads it
                         await w.admit(coder, probe=True)
                     await asyncio.sleep(0.1)
                 assert (coder.state, coder.wakes, coder.sleeps) == ("asleep", 0, 1)
