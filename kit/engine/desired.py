@@ -40,6 +40,10 @@ VERSION_LABEL = "com.docker.compose.version"
 # the replica): the spec service it belongs to and its replica index.
 REPLICA_SERVICE_LABEL = "io.kit.service"
 REPLICA_INDEX_LABEL = "io.kit.replica"
+# kit's labels on the containers of a service in a swap group (idle_sleep, docs/sleep.md): kit up
+# starts the group's members one at a time, each put to sleep before the next starts.
+SWAP_GROUP_LABEL = "io.kit.swap-group"
+SLEEP_LEVEL_LABEL = "io.kit.sleep-level"
 
 # The Compose release whose conventions kit follows (v2 names). Compose v1 reads this label on
 # every container and fails without it; v2 only records it.

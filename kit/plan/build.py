@@ -88,6 +88,8 @@ class ServicePlan:
     hub_adapters: bool = False  # an adapter vLLM downloads from the Hub (the backend goes out)
     connect_timeout: int = 10  # nginx's proxy_connect_timeout to it (seconds)
     stop_grace_period: int = STOP_GRACE_PERIOD  # seconds the engine waits after SIGTERM
+    swap_group: str | None = None  # idle_sleep.swap_group: started one member at a time
+    sleep_level: int = 1  # idle_sleep.level
 
     @property
     def affinity_hash(self) -> str | None:
@@ -428,6 +430,8 @@ def _service_plan(spec: Spec, service, priority_scheduling: bool = False) -> Ser
         connect_timeout=spec.proxy.connect_timeout if len(replicas) == 1
         else min(spec.proxy.connect_timeout, REPLICA_CONNECT_TIMEOUT),
         stop_grace_period=grace,
+        swap_group=service.idle_sleep.swap_group if service.idle_sleep else None,
+        sleep_level=service.idle_sleep.level if service.idle_sleep else 1,
     )
 
 

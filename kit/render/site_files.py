@@ -37,6 +37,8 @@ from kit.engine.desired import (
     PROXY_SERVICE,
     REPLICA_INDEX_LABEL,
     REPLICA_SERVICE_LABEL,
+    SLEEP_LEVEL_LABEL,
+    SWAP_GROUP_LABEL,
     VERIFIER_SERVICE,
 )
 from kit.engine.envfile import env_file_text
@@ -201,6 +203,8 @@ def template_context(plan: Plan, spec_name: str) -> dict:
         "acme_service": ACME_SERVICE,
         "replica_service_label": REPLICA_SERVICE_LABEL,
         "replica_index_label": REPLICA_INDEX_LABEL,
+        "swap_group_label": SWAP_GROUP_LABEL,
+        "sleep_level_label": SLEEP_LEVEL_LABEL,
         "replica_fail_timeout": REPLICA_FAIL_TIMEOUT,
         "unavailable_retry_after": UNAVAILABLE_RETRY_AFTER,
         "prefix_key": PREFIX_KEY,

@@ -140,6 +140,17 @@ def change_sleep(site: Site, engine: Engine, name: str, verb: str) -> SleepOutco
     return SleepOutcome(verb, name, tuple(done), tuple(already))
 
 
+def sleep_container(engine: Engine, host: str, container: ContainerState, level: int) -> None:
+    """One replica asleep (kit up, before another member of its swap group starts): left alone
+    when it already is; KitError naming the cause when it could not."""
+    if _asleep(engine, host, container):
+        return
+    _call(engine, host, container, f"/sleep?level={level}", {})
+    if not _asleep(engine, host, container):
+        raise KitError(f"{host} answered sleep but /is_sleeping still says awake",
+                       fix="see kit logs")
+
+
 def _all_idle(engine: Engine, replicas: list[tuple[str, ContainerState]]) -> None:
     for host, container in replicas:
         busy = in_flight(engine, container)

@@ -114,18 +114,22 @@ def test_a_client_alternating_between_a_swap_group_never_fails(
               f"engines' /sleep + /wake_up {wake['last_wake_engine_seconds'] * 1000:.0f} ms "
               f"(programmed {(SLEEP_SECONDS + WAKE_SECONDS) * 1000:.0f} ms)")
     assert min(engine_s) >= SLEEP_SECONDS + WAKE_SECONDS  # each switch did sleep and wake
-    # At the door: a held request's time in nginx before it went to the engine (request time
-    # minus upstream time, nginx's access log: the 16 longest of each switch), against the
+    # At the door: a request's time in nginx before it went to the engine (request time minus
+    # upstream time, nginx's access log). The held ones (the 16 longest of each switch) against
+    # the others (the door's usual work: auth, routing, the waker's answer when awake) and the
     # time the engines took to sleep the other model and wake this one (the programmed times,
-    # stretched by this machine's load). What the door adds is the difference.
+    # stretched by this machine's load): what a switch adds at the door is the difference.
     time.sleep(1.5)  # the access log is flushed each second
-    holds = sorted((float(rt) - float(urt) for rt, urt in re.findall(
+    at_door = sorted((float(rt) - float(urt) for rt, urt in re.findall(
         r'"POST /v1/chat/completions HTTP/1.1" 200 .* rt=([\d.]+) urt=([\d.]+) ',
-        site.nginx_log(since))), reverse=True)[:16 * len(order)]
-    added = statistics.median(holds) - statistics.median(engine_s)
-    print(f"held at the door: {len(holds)} requests, median {statistics.median(holds) * 1000:.0f}"
-          f" ms against the engines' median {statistics.median(engine_s) * 1000:.0f} ms: the "
-          f"door added {added * 1000:+.0f} ms (median per held request)")
+        site.nginx_log(since))), reverse=True)
+    held, usual = at_door[:16 * len(order)], at_door[16 * len(order):]
+    added = (statistics.median(held) - statistics.median(usual)
+             - statistics.median(engine_s))
+    print(f"at the door: {len(held)} held requests, median {statistics.median(held) * 1000:.0f}"
+          f" ms; {len(usual)} others, median {statistics.median(usual) * 1000:.0f} ms; the "
+          f"engines' sleep + wake, median {statistics.median(engine_s) * 1000:.0f} ms: a switch "
+          f"added {added * 1000:+.0f} ms at the door (medians)")
     assert added <= 0.050
 
 

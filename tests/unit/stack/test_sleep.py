@@ -225,3 +225,37 @@ def test_status_shows_the_wakers_account_and_a_failed_wakes_cause(
     entry = report.to_json(datetime.now(UTC))["sleep"][0]
     assert entry["waker"]["wakes"] == 3
     assert entry["waker"]["cause"] == "RuntimeError: CUDA error: out of memory"
+
+
+def swap_site(root: Path) -> Path:
+    """The replicas example with both services on GPUs 0-3 as one swap group."""
+    folder = spec_in_folder(EXAMPLE, root / "swap")
+    spec = folder / "site.yaml"
+    text = spec.read_text().replace("gpus: [4, 5, 6, 7]", "gpus: [0, 1, 2, 3]")
+    text = text.replace("    max_num_seqs: 128\n", "    max_num_seqs: 128\n    idle_sleep: "
+                        "{after: 15m, swap_group: g}\n")
+    text = text.replace("    max_num_seqs: 64\n", "    max_num_seqs: 64\n    idle_sleep: "
+                        "{after: 15m, level: 2, swap_group: g}\n")
+    spec.write_text(text)
+    return spec
+
+
+def test_up_starts_a_swap_group_one_member_at_a_time(tmp_path: Path,
+                                                     engine: SleepyEngine) -> None:
+    spec = swap_site(tmp_path)
+    lines: list[str] = []
+    site = Site.load(spec, check_host=False)
+    up_site(site, timeout=5, probe=False, report=lines.append, warn=lambda _: None,
+            connect=lambda: engine)
+    llama = [f"gpu02-llama8b-r{i}-1" for i in range(4)]
+    assert engine.asleep == set(llama)  # the first member slept before the second started
+    assert sorted(engine.posts) == sorted((name, "/sleep?level=1") for name in llama)
+    steps = [line for line in lines if "qwen32b-r0" in line or line.startswith("sleep ")]
+    assert steps[:4] == [f"sleep {name}: swap group g: qwen32b-r0 starts next" for name in llama]
+    assert "create container gpu02-qwen32b-r0-1" in steps[4]
+    assert not any(line.startswith("sleep gpu02-qwen32b") for line in lines)  # replicas: together
+
+    engine.posts.clear()  # a second up with nothing changed: nothing to sleep
+    up_site(site, timeout=5, probe=False, report=lambda _: None, warn=lambda _: None,
+            connect=lambda: engine)
+    assert engine.posts == []
