@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from kit.spec.model import Spec
 
 WAKER_PORT = 9315  # on its metrics address only
+SLEEP_JOB = "sleep"  # Prometheus's job name of the waker's figures (observability)
 SCRIPT = "waker.py"
 SCRIPT_MOUNT = "/opt/kit-waker"  # the site folder waker/ inside its container
 # A held request waits at most this long for its model's wake (a swap waits for the other
