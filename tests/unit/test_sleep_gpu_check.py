@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from tests.support.sites import REPO
+from kit.errors import KitError
+from kit.site import Site
+from kit.stack.up import up_site
+from tests.support.sites import REPO, spec_in_folder
+from tests.support.sleepy_engine import SleepyEngine
 
 
 @pytest.fixture(scope="module")
@@ -51,3 +56,27 @@ def test_the_verdict_against_the_goals(check: ModuleType) -> None:
     assert verdict["wake_first_token_s"]["met"] is False
     assert verdict["released"] == {"median": 0.8, "goal": 0.95, "met": False}
     assert check.released_share(0, 0) == 0.0
+
+
+def test_replica_memory_is_asked_of_each_replica_through_the_engine(
+        check: ModuleType, tmp_path: Path) -> None:
+    """nvidia-smi runs in every replica's container (the fake engine answers for two
+    tensor-parallel-2 replicas); a failed nvidia-smi or a stopped replica is named."""
+    spec = spec_in_folder(REPO / "tests" / "data" / "replicas" / "site.yaml", tmp_path / "s")
+    spec = spec / "site.yaml"
+    spec.write_text(spec.read_text().replace(
+        "    replicas: 2\n", "    replicas: 2\n    idle_sleep: {after: 15m}\n"))
+    engine = SleepyEngine()
+    site = Site.load(spec, check_host=False)
+    up_site(site, timeout=5, probe=False, report=lambda _: None, warn=lambda _: None,
+            connect=lambda: engine)
+    engine.exec_results[tuple(check.NVIDIA_SMI)] = [(0, "0, 1000, 81559\n1, 1200, 81559\n")]
+    assert check.replica_memory(engine, site, "qwen32b") == 2 * (1000 + 1200) << 20
+    assert sum(" ".join(check.NVIDIA_SMI) == about for _, about in engine.calls) == 2
+    engine.exec_results[tuple(check.NVIDIA_SMI)] = [(9, "NVIDIA-SMI has failed")]
+    with pytest.raises(KitError, match="qwen32b-r0: nvidia-smi failed: NVIDIA-SMI has failed"):
+        check.replica_memory(engine, site, "qwen32b")
+    engine.stop("gpu02-qwen32b-r1-1")
+    engine.exec_results[tuple(check.NVIDIA_SMI)] = [(0, "0, 1, 2\n")]
+    with pytest.raises(KitError, match="qwen32b-r1 is not running"):
+        check.replica_memory(engine, site, "qwen32b")
