@@ -19,6 +19,7 @@ from kit.engine.desired import WAKER_SERVICE
 from kit.engine.docker_api import Engine
 from kit.engine.observe import ContainerState, ObservedState
 from kit.errors import BadInput, KitError
+from kit.front_door.gate import Check
 from kit.front_door.replica_check import in_flight, request_in_container, sleep_state
 from kit.plan.waker import ask_argv
 from kit.site import Site
@@ -189,6 +190,22 @@ def sleep_states(engine: Engine, site: Site,
             states.append(ReplicaSleep(service.name, host, "asleep" if asleep else "awake",
                                        account=account))
     return tuple(states)
+
+
+def failed_wakes(site: Site, connect: Callable[[], Engine]) -> list[Check]:
+    """A failed check per service whose last wake failed (the waker's account, with vLLM's
+    logged cause), for the gate of kit up and kit probe: a model that cannot wake is not
+    serving, even while it sleeps. A site without idle_sleep: no engine call."""
+    if all(service.idle_sleep is None for service in site.spec.services):
+        return []
+    engine = connect()
+    states = sleep_states(engine, site, site.observe(engine, with_images=False).containers)
+    failed = {state.service: state.account for state in states
+              if state.account.get("failure")}
+    return [Check(f"wake {name}", False, f"its last wake failed: {account['failure']}"
+                  + (f"; vLLM's log: {account['cause']}" if account.get("cause") else "")
+                  + f" (it stays asleep; see kit logs, then kit wake {name})")
+            for name, account in failed.items()]
 
 
 def waker_accounts(engine: Engine, waker: ContainerState) -> dict[str, dict]:

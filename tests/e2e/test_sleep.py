@@ -184,6 +184,10 @@ def test_a_failed_wake_is_a_json_503_naming_the_cause_and_stays_asleep(
         woken = site.kit("wake", OTHER)
         assert woken.returncode == 1
         assert "CUDA error: out of memory" in woken.stderr
+        up = site.kit("up")  # kit up's gate fails on it, naming the cause
+        assert up.returncode != 0, up.stdout
+        assert f"wake {OTHER}" in up.stdout and "its last wake failed" in up.stdout
+        assert "vLLM's log: RuntimeError: CUDA error: out of memory" in up.stdout
     finally:
         container.exec_run(["rm", "-f", FAIL_FILE])
     settle(site, OTHER)

@@ -14,7 +14,7 @@ import kit.commands.sleep
 from kit.front_door.gate import ASLEEP_SKIP
 from kit.front_door.replica_check import replica_checks
 from kit.site import Site
-from kit.stack.sleep import asleep_services
+from kit.stack.sleep import asleep_services, failed_wakes
 from kit.stack.status import gather, render_text
 from kit.stack.up import up_site
 from tests.support.cli import run_kit
@@ -225,6 +225,13 @@ def test_status_shows_the_wakers_account_and_a_failed_wakes_cause(
     entry = report.to_json(datetime.now(UTC))["sleep"][0]
     assert entry["waker"]["wakes"] == 3
     assert entry["waker"]["cause"] == "RuntimeError: CUDA error: out of memory"
+    (check,) = failed_wakes(site, lambda: engine)  # kit up's and kit probe's gate fail on it
+    assert (check.name, check.ok) == ("wake qwen32b", False)
+    assert check.detail == ("its last wake failed: qwen32b-r0 answered 500 to POST /wake_up "
+                            "(Internal Server Error); vLLM's log: RuntimeError: CUDA error: out "
+                            "of memory (it stays asleep; see kit logs, then kit wake qwen32b)")
+    engine.waker = {"/state": (200, {"services": [{"service": "qwen32b", "state": "asleep"}]})}
+    assert failed_wakes(site, lambda: engine) == []
 
 
 def swap_site(root: Path) -> Path:
