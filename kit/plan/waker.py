@@ -53,7 +53,15 @@ def ask_argv(path: str, timeout: float) -> list[str]:
     return ["python3", "-c", _ASK, f"http://127.0.0.1:{WAKER_PORT}{path}", str(timeout)]
 
 
-HEALTH_ARGV = ask_argv("/health", 4)
+# The healthcheck: the same /health with the socket module alone (urllib's imports take seconds
+# on a busy host, and three slow checks in a row would mark the waker unhealthy).
+HEALTH_ARGV = [
+    "python3", "-c",
+    "import socket, sys\n"
+    f"s = socket.create_connection(('127.0.0.1', {WAKER_PORT}), 8)\n"
+    "s.sendall(b'GET /health HTTP/1.1\\r\\nHost: waker\\r\\nConnection: close\\r\\n\\r\\n')\n"
+    "sys.exit(0 if s.recv(64).startswith(b'HTTP/1.1 200 ') else 1)\n",
+]
 
 
 @dataclass(frozen=True)

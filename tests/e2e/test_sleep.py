@@ -140,7 +140,7 @@ def test_a_client_alternating_between_a_swap_group_never_fails(
 
 def test_probes_and_scrapes_over_an_idle_period_never_wake_nor_keep_awake(
         site: LiveSite, key: str) -> None:
-    woken_at = settle(site, OTHER)
+    settle(site, OTHER)
     before = wakes(site)
     gate = site.gate()
     started = time.monotonic()
@@ -156,7 +156,8 @@ def test_probes_and_scrapes_over_an_idle_period_never_wake_nor_keep_awake(
         time.sleep(0.3)
     assert wakes(site) == before
     assert states(site) == {SERVICE: "asleep", OTHER: "asleep"}
-    asleep_at = waker_account(site, OTHER)["since"] - woken_at  # its last use: the wake
+    slept = waker_account(site, OTHER)
+    asleep_at = slept["since"] - slept["last_wake"]  # its last use: the wake
     assert AFTER_S <= asleep_at <= AFTER_S + 3
     print(f"{calls} probe, scrape, health and model-list calls over {1.5 * AFTER_S:.0f} s "
           f"(after = {AFTER_S} s): 0 wakes; {OTHER} fell asleep {asleep_at:.1f} s after its "
@@ -199,17 +200,18 @@ def test_a_failed_wake_is_a_json_503_naming_the_cause_and_stays_asleep(
 
 def test_kit_sleep_then_a_request_through_the_door_wakes_it(site: LiveSite, key: str) -> None:
     settle(site, SERVICE)
-    awake_bytes = account(site, SERVICE)["gpu_memory_used_bytes"]
-    slept = site.kit("sleep", SERVICE)
+    slept = site.kit("sleep", SERVICE)  # (on this loaded machine it may have idled asleep)
     assert slept.returncode == 0, slept.stdout + slept.stderr
-    assert f"{SERVICE}: {SERVICE} now asleep" in slept.stdout
+    assert (f"{SERVICE}: {SERVICE} now asleep" in slept.stdout
+            or f"{SERVICE}: {SERVICE} was already asleep" in slept.stdout)
     again = site.kit("sleep", SERVICE)
     assert again.returncode == 0 and "was already asleep" in again.stdout
     asleep_bytes = account(site, SERVICE)["gpu_memory_used_bytes"]
-    assert asleep_bytes < 0.1 * awake_bytes
     before = wakes(site)[SERVICE]
     assert site.completion(key) == 200  # held at the door while the waker wakes it
     assert wakes(site)[SERVICE] == before + 1
+    awake_bytes = account(site, SERVICE)["gpu_memory_used_bytes"]
+    assert asleep_bytes < 0.1 * awake_bytes
     print(f"GPU memory (the stand-in's figure) {awake_bytes / 2**30:.1f} GiB awake, "
           f"{asleep_bytes / 2**30:.1f} GiB asleep")
 

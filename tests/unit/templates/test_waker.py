@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.plan.waker import PROBE_ASLEEP
+from kit.plan.waker import HEALTH_ARGV, PROBE_ASLEEP, WAKER_PORT
 from kit.templates import waker
 from tests.support.waker_pair import Replicas, chat, sleepy_replicas, waker_config
 
@@ -197,6 +197,9 @@ def test_the_http_side_answers_the_door_only(tmp_path: Path) -> None:
                 assert json.loads(body)["services"][0]["state"] == "awake"
                 status, body = await waker.http("127.0.0.1", config["port"], "GET", "/metrics")
                 assert 'kit_sleep_awake{service="coder"} 1' in body.decode()
+                health = await asyncio.create_subprocess_exec(  # the compose healthcheck
+                    *[arg.replace(str(WAKER_PORT), str(config["port"])) for arg in HEALTH_ARGV])
+                assert await health.wait() == 0
                 port = other.sockets[0].getsockname()[1]
                 status, body = await waker.http("127.0.0.1", port, "GET", "/wake/coder")
                 assert status == 403
