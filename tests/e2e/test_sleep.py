@@ -118,7 +118,8 @@ def test_a_client_alternating_between_a_swap_group_never_fails(
               f"the waker's wake {wake['last_wake_seconds'] * 1000:.0f} ms, of which the "
               f"engines' /sleep + /wake_up {wake['last_wake_engine_seconds'] * 1000:.0f} ms "
               f"(programmed {(SLEEP_SECONDS + WAKE_SECONDS) * 1000:.0f} ms)")
-    assert min(engine_s) >= SLEEP_SECONDS + WAKE_SECONDS  # each switch did sleep and wake
+    # each switch woke its model (the other one slept first, unless it had idled asleep)
+    assert min(engine_s) >= WAKE_SECONDS
     # At the door: a request's time in nginx before it went to the engine (request time minus
     # upstream time, nginx's access log). The held ones (the 16 longest of each switch) against
     # the others (the door's usual work: auth, routing, the waker's answer when awake) and the
