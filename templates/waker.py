@@ -352,9 +352,8 @@ class Waker:
                     await self.sync(sleeper)
             if (sleeper.state == "awake" and now - sleeper.last_use >= sleeper.after
                     and not turn.locked()):
-                if await self.busy(sleeper):  # a long stream is use
-                    sleeper.last_use = time.monotonic()
-                    continue
+                if await self.busy(sleeper):  # not idle while requests run: asked again next
+                    continue  # tick (never a new use: a probe in flight must not keep it awake)
                 async with turn:
                     if (sleeper.state == "awake"
                             and time.monotonic() - sleeper.last_use >= sleeper.after):
