@@ -30,7 +30,10 @@ HEADER_LIMIT = 8192
 ASK_TIMEOUT = 10.0  # /is_sleeping, /metrics
 CHANGE_TIMEOUT = 300.0  # /sleep, /wake_up: a first level-1 sleep of a real 8B model took 11.9 s
 TICK = 0.5  # the idle clock's and the state check's period (seconds)
-SYNC_EVERY = 2.0  # how often each service's state is asked of its replicas
+# How often each service's state is asked of its replicas (kit sleep / kit wake go through the
+# waker: this catches a restarted replica or a change made while the waker was down; each ask
+# is a line in vLLM's access log).
+SYNC_EVERY = 10.0
 IDLE_CONNECTION = 75.0  # the door's keep-alive connections are closed after this long unused
 # A request let through reaches vLLM a moment later: a sleep waits this long after the last one,
 # so vLLM's gauges count it before the sleep is decided.

@@ -30,6 +30,9 @@ from kit.spec.replicas import compose_names
 # larger model moves more weights. Generous: a slow answer is not a failure to sleep.
 CHANGE_TIMEOUT_S = 300
 ASK_TIMEOUT_S = 10
+# Log lines searched for vLLM's cause of a failure: its access log (the waker's checks among
+# others) may have added many since.
+LOG_LINES = 400
 # After a level-2 wake the weights are garbage until reloaded, and the prefix cache holds blocks
 # computed with the old ones (vLLM's sleep-mode docs): both follow the wake.
 LEVEL_2_AFTER_WAKE: tuple[tuple[str, dict[str, str]], ...] = (
@@ -303,7 +306,7 @@ def _call(engine: Engine, host: str, container: ContainerState, path: str, body:
 def _last_error(engine: Engine, container: ContainerState) -> str:
     """The last exception line vLLM logged (its traceback's cause), if any."""
     try:
-        tail = engine.log_tail(container.id, 50)
+        tail = engine.log_tail(container.id, LOG_LINES)
     except KitError:
         return ""
     causes = [line.split(") ", 1)[-1].strip() for line in tail.splitlines()
