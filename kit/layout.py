@@ -168,6 +168,12 @@ class SiteLayout:
         return self.observability_dir / "door-figures"
 
     @property
+    def waker_dir(self) -> Path:
+        """The waker's script (idle_sleep: docs/sleep.md), beside the compose file that binds it
+        read-only."""
+        return self.compose_dir / "waker"
+
+    @property
     def usage_dir(self) -> Path:
         """The usage ledger's collector script (a site file beside the compose file that binds
         it read-only)."""

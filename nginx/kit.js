@@ -274,8 +274,39 @@ function forward(r, request, model, service) {
         added.push(PRIORITY[policyOf(r).batch === true ? 1 : 0]);
     }
     r.variables.kit_request_body = appended(r.requestBuffer || Buffer.alloc(0), added);
+    var sleepers = r.variables.kit_wake_services;  // undefined: no service has idle_sleep
+    if (sleepers && sleepers.split(' ').indexOf(service) !== -1) {
+        awakeThen(r, service);
+        return;
+    }
     r.internalRedirect(location(service));
 }
+
+// idle_sleep (docs/sleep.md): the waker answers 204 once the service is awake (at once when it
+// is; a sleeping one is woken once, however many requests it holds meanwhile, and they go on in
+// arrival order), or a JSON 503 naming why, whose message and Retry-After the client gets.
+// kit's probe identity asks without waking it.
+function awakeThen(r, service) {
+    var probe = r.variables.remote_user === r.variables.kit_probe_user ? 'probe=1' : '';
+    r.subrequest('/_kit/wake/' + service, probe).then(function (reply) {
+        if (reply.status === 204) {
+            r.internalRedirect(location(service));
+            return;
+        }
+        var message = null;
+        try {  // the waker's own 503 (a 502 is nginx's: the waker did not answer)
+            message = reply.status === 503 ? JSON.parse(reply.responseText).error.message : null;
+        } catch (e) {
+            message = null;
+        }
+        r.headersOut['Retry-After'] = reply.headersOut['Retry-After'] || WAKER_RETRY_AFTER;
+        sendError(r, 503, 'ServiceUnavailableError', typeof message === 'string' ? message
+                  : 'The model service ' + service + ' sleeps and its waker did not answer; '
+                  + 'retry shortly (kit status names the cause).');
+    });
+}
+
+var WAKER_RETRY_AFTER = '10';
 
 function isObject(value) {
     return value !== null && typeof value === 'object' && !Array.isArray(value);

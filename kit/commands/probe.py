@@ -11,7 +11,7 @@ from kit.errors import ExitCode
 from kit.front_door.gate import run_probe
 from kit.front_door.replica_check import replica_checks
 from kit.site import Site
-from kit.stack.sleep import asleep_services
+from kit.stack.sleep import asleep_services, failed_wakes
 
 
 @click.command()
@@ -37,7 +37,8 @@ def probe(
     asleep = asleep_services(site, lambda: connect(site.engine_url))  # never woken by a probe
     result = run_probe(site.spec, site.layout, address=address, timeout=timeout, asleep=asleep,
                        replicas=lambda: replica_checks(site, lambda: connect(site.engine_url),
-                                                       asleep))
+                                                       asleep)
+                       + failed_wakes(site, lambda: connect(site.engine_url)))
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=1, ensure_ascii=False))
     else:

@@ -40,6 +40,10 @@ VERSION_LABEL = "com.docker.compose.version"
 # the replica): the spec service it belongs to and its replica index.
 REPLICA_SERVICE_LABEL = "io.kit.service"
 REPLICA_INDEX_LABEL = "io.kit.replica"
+# kit's labels on the containers of a service in a swap group (idle_sleep, docs/sleep.md): kit up
+# starts the group's members one at a time, each put to sleep before the next starts.
+SWAP_GROUP_LABEL = "io.kit.swap-group"
+SLEEP_LEVEL_LABEL = "io.kit.sleep-level"
 
 # The Compose release whose conventions kit follows (v2 names). Compose v1 reads this label on
 # every container and fails without it; v2 only records it.
@@ -51,6 +55,7 @@ ACME_SERVICE = "certbot"  # the ACME client of tls.mode acme
 PROMETHEUS_SERVICE = "prometheus"  # observability.enabled
 GRAFANA_SERVICE = "grafana"  # observability.enabled, reached through the front door only
 DOOR_FIGURES_SERVICE = "door-figures"  # observability.enabled: the front door's request figures
+WAKER_SERVICE = "sleep-waker"  # idle_sleep: wakes a sleeping model for the door, sleeps idle ones
 # The compose services kit renders beside the spec's: a spec service may not take their names.
 KIT_SERVICES = {
     PROXY_SERVICE: "the front door",
@@ -59,6 +64,7 @@ KIT_SERVICES = {
     PROMETHEUS_SERVICE: "the metrics store (observability)",
     GRAFANA_SERVICE: "the dashboards (observability)",
     DOOR_FIGURES_SERVICE: "the front door's figures (observability)",
+    WAKER_SERVICE: "the waker of sleeping models (idle_sleep)",
 }
 # Site files a service re-reads on every request: a change needs neither reload nor recreate,
 # so they stay out of its digest (the verifier's auth_basic reads htpasswd per request; a

@@ -34,6 +34,7 @@ from kit.front_door.client import (
     target_for,
 )
 from kit.layout import PROBE_USER, SiteLayout
+from kit.plan.waker import PROBE_ASLEEP
 from kit.spec.model import Service, Spec
 from kit.spec.vllm_flags import EMBED, GENERATE
 
@@ -115,6 +116,12 @@ def run_probe(
 # a generative model completes one token; an embedding model embeds a short text.
 PROOF_NAMES = {GENERATE: "a 1-token completion", EMBED: "an embedding"}
 PROOF_PARTS = {GENERATE: "a choice and usage", EMBED: "an embedding vector and usage"}
+
+
+def _fell_asleep(status: int, body: bytes) -> bool:
+    """The waker's 503 to the probe: the model (idle_sleep) fell asleep after the gate asked
+    /is_sleeping, and the probe never wakes it (docs/sleep.md)."""
+    return status == 503 and PROBE_ASLEEP.encode() in body
 
 
 def proof_request(task: str, api_name: str) -> tuple[str, dict]:
@@ -345,6 +352,8 @@ class Gate(DoorClient):
 
         def run() -> Check:
             reply = self.fetch("POST", path, body=body, credentials=self.credentials)
+            if _fell_asleep(reply.status, reply.body):
+                return Check(name, True, ASLEEP_SKIP, skipped=True)
             if reply.status != 200:
                 return Check(name, False, f"got {reply.status}: {_snippet(reply.body)}",
                              reply.latency_ms)
@@ -374,8 +383,11 @@ class Gate(DoorClient):
             with self.exchange("POST", "/v1/chat/completions", body=body,
                                credentials=self.credentials) as response:
                 if response.status != 200:
-                    return Check(name, False, f"got {response.status}: "
-                                 f"{_snippet(response.read())}", ms_since(sent))
+                    text = response.read()
+                    if _fell_asleep(response.status, text):
+                        return Check(name, True, ASLEEP_SKIP, skipped=True)
+                    return Check(name, False, f"got {response.status}: {_snippet(text)}",
+                                 ms_since(sent))
                 kind = response.headers.get("Content-Type", "")
                 if not kind.startswith("text/event-stream"):
                     return Check(name, False, f"answer is not an event stream ({kind})",

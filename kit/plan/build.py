@@ -30,6 +30,7 @@ from kit.plan.observability import (
     service_slo,
 )
 from kit.plan.usage import UsagePlan, usage_plan
+from kit.plan.waker import WakerPlan, waker_plan
 from kit.spec.model import OFFLINE_ENV, Service, Spec
 from kit.spec.replicas import ReplicaPlan, replica_plans
 from kit.spec.vllm_flags import DEV_MODE_ENV, SLEEP_MODE_FLAG
@@ -96,6 +97,8 @@ class ServicePlan:
     hub_adapters: bool = False  # an adapter vLLM downloads from the Hub (the backend goes out)
     connect_timeout: int = 10  # nginx's proxy_connect_timeout to it (seconds)
     stop_grace_period: int = STOP_GRACE_PERIOD  # seconds the engine waits after SIGTERM
+    swap_group: str | None = None  # idle_sleep.swap_group: started one member at a time
+    sleep_level: int = 1  # idle_sleep.level
 
     @property
     def affinity_hash(self) -> str | None:
@@ -276,6 +279,7 @@ class Plan:
     observability: ObservabilityPlan | None = None  # Prometheus + Grafana when enabled
     usage: UsagePlan | None = None  # the usage ledger (on unless usage.enabled is false)
     offline: bool = False  # `offline: true`: nothing kit starts reaches a registry or the Hub
+    waker: WakerPlan | None = None  # wakes and sleeps the services with idle_sleep
 
     @property
     def pull_policy(self) -> str | None:
@@ -306,6 +310,7 @@ def build_plan(spec: Spec, *, priority_scheduling: bool = False) -> Plan:
     worker_connections = min(MAX_WORKER_CONNECTIONS, max(4096, _next_power_of_two(streams * 4)))
     per_minute = streams * REQUESTS_PER_SLOT_PER_MINUTE
     warnings = [w for s in services for w in (s.capacity or {}).get("warnings", [])]
+    metrics = metrics_network(spec.site, spec.observability.subnet)
     return Plan(
         site=spec.site,
         domain=spec.domain,
@@ -338,7 +343,7 @@ def build_plan(spec: Spec, *, priority_scheduling: bool = False) -> Plan:
             batch_in_flight=max(1, min(s.streams for s in services) // 2),
         ),
         tls_mode=spec.tls.mode,
-        metrics=metrics_network(spec.site, spec.observability.subnet),
+        metrics=metrics,
         acme=AcmePlan(
             image=spec.images.certbot,
             email=cast(str, spec.tls.email),  # the spec requires one in acme mode
@@ -350,6 +355,7 @@ def build_plan(spec: Spec, *, priority_scheduling: bool = False) -> Plan:
         warnings=warnings,
         observability=observability_plan(spec),
         usage=usage_plan(spec),
+        waker=waker_plan(spec, metrics),
     )
 
 
@@ -443,6 +449,8 @@ def _service_plan(spec: Spec, service, priority_scheduling: bool = False) -> Ser
         connect_timeout=spec.proxy.connect_timeout if len(replicas) == 1
         else min(spec.proxy.connect_timeout, REPLICA_CONNECT_TIMEOUT),
         stop_grace_period=grace,
+        swap_group=service.idle_sleep.swap_group if service.idle_sleep else None,
+        sleep_level=service.idle_sleep.level if service.idle_sleep else 1,
     )
 
 

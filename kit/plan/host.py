@@ -49,9 +49,61 @@ def host_checks(*, check_host: bool = True, check_capacity: bool = True) -> Host
             problems += _bind_sources(parts, resolve(parts.engine))
             if parts.models_root is not None:
                 problems += _model_dirs(parts, spec_dir, check_capacity)
+                problems += _sleep_memory(parts)
         return problems
 
     return run
+
+
+MEMINFO = Path("/proc/meminfo")  # this host's memory (the engine's, when it is local)
+# Of the host's memory, what level-1 sleep may fill with offloaded weights: vLLM pins them in
+# CPU memory, beside the engines' own processes, the page cache and everything else.
+SLEEP_HOST_SHARE = 0.8
+
+
+def host_memory_bytes(meminfo: Path = MEMINFO) -> int | None:
+    """MemTotal of /proc/meminfo; None when it cannot be read (not Linux)."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _sleep_memory(parts: Parts) -> list[SpecProblem]:
+    """Level-1 sleep moves each replica's weights to CPU memory (docs/sleep.md): all services
+    with it may sleep at once (a quiet night), so their weights must fit in this host's memory."""
+    from kit.plan.modelinfo import inspect_model_dir  # only where there is a config to read
+
+    assert parts.models_root is not None
+    sleepers = []
+    for i, service in parts.services:
+        model_dir = weights_lock.model_dir(parts.models_root, service)
+        if (service.idle_sleep is None or service.idle_sleep.level != 1
+                or not (model_dir / "config.json").is_file()):
+            continue
+        try:
+            weights = inspect_model_dir(model_dir).weights_bytes
+        except BadInput:
+            continue  # _model_problems names it
+        if weights:
+            sleepers.append((i, service, weights * service.replica_count))
+    host = host_memory_bytes(MEMINFO) if sleepers else None
+    needed = sum(weights for _, _, weights in sleepers)
+    if host is None or needed <= host * SLEEP_HOST_SHARE:
+        return []
+    gib = 1 << 30
+    listed = ", ".join(f"{service.name} {weights / gib:.1f} GiB" for _, service, weights
+                       in sleepers)
+    return [SpecProblem(
+        ("services", sleepers[-1][0], "idle_sleep", "level"),
+        f"level-1 sleep keeps the weights of every sleeping replica in CPU memory: {listed} "
+        f"({needed / gib:.1f} GiB when all sleep) is more than {SLEEP_HOST_SHARE:.0%} of this "
+        f"host's {host / gib:.1f} GiB",
+        "set `level: 2` for some of them (vLLM drops the weights and reloads them from disk at "
+        "each wake), or run them on a host with more memory")]
 
 
 def _bind_sources(parts: Parts, engine: str) -> list[SpecProblem]:

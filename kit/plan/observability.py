@@ -71,8 +71,8 @@ class ServiceSlo:
 @dataclass(frozen=True)
 class MetricsNetwork:
     """The metrics network's subnet and the fixed addresses on it: the gateway (first), the
-    front door (the one address Grafana's auth proxy trusts), Prometheus, Grafana and the usage
-    ledger's collector."""
+    front door (the one address Grafana's auth proxy trusts), Prometheus, Grafana, the usage
+    ledger's collector and the waker of sleeping models (kit/plan/waker.py)."""
 
     subnet: str
     gateway: str
@@ -80,6 +80,7 @@ class MetricsNetwork:
     prometheus: str
     grafana: str
     usage: str
+    waker: str
 
 
 def metrics_network(site: str, subnet: str | None) -> MetricsNetwork:
@@ -93,7 +94,7 @@ def metrics_network(site: str, subnet: str | None) -> MetricsNetwork:
     else:
         network = ipaddress.IPv4Network(subnet)
     base = network.network_address
-    return MetricsNetwork(str(network), *(str(base + offset) for offset in (1, 2, 3, 4, 5)))
+    return MetricsNetwork(str(network), *(str(base + offset) for offset in (1, 2, 3, 4, 5, 6)))
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from kit.plan.observability import (
     ServiceSlo,
 )
 from kit.plan.usage import USAGE_JOB
+from kit.plan.waker import SLEEP_JOB
 from kit.render.prometheus import quantile
 
 if TYPE_CHECKING:
@@ -78,7 +79,9 @@ def slo_share(histogram: str, selector: str, bound: float) -> str:
             f"sum(rate({histogram}_count{{{selector}}}[{RATE}]))")
 
 
-def service_dashboard(service: ServicePlan, slo: ServiceSlo | None) -> dashboard.Dashboard:
+def service_dashboard(service: ServicePlan, slo: ServiceSlo | None,
+                      sleeps: bool = False) -> dashboard.Dashboard:
+    """A service's dashboard; `sleeps`: it has idle_sleep, and a panel shows its sleep mode."""
     sel = f'job="{VLLM_JOB}",service="{service.name}"'
     door = f'job="{DOOR_LOG_JOB}",service="{service.name}"'
     by = "replica {{replica}}"
@@ -144,7 +147,25 @@ def service_dashboard(service: ServicePlan, slo: ServiceSlo | None) -> dashboard
                 f"share of requests whose {name} is at most the SLO: exact, the SLO is a "
                 "bucket bound (--custom-histogram-buckets)",
             ))
+    if sleeps:
+        panels.append(sleep_panel(service.name))
     return _dashboard(f"kit-svc-{service.name}", f"kit · {service.name}", panels)
+
+
+def sleep_panel(service: str) -> timeseries.Panel:
+    """idle_sleep (docs/sleep.md), from the waker: awake or not, wakes and sleeps, requests held
+    at the door for a wake, how long the last wake took."""
+    sel = f'job="{SLEEP_JOB}",service="{service}"'
+    return _panel("Sleep mode: awake, wakes, held requests", "short",
+                  [(f"kit_sleep_awake{{{sel}}}", "awake (1) / asleep (0)"),
+                   (f"increase(kit_sleep_wakes_total{{{sel}}}[{RATE}])", f"wakes in {RATE}"),
+                   (f"increase(kit_sleep_failed_wakes_total{{{sel}}}[{RATE}])",
+                    f"failed wakes in {RATE}"),
+                   (f"increase(kit_sleep_sleeps_total{{{sel}}}[{RATE}])", f"sleeps in {RATE}"),
+                   (f"kit_sleep_held_requests{{{sel}}}", "held at the door"),
+                   (f"kit_sleep_last_wake_seconds{{{sel}}}", "last wake (s)")],
+                  "the waker's account: a request for a sleeping model is held at the door "
+                  "while it wakes")
 
 
 def door_dashboard(plan: Plan) -> dashboard.Dashboard:
@@ -238,7 +259,8 @@ def dashboard_files(plan: Plan) -> dict[str, str]:
         boards["kit-usage.json"] = usage_dashboard(plan)
     for service in plan.services:
         slo = plan.observability.slo(service.name) if plan.observability else None
-        boards[f"kit-svc-{service.name}.json"] = service_dashboard(service, slo)
+        sleeps = plan.waker is not None and service.name in plan.waker.names()
+        boards[f"kit-svc-{service.name}.json"] = service_dashboard(service, slo, sleeps)
     return {name: json.dumps(board.build(), cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
             for name, board in boards.items()}
 

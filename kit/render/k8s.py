@@ -363,6 +363,7 @@ def _front_door(plan: Plan, namespace: str, credentials: Credentials, spec_name:
         "service_hosts": {svc.name: service_host(svc.name, namespace) for svc in plan.services},
         "verifier_service": service_host(VERIFIER_SERVICE, namespace),
         "dns_resolver": None,  # the cluster's DNS address is the cluster's own: no stapling
+        "waker": None,  # the compose stack's (docs/sleep.md): here idle_sleep services stay awake
     }
     compose_files = {str(output.path): output.content
                      for output in generated_files(plan, spec_name)}

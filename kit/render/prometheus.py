@@ -12,7 +12,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kit.credentials.material import PROMETHEUS_PASSWORD_ENV, PROMETHEUS_USER
-from kit.engine.desired import DOOR_FIGURES_SERVICE, GRAFANA_SERVICE, PROMETHEUS_SERVICE
+from kit.engine.desired import (
+    DOOR_FIGURES_SERVICE,
+    GRAFANA_SERVICE,
+    PROMETHEUS_SERVICE,
+    WAKER_SERVICE,
+)
 from kit.files import generated_yaml
 from kit.layout import PROMETHEUS_AUTH_ENV_FILE, PROMETHEUS_WEB_CONFIG
 from kit.plan.observability import (
@@ -38,6 +43,7 @@ from kit.plan.observability import (
     VLLM_JOB,
 )
 from kit.plan.usage import USAGE_JOB, USAGE_SERVICE
+from kit.plan.waker import SLEEP_JOB
 
 if TYPE_CHECKING:
     from kit.plan.build import Plan, ServicePlan
@@ -108,6 +114,11 @@ def prometheus_config(plan: Plan) -> str:
                 "metrics_path": SCRAPE_PATH + USAGE_SERVICE,
                 "static_configs": [{"targets": [door], "labels": {"instance": USAGE_SERVICE}}],
             }] if plan.usage else []),
+            *([{
+                "job_name": SLEEP_JOB,
+                "metrics_path": SCRAPE_PATH + WAKER_SERVICE,
+                "static_configs": [{"targets": [door], "labels": {"instance": WAKER_SERVICE}}],
+            }] if plan.waker else []),
         ],
     }
     return generated_yaml(config)

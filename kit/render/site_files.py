@@ -37,6 +37,8 @@ from kit.engine.desired import (
     PROXY_SERVICE,
     REPLICA_INDEX_LABEL,
     REPLICA_SERVICE_LABEL,
+    SLEEP_LEVEL_LABEL,
+    SWAP_GROUP_LABEL,
     VERIFIER_SERVICE,
 )
 from kit.engine.envfile import env_file_text
@@ -77,6 +79,7 @@ from kit.render.dashboards import dashboard_files, dashboard_provisioning, datas
 from kit.render.node_files import worker_outputs
 from kit.render.prometheus import prometheus_config, rules_file, template_facts
 from kit.render.usage import usage_facts, usage_files
+from kit.render.waker import waker_facts, waker_files
 from kit.site import Site
 from kit.site_lock import site_lock
 from kit.spec.model import Spec
@@ -200,6 +203,8 @@ def template_context(plan: Plan, spec_name: str) -> dict:
         "acme_service": ACME_SERVICE,
         "replica_service_label": REPLICA_SERVICE_LABEL,
         "replica_index_label": REPLICA_INDEX_LABEL,
+        "swap_group_label": SWAP_GROUP_LABEL,
+        "sleep_level_label": SLEEP_LEVEL_LABEL,
         "replica_fail_timeout": REPLICA_FAIL_TIMEOUT,
         "unavailable_retry_after": UNAVAILABLE_RETRY_AFTER,
         "prefix_key": PREFIX_KEY,
@@ -215,6 +220,7 @@ def template_context(plan: Plan, spec_name: str) -> dict:
         "usage": usage_facts(plan),
         "usage_spool_volume": SPOOL_VOLUME,
         "usage_door_mount": DOOR_SPOOL_MOUNT,
+        "waker": waker_facts(plan),
     }
 
 
@@ -256,6 +262,7 @@ def generated_files(plan: Plan, spec_name: str) -> list[Output]:
         ),
         *observability_files(plan, layout),
         *usage_files(plan, layout),
+        *waker_files(plan, layout),
     ]
 
 

@@ -227,15 +227,51 @@ def _gpu_sharing(services: list[tuple[int, Service]]) -> list[SpecProblem]:
             share.setdefault(gpu, []).append(i)
     problems = []
     for gpu, users in sorted(share.items()):
-        total = sum(by_index[i].gpu_memory_utilization for i in users)
+        total = _awake_share([by_index[i] for i in users])
         if len(users) > 1 and total > GPU_SHARE_LIMIT + 1e-9:
             names_ = ", ".join(by_index[i].name for i in users)
             problems.append(SpecProblem(
                 ("services", users[-1], "gpus"),
                 f"GPU {gpu} is shared by {names_} whose gpu_memory_utilization adds up to "
-                f"{total:.2f} (> {GPU_SHARE_LIMIT}); vLLM would fail to allocate at start",
-                "lower gpu_memory_utilization of the services sharing it, or move one elsewhere",
+                f"{total:.2f} awake at once (> {GPU_SHARE_LIMIT}); vLLM would fail to "
+                "allocate at start",
+                "lower gpu_memory_utilization of the services sharing it, move one elsewhere, "
+                "or give them idle_sleep with one swap_group (one of them awake at a time)",
             ))
+    return problems + _lone_swap_groups(services)
+
+
+def _awake_share(users: list[Service]) -> float:
+    """The GPU share of the services on one GPU that may be awake at once: every service
+    outside a swap group, and each swap group's largest member (a member fits alone; waking
+    one puts the others sharing its GPUs to sleep, docs/sleep.md)."""
+    groups: dict[str, float] = {}
+    total = 0.0
+    for service in users:
+        group = service.idle_sleep.swap_group if service.idle_sleep else None
+        if group is None:
+            total += service.gpu_memory_utilization
+        else:
+            groups[group] = max(groups.get(group, 0.0), service.gpu_memory_utilization)
+    return total + sum(groups.values())
+
+
+def _lone_swap_groups(services: list[tuple[int, Service]]) -> list[SpecProblem]:
+    """A swap group whose member shares no GPU with another member swaps nothing: a typo."""
+    problems = []
+    for i, service in services:
+        group = service.idle_sleep.swap_group if service.idle_sleep else None
+        if group is None:
+            continue
+        partners = [other for j, other in services if j != i and other.idle_sleep is not None
+                    and other.idle_sleep.swap_group == group
+                    and set(other.gpus) & set(service.gpus)]
+        if not partners:
+            problems.append(SpecProblem(
+                ("services", i, "idle_sleep", "swap_group"),
+                f"swap group {group!r} has no other service on the GPUs of {service.name} "
+                f"({', '.join(map(str, service.gpus))}): a swap group shares GPUs",
+                "give the services that share these GPUs the same swap_group, or remove it"))
     return problems
 
 

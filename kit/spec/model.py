@@ -332,6 +332,13 @@ class IdleSleep(StrictModel):
 
     after: Annotated[str, BeforeValidator(_with_unit), AfterValidator(_idle_duration)]
     level: Annotated[int, Field(ge=1, le=2)] = 1  # vLLM's sleep levels
+    # Services of one swap group may share GPUs beyond what fits awake at once: waking one puts
+    # the least recently used ones sharing its GPUs to sleep first (docs/sleep.md).
+    swap_group: Annotated[str, Field(pattern=SERVICE_NAME)] | None = None
+
+    @property
+    def after_seconds(self) -> int:
+        return int(self.after[:-1]) * IDLE_SLEEP_UNITS[self.after[-1]]
 
 
 class Service(StrictModel):

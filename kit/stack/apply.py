@@ -8,7 +8,12 @@ from pathlib import Path
 
 from kit.engine.desired import ServiceState
 from kit.engine.docker_api import Engine
-from kit.engine.observe import ContainerState, read_proxy_loaded, write_proxy_loaded
+from kit.engine.observe import (
+    ContainerState,
+    container_state,
+    read_proxy_loaded,
+    write_proxy_loaded,
+)
 from kit.errors import KitError
 from kit.front_door import reload as front_door
 from kit.layout import SiteLayout
@@ -24,10 +29,12 @@ from kit.stack.reconcile import (
     RemoveVolume,
     RetireReplica,
     RollReplicas,
+    SleepMember,
     StartContainer,
     WaitHealthy,
 )
 from kit.stack.rollout import Rollout, drain
+from kit.stack.sleep import sleep_container
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,10 @@ class Executor:
                 self._roll(action)
             case RetireReplica(container=container):
                 self._retire(container)
+            case SleepMember(service=service, level=level):
+                sleep_container(self.engine, service.name,
+                                container_state(self.engine.inspect(service.container_name)),
+                                level)
 
     def _roll(self, action: RollReplicas) -> None:
         if self.layout is None:

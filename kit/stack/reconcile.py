@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from kit.engine.desired import (
     PROXY_SERVICE,
     REPLICA_SERVICE_LABEL,
+    SLEEP_LEVEL_LABEL,
+    SWAP_GROUP_LABEL,
     DesiredState,
     NetworkState,
     ServiceState,
@@ -153,6 +155,20 @@ class ReloadProxy:
 
 
 @dataclass(frozen=True)
+class SleepMember:
+    """Put a swap group's member to sleep before another member starts (docs/sleep.md): its
+    vLLM holds its GPU memory until then, and the next one's start-up profiling would fail."""
+
+    service: ServiceState
+    level: int
+    reason: str
+    is_change = True
+
+    def __str__(self) -> str:
+        return f"sleep {self.service.container_name}: {self.reason}"
+
+
+@dataclass(frozen=True)
 class WaitHealthy:
     """Wait until every one of these services reports healthy (a step, not a change)."""
 
@@ -168,7 +184,7 @@ class WaitHealthy:
 Action = (
     RemoveContainer | RemoveNetwork | CreateNetwork | CreateVolume | RemoveVolume
     | CreateContainer | RecreateContainer | StartContainer | ReloadProxy | WaitHealthy
-    | RollReplicas | RetireReplica
+    | RollReplicas | RetireReplica | SleepMember
 )
 
 
@@ -268,6 +284,8 @@ def _service_actions(
         action = _container_action(service, kept.get(service.name), observed, rebuilt_networks)
         if action is None and service.reloadable and kept[service.name].running:
             action = _reload_action(service, kept[service.name], observed, touched)
+        if isinstance(action, CreateContainer | RecreateContainer | StartContainer):
+            actions += _make_room(desired, kept, service, touched, unhealthy)
         if action is not None:
             waits = [
                 desired.service(dep) for dep, condition in service.depends_on
@@ -288,6 +306,30 @@ def _service_actions(
     if unhealthy:
         pending = tuple(desired.service(name) for name in unhealthy)
         actions.append(WaitHealthy(pending, "; ".join(sorted(set(unhealthy.values())))))
+    return actions
+
+
+def _make_room(desired: DesiredState, kept: dict[str, ContainerState], service: ServiceState,
+               touched: set[str], unhealthy: dict[str, str]) -> list[Action]:
+    """Before a swap group's member starts: every other member that runs (started by this plan:
+    once healthy) put to sleep, so that its start finds the GPU memory free."""
+    group = service.labels.get(SWAP_GROUP_LABEL)
+    if group is None:
+        return []
+    member = service.labels.get(REPLICA_SERVICE_LABEL, service.name)
+    actions: list[Action] = []
+    for other in desired.services:
+        if (other.labels.get(SWAP_GROUP_LABEL) != group  # its own replicas start together
+                or other.labels.get(REPLICA_SERVICE_LABEL, other.name) == member):
+            continue
+        if other.name in touched:
+            if other.name in unhealthy:
+                actions.append(WaitHealthy((other,), f"swap group {group}: "
+                                           f"{unhealthy.pop(other.name)}"))
+        elif other.name not in kept or not kept[other.name].running:
+            continue
+        actions.append(SleepMember(other, int(other.labels.get(SLEEP_LEVEL_LABEL, "1")),
+                                   f"swap group {group}: {service.name} starts next"))
     return actions
 
 

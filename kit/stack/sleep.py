@@ -10,13 +10,18 @@ cannot tell a sleeping engine (it answers 200), so the state is asked of /is_sle
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from kit.engine.desired import WAKER_SERVICE
 from kit.engine.docker_api import Engine
-from kit.engine.observe import ContainerState
+from kit.engine.observe import ContainerState, ObservedState
 from kit.errors import BadInput, KitError
+from kit.front_door.gate import Check
 from kit.front_door.replica_check import in_flight, request_in_container, sleep_state
+from kit.plan.waker import ask_argv
 from kit.site import Site
 from kit.spec.model import Service
 from kit.spec.replicas import compose_names
@@ -25,6 +30,9 @@ from kit.spec.replicas import compose_names
 # larger model moves more weights. Generous: a slow answer is not a failure to sleep.
 CHANGE_TIMEOUT_S = 300
 ASK_TIMEOUT_S = 10
+# Log lines searched for vLLM's cause of a failure: its access log (the waker's checks among
+# others) may have added many since.
+LOG_LINES = 400
 # After a level-2 wake the weights are garbage until reloaded, and the prefix cache holds blocks
 # computed with the old ones (vLLM's sleep-mode docs): both follow the wake.
 LEVEL_2_AFTER_WAKE: tuple[tuple[str, dict[str, str]], ...] = (
@@ -41,10 +49,36 @@ class ReplicaSleep:
     replica: str  # the compose name (the container's host name)
     state: str  # "awake" | "asleep" | "unknown"
     detail: str = ""
+    # the waker's account of the service (docs/sleep.md): since, wakes, last_wake, failure…
+    account: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"service": self.service, "replica": self.replica, "state": self.state,
-                **({"detail": self.detail} if self.detail else {})}
+                **({"detail": self.detail} if self.detail else {}),
+                **({"waker": self.account} if self.account else {})}
+
+    def summary(self) -> str:
+        """`kit status`'s line: the state, and the waker's since when, wakes and last wake."""
+        text = f"sleep mode: {self.replica} {self.state.upper()}"
+        if self.detail:
+            text += f" ({self.detail})"
+        account = self.account
+        if account.get("since"):
+            text += f" since {_clock(account['since'])}"
+        if "wakes" in account:
+            text += f", {account['wakes']} wake(s)"
+        if account.get("last_wake"):
+            text += (f", last {_clock(account['last_wake'])} "
+                     f"({account.get('last_wake_seconds', 0):.2f} s)")
+        if account.get("failure"):
+            text += f"\n  its last wake FAILED: {account['failure']}"
+            if account.get("cause"):
+                text += f"\n  vLLM's log: {account['cause']}"
+        return text
+
+
+def _clock(wall: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(wall))
 
 
 @dataclass(frozen=True)
@@ -81,7 +115,12 @@ def change_sleep(site: Site, engine: Engine, name: str, verb: str) -> SleepOutco
     replica already so is left alone. Raises KitError naming the replica that could not."""
     service = sleeping_service(site, name)
     assert service.idle_sleep is not None
-    replicas = _running_replicas(site, engine, service)
+    observed = site.observe(engine, with_images=False)
+    replicas = _running_replicas(site, observed, service)
+    waker = _waker(observed)
+    by_waker = _by_waker(engine, waker, name, verb, replicas) if waker is not None else None
+    if by_waker is not None:  # it runs: it made the change, so it knew at once
+        return by_waker
     to_change = [(host, container) for host, container in replicas
                  if _asleep(engine, host, container) != (verb == "sleep")]
     changing = {host for host, _ in to_change}
@@ -105,6 +144,17 @@ def change_sleep(site: Site, engine: Engine, name: str, verb: str) -> SleepOutco
     return SleepOutcome(verb, name, tuple(done), tuple(already))
 
 
+def sleep_container(engine: Engine, host: str, container: ContainerState, level: int) -> None:
+    """One replica asleep (kit up, before another member of its swap group starts): left alone
+    when it already is; KitError naming the cause when it could not."""
+    if _asleep(engine, host, container):
+        return
+    _call(engine, host, container, f"/sleep?level={level}", {})
+    if not _asleep(engine, host, container):
+        raise KitError(f"{host} answered sleep but /is_sleeping still says awake",
+                       fix="see kit logs")
+
+
 def _all_idle(engine: Engine, replicas: list[tuple[str, ContainerState]]) -> None:
     for host, container in replicas:
         busy = in_flight(engine, container)
@@ -117,23 +167,98 @@ def _all_idle(engine: Engine, replicas: list[tuple[str, ContainerState]]) -> Non
 def sleep_states(engine: Engine, site: Site,
                  containers: tuple[ContainerState, ...]) -> tuple[ReplicaSleep, ...]:
     """Awake / asleep of every replica of the services with idle_sleep (none asked otherwise:
-    a site without idle_sleep pays nothing)."""
+    a site without idle_sleep pays nothing), with the waker's account of each service (since
+    when, wakes, last wake, a failed wake and vLLM's logged cause of it)."""
+    if all(service.idle_sleep is None for service in site.spec.services):
+        return ()
+    waker = next((c for c in containers if c.service == WAKER_SERVICE and c.running), None)
+    accounts = waker_accounts(engine, waker) if waker is not None else {}
     states = []
     for service in site.spec.services:
         if service.idle_sleep is None:
             continue
+        account = accounts.get(service.name, {})
         for host in compose_names(service.name, service.replica_count):
             running = [c for c in containers if c.service == host and c.running]
             if not running:
-                states.append(ReplicaSleep(service.name, host, "unknown", "not running"))
+                states.append(ReplicaSleep(service.name, host, "unknown", "not running", account))
                 continue
+            if account.get("failure") and "cause" not in account:
+                account = {**account, "cause": _last_error(engine, running[0])}
             try:
                 asleep = _asleep(engine, host, running[0], timeout=ASK_TIMEOUT_S)
             except KitError as error:
-                states.append(ReplicaSleep(service.name, host, "unknown", error.message))
+                states.append(ReplicaSleep(service.name, host, "unknown", error.message, account))
                 continue
-            states.append(ReplicaSleep(service.name, host, "asleep" if asleep else "awake"))
+            states.append(ReplicaSleep(service.name, host, "asleep" if asleep else "awake",
+                                       account=account))
     return tuple(states)
+
+
+def failed_wakes(site: Site, connect: Callable[[], Engine]) -> list[Check]:
+    """A failed check per service whose last wake failed (the waker's account, with vLLM's
+    logged cause), for the gate of kit up and kit probe: a model that cannot wake is not
+    serving, even while it sleeps. A site without idle_sleep: no engine call."""
+    if all(service.idle_sleep is None for service in site.spec.services):
+        return []
+    engine = connect()
+    states = sleep_states(engine, site, site.observe(engine, with_images=False).containers)
+    failed = {state.service: state.account for state in states
+              if state.account.get("failure")}
+    return [Check(f"wake {name}", False, f"its last wake failed: {account['failure']}"
+                  + (f"; vLLM's log: {account['cause']}" if account.get("cause") else "")
+                  + f" (it stays asleep; see kit logs, then kit wake {name})")
+            for name, account in failed.items()]
+
+
+def waker_accounts(engine: Engine, waker: ContainerState) -> dict[str, dict]:
+    """The waker's account of each service (its /state), {} when it does not answer."""
+    status, body = _ask_waker(engine, waker, "/state", ASK_TIMEOUT_S)
+    try:
+        services = json.loads(body)["services"] if status == 200 else []
+        return {entry["service"]: entry for entry in services}
+    except (ValueError, KeyError, TypeError):
+        return {}
+
+
+def _waker(observed: ObservedState) -> ContainerState | None:
+    return next((c for c in observed.of(WAKER_SERVICE) if c.running), None)
+
+
+def _ask_waker(engine: Engine, waker: ContainerState, path: str,
+               timeout: float) -> tuple[int, str]:
+    """(HTTP status, body) of the waker's answer inside its container; 0 when none came."""
+    try:
+        code, output = engine.exec(waker.id, ask_argv(path, timeout))
+    except KitError as error:
+        return 0, error.message
+    status, _, body = output.partition("\n")
+    if code != 0 or not status.isdigit():
+        return 0, output.strip()[-200:]
+    return int(status), body
+
+
+def _by_waker(engine: Engine, waker: ContainerState, name: str, verb: str,
+              replicas: list[tuple[str, ContainerState]]) -> SleepOutcome | None:
+    """The change made by the waker; None when it did not answer (starting, stopped): then kit
+    makes it itself, and the waker learns it at its next check of the replicas."""
+    status, body = _ask_waker(engine, waker, f"/hand/{verb}/{name}", CHANGE_TIMEOUT_S)
+    if status == 0:
+        return None
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        answer = {}
+    if status != 200 or not isinstance(answer, dict):
+        message = (answer.get("error", {}).get("message") if isinstance(answer, dict) else None)
+        causes = {cause for _, container in replicas if (cause := _last_error(engine, container))}
+        raise KitError(f"{name}: the waker ({WAKER_SERVICE}) could not {verb} it: "
+                       f"{message or body.strip()[:200] or 'no answer'}"
+                       + (f" (vLLM's log: {'; '.join(sorted(causes))})" if causes else ""),
+                       fix="see kit logs; the service keeps the state it had")
+    hosts = tuple(host for host, _ in replicas)
+    changed = answer.get("changed") is True
+    return SleepOutcome(verb, name, hosts if changed else (), () if changed else hosts)
 
 
 def asleep_services(site: Site, connect: Callable[[], Engine]) -> frozenset[str]:
@@ -146,9 +271,8 @@ def asleep_services(site: Site, connect: Callable[[], Engine]) -> frozenset[str]
     return frozenset(state.service for state in states if state.state == "asleep")
 
 
-def _running_replicas(site: Site, engine: Engine,
+def _running_replicas(site: Site, observed: ObservedState,
                       service: Service) -> list[tuple[str, ContainerState]]:
-    observed = site.observe(engine, with_images=False)
     replicas = []
     for host in compose_names(service.name, service.replica_count):
         running = [c for c in observed.of(host) if c.running]
@@ -182,7 +306,7 @@ def _call(engine: Engine, host: str, container: ContainerState, path: str, body:
 def _last_error(engine: Engine, container: ContainerState) -> str:
     """The last exception line vLLM logged (its traceback's cause), if any."""
     try:
-        tail = engine.log_tail(container.id, 50)
+        tail = engine.log_tail(container.id, LOG_LINES)
     except KitError:
         return ""
     causes = [line.split(") ", 1)[-1].strip() for line in tail.splitlines()

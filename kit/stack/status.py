@@ -326,6 +326,5 @@ def render_text(status: StackStatus, now: datetime) -> str:
     if status.usage is not None:
         lines += status.usage.lines()
     lines += [replica.line() for replica in status.adapters]
-    lines += [f"sleep mode: {state.replica} {state.state.upper()}"
-              + (f" ({state.detail})" if state.detail else "") for state in status.sleep]
+    lines += [state.summary() for state in status.sleep]
     return "\n".join(lines)

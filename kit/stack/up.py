@@ -98,11 +98,12 @@ def up_site(
     if probe:
         from kit.front_door.gate import run_probe  # the gate: only imported when it runs
         from kit.front_door.replica_check import replica_checks
-        from kit.stack.sleep import asleep_services
+        from kit.stack.sleep import asleep_services, failed_wakes
 
         asleep = asleep_services(site, lambda: engine)  # idle_sleep: never woken by the gate
         gate = run_probe(site.spec, site.layout, asleep=asleep,
-                         replicas=lambda: replica_checks(site, lambda: engine, asleep))
+                         replicas=lambda: replica_checks(site, lambda: engine, asleep)
+                         + failed_wakes(site, lambda: engine))
     return SiteUp(rendered, converged, len(site.desired.services), gate, acme, len(workers))
 
 

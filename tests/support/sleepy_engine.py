@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from kit.front_door.replica_check import CURL
+from kit.plan.waker import WAKER_PORT, ask_argv
 from tests.support.fake_engine import ReplicaEngine
 
 
@@ -22,8 +23,21 @@ class SleepyEngine(ReplicaEngine):
         self.posts: list[tuple[str, str]] = []  # (container name, path) of every POST
         self.asked: list[str] = []  # container names, one per GET /is_sleeping
         self.busy: dict[str, int] = {}  # container name → requests running (its /metrics)
+        # The waker's answers by path (its container runs; None: it does not answer, as while
+        # it starts) and the paths asked of it, in order.
+        self.waker: dict[str, tuple[int, object]] | None = None
+        self.waker_asked: list[str] = []
+
+    def _waker(self, path: str) -> tuple[int, str]:
+        self.waker_asked.append(path)
+        if self.waker is None or path not in self.waker:
+            return 1, "urllib.error.URLError: <urlopen error [Errno 111] Connection refused>"
+        status, answer = self.waker[path]
+        return 0, f"{status}\n{json.dumps(answer)}"
 
     def exec(self, container_id: str, argv: list[str]) -> tuple[int, str]:
+        if argv[:3] == ask_argv("/", 1)[:3]:
+            return self._waker(argv[3].split(f":{WAKER_PORT}", 1)[1])
         if argv[:3] != ["sh", "-c", CURL]:
             return super().exec(container_id, argv)
         path = argv[4].split(":8000", 1)[1]

@@ -20,8 +20,9 @@ class Answer:
         return json.loads(self.body)
 
 
-def call(port: int, method: str, path: str, body: object = None, timeout: float = 30) -> Answer:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+def call(port: int, method: str, path: str, body: object = None, timeout: float = 30,
+         host: str = "127.0.0.1") -> Answer:
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
     data = None if body is None else json.dumps(body).encode()
     conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
     response = conn.getresponse()

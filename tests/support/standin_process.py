@@ -52,16 +52,17 @@ def run_standin(*args: str, timeout: float = 15, **env: str) -> subprocess.Compl
 
 
 @contextmanager
-def serving(*args: str, **env: str):
-    """A stand-in serving on a free port; yields (port, process). Stops it with SIGTERM."""
-    port = pick_free_port()
+def serving(*args: str, host: str = "127.0.0.1", port: int | None = None, **env: str):
+    """A stand-in serving on `host` (a loopback address) and `port` (default: a free one);
+    yields (port, process). Stops it with SIGTERM."""
+    port = port or pick_free_port()
     proc = subprocess.Popen(
         [sys.executable, str(STANDIN / "vllm"), "serve", *args, "--port", str(port),
-         "--host", "127.0.0.1"],
+         "--host", host],
         env=standin_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
-        wait_listening(port, proc)
+        wait_listening(port, proc, host)
         yield port, proc
     finally:
         if proc.poll() is None:
@@ -70,12 +71,13 @@ def serving(*args: str, **env: str):
         proc.stdout.close()
 
 
-def wait_listening(port: int, proc: subprocess.Popen, timeout: float = 10) -> None:
+def wait_listening(port: int, proc: subprocess.Popen, host: str = "127.0.0.1",
+                   timeout: float = 10) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.stdout.read()
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            socket.create_connection((host, port), timeout=0.2).close()
             return
         except OSError:
             time.sleep(0.02)

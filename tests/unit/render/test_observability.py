@@ -17,6 +17,7 @@ from kit.engine.desired import (
     DOOR_FIGURES_SERVICE,
     GRAFANA_SERVICE,
     PROMETHEUS_SERVICE,
+    WAKER_SERVICE,
     load_desired,
 )
 from kit.layout import SiteLayout
@@ -28,6 +29,7 @@ from kit.plan.observability import (
     metrics_network,
 )
 from kit.plan.usage import USAGE_JOB, USAGE_PORT, USAGE_SERVICE
+from kit.plan.waker import SLEEP_JOB, WAKER_PORT
 from kit.render.dashboards import DATASOURCE_UID, le_matcher
 from tests.standin.vllm_standin import buckets
 from tests.support import nginx_ns
@@ -344,3 +346,36 @@ def test_bad_observability_input_is_refused(site: Path, extra: str, services: st
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert tree(site) == before
+
+
+def test_the_sleep_panel_and_scrape_go_with_idle_sleep(observed: Path, promtool: str) -> None:
+    """With idle_sleep, Prometheus reads the waker's figures through the door's listener (the
+    waker answers the door's address only) and the service's dashboard has a sleep panel;
+    promtool, nginx -t and compose accept the files."""
+    spec = observed / "site.yaml"
+    spec.write_text(spec.read_text().replace(
+        "    max_num_seqs: 64\n", "    max_num_seqs: 64\n    idle_sleep: {after: 15m}\n", 1))
+    assert run_kit("render", spec).exit_code == 0
+    config = yaml.safe_load((observed / "observability/prometheus/prometheus.yml").read_text())
+    job = next(job for job in config["scrape_configs"] if job["job_name"] == SLEEP_JOB)
+    assert job["metrics_path"] == f"/kit-scrape/{WAKER_SERVICE}"
+    waker = yaml.safe_load((observed / "compose" / "docker-compose.yml").read_text())[
+        "services"][WAKER_SERVICE]
+    address = waker["networks"]["metrics"]["ipv4_address"]
+    conf = (observed / "nginx" / "nginx.conf").read_text()
+    assert f"proxy_pass http://{address}:{WAKER_PORT}/metrics;" in conf
+    board = json.loads((observed / "observability/grafana/dashboards/kit-svc-llama8b.json")
+                       .read_text())
+    exprs = [target["expr"] for panel in board["panels"] for target in panel["targets"]]
+    assert f'kit_sleep_awake{{job="{SLEEP_JOB}",service="llama8b"}}' in exprs
+    other = json.loads((observed / "observability/grafana/dashboards/kit-svc-small.json")
+                       .read_text())
+    assert not any("kit_sleep" in target["expr"] for panel in other["panels"]
+                   for target in panel["targets"])
+    result = subprocess.run([promtool, "check", "config", "--syntax-only",
+                             str(observed / "observability/prometheus/prometheus.yml")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    if nginx_ns.available() is None:
+        nginx = nginx_ns.nginx_t(observed / "nginx", ["llama8b", "small"])
+        assert nginx.returncode == 0, nginx.stderr

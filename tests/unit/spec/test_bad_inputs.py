@@ -333,6 +333,18 @@ CASES = [
         "    gpus: [0]", "    gpus: [0]\n    idle_sleep: {level: 1}"),
      ["services[0].idle_sleep.after: required key is missing",
       "add services[0].idle_sleep.after"]),
+    ("26-swap-group-alone", replace(
+        "    gpus: [0]", "    gpus: [0]\n    idle_sleep: {after: 15m, swap_group: g0}"),
+     ["services[0].idle_sleep.swap_group", "swap group 'g0' has no other service on the GPUs "
+      "of llama8b (0)", "give the services that share these GPUs the same swap_group"]),
+    ("26-swap-group-half", lambda t: replace(
+        "    gpus: [0]", "    gpus: [0]\n    idle_sleep: {after: 15m, swap_group: g0}")(t)
+        + SECOND.replace("0.5", "0.9"),
+     ["GPU 0 is shared by llama8b, qwen", "adds up to 1.80 awake at once",
+      "or give them idle_sleep with one swap_group (one of them awake at a time)"]),
+    ("26-swap-group-bad-name", replace(
+        "    gpus: [0]", "    gpus: [0]\n    idle_sleep: {after: 15m, swap_group: 'G 0'}"),
+     ["services[0].idle_sleep.swap_group"]),
     ("26-idle-sleep-unknown-key", replace(
         "    gpus: [0]", "    gpus: [0]\n    idle_sleep: {after: 15m, levle: 2}"),
      ["services[0].idle_sleep.levle", "did you mean 'level'"]),

@@ -103,6 +103,15 @@ def adapter(key: str) -> Setter:
     return setter
 
 
+def swap_group(data: dict, value: str) -> None:
+    """Both services of a swap group take the name (a lone member is refused whatever its
+    name)."""
+    sleep = {"after": "15m", "swap_group": value}
+    data["services"][0]["idle_sleep"] = sleep
+    data["services"].append({"name": "coder", "model": "llama-8b", "served_name": "coder",
+                             "gpus": [0], "max_model_len": 4096, "idle_sleep": dict(sleep)})
+
+
 TLS_NEEDS = {
     "acme": {"email": "ops@test.example"},
     "files": {"cert": "server.pem", "key": "server.key"},
@@ -154,6 +163,7 @@ FIELDS: dict[str, tuple[Setter, str]] = {
     "services.adapters.revision": (adapter("revision"), "main"),
     "services.adapters.sha256": (adapter("sha256"), hashlib.sha256(adapter_weights()).hexdigest()),
     "services.idle_sleep.after": (at(*S, "idle_sleep", "after"), "15m"),
+    "services.idle_sleep.swap_group": (swap_group, "gpu0"),
     "observability.subnet": (at("observability", "subnet"), "10.89.7.0/28"),
     "usage.max_disk": (at("usage", "max_disk"), "2g"),
     "kubernetes.service_type": (at("kubernetes", "service_type"), "LoadBalancer"),

@@ -14,7 +14,7 @@ import kit.commands.sleep
 from kit.front_door.gate import ASLEEP_SKIP
 from kit.front_door.replica_check import replica_checks
 from kit.site import Site
-from kit.stack.sleep import asleep_services
+from kit.stack.sleep import asleep_services, failed_wakes
 from kit.stack.status import gather, render_text
 from kit.stack.up import up_site
 from tests.support.cli import run_kit
@@ -176,3 +176,93 @@ def test_sleep_by_hand_never_cuts_requests_in_flight(tmp_path: Path, engine: Sle
     del engine.busy[QWEN[1]]
     assert run_kit("sleep", spec, "qwen32b").exit_code == 0
     assert engine.asleep == set(QWEN)
+
+
+def test_with_the_waker_running_it_makes_the_change_and_says_why_not(
+        tmp_path: Path, engine: SleepyEngine) -> None:
+    spec = sleepy_site(tmp_path, level=1)
+    brought_up(spec, engine)
+    engine.waker = {"/hand/sleep/qwen32b": (200, {"changed": True, "state": "asleep"}),
+                    "/hand/wake/qwen32b": (200, {"changed": False, "state": "awake"})}
+    slept = run_kit("sleep", spec, "qwen32b")
+    assert slept.exit_code == 0, slept.output
+    assert "qwen32b: qwen32b-r0 now asleep" in slept.output
+    assert engine.posts == []  # the waker made it, not kit's curl
+    woken = run_kit("wake", spec, "qwen32b")
+    assert woken.output.count("was already awake") == 2
+    assert engine.waker_asked == ["/hand/sleep/qwen32b", "/hand/wake/qwen32b"]
+
+    engine.write_log(QWEN[0], "Traceback (most recent call last):\n"
+                     "RuntimeError: CUDA error: out of memory\n")
+    engine.waker["/hand/wake/qwen32b"] = (503, {"error": {
+        "message": "qwen32b-r0 answered 500 to POST /wake_up (Internal Server Error)",
+        "type": "ServiceUnavailableError", "param": None, "code": 503}})
+    failed = run_kit("wake", spec, "qwen32b")
+    assert failed.exit_code == 1
+    assert ("qwen32b: the waker (sleep-waker) could not wake it: qwen32b-r0 answered 500 to "
+            "POST /wake_up (Internal Server Error) (vLLM's log: RuntimeError: CUDA error: out "
+            "of memory)") in failed.output
+
+
+def test_status_shows_the_wakers_account_and_a_failed_wakes_cause(
+        tmp_path: Path, engine: SleepyEngine) -> None:
+    spec = sleepy_site(tmp_path, level=1)
+    site = brought_up(spec, engine)
+    engine.asleep.update(QWEN)
+    engine.fail_wake.add(QWEN[0])
+    engine.write_log(QWEN[0], "Traceback (most recent call last):\n"
+                     "RuntimeError: CUDA error: out of memory\n")
+    engine.waker = {"/state": (200, {"services": [{
+        "service": "qwen32b", "state": "asleep", "since": 1_800_000_000.0, "wakes": 3,
+        "last_wake": 1_799_999_000.0, "last_wake_seconds": 0.71,
+        "failure": "qwen32b-r0 answered 500 to POST /wake_up (Internal Server Error)"}]})}
+    report = gather(site, engine)
+    text = render_text(report, datetime.now(UTC))
+    assert ("sleep mode: qwen32b-r0 ASLEEP since 2027-01-15 08:00:00 UTC, 3 wake(s), last "
+            "2027-01-15 07:43:20 UTC (0.71 s)") in text
+    assert "its last wake FAILED: qwen32b-r0 answered 500 to POST /wake_up" in text
+    assert "vLLM's log: RuntimeError: CUDA error: out of memory" in text
+    entry = report.to_json(datetime.now(UTC))["sleep"][0]
+    assert entry["waker"]["wakes"] == 3
+    assert entry["waker"]["cause"] == "RuntimeError: CUDA error: out of memory"
+    (check,) = failed_wakes(site, lambda: engine)  # kit up's and kit probe's gate fail on it
+    assert (check.name, check.ok) == ("wake qwen32b", False)
+    assert check.detail == ("its last wake failed: qwen32b-r0 answered 500 to POST /wake_up "
+                            "(Internal Server Error); vLLM's log: RuntimeError: CUDA error: out "
+                            "of memory (it stays asleep; see kit logs, then kit wake qwen32b)")
+    engine.waker = {"/state": (200, {"services": [{"service": "qwen32b", "state": "asleep"}]})}
+    assert failed_wakes(site, lambda: engine) == []
+
+
+def swap_site(root: Path) -> Path:
+    """The replicas example with both services on GPUs 0-3 as one swap group."""
+    folder = spec_in_folder(EXAMPLE, root / "swap")
+    spec = folder / "site.yaml"
+    text = spec.read_text().replace("gpus: [4, 5, 6, 7]", "gpus: [0, 1, 2, 3]")
+    text = text.replace("    max_num_seqs: 128\n", "    max_num_seqs: 128\n    idle_sleep: "
+                        "{after: 15m, swap_group: g}\n")
+    text = text.replace("    max_num_seqs: 64\n", "    max_num_seqs: 64\n    idle_sleep: "
+                        "{after: 15m, level: 2, swap_group: g}\n")
+    spec.write_text(text)
+    return spec
+
+
+def test_up_starts_a_swap_group_one_member_at_a_time(tmp_path: Path,
+                                                     engine: SleepyEngine) -> None:
+    spec = swap_site(tmp_path)
+    lines: list[str] = []
+    site = Site.load(spec, check_host=False)
+    up_site(site, timeout=5, probe=False, report=lines.append, warn=lambda _: None,
+            connect=lambda: engine)
+    llama = [f"gpu02-llama8b-r{i}-1" for i in range(4)]
+    assert engine.asleep == set(llama)  # the first member slept before the second started
+    assert sorted(engine.posts) == sorted((name, "/sleep?level=1") for name in llama)
+    steps = [line for line in lines if "qwen32b-r0" in line or line.startswith("sleep ")]
+    assert steps[:4] == [f"sleep {name}: swap group g: qwen32b-r0 starts next" for name in llama]
+    assert "create container gpu02-qwen32b-r0-1" in steps[4]
+    assert not any(line.startswith("sleep gpu02-qwen32b") for line in lines)  # replicas: together
+
+    engine.posts.clear()  # a second up with nothing changed: nothing to sleep
+    up_site(site, timeout=5, probe=False, report=lambda _: None, warn=lambda _: None,
+            connect=lambda: engine)
+    assert engine.posts == []
