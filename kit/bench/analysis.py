@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from kit.bench.client import StepRecord
+from kit.bench.client import Outcome, StepRecord
 
 PRECISION = 0.10  # the search stops when first failing / max passing − 1 is at most this
 LAG_LIMIT_MS = 10.0  # client event-loop lag (p90) from which its timestamps are not trusted
@@ -95,15 +95,20 @@ class StepResult:
         return worst if over[worst] > 1 else None
 
 
+def tpots_ms(done: list[Outcome]) -> list[float]:
+    """TPOT of each request with more than one output token, as `vllm bench serve` computes it
+    (calculate_metrics): (latency − TTFT) / (output tokens − 1), in ms."""
+    return [(o.latency - o.ttft) * 1000 / (o.output_tokens - 1) for o in done
+            if o.output_tokens > 1]
+
+
 def summarize(record: StepRecord, slo: Slo, server: dict[str, float] | None = None,
               lag_limit_ms: float = LAG_LIMIT_MS) -> StepResult:
-    """A step's figures as `vllm bench serve` computes them (calculate_metrics): TPOT per request
-    with more than one output token = (latency − TTFT) / (output tokens − 1)."""
+    """A step's figures as `vllm bench serve` computes them (calculate_metrics)."""
     done = [o for o in record.outcomes if o.ok]
     failures = Counter(o.cause for o in record.outcomes if not o.ok)
     ttfts = [o.ttft * 1000 for o in done]
-    tpots = [(o.latency - o.ttft) * 1000 / (o.output_tokens - 1) for o in done
-             if o.output_tokens > 1]
+    tpots = tpots_ms(done)
     itls = [gap * 1000 for o in done for gap in o.itl]
     e2els = [o.latency * 1000 for o in done]
     duration = max(record.duration_s, 1e-9)

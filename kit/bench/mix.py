@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kit.bench import client as bench_client
-from kit.bench.analysis import percentile
+from kit.bench.analysis import percentile, tpots_ms
 from kit.bench.client import Endpoint, Outcome, Stream
 from kit.credentials.material import key_digest, read_keys
 from kit.credentials.policy import batch_in_use, principal, read_policies
@@ -57,6 +57,10 @@ class ClassLoad:
 
     def ttft_p95_ms(self) -> float:
         return percentile([o.ttft for o in self.outcomes], 95) * 1000 if self.outcomes else 0
+
+    def tpot_p50_ms(self) -> float:
+        tpots = tpots_ms(self.outcomes)
+        return percentile(tpots, 50) if tpots else 0.0
 
     def wait_p99_s(self) -> float:
         return percentile(self.waits, 99) if self.waits else 0.0
@@ -109,6 +113,7 @@ class MixResult:
         def load(part: ClassLoad) -> dict:
             return {"requests": len(part.outcomes), "tokens_per_s": round(part.tokens_per_s, 1),
                     "ttft_p95_ms": round(part.ttft_p95_ms(), 1),
+                    "tpot_p50_ms": round(part.tpot_p50_ms(), 1),
                     "wait_p99_s": round(part.wait_p99_s(), 3),
                     "ttft_p99_s": round(part.ttft_p99_s(), 3), "refused_429": part.refused,
                     "failures": part.failures}
@@ -224,6 +229,13 @@ def mix_report(result: MixResult) -> str:
         f"retries of its own overcommit included): {result.batch_mixed.wait_p99_s():.2f} s, "
         f"{result.batch_alone.wait_p99_s():.2f} s alone",
     ]
+    lines += [f"{name}: TTFT p95 {part.ttft_p95_ms():.0f} ms, TPOT p50 "
+              f"{part.tpot_p50_ms():.1f} ms, {part.tokens_per_s:.0f} tokens/s, "
+              f"{len(part.outcomes)} requests"
+              for name, part in (("interactive alone", result.idle),
+                                 ("batch alone", result.batch_alone),
+                                 ("interactive with batch", result.interactive_mixed),
+                                 ("batch with interactive", result.batch_mixed))]
     if result.failed:
         lines.append(f"FAILED requests: {json.dumps(result.failed)}")
     return "\n".join(lines)

@@ -136,9 +136,9 @@ def mixed(tmp_path_factory, docker_client, test_images) -> Iterator[tuple[LiveSi
 def test_bench_mix_interactive_keeps_its_ttft_and_batch_gets_what_is_left(mixed) -> None:
     """Batch at twice the 8 slots: the door lets 4 in flight (the rest 429, sent again after
     Retry-After), so interactive finds free slots and the engine puts it first. The goal is
-    interactive p95 TTFT <= x1.25 idle; asserted at x1.5 on this shared 2-core machine, where
-    the extra tokens alone cost CPU (without the cap and priority it would wait for a batch
-    request to finish). Batch keeps >= 80 % of what interactive leaves it."""
+    interactive p95 TTFT <= x1.25 idle (x1.02 measured alone on a quiet machine; x1.29-1.54 at
+    load average 37-58, hence the serial pass: without the cap and priority it would wait for a
+    batch request to finish). Batch keeps >= 80 % of what interactive leaves it."""
     site, keys = mixed
     assert "--scheduling-policy" in site.layout.compose_file.read_text()
     env = {"KIT_BENCH_API_KEY": keys["chat"], "KIT_BENCH_BATCH_KEY": keys["nightly"]}
@@ -149,6 +149,6 @@ def test_bench_mix_interactive_keeps_its_ttft_and_batch_gets_what_is_left(mixed)
     assert result.returncode == 0, result.stdout + result.stderr
     figures = json.loads((site.root / "bench" / "mix.json").read_text())
     assert figures["batch_streams"] == 16 and figures["batch_cap"] == 4
-    assert figures["ttft_ratio"] <= 1.5, result.stdout
+    assert figures["ttft_ratio"] <= 1.25, result.stdout
     assert figures["batch_share"] >= 0.80, result.stdout
     assert figures["batch_mixed"]["refused_429"] > 0

@@ -70,6 +70,14 @@ def test_the_mix_prints_each_class_and_batch_is_capped(
     # batch is not starved: admitted, it waits in the engine no longer than with no interactive
     # load, give or take a few steps of 20 ms
     assert result.batch_mixed.ttft_p99_s() <= result.batch_alone.ttft_p99_s() + 0.2
+    # each class's TPOT and throughput, as `vllm bench serve` computes TPOT: the stand-in paces
+    # tokens 20 ms apart, so no class's median can be below that
+    report, figures = mix_report(result), result.to_json()
+    for name, part in (("interactive alone", "idle"), ("batch alone", "batch_alone"),
+                       ("interactive with batch", "interactive_mixed"),
+                       ("batch with interactive", "batch_mixed")):
+        assert f"{name}: TTFT p95 " in report, report
+        assert figures[part]["tpot_p50_ms"] >= 19, figures
 
 
 def test_the_batch_credential_must_be_a_batch_key(
