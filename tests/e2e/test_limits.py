@@ -56,6 +56,7 @@ def test_a_body_above_max_body_gets_413(shared_site: LiveSite) -> None:
     assert site.status("/v1/chat/completions", None, "POST", chat_body(4096)) == 413
 
 
+@pytest.mark.serial  # must outpace the rate limit: a neighbour's load slows the client
 def test_a_client_above_its_request_rate_gets_429(make_site) -> None:
     site = make_site(rate_limit_per_ip=RATE_PER_MINUTE)
     started = time.monotonic()

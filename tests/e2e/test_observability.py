@@ -324,6 +324,7 @@ def test_grafana_takes_the_user_header_from_the_front_door_only(site: LiveSite) 
     assert f"GF_AUTH_PROXY_WHITELIST={metrics_addresses(site)['nginx']}" in grafana
 
 
+@pytest.mark.serial  # times the alert: a neighbour's load moves it (docs/testing.md)
 def test_a_stopped_replica_fires_replica_down(site: LiveSite) -> None:
     site.container(SERVICE).stop(timeout=0)  # SIGKILL; a stopped container is not restarted
 
