@@ -87,6 +87,10 @@ class ObservedState:
     def of(self, service: str) -> list[ContainerState]:
         return [c for c in self.containers if c.service == service]
 
+    def running(self, service: str) -> ContainerState | None:
+        """The service's running container (a replica's, by its compose name), if one runs."""
+        return next((c for c in self.of(service) if c.running), None)
+
     def network(self, name: str) -> NetworkFound | None:
         return next((n for n in self.networks if n.name == name), None)
 

@@ -191,13 +191,13 @@ def _replicas(site: Site, engine: Engine, service: Service,
     observed = site.observe(engine, with_images=False)
     replicas = []
     for host in compose_names(service.name, service.replica_count):
-        running = [c for c in observed.of(host) if c.running]
-        if not running and not required:
+        running = observed.running(host)
+        if running is None and not required:
             continue
-        if not running:
+        if running is None:
             raise KitError(f"{host} is not running, so kit cannot load the adapter there",
                            fix=f"run kit up {site.spec_path}, then this again")
-        replicas.append((host, running[0]))
+        replicas.append((host, running))
     return replicas
 
 

@@ -222,7 +222,7 @@ def waker_accounts(engine: Engine, waker: ContainerState) -> dict[str, dict]:
 
 
 def _waker(observed: ObservedState) -> ContainerState | None:
-    return next((c for c in observed.of(WAKER_SERVICE) if c.running), None)
+    return observed.running(WAKER_SERVICE)
 
 
 def _ask_waker(engine: Engine, waker: ContainerState, path: str,
@@ -275,11 +275,11 @@ def _running_replicas(site: Site, observed: ObservedState,
                       service: Service) -> list[tuple[str, ContainerState]]:
     replicas = []
     for host in compose_names(service.name, service.replica_count):
-        running = [c for c in observed.of(host) if c.running]
-        if not running:
+        running = observed.running(host)
+        if running is None:
             raise KitError(f"{host} is not running, so kit cannot reach its vLLM",
                            fix=f"run kit up {site.spec_path}")
-        replicas.append((host, running[0]))
+        replicas.append((host, running))
     return replicas
 
 
