@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kit.bench import client as bench_client
-from kit.bench.analysis import percentile, tpots_ms
+from kit.bench.analysis import median, percentile, tpots_ms
 from kit.bench.client import Endpoint, Outcome, Stream
 from kit.credentials.material import key_digest, read_keys
 from kit.credentials.policy import batch_in_use, principal, read_policies
@@ -59,8 +59,7 @@ class ClassLoad:
         return percentile([o.ttft for o in self.outcomes], 95) * 1000 if self.outcomes else 0
 
     def tpot_p50_ms(self) -> float:
-        tpots = tpots_ms(self.outcomes)
-        return percentile(tpots, 50) if tpots else 0.0
+        return median(tpots_ms(self.outcomes))
 
     def wait_p99_s(self) -> float:
         return percentile(self.waits, 99) if self.waits else 0.0
