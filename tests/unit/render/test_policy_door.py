@@ -27,6 +27,7 @@ from kit.site import Site
 from tests.support import nginx_ns
 from tests.support.cli import run_kit
 from tests.support.door_ns import Door, serving_door
+from tests.support.door_sequential import back_to_back
 from tests.support.raw_http import RawReply
 from tests.support.raw_http import request as raw_request
 from tests.support.sites import base_site
@@ -39,6 +40,7 @@ HOST = "llm.test.internal"
 PASSWORD = "a-long-enough-password-41"
 DAILY = 60  # tokens a day of the key "daily"
 MONTHLY = 40  # tokens a month of the key "monthly"
+SEQUENTIAL = 150  # tokens a day of the key "sequential", raised by as much each round
 ROUTES = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "Hi"}],
                                    "max_tokens": 2},
           "/v1/completions": {"prompt": "Hi", "max_tokens": 2},
@@ -78,7 +80,8 @@ def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PolicyDoor]:
             "daily": add_key(spec, "daily", "--tokens-per-day", str(DAILY)),
             "monthly": add_key(spec, "monthly", "--tokens-per-day", str(10 * MONTHLY),
                                "--tokens-per-month", str(MONTHLY)),
-            "minute": add_key(spec, "minute", "--requests-per-minute", "3")}
+            "minute": add_key(spec, "minute", "--requests-per-minute", "3"),
+            "sequential": add_key(spec, "sequential", "--tokens-per-day", str(SEQUENTIAL))}
     added = run_kit("users", "add", spec, "ann", "--password-stdin", "--offline",
                     stdin=PASSWORD + "\n")
     assert added.exit_code == 0, added.output
@@ -273,6 +276,28 @@ def test_the_request_that_crosses_a_budget_is_the_last_one_admitted(
             429, "insufficient_quota")
     assert send(door, "POST", "/v1/completions", "all",
                 json.dumps(ROUTES["/v1/completions"] | {"model": SERVED}).encode()).status == 200
+
+
+def test_a_client_sending_request_after_request_never_passes_the_crossing_one(
+        door: PolicyDoor) -> None:
+    """Tokens are counted as the answer's usage passes the door, before its last bytes: a
+    client that sends its next request the moment it has read the end of the one before (a
+    stream's `[DONE]`, an answer's last byte), on a connection opened beforehand, is admitted
+    while the count is below the budget and refused from the request after the crossing one —
+    streams with and without include_usage, and whole answers, in turn, round after round."""
+    conf = door.layout.nginx_dir / "nginx.conf"
+    counted = 0
+    for round_number in range(1, 7):
+        budget = counted + SEQUENTIAL
+        if round_number > 1:  # the count kept, the budget raised: a new crossing to reach
+            set_policy(door.layout, "key", "sequential", tokens_per_day=budget)
+            door.door.reload(conf, conf.read_text())
+        spent, refused = back_to_back(door.door, HOST, door.keys["sequential"], SERVED)
+        assert (refused.status, json.loads(refused.body)["error"]["type"]) == (
+            429, "insufficient_quota"), refused
+        assert counted + sum(spent[:-1]) < budget <= counted + sum(spent), (round_number,
+                                                                          counted, spent)
+        counted += sum(spent)
 
 
 def test_requests_per_minute_refused_until_the_minute_ends(door: PolicyDoor) -> None:
