@@ -2,6 +2,7 @@
 // shared dictionary).
 // Layout lives in nginx.conf; this file only holds the logic nginx cannot express.
 var crypto = require('crypto');
+var fs = require('fs');
 import routes from 'kit-routes.js';  // served model name → service; adapter → {service, parent}
 
 function authorization(r) {
@@ -77,9 +78,11 @@ function expired(r) {
 }
 
 // ---- budgets and requests per minute (docs/policy.md) -----------------------------------------
-// Token budgets are counted in the kit_budget shared dictionary (kept across reloads, not across
-// a restart of nginx), by the log phase of every request of a credential with one (`spend`),
-// with the tokens the usage ledger records; checked in kit.route before forwarding.
+// Token budgets are counted in the kit_budget shared dictionary (kept across reloads; after a
+// restart of nginx seeded from the usage ledger: `seedBudgets`), for every request of a credential with one, with the tokens the usage
+// ledger records: by the body filter as the answer's usage passes, before its last bytes
+// (`spendOnce`), or at the log phase for a request the filter did not count (`spend`); checked
+// in kit.route before forwarding.
 // Requests per minute are counted in kit_rpm, one increment per routed request, per UTC minute.
 var MINUTE_MS = 60000;
 var DAY_MS = 86400000;
@@ -126,6 +129,9 @@ function limited(r) {
     var who = credentialName(r);
     var now = Date.now();
     var windows = windowsAt(now);
+    if (budgeted(policy) && ngx.shared.kit_usage.get('seeded') === undefined) {
+        seedBudgets(r, windows);
+    }
     for (var i = 0; i < BUDGETS.length; i++) {
         var budget = policy[BUDGETS[i][0]];
         var window = windows[BUDGETS[i][1]];
@@ -148,21 +154,75 @@ function limited(r) {
     return false;
 }
 
-// The log phase (the spool's access_log `if=`, always '1': every record is written): the
-// tokens the ledger records for this request added to its credential's budget windows.
-function spend(r) {
+// Once per start of nginx (its zones are new: njs 0.8.9 keeps no zone across a restart), on the
+// first request of a credential with a budget: every credential's current UTC day and month
+// start from what the usage ledger's collector last wrote of them ($kit_budget_seed, rewritten
+// at most once a second). `add` sets only a window the zone has no count for, so a live count
+// is never lowered nor counted twice; a reload keeps the zones and the mark, so it seeds
+// nothing. No file (a new site, the collector not started yet): nothing to seed.
+function seedBudgets(r, windows) {
+    var zone = ngx.shared.kit_budget;
     try {
-        var policy = policyOf(r);
-        var tokens = Number(promptTokens(r) || 0) + Number(completionTokens(r) || 0);
-        if (budgeted(policy) && tokens > 0) {
-            var who = credentialName(r);
-            var windows = windowsAt(Date.now());
-            ngx.shared.kit_budget.incr(who + windows.day.key, tokens, 0, 2 * DAY_MS);
-            ngx.shared.kit_budget.incr(who + windows.month.key, tokens, 0, 32 * DAY_MS);
+        var seed = JSON.parse(fs.readFileSync(r.variables.kit_budget_seed, 'utf8'));
+        var day = seed.day === windows.day.key.slice(3);
+        var month = seed.month === windows.month.key.slice(3);
+        Object.keys(isObject(seed.credentials) ? seed.credentials : {}).forEach(function (who) {
+            var spent = seed.credentials[who];
+            if (!Array.isArray(spent)) {
+                return;
+            }
+            if (day && counted(spent[0])) {
+                zone.add(who + windows.day.key, spent[0], 2 * DAY_MS);
+            }
+            if (month && counted(spent[1])) {
+                zone.add(who + windows.month.key, spent[1], 32 * DAY_MS);
+            }
+        });
+    } catch (e) {
+        if (e.code !== 'ENOENT') {
+            r.warn('kit: budgets not seeded from the usage ledger: ' + e);
+        }
+    }
+    ngx.shared.kit_usage.add('seeded', 1);
+}
+
+function counted(tokens) {
+    return typeof tokens === 'number' && tokens > 0 && tokens <= Number.MAX_SAFE_INTEGER
+        && Math.floor(tokens) === tokens;
+}
+
+// Adds `tokens` to the credential's budget windows of this instant.
+function count(who, tokens) {
+    var windows = windowsAt(Date.now());
+    ngx.shared.kit_budget.incr(who + windows.day.key, tokens, 0, 2 * DAY_MS);
+    ngx.shared.kit_budget.incr(who + windows.month.key, tokens, 0, 32 * DAY_MS);
+}
+
+// Counts the request's tokens once, for a credential with a budget: by the body filter when the
+// answer's usage passes it (before the bytes that end the answer go out, so a client's next
+// request already sees them), else at the log phase (an abort, an error: what the filter saw).
+function spendOnce(r, state) {
+    if (state !== null) {
+        if (state.spent) {
+            return;
+        }
+        state.spent = true;
+    }
+    try {
+        var tokens = Number(usageFigure(PROMPT) || 0) + Number(usageFigure(COMPLETION) || 0);
+        if (tokens > 0 && budgeted(policyOf(r))) {
+            count(credentialName(r), tokens);
         }
     } catch (e) {
         r.error('kit: budget not counted: ' + e);
     }
+}
+
+// The log phase (the spool's access_log `if=`, always '1': every record is written): the
+// tokens the ledger records for this request added to its credential's budget windows, unless
+// the body filter counted them already.
+function spend(r) {
+    spendOnce(r, filtering);
     return '1';
 }
 
@@ -386,7 +446,7 @@ var SEND_LAST = {last: true, flush: true};
 
 // This request's filter state (njs: one VM per request, shared by the body filter and the
 // log-time js_set handlers below). Per buffer the filter only notes where the last usage object
-// starts; its figures are read once, when the request is logged.
+// starts; its figures are read once, when the request is logged (or when a budget counts them).
 var filtering = null;
 
 // The end of the usage object that starts at `at` (-1 when it is cut short): it holds only
@@ -408,6 +468,11 @@ function noteUsage(state, bytes) {
         state.usage = bytes;
         state.usageAt = at;
     }
+}
+
+// `"choices":[],"usage":{` at `at`: the usage chunk that ends a stream, its totals.
+function finalUsage(bytes, at) {
+    return bytes[at - 3] === 91;
 }
 
 // Sends a part of the stream on (nothing when it is empty).
@@ -432,22 +497,55 @@ function sendAsAsked(r, events, state) {
         }
         state.usage = events;
         state.usageAt = at;
-        if (events[at - 3] !== 91) {  // not `"choices":[],"usage":{`, the stream's last usage
+        if (!finalUsage(events, at)) {
             send(r, events.slice(from, state.completions ? at : at - 1));
             if (state.completions) {  // completions chunks carry "usage":null when not continuous
                 r.sendBuffer(NULL_USAGE, SEND);
             }
             from = end;
-        } else if (state.asked !== 'final') {
-            var start = events.lastIndexOf(EVENT_END, at);
-            send(r, events.slice(from, start === -1 ? 0 : start + 2));
-            from = events.indexOf(EVENT_END, end) + 2;
+        } else {
+            if (state.budget) {
+                spendOnce(r, state);  // before the stream's last bytes go out
+            }
+            if (state.asked !== 'final') {
+                var start = events.lastIndexOf(EVENT_END, at);
+                send(r, events.slice(from, start === -1 ? 0 : start + 2));
+                from = events.indexOf(EVENT_END, end) + 2;
+            }
         }
         // one event a buffer is the common case: no call when no usage object fits after it
         at = events.length - end < USAGE_KEY.length ? -1 : events.indexOf(USAGE_KEY, end);
     }
     send(r, from === 0 ? events : events.slice(from));
 }
+
+// The common buffer of a stream once its first token passed, sent on with a few native calls
+// and no call of ours: one whole event (no event held back), whose usage object — not the
+// stream's last — is its last key and holds no object. True when it was; anything else (and
+// every buffer of a stream whose client asked for every usage) takes the general path.
+function sendQuick(r, data, state) {
+    var n = data.length;
+    if (data[n - 1] !== 10 || data[n - 2] !== 10 || data[n - 3] !== 125) {
+        return false;
+    }
+    var at = data.lastIndexOf(USAGE_KEY);
+    if (at === -1) {
+        r.sendBuffer(data, SEND);  // whole events without usage (vLLM's error event)
+        return true;
+    }
+    if (data[n - 4] !== 125 || data.indexOf(125, at) !== n - 4 || finalUsage(data, at)
+        || data.indexOf(EVENT_END) !== n - 2) {
+        return false;
+    }
+    state.usage = data;
+    state.usageAt = at;
+    r.sendBuffer(data.slice(0, state.completions ? at : at - 1), SEND);
+    r.sendBuffer(state.completions ? NULL_USAGE_END : EVENT_OBJECT_END, SEND);
+    return true;
+}
+
+var EVENT_OBJECT_END = Buffer.from('}\n\n');
+var NULL_USAGE_END = Buffer.from('"usage":null}\n\n');
 
 // Sends the complete events of a buffer on, as the client asked for them; the partial event at
 // its end is held back until its end arrives.
@@ -456,6 +554,7 @@ function sendStreamed(r, data, state) {
     var cut = buffer.lastIndexOf(EVENT_END);
     if (cut === -1) {
         state.pending = buffer;
+        state.quick = false;
         return;
     }
     cut += 2;
@@ -469,48 +568,73 @@ function sendStreamed(r, data, state) {
                               || events.indexOf(state.firstToken) !== -1)) {
         state.ttft = r.variables.request_time;  // the first token event the door passes on
     }
+    state.quick = state.rewrite && state.ttft !== '' && state.pending.length === 0;
     if (state.rewrite) {
         sendAsAsked(r, events, state);
         return;
     }
     noteUsage(state, events);  // the client asked for all of it (or it is not a chat)
+    if (state.budget && state.usage === events && finalUsage(events, state.usageAt)) {
+        spendOnce(r, state);  // before the stream's last bytes go out
+    }
     r.sendBuffer(events, SEND);
 }
 
 // The body filter of the services' locations: usage read from every answer, the stream given
-// back as the client asked for it, events split across buffers put back together.
+// back as the client asked for it, events split across buffers put back together. A request of
+// a credential with a budget is counted as its usage passes (`spendOnce`).
 function usageFilter(r, data, flags) {
     var state = filtering;
     if (state === null) {
-        var type = r.headersOut['Content-Type'] || '';
-        var asked = r.variables.kit_stream_usage || '';
-        state = filtering = {
-            stream: type.indexOf('text/event-stream') === 0,
-            asked: asked,
-            rewrite: asked === 'none' || asked === 'final',
-            completions: r.variables.uri === '/v1/completions',
-            firstToken: r.variables.uri === '/v1/responses' ? RESPONSE_DELTA : null,
-            pending: NOTHING,
-            tail: NOTHING,
-            usage: NOTHING,
-            usageAt: 0,
-            ttft: '',
-            done: false,
-        };
+        state = filtering = filterState(r);
+    } else if (state.quick && !flags.last && sendQuick(r, data, state)) {
+        return;
     }
-    state.done = flags.last;
+    if (flags.last) {
+        state.done = true;
+    }
     if (!state.stream) {
         state.tail = Buffer.concat([state.tail, data]).slice(-NON_STREAM_TAIL);
-        if (flags.last) {
+        if (flags.last || state.budget) {
             noteUsage(state, state.tail);
+        }
+        if (state.budget && (flags.last || (state.usage.length
+                                            && usageObjectEnd(state.usage, state.usageAt) !== -1))) {
+            spendOnce(r, state);  // before the answer's last bytes go out
         }
         r.sendBuffer(data, flags.last ? SEND_LAST : SEND);
         return;
     }
     sendStreamed(r, data, state);
     if (flags.last) {
+        if (state.budget) {
+            spendOnce(r, state);  // a stream that ended without its usage chunk
+        }
         r.sendBuffer(state.pending, SEND_LAST);
     }
+}
+
+// What the filter needs to know of a request, read once, at its first buffer.
+function filterState(r) {
+    var type = r.headersOut['Content-Type'] || '';
+    var asked = r.variables.kit_stream_usage || '';
+    var uri = r.variables.uri;
+    return {
+        stream: type.indexOf('text/event-stream') === 0,
+        asked: asked,
+        rewrite: asked === 'none' || asked === 'final',
+        completions: uri === '/v1/completions',
+        firstToken: uri === '/v1/responses' ? RESPONSE_DELTA : null,
+        budget: budgeted(policyOf(r)),  // counted by the filter, before the answer's end
+        quick: false,
+        pending: NOTHING,
+        tail: NOTHING,
+        usage: NOTHING,
+        usageAt: 0,
+        ttft: '',
+        done: false,
+        spent: false,
+    };
 }
 
 // The figures of the last usage the door saw, for the log ('' when it saw none or it was cut

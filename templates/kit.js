@@ -2,6 +2,7 @@
 // shared dictionary).
 // Layout lives in nginx.conf; this file only holds the logic nginx cannot express.
 var crypto = require('crypto');
+var fs = require('fs');
 import routes from 'kit-routes.js';  // served model name → service; adapter → {service, parent}
 
 function authorization(r) {
@@ -77,8 +78,8 @@ function expired(r) {
 }
 
 // ---- budgets and requests per minute (docs/policy.md) -----------------------------------------
-// Token budgets are counted in the kit_budget shared dictionary (kept across reloads, not across
-// a restart of nginx), for every request of a credential with one, with the tokens the usage
+// Token budgets are counted in the kit_budget shared dictionary (kept across reloads; after a
+// restart of nginx seeded from the usage ledger: `seedBudgets`), for every request of a credential with one, with the tokens the usage
 // ledger records: by the body filter as the answer's usage passes, before its last bytes
 // (`spendOnce`), or at the log phase for a request the filter did not count (`spend`); checked
 // in kit.route before forwarding.
@@ -128,6 +129,9 @@ function limited(r) {
     var who = credentialName(r);
     var now = Date.now();
     var windows = windowsAt(now);
+    if (budgeted(policy) && ngx.shared.kit_usage.get('seeded') === undefined) {
+        seedBudgets(r, windows);
+    }
     for (var i = 0; i < BUDGETS.length; i++) {
         var budget = policy[BUDGETS[i][0]];
         var window = windows[BUDGETS[i][1]];
@@ -148,6 +152,43 @@ function limited(r) {
         return true;
     }
     return false;
+}
+
+// Once per start of nginx (its zones are new: njs 0.8.9 keeps no zone across a restart), on the
+// first request of a credential with a budget: every credential's current UTC day and month
+// start from what the usage ledger's collector last wrote of them ($kit_budget_seed, rewritten
+// at most once a second). `add` sets only a window the zone has no count for, so a live count
+// is never lowered nor counted twice; a reload keeps the zones and the mark, so it seeds
+// nothing. No file (a new site, the collector not started yet): nothing to seed.
+function seedBudgets(r, windows) {
+    var zone = ngx.shared.kit_budget;
+    try {
+        var seed = JSON.parse(fs.readFileSync(r.variables.kit_budget_seed, 'utf8'));
+        var day = seed.day === windows.day.key.slice(3);
+        var month = seed.month === windows.month.key.slice(3);
+        Object.keys(isObject(seed.credentials) ? seed.credentials : {}).forEach(function (who) {
+            var spent = seed.credentials[who];
+            if (!Array.isArray(spent)) {
+                return;
+            }
+            if (day && counted(spent[0])) {
+                zone.add(who + windows.day.key, spent[0], 2 * DAY_MS);
+            }
+            if (month && counted(spent[1])) {
+                zone.add(who + windows.month.key, spent[1], 32 * DAY_MS);
+            }
+        });
+    } catch (e) {
+        if (e.code !== 'ENOENT') {
+            r.warn('kit: budgets not seeded from the usage ledger: ' + e);
+        }
+    }
+    ngx.shared.kit_usage.add('seeded', 1);
+}
+
+function counted(tokens) {
+    return typeof tokens === 'number' && tokens > 0 && tokens <= Number.MAX_SAFE_INTEGER
+        && Math.floor(tokens) === tokens;
 }
 
 // Adds `tokens` to the credential's budget windows of this instant.

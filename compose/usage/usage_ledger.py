@@ -64,6 +64,7 @@ MAX_BOOTS = 16  # door boots whose counters are kept; an older one's open gaps a
 MAX_INTERVALS = 20000  # seen-but-not-contiguous runs of one boot before its first gap is declared
 LOST_RANGES = 4096  # gaps of one boot remembered, so a line that turns up late is not skipped
 OVERFLOW_WHO = "_other"
+CREDENTIALS = ("key:", "user:")  # a who the door's budgets count (not "-", nobody)
 PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 SPOOL_ROOM = 64 << 10  # nginx writes its buffer of spool lines (buffer=64k) in one go
@@ -516,6 +517,9 @@ class Collector:
                        "late_lines": 0, "spool_resets": 0, "segments_pruned": 0}
         self.replaced: dict[str, int] = {}
         self.series: dict[tuple[str, str, str], list[int]] = {}
+        # who -> [UTC day, its tokens, UTC month, its tokens]: the budget windows the door counts
+        self.windows: dict[str, list] = {}
+        self.seed_error: str | None = None
 
     # -- recovery ------------------------------------------------------------------------------
 
@@ -611,6 +615,9 @@ class Collector:
         self.replaced = dict(state.get("replaced_values", {}))
         self.series = {(who, model, ended): [n, p, c]
                        for who, model, ended, n, p, c in state["series"]}
+        self.windows = {str(who): [str(day), int(spent_day), str(month), int(spent_month)]
+                        for who, (day, spent_day, month, spent_month)
+                        in state.get("budget_windows", {}).items()}
 
     def _take_existing(self, record: dict) -> None:
         self.last_seq, self.last_hash = record["seq"], str(record.get("hash"))
@@ -788,6 +795,58 @@ class Collector:
         totals[0] += 1
         totals[1] += record.get("prompt_tokens") or 0
         totals[2] += record.get("completion_tokens") or 0
+        self._count_window(record)
+
+    def _count_window(self, record: dict) -> None:
+        """A credential's tokens in the UTC day and month its request ended in, as the door's
+        budgets count them (prompt + completion); only the latest day and month are kept."""
+        who, ended = record.get("who"), record.get("time")
+        tokens = (record.get("prompt_tokens") or 0) + (record.get("completion_tokens") or 0)
+        if tokens <= 0 or not isinstance(ended, str) or not str(who).startswith(CREDENTIALS):
+            return
+        day, month = ended[:10], ended[:7]
+        window = self.windows.setdefault(str(who), [day, 0, month, 0])
+        if day > window[0]:
+            window[0:2] = [day, 0]
+        if day == window[0]:
+            window[1] += tokens
+        if month > window[2]:
+            window[2:4] = [month, 0]
+        if month == window[2]:
+            window[3] += tokens
+
+    def write_budget_seed(self) -> None:
+        """--budget-seed: each credential's tokens of the current UTC day and month, where nginx
+        reads them (read-only) to seed its budget windows after a restart (docs/policy.md).
+        Atomic (tmp, rename) and readable by nginx's workers; a failure is shown in /health,
+        never a stop: the ledger does not depend on it."""
+        path = self.options.budget_seed
+        if path is None:
+            return
+        now = datetime.datetime.now(UTC)
+        day, month = now.strftime("%Y-%m-%d"), now.strftime("%Y-%m")
+        with self.lock:
+            for who in [who for who, window in self.windows.items() if window[2] < month]:
+                del self.windows[who]  # a past month's: no window of the door needs it
+            credentials = {who: [spent_day if window_day == day else 0, spent_month]
+                           for who, (window_day, spent_day, _, spent_month)
+                           in self.windows.items()}
+            through = self.last_seq
+        text = json.dumps({"v": 1, "day": day, "month": month, "through_seq": through,
+                           "credentials": credentials}, sort_keys=True,
+                          separators=(",", ":")).encode()
+        temporary = path + ".tmp"
+        try:
+            _write_all(temporary, text, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.chmod(temporary, 0o644)
+            os.rename(temporary, path)
+            error = None
+        except OSError as failure:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            error = f"{_now_iso()} {failure!r}"
+        with self.lock:
+            self.seed_error = error
 
     def _prune(self) -> None:
         """Retention by the segment's day, then the disk bound, oldest first; today's segment
@@ -830,6 +889,7 @@ class Collector:
             self.saved_offset = state["checkpoint"]["offset"]
             self.state_written = time.monotonic()
             self.dirty = False
+        self.write_budget_seed()
 
     def failed(self, error: Exception) -> None:
         with self.lock:
@@ -920,6 +980,9 @@ class Collector:
                 "last_error": self.last_error,
                 "door_seq": {boot: door.to_json() for boot, door in self.doors.items()},
                 "series": [[*key, *totals] for key, totals in sorted(self.series.items())],
+                "budget_windows": {who: list(window) for who, window
+                                   in sorted(self.windows.items())},
+                "budget_seed": {"path": self.options.budget_seed, "error": self.seed_error},
             }
 
     def metrics(self) -> str:
@@ -1020,6 +1083,9 @@ def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--state-interval", type=float, default=1.0)
     parser.add_argument("--retry-max", type=float, default=30.0,
                         help="longest pause between retries after a failure (a full disk)")
+    parser.add_argument("--budget-seed", default=None,
+                        help="where to write each credential's tokens of the current UTC day "
+                             "and month for the door's budgets (none: not written)")
     options = parser.parse_args(argv)
     for name in ("retention_days", "max_bytes", "grace", "poll_interval", "state_interval",
                  "retry_max"):

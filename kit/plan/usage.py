@@ -24,6 +24,9 @@ SPOOL_VOLUME = "usage-spool"
 LEDGER_VOLUME = "usage-ledger"
 DOOR_SPOOL_MOUNT = "/var/log/kit-usage"  # the spool volume in the front door (nginx writes)
 SPOOL_FILE = "door.jsonl"
+# Beside the spool: each credential's tokens of the current UTC day and month, written by the
+# collector, read by nginx to seed its budget windows after a restart (docs/policy.md).
+BUDGET_SEED_FILE = "budget-seed.json"
 COLLECTOR_SPOOL_MOUNT = "/var/lib/kit-usage/spool"  # the same volume in the collector
 LEDGER_MOUNT = "/var/lib/kit-usage/ledger"  # segments/, pruned.jsonl, state.json
 SEGMENTS_DIR = "segments"

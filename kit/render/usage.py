@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from kit.files import Output
 from kit.names import DOOR_ROUTES, OPENAI_ROUTES
 from kit.plan.usage import (
+    BUDGET_SEED_FILE,
     COLLECTOR_SPOOL_MOUNT,
     DOOR_SPOOL_MOUNT,
     HEALTH_ARGV,
@@ -45,6 +46,7 @@ def usage_facts(plan: Plan) -> dict | None:
         "ledger_volume": LEDGER_VOLUME,
         "door_spool_mount": DOOR_SPOOL_MOUNT,
         "spool_file": f"{DOOR_SPOOL_MOUNT}/{SPOOL_FILE}",
+        "budget_seed_file": f"{DOOR_SPOOL_MOUNT}/{BUDGET_SEED_FILE}",
         "collector_spool_mount": COLLECTOR_SPOOL_MOUNT,
         "ledger_mount": LEDGER_MOUNT,
         "script_mount": SCRIPT_MOUNT,
@@ -59,6 +61,7 @@ def usage_facts(plan: Plan) -> dict | None:
             "--port", str(USAGE_PORT),
             "--models", json.dumps(sorted(svc.api_name for svc in plan.services)),
             "--routes", json.dumps(ledger_routes()),
+            "--budget-seed", f"{COLLECTOR_SPOOL_MOUNT}/{BUDGET_SEED_FILE}",
         ],
         "health": ["CMD", *HEALTH_ARGV],
     }

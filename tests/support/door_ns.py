@@ -352,7 +352,7 @@ def serving_door(nginx_dir: Path, work: Path, hostnames: list[str], model: Path,
     without it a credential that is not a Bearer key of the site gets a 500)."""
     root = nginx_ns.nginx_root()
     assert root is not None, nginx_ns.available()
-    (work / "spool").mkdir()
+    (work / "spool").mkdir(exist_ok=True)  # kept: a restart of nginx on the same volume
     script = nginx_ns.namespace_script(
         {NGINX_MOUNT: nginx_dir.resolve(), nginx_ns.USAGE_SPOOL_DIR: (work / "spool").resolve()},
         hostnames if verifier else [VERIFIER_SERVICE, *hostnames], "ip link set lo up",

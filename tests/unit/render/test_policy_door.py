@@ -31,6 +31,7 @@ from tests.support.door_sequential import back_to_back
 from tests.support.raw_http import RawReply
 from tests.support.raw_http import request as raw_request
 from tests.support.sites import base_site
+from tests.support.usage_collector import CollectorProcess
 
 pytestmark = pytest.mark.skipif(nginx_ns.available() is not None,
                                 reason=str(nginx_ns.available()))
@@ -40,6 +41,7 @@ HOST = "llm.test.internal"
 PASSWORD = "a-long-enough-password-41"
 DAILY = 60  # tokens a day of the key "daily"
 MONTHLY = 40  # tokens a month of the key "monthly"
+RESTARTED = 60  # tokens a day of the key "steady", spent across a restart of nginx
 SEQUENTIAL = 150  # tokens a day of the key "sequential", raised by as much each round
 ROUTES = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "Hi"}],
                                    "max_tokens": 2},
@@ -332,3 +334,49 @@ def test_a_services_metrics_are_only_for_credentials_that_may_use_its_models(
     with allowed_for_ann(door, who == "ann"):
         if who == "ann":
             assert send(door, "GET", "/metrics/llama8b", who).status == 200
+
+
+def test_a_budget_window_continues_across_a_restart_of_nginx(tmp_path: Path) -> None:
+    """nginx's zones die with it (njs 0.8.9 keeps no state file), so the usage ledger's
+    collector writes each credential's tokens of the current UTC day and month beside the spool
+    and a new nginx seeds its windows from them: the count goes on where it was, neither lost
+    nor counted twice, and a reload after it seeds nothing again."""
+    spec = base_site(tmp_path) / "site.yaml"
+    render_site(Site.load(spec))
+    layout = SiteLayout(spec.parent)
+    keys = {"steady": add_key(spec, "steady", "--tokens-per-day", str(RESTARTED))}
+    work = tmp_path / "work"
+    work.mkdir()
+    collector = CollectorProcess(work / "spool" / "door.jsonl", tmp_path / "ledger",
+                                 extra=["--budget-seed", str(work / "spool" / "budget-seed.json")])
+
+    def serving() -> contextmanager:
+        return serving_door(layout.nginx_dir, work, ["llama8b"], tmp_path / "models" / "llama-8b",
+                            SERVED, HOST, STANDIN_TOKEN_INTERVAL_MS="5",
+                            STANDIN_LOAD_SECONDS="0.1")
+
+    body = json.dumps({"model": SERVED, "prompt": "Hi", "max_tokens": 5}).encode()
+    with serving() as first:
+        before = [json.loads(send(PolicyDoor(first, layout, keys), "POST", "/v1/completions",
+                                  "steady", body).body)["usage"] for _ in range(2)]
+        first.flush_logs()
+        spent_before = sum(usage["prompt_tokens"] + usage["completion_tokens"]
+                           for usage in before)
+        collector.start()
+        try:
+            collector.wait_for(lambda health: health["budget_windows"].get("key:steady", [
+                "", 0])[1] == spent_before, "the key's tokens in its window")
+        finally:
+            collector.stop()
+    seed = json.loads((work / "spool" / "budget-seed.json").read_text())
+    assert seed["credentials"] == {"key:steady": [spent_before, spent_before]}, seed
+    with serving() as second:  # a new nginx: new zones
+        door = PolicyDoor(second, layout, keys)
+        spent, refused = spend_until_refused(door, "steady")
+        assert spent_before + sum(spent[:-1]) < RESTARTED <= spent_before + sum(spent), (
+            spent_before, spent)
+        assert (refused.status, json.loads(refused.body)["error"]["type"]) == (
+            429, "insufficient_quota")
+        conf = layout.nginx_dir / "nginx.conf"
+        second.reload(conf, conf.read_text())
+        assert send(door, "POST", "/v1/completions", "steady", body).status == 429

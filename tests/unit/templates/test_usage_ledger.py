@@ -507,3 +507,49 @@ def test_a_real_nginx_spool_with_hostile_requests_is_read(tmp_path) -> None:
                for r in records.values())
     assert chain_breaks(sorted(records.values(), key=lambda r: r["seq"])) == []
     assert health["lost"]["unreadable_lines"] == 1
+
+
+def test_the_budget_seed_holds_each_credentials_current_day_and_month(run, tmp_path) -> None:
+    """--budget-seed: each credential's prompt + completion tokens of the current UTC day and
+    month (a record counts in the day it ended; an older day's only in its month; a past
+    month's not at all; nobody's and refused-without-tokens not at all), written atomically,
+    readable by nginx's workers, and the same after a kill -9 and a restart (kept in
+    state.json, with the records after its checkpoint taken back once)."""
+    now = datetime.datetime.now(datetime.UTC)
+    month_start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    earlier = month_start if now - month_start > datetime.timedelta(days=1) else None
+    past_month = month_start - datetime.timedelta(days=3)
+    lines = [spool_line(1, who="key:alice", t=f"{now.timestamp():.3f}"),  # 12 + 30
+             spool_line(2, who="key:alice", t=f"{now.timestamp():.3f}", prompt="5",
+                        completion=""),
+             spool_line(3, who="user:bob", t=f"{past_month.timestamp():.3f}"),
+             spool_line(4, who="-", t=f"{now.timestamp():.3f}", status="401",
+                        end="refused_auth"),
+             spool_line(5, who="user:carol", t=f"{now.timestamp():.3f}", prompt="",
+                        completion="", status="429", end="refused_limit")]
+    if earlier is not None:
+        lines.append(spool_line(6, who="key:alice", t=f"{earlier.timestamp():.3f}"))
+    append_spool(tmp_path / "door.jsonl", lines)
+    seed = tmp_path / "budget-seed.json"
+    collector = run(extra=["--budget-seed", str(seed)])
+    collector.wait_for(lambda h: h["records"] == len(lines), "every record")
+    expected = {"key:alice": [47, 47 + (42 if earlier is not None else 0)]}
+    deadline = time.monotonic() + 10
+    while not seed.exists() or json.loads(seed.read_text())["credentials"] != expected:
+        assert time.monotonic() < deadline, seed.read_text()
+        time.sleep(0.05)
+    written = json.loads(seed.read_text())
+    assert (written["day"], written["month"]) == (now.strftime("%Y-%m-%d"), now.strftime("%Y-%m"))
+    assert seed.stat().st_mode & 0o777 == 0o644
+    assert not (tmp_path / "budget-seed.json.tmp").exists()
+    collector.kill()
+    seed.unlink()
+    append_spool(tmp_path / "door.jsonl", [spool_line(len(lines) + 1, who="user:bob",
+                                                      t=f"{now.timestamp():.3f}")])
+    collector.start()
+    expected["user:bob"] = [42, 42]
+    deadline = time.monotonic() + 10
+    while not seed.exists() or json.loads(seed.read_text())["credentials"] != expected:
+        assert time.monotonic() < deadline, seed.read_text() if seed.exists() else "no seed"
+        time.sleep(0.05)
+    assert collector.health()["budget_seed"] == {"path": str(seed), "error": None}
