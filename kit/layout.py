@@ -5,7 +5,7 @@
     <site>/compose/<service>.env        rendered: each service's environment (0600: may hold tokens)
     <site>/compose/prometheus-auth.env  Prometheus's API password, for it and Grafana (0600)
     <site>/nginx/nginx.conf, kit.js     rendered (mounted read-only at /etc/nginx/kit)
-    <site>/nginx/kit-routes.js          rendered: served model name → the service that serves it
+    <site>/nginx/kit-routes.json        rendered: served model name → the service that serves it
     <site>/nginx/verifier/nginx.conf    rendered: the password verifier (its own container),
                                         verifier.js and unknown-user.htpasswd (unknown names)
     <site>/nginx/replicas/<svc>.conf    a multi-replica service's servers (kit up marks one down)
@@ -72,8 +72,8 @@ class SiteLayout:
         return self.nginx_dir / "verifier" / "unknown-user.htpasswd"
 
     @property
-    def routes_js(self) -> Path:
-        return self.nginx_dir / "kit-routes.js"
+    def routes_json(self) -> Path:
+        return self.nginx_dir / "kit-routes.json"
 
     @property
     def auth_dir(self) -> Path:

@@ -3,7 +3,6 @@
 // Layout lives in nginx.conf; this file only holds the logic nginx cannot express.
 var crypto = require('crypto');
 var fs = require('fs');
-import routes from 'kit-routes.js';  // served model name → service; adapter → {service, parent}
 
 function authorization(r) {
     return r.headersIn['Authorization'] || '';
@@ -233,9 +232,12 @@ function sendError(r, status, type, message, param) {
     }) + '\n');
 }
 
+// kit_routes is nginx/kit-routes.json, preloaded by nginx (js_preload_object) as kit_policy is:
+// served model name → service; a LoRA adapter's name → {service, parent} (docs/adapters.md).
+
 // Each service once, in a stable order.
 function services() {
-    var names = Object.keys(routes).map(serviceOf);
+    var names = Object.keys(kit_routes).map(serviceOf);
     return names.filter(function (name, i) { return names.indexOf(name) === i; }).sort();
 }
 
@@ -245,7 +247,7 @@ function location(service) {
 
 // A model name's entry: an exact, case-sensitive match, as vLLM's own (null: unknown).
 function entryOf(model) {
-    return Object.prototype.hasOwnProperty.call(routes, model) ? routes[model] : null;
+    return Object.prototype.hasOwnProperty.call(kit_routes, model) ? kit_routes[model] : null;
 }
 
 // The service that serves a model name, a LoRA adapter's base service for an adapter.
@@ -319,7 +321,7 @@ function route(r) {
 
 // A service's base served names (its adapters are not: a request without a model gets the base).
 function servedNames(service) {
-    return Object.keys(routes).filter(function (served) { return routes[served] === service; });
+    return Object.keys(kit_routes).filter(function (served) { return kit_routes[served] === service; });
 }
 
 function forward(r, request, model, service) {
@@ -836,7 +838,7 @@ function model(r) {
 // exist (the door's 404 for an unknown path, from `location /`).
 function metrics(r) {
     var service = r.uri.slice('/metrics/'.length);
-    var usable = Object.keys(routes).some(function (name) {
+    var usable = Object.keys(kit_routes).some(function (name) {
         return serviceOf(name) === service && allowed(r, name);
     });
     r.internalRedirect(usable ? location(service) + '_metrics' : '/_kit/unlisted');

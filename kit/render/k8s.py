@@ -372,7 +372,7 @@ def _front_door(plan: Plan, namespace: str, credentials: Credentials, spec_name:
     config = _config_map(FRONT_DOOR, namespace, nginx_labels, {
         "nginx.conf": render_template("nginx.conf.j2", context),
         "kit.js": compose_files["nginx/kit.js"],
-        "kit-routes.js": compose_files["nginx/kit-routes.js"],
+        "kit-routes.json": compose_files["nginx/kit-routes.json"],
     })
     keys = _secret(f"{FRONT_DOOR}-keys", namespace, nginx_labels, {
         "keys.map": credentials.keys_map, "auth-state.conf": credentials.auth_state,
@@ -382,7 +382,7 @@ def _front_door(plan: Plan, namespace: str, credentials: Credentials, spec_name:
         "kubernetes.io/tls")
     nginx_volume = _projected("kit", [
         ("ConfigMap", FRONT_DOOR, {"nginx.conf": "nginx.conf", "kit.js": "kit.js",
-                                   "kit-routes.js": "kit-routes.js"}),
+                                   "kit-routes.json": "kit-routes.json"}),
         ("Secret", f"{FRONT_DOOR}-keys", {"keys.map": "auth/keys.map",
                                           "auth-state.conf": "auth/auth-state.conf",
                                           "door-policy.json": "auth/door-policy.json"}),

@@ -64,7 +64,7 @@ def test_declared_adapters_are_loaded_at_start(site: Path) -> None:
     assert lora == ["--enable-lora", "--max-lora-rank", "64", "--max-loras", "2",
                     "--max-cpu-loras", "2", "--lora-modules",
                     "support-v3=/models/support-v3", "legal=/models/legal"]
-    routes = (site / "nginx" / "kit-routes.js").read_text()
+    routes = (site / "nginx" / "kit-routes.json").read_text()
     assert '"legal"' in routes and '"support-v3"' in routes
     assert command_modules(argv) == {"support-v3": "/models/support-v3",
                                      "legal": "/models/legal"}

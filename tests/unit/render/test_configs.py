@@ -39,7 +39,7 @@ services:
 
 
 # Served names that were nginx `map` keywords, and two that differ only in case: vLLM tells them
-# apart, and so does the front door's exact routing (kit-routes.js), so the spec accepts them.
+# apart, and so does the front door's exact routing (kit-routes.json), so the spec accepts them.
 
 
 def variants(root: Path) -> dict[str, Path]:
@@ -195,7 +195,7 @@ def test_nginx_conf_has_the_streaming_and_security_essentials(rendered: dict[str
         "location @kit_small_b {", "proxy_next_upstream error non_idempotent;",
     ):
         assert line in conf, line
-    routes = (rendered["big"] / "nginx" / "kit-routes.js").read_text()
+    routes = (rendered["big"] / "nginx" / "kit-routes.json").read_text()
     assert '"org/small:b": "small-b"' in routes  # routing is an exact lookup, not an nginx map
     assert "map $kit_model" not in conf
     assert "include /etc/nginx/kit/auth/keys.map;" not in conf  # api_keys: false
@@ -265,7 +265,7 @@ def test_a_private_acme_ca_is_mounted_read_only_into_certbot_and_trusted_there(
 
 
 def test_routing_tells_apart_names_that_differ_in_case(rendered: dict[str, Path]) -> None:
-    routes = (rendered["big"] / "nginx" / "kit-routes.js").read_text()
+    routes = (rendered["big"] / "nginx" / "kit-routes.json").read_text()
     body = json.loads(routes[routes.index("{"):routes.rindex("}") + 1])
     assert body["default"] == "small-a" and body["Default"] == "qwen"
     assert body["org/small:b"] == "small-b" and body["big70b"] == "big70b"

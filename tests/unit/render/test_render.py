@@ -19,7 +19,7 @@ from tests.support.sites import REPO, tree
 
 GOLDEN = ["compose/docker-compose.yml", "compose/llama8b.env", "nginx/nginx.conf", "nginx/kit.js",
           "nginx/verifier/nginx.conf", "nginx/verifier/verifier.js",
-          "nginx/verifier/unknown-user.htpasswd", "nginx/kit-routes.js",
+          "nginx/verifier/unknown-user.htpasswd", "nginx/kit-routes.json",
           "compose/usage/usage_ledger.py"]
 
 

@@ -35,7 +35,7 @@ def lora_site(root: Path) -> Path:
 
 
 def routes(spec: Path) -> str:
-    return (spec.parent / "nginx" / "kit-routes.js").read_text()
+    return (spec.parent / "nginx" / "kit-routes.json").read_text()
 
 
 def reloads(engine: LoraEngine) -> int:
