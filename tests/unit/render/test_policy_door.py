@@ -250,7 +250,6 @@ def seconds_to(ends: dt.datetime) -> float:
     return (ends - dt.datetime.now(dt.UTC)).total_seconds()
 
 
-@pytest.mark.serial  # the count lands at the log phase, raced by the next request under load
 @pytest.mark.parametrize(("who", "budget", "window"), [("daily", DAILY, "day"),
                                                         ("monthly", MONTHLY, "month")])
 def test_the_request_that_crosses_a_budget_is_the_last_one_admitted(
