@@ -78,10 +78,10 @@ function expired(r) {
 
 // ---- budgets and requests per minute (docs/policy.md) -----------------------------------------
 // Token budgets are counted in the kit_budget shared dictionary (kept across reloads; after a
-// restart of nginx seeded from the usage ledger: `seedBudgets`), for every request of a credential with one, with the tokens the usage
-// ledger records: by the body filter as the answer's usage passes, before its last bytes
-// (`spendOnce`), or at the log phase for a request the filter did not count (`spend`); checked
-// in kit.route before forwarding.
+// restart of nginx seeded from the usage ledger: `seedBudgets`), for every request of a
+// credential with one, with the tokens the usage ledger records: by the body filter as the
+// answer's usage passes, before its last bytes (`spendOnce`), or at the log phase for a request
+// the filter did not count (`spend`); checked in kit.route before forwarding.
 // Requests per minute are counted in kit_rpm, one increment per routed request, per UTC minute.
 var MINUTE_MS = 60000;
 var DAY_MS = 86400000;
@@ -200,16 +200,15 @@ function count(who, tokens) {
 // Counts the request's tokens once, for a credential with a budget: by the body filter when the
 // answer's usage passes it (before the bytes that end the answer go out, so a client's next
 // request already sees them), else at the log phase (an abort, an error: what the filter saw).
+// (No filter state: the request got no answer from a service, so no usage to count.)
 function spendOnce(r, state) {
-    if (state !== null) {
-        if (state.spent) {
-            return;
-        }
-        state.spent = true;
+    if (state === null || state.spent || !state.budget) {
+        return;
     }
+    state.spent = true;
     try {
         var tokens = Number(usageFigure(PROMPT) || 0) + Number(usageFigure(COMPLETION) || 0);
-        if (tokens > 0 && budgeted(policyOf(r))) {
+        if (tokens > 0) {
             count(credentialName(r), tokens);
         }
     } catch (e) {
@@ -321,7 +320,9 @@ function route(r) {
 
 // A service's base served names (its adapters are not: a request without a model gets the base).
 function servedNames(service) {
-    return Object.keys(kit_routes).filter(function (served) { return kit_routes[served] === service; });
+    return Object.keys(kit_routes).filter(function (served) {
+        return kit_routes[served] === service;
+    });
 }
 
 function forward(r, request, model, service) {
@@ -600,7 +601,7 @@ function usageFilter(r, data, flags) {
             noteUsage(state, state.tail);
         }
         if (state.budget && (flags.last || (state.usage.length
-                                            && usageObjectEnd(state.usage, state.usageAt) !== -1))) {
+                && usageObjectEnd(state.usage, state.usageAt) !== -1))) {
             spendOnce(r, state);  // before the answer's last bytes go out
         }
         r.sendBuffer(data, flags.last ? SEND_LAST : SEND);
