@@ -6,8 +6,8 @@ imitates vLLM's sleep mode (tests/standin/vllm_standin/sleep.py; it is not vLLM)
   wake per switch, each switch costing the programmed sleep + wake time plus at most 50 ms.
 - Probes, scrapes, /health, /v1/models and kit status over an idle period of 1.5 x `after`
   never wake a model nor keep one awake.
-- A wake told to fail: a JSON 503 naming the cause at the door, the model stays asleep, kit
-  status shows the failure with vLLM's logged cause.
+- A wake told to fail: a JSON 503 naming the cause at the door, the model stays asleep, the
+  partner put to sleep for it woken back, kit status shows the failure with vLLM's logged cause.
 - kit sleep / kit wake by hand (through the waker), the dev routes refused at the door for every
   credential, the probe and kit up passing over a sleeping service without waking it.
 """
@@ -171,6 +171,7 @@ def test_a_failed_wake_is_a_json_503_naming_the_cause_and_stays_asleep(
         site: LiveSite, key: str) -> None:
     settle(site, SERVICE)
     container = site.container(OTHER)
+    partner_before = account(site, SERVICE)
     container.exec_run(["touch", FAIL_FILE])
     try:
         reply = ask(site, OTHER_SERVED, key)
@@ -179,6 +180,10 @@ def test_a_failed_wake_is_a_json_503_naming_the_cause_and_stays_asleep(
         assert error["type"] == "ServiceUnavailableError" and error["code"] == 503
         assert f"{OTHER} answered 500 to POST /wake_up" in error["message"]
         assert reply.headers["Retry-After"] == "10"
+        # SERVICE, put to sleep to make room for OTHER, was woken back when OTHER's wake failed
+        partner = account(site, SERVICE)
+        assert not partner["is_sleeping"] and partner["sleeps"] == partner_before["sleeps"] + 1
+        assert partner["wakes"] == partner_before["wakes"] + 1
         again = ask(site, OTHER_SERVED, key)  # not retried at once: the same cause, fast
         assert again.status == 503 and "its last wake failed" in again.body.decode()
         assert account(site, OTHER)["failed_wakes"] == 1
