@@ -368,12 +368,22 @@ def test_the_sleep_panel_and_scrape_go_with_idle_sleep(observed: Path, promtool:
                        .read_text())
     exprs = [target["expr"] for panel in board["panels"] for target in panel["targets"]]
     assert f'kit_sleep_awake{{job="{SLEEP_JOB}",service="llama8b"}}' in exprs
+    rules = {rule["alert"]: rule for rule in yaml.safe_load(
+        (observed / "observability/prometheus/rules.yml").read_text())["groups"][0]["rules"]}
+    assert rules["KitWakerDown"]["expr"] == f'up{{job="{SLEEP_JOB}"}} == 0'
+    assert rules["KitWakeFailed"]["expr"] == (
+        f'max by (service) (increase(kit_sleep_failed_wakes_total{{job="{SLEEP_JOB}"}}[5m])) > 0')
+    assert rules["KitWakeFailed"]["for"] == "0s"
     other = json.loads((observed / "observability/grafana/dashboards/kit-svc-small.json")
                        .read_text())
     assert not any("kit_sleep" in target["expr"] for panel in other["panels"]
                    for target in panel["targets"])
     result = subprocess.run([promtool, "check", "config", "--syntax-only",
                              str(observed / "observability/prometheus/prometheus.yml")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    result = subprocess.run([promtool, "check", "rules",
+                             str(observed / "observability/prometheus/rules.yml")],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     if nginx_ns.available() is None:
