@@ -10,6 +10,9 @@ imitates vLLM's sleep mode (tests/standin/vllm_standin/sleep.py; it is not vLLM)
   partner put to sleep for it woken back, kit status shows the failure with vLLM's logged cause.
 - kit sleep / kit wake by hand (through the waker), the dev routes refused at the door for every
   credential, the probe and kit up passing over a sleeping service without waking it.
+- Each service on its own backend network: from inside one's replica (model code: hostile) the
+  other's vLLM, dev routes included, is unreachable by name and at every address, while the
+  door serves both and the waker reaches both.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.live_stack import SERVED_NAME, SERVICE, LiveSite, running
+from kit.engine.desired import WAKER_SERVICE
+from tests.support.live_stack import SERVED_NAME, SERVICE, UNREACHABLE, LiveSite, curl, running
 from tests.support.swap_client import run_phase, switch_cost
 
 pytestmark = pytest.mark.e2e
@@ -243,3 +247,23 @@ def test_probe_and_up_pass_over_a_sleeping_service_without_waking_it(site: LiveS
     assert up.returncode == 0, up.stdout + up.stderr
     assert states(site)[SERVICE] == "asleep"
     assert wakes(site) == before  # neither woke it
+
+
+def test_a_replica_cannot_reach_another_service_s_replica(site: LiveSite, key: str) -> None:
+    """Model code in one service's container tries the other's vLLM (its dev routes: /sleep,
+    /wake_up, /collective_rpc) by name and at each of its addresses: nothing answers. Each
+    service's replicas are on a network of their own, with the front door and the waker."""
+    for inside, other in ((SERVICE, OTHER), (OTHER, SERVICE)):
+        container = site.container(inside)
+        networks = site.container(other).attrs["NetworkSettings"]["Networks"]
+        hosts = [other] + [n["IPAddress"] for n in networks.values() if n["IPAddress"]]
+        for host in hosts:
+            for method, path in (("GET", "/is_sleeping"), ("POST", "/sleep?level=1"),
+                                 ("POST", "/wake_up"), ("GET", "/health")):
+                code, said = curl(container, f"http://{host}:8000{path}", method=method)
+                assert code in UNREACHABLE, f"from {inside}: {host}{path} answered {said}"
+            print(f"from {inside}: {other} at {host}: {UNREACHABLE[code]}")
+    own = set(site.container(WAKER_SERVICE).attrs["NetworkSettings"]["Networks"])
+    assert {site.network(f"backend-{SERVICE}"), site.network(f"backend-{OTHER}")} <= own
+    for service, model in MODELS.items():  # the door serves both (waking each in turn)
+        assert ask(site, model, key).status == 200, service

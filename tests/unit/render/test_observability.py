@@ -266,8 +266,11 @@ def test_networks_by_need(observed: Path) -> None:
     assert reach[GRAFANA_SERVICE] == {"nginx", PROMETHEUS_SERVICE, USAGE_SERVICE}
     assert reach[PROMETHEUS_SERVICE] == {"nginx", GRAFANA_SERVICE, USAGE_SERVICE}
     assert reach[USAGE_SERVICE] == {"nginx", GRAFANA_SERVICE, PROMETHEUS_SERVICE}
-    for contained in ("llama8b", "small", DOOR_FIGURES_SERVICE):
-        assert member[contained] == {"backend"}, contained
+    for contained, network in (("llama8b", "backend-llama8b"), ("small", "backend-small"),
+                               (DOOR_FIGURES_SERVICE, "backend")):
+        assert member[contained] == {network}, contained
+        # a replica reaches the front door alone: no other service's replica, no door-figures
+        assert reach[contained] == {"nginx"}, contained
     metrics = compose["networks"]["metrics"]
     pool = metrics["ipam"]["config"][0]
     subnet = ipaddress.ip_network(pool["subnet"])
@@ -362,6 +365,8 @@ def test_the_sleep_panel_and_scrape_go_with_idle_sleep(observed: Path, promtool:
     waker = yaml.safe_load((observed / "compose" / "docker-compose.yml").read_text())[
         "services"][WAKER_SERVICE]
     address = waker["networks"]["metrics"]["ipv4_address"]
+    # it reaches the replicas of the service with idle_sleep on their network, no other's
+    assert set(waker["networks"]) == {"backend-llama8b", "metrics"}
     conf = (observed / "nginx" / "nginx.conf").read_text()
     assert f"proxy_pass http://{address}:{WAKER_PORT}/metrics;" in conf
     board = json.loads((observed / "observability/grafana/dashboards/kit-svc-llama8b.json")
