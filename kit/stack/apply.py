@@ -74,12 +74,12 @@ class Executor:
                 front_door.record_loaded(self.applied, service, container.id)
             case RewireProxy(service=service, container=container, connect=connect,
                              disconnect=disconnect):
-                for network in connect:
-                    self.engine.connect_network(container.id, network,
+                for joined in connect:
+                    self.engine.connect_network(container.id, joined,
                                                 [service.name, service.container_name],
-                                                service.config.address(network))
-                for network in disconnect:
-                    self.engine.disconnect_network(container.id, network)
+                                                service.config.address(joined))
+                for left in disconnect:
+                    self.engine.disconnect_network(container.id, left)
             case ReloadProxy(service=service, container=container):
                 front_door.reload(self.engine, service, container, self.applied)
             case WaitHealthy(services=services):
