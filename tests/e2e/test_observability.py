@@ -29,42 +29,30 @@ from kit.engine.desired import (
 )
 from kit.plan.build import VERIFIER_PORT
 from kit.render.dashboards import le_matcher
-from tests.support.docker_engine import pick_free_port, remove_project
 from tests.support.live_stack import (
     SERVICE,
     UNREACHABLE,
     LiveSite,
     checked,
     curl,
+    observed,
     promql_expressions,
     query,
     wait_for,
-    write_spec,
 )
 
 pytestmark = pytest.mark.e2e
 
 SCRAPE_S = 1
 DOWN_AFTER_S = 3  # observability.replica_down_after: the alert's `for:`
-RATE_WINDOW = "30s"  # what the walk puts for Grafana's $__rate_interval
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
-    root = tmp_path_factory.mktemp("obs")
-    live = LiveSite.create(root / "site", docker_client, pick_free_port(), pick_free_port(),
-                           prefix="obs")
-    try:
-        spec = yaml.safe_load(live.spec_path.read_text())
-        spec["observability"] = {"enabled": True, "scrape_interval": SCRAPE_S,
-                                 "replica_down_after": DOWN_AFTER_S}
-        spec["services"][0]["slo"] = {"ttft_p95_ms": 200, "tpot_p95_ms": 30}
-        write_spec(live.spec_path, spec)
-        checked(live.kit("render"))
-        live.up()
+    with observed(tmp_path_factory.mktemp("obs") / "site", docker_client,
+                  {"scrape_interval": SCRAPE_S, "replica_down_after": DOWN_AFTER_S},
+                  slo={"ttft_p95_ms": 200, "tpot_p95_ms": 30}, prefix="obs") as live:
         yield live
-    finally:
-        remove_project(docker_client, live.name)
 
 
 def wait_every_target_up(site: LiveSite) -> None:
@@ -101,7 +89,7 @@ def test_every_panel_and_rule_queries_metrics_that_exist(site: LiveSite) -> None
     refused = {s["metric"]["status"] for s in query(
         site, "/api/v1/query", query='kit_door_requests_total{service=""}')["result"]}
     assert {"401", "413"} <= refused, refused
-    walked = promql_expressions(site, RATE_WINDOW)
+    walked = promql_expressions(site)
     empty = [(where, expr) for where, expr in walked
              if not query(site, "/api/v1/query", query=expr)["result"]]
     assert not empty, "queries without data:\n" + "\n".join(f"{w}: {e}" for w, e in empty)

@@ -15,45 +15,31 @@ import time
 from collections.abc import Iterator
 
 import pytest
-import yaml
 
 from kit.plan.waker import SLEEP_JOB
-from tests.support.docker_engine import pick_free_port, remove_project
 from tests.support.live_stack import (
     SERVICE,
     LiveSite,
-    checked,
+    observed,
     promql_expressions,
     query,
     wait_for,
-    write_spec,
 )
 
 pytestmark = pytest.mark.e2e
 
 SCRAPE_S = 1
-RATE_WINDOW = "30s"  # what the walk puts for Grafana's $__rate_interval
 FAIL_FILE = "/tmp/kit-test-fail-wake"
 PANEL = "Sleep mode: awake, wakes, held requests"
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
-    root = tmp_path_factory.mktemp("sleepobs")
-    live = LiveSite.create(root / "site", docker_client, pick_free_port(), pick_free_port(),
-                           prefix="sob", env={"STANDIN_WAKE_SECONDS": "0.2",
-                                              "STANDIN_WAKE_FAIL_FILE": FAIL_FILE},
-                           overrides={SERVICE: {"idle_sleep": {"after": "15m"}}})
-    try:
-        spec = yaml.safe_load(live.spec_path.read_text())
-        spec["observability"] = {"enabled": True, "scrape_interval": SCRAPE_S,
-                                 "replica_down_after": 3}
-        write_spec(live.spec_path, spec)
-        checked(live.kit("render"))
-        live.up()
+    with observed(tmp_path_factory.mktemp("sleepobs") / "site", docker_client,
+                  {"scrape_interval": SCRAPE_S, "replica_down_after": 3}, prefix="sob",
+                  env={"STANDIN_WAKE_SECONDS": "0.2", "STANDIN_WAKE_FAIL_FILE": FAIL_FILE},
+                  overrides={SERVICE: {"idle_sleep": {"after": "15m"}}}) as live:
         yield live
-    finally:
-        remove_project(docker_client, live.name)
 
 
 def value(site: LiveSite, expr: str) -> float:
@@ -64,7 +50,7 @@ def value(site: LiveSite, expr: str) -> float:
 
 def sleep_panel(site: LiveSite) -> dict[str, str]:
     """The sleep panel's expressions by the metric they read (`$__rate_interval` walked)."""
-    walked = promql_expressions(site, RATE_WINDOW)
+    walked = promql_expressions(site)
     panel = [expr for where, expr in walked if where == f"kit-svc-{SERVICE}.json: {PANEL}"]
     assert len(panel) == 6, walked
     return {next(word for word in expr.replace("(", " ").replace("{", " ").split()
@@ -102,7 +88,7 @@ def test_the_sleep_panel_and_alerts_return_the_waker_s_figures(site: LiveSite) -
     assert figures["kit_sleep_wakes_total"] >= 1 and figures["kit_sleep_sleeps_total"] >= 1
     assert figures["kit_sleep_failed_wakes_total"] == 0
     assert 0.2 <= figures["kit_sleep_last_wake_seconds"] < 30  # the programmed wake, and more
-    walked = promql_expressions(site, RATE_WINDOW)
+    walked = promql_expressions(site)
     empty = [(where, expr) for where, expr in walked
              if not query(site, "/api/v1/query", query=expr)["result"]]
     assert not empty, "queries without data:\n" + "\n".join(f"{w}: {e}" for w, e in empty)

@@ -374,9 +374,10 @@ def query(site: LiveSite, path: str, **params: str) -> dict:
 RULE = re.compile(r"^(?P<signal>.+) (==|!=|>|<|>=|<=) [-0-9.e]+$")  # `signal op threshold`
 
 
-def promql_expressions(site: LiveSite, rate_window: str) -> list[tuple[str, str]]:
+def promql_expressions(site: LiveSite, rate_window: str = "30s") -> list[tuple[str, str]]:
     """(where, PromQL) of every dashboard panel target (Grafana's $__rate_interval walked as
-    `rate_window`) and every alert rule's signal, as the site rendered them."""
+    `rate_window`: 30 s, four scrapes at the tests' 1 s and then some) and every alert rule's
+    signal, as the site rendered them."""
     found = []
     for path in sorted((site.root / "observability/grafana/dashboards").glob("*.json")):
         for panel in json.loads(path.read_text())["panels"]:
@@ -505,6 +506,25 @@ def running(root: Path, client: docker.DockerClient, *,
                 client.volumes.create(volume.name, driver="local", labels=volume.labels,
                                       driver_opts={"type": "tmpfs", "device": "tmpfs",
                                                    "o": f"size={small_volumes[volume.key]}"})
+        site.up()
+        yield site
+    finally:
+        remove_project(client, site.name)
+
+
+@contextmanager
+def observed(root: Path, client: docker.DockerClient, observability: dict,
+             slo: dict | None = None, **options) -> Iterator[LiveSite]:
+    """For the tests' fixtures: a site (LiveSite.create's options) with `observability:` on as
+    given (and `slo:` on its first service), up; its compose project removed afterwards."""
+    site = LiveSite.create(root, client, pick_free_port(), pick_free_port(), **options)
+    try:
+        spec = yaml.safe_load(site.spec_path.read_text())
+        spec["observability"] = {"enabled": True, **observability}
+        if slo:
+            spec["services"][0]["slo"] = slo
+        write_spec(site.spec_path, spec)
+        checked(site.kit("render"))
         site.up()
         yield site
     finally:
