@@ -279,6 +279,20 @@ def test_only_the_front_door_reaches_vllm_and_the_verifier() -> None:
         assert rule["ports"] == [{"protocol": "TCP", "port": port}]
         assert rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == (
             "front-door")
+    # as compose's network per service (docs/sleep.md): no vLLM pod admits another service's
+    # pods; a multi-node group admits its own group alone
+    for case in CASES:
+        for policy in _objects(_export(case)):
+            if policy["kind"] != "NetworkPolicy" or "Ingress" not in policy["spec"]["policyTypes"]:
+                continue
+            selected = policy["spec"]["podSelector"]["matchLabels"]
+            if selected.get("app.kubernetes.io/component") != "vllm":
+                continue
+            for rule in policy["spec"]["ingress"]:
+                for source in rule["from"]:
+                    labels = source["podSelector"]["matchLabels"]
+                    assert (labels.get("app.kubernetes.io/component") == "front-door"
+                            or labels == selected), (case, policy["metadata"]["name"])
 
 
 def test_vllm_has_no_internet_when_every_model_is_local() -> None:
