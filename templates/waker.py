@@ -213,35 +213,71 @@ class Waker:
 
     async def wake(self, sleeper: Sleeper) -> None:
         """The one wake in flight of a service: the others sharing its GPUs put to sleep first
-        (least recently used first) until it fits; a failure leaves it asleep and is kept."""
+        (least recently used first) until it fits; a failure leaves it asleep and is kept, and
+        the ones put to sleep for it are woken back (they slept for nothing)."""
         async with self.turn(sleeper):
             if sleeper.state == "awake":
                 return
             started = time.monotonic()
             engine = 0.0
-            for other in self.to_make_room(sleeper):
-                engine += await self.sleep(other, reason=f"to make room for {sleeper.name}")
-            sleeper.become("waking")
+            made_room: list = []
             try:
-                calls = time.monotonic()
-                await asyncio.gather(*(self.wake_replica(sleeper, host)
-                                       for host in sleeper.replicas))
-                engine += time.monotonic() - calls
+                for other in self.to_make_room(sleeper):
+                    engine += await self.sleep(other, reason=f"to make room for {sleeper.name}")
+                    made_room.append(other)
+                engine += await self.rouse(sleeper)
             except Refusal as failure:
-                sleeper.failed_wakes += 1
-                sleeper.failure = str(failure)
-                sleeper.failed_at = time.monotonic()
-                log(f"wake of {sleeper.name} failed: {failure}")
-                await self.back_to_sleep(sleeper)
+                await self.restore(made_room, sleeper, failure)
                 raise
-            sleeper.failure = ""
             sleeper.last_use = time.monotonic()  # a wake is for a use: its idle clock restarts
-            sleeper.wakes += 1
-            sleeper.last_wake = time.time()
-            sleeper.last_wake_seconds = time.monotonic() - started
-            sleeper.last_wake_engine_seconds = engine
-            sleeper.become("awake")
-            log(f"woke {sleeper.name} in {sleeper.last_wake_seconds:.3f} s")
+            self.woke(sleeper, time.monotonic() - started, engine)
+
+    async def rouse(self, sleeper: Sleeper) -> float:
+        """Wake every replica of a service (the caller holds its turn): the seconds they took.
+        A failure is kept (Retry-After) and the service put back to sleep as a set."""
+        sleeper.become("waking")
+        calls = time.monotonic()
+        try:
+            await asyncio.gather(*(self.wake_replica(sleeper, host)
+                                   for host in sleeper.replicas))
+        except Refusal as failure:
+            sleeper.failed_wakes += 1
+            sleeper.failure = str(failure)
+            sleeper.failed_at = time.monotonic()
+            log(f"wake of {sleeper.name} failed: {failure}")
+            await self.back_to_sleep(sleeper)
+            raise
+        sleeper.failure = ""
+        return time.monotonic() - calls
+
+    def woke(self, sleeper: Sleeper, seconds: float, engine: float) -> None:
+        sleeper.wakes += 1
+        sleeper.last_wake = time.time()
+        sleeper.last_wake_seconds = seconds
+        sleeper.last_wake_engine_seconds = engine
+        sleeper.become("awake")
+        log(f"woke {sleeper.name} in {seconds:.3f} s")
+
+    async def restore(self, others: list, failed: Sleeper, failure: Refusal) -> None:
+        """After `failed`'s wake failed: wake back the members put to sleep to make room for it,
+        as they were (their idle clocks keep their last use) — only when `failed` is asleep
+        again, so its memory is free. A member whose own wake then fails stays asleep with its
+        failure kept, as after any failed wake."""
+        if not others:
+            return
+        if failed.state != "asleep":
+            log(f"{failed.name} is {failed.state} after its failed wake: "
+                f"{', '.join(o.name for o in others)} stay asleep")
+            return
+        for other in others:
+            if other.state != "asleep":
+                continue
+            started = time.monotonic()
+            with contextlib.suppress(Refusal):
+                engine = await self.rouse(other)
+                self.woke(other, time.monotonic() - started, engine)
+                log(f"{other.name} woken back: it slept to make room for {failed.name}, "
+                    f"whose wake failed ({failure})")
 
     def to_make_room(self, sleeper: Sleeper) -> list:
         """The awake services of its swap group to put to sleep so that it fits on each of its

@@ -347,7 +347,8 @@ def _service(name: str, body: dict, context: _Context) -> ServiceState:
         VERSION_LABEL: COMPOSE_VERSION,
         **{str(key): str(value) for key, value in (body.get("labels") or {}).items()},
     }
-    digest = config_hash(config, identity, None if reloadable else files_digest)
+    digest = config_hash(config, identity, None if reloadable else files_digest,
+                         live_networks=reloadable)
     labels = {**identity, CONFIG_HASH_LABEL: digest}
     if depends_on:  # not hashed (as in Compose): a new backend must not recreate the proxy
         labels[DEPENDS_ON_LABEL] = ",".join(f"{dep}:{cond}:false" for dep, cond in depends_on)
@@ -364,13 +365,18 @@ def _service(name: str, body: dict, context: _Context) -> ServiceState:
 
 
 def config_hash(
-    config: ContainerConfig, labels: dict[str, str], site_files_digest: str | None
+    config: ContainerConfig, labels: dict[str, str], site_files_digest: str | None, *,
+    live_networks: bool = False,
 ) -> str:
     """sha256 of the canonical JSON of the engine config and labels (+ mounted site files).
 
     The multi-node keys count only when set, so a stack created before kit knew them keeps
-    its hashes (no recreate on upgrade)."""
+    its hashes (no recreate on upgrade). `live_networks` (the front door, on one network per
+    service): its networks do not count, kit connects and disconnects them in place, so a
+    service added or removed reloads it instead of recreating it."""
     fields = asdict(config)
+    if live_networks:
+        del fields["networks"]
     for key in ("network_mode", "extra_hosts", "addresses"):
         if not fields[key]:
             del fields[key]

@@ -321,6 +321,17 @@ class Engine:
                     container_id, network, aliases=aliases, ipv4_address=config.address(network))
             return container_id
 
+    def connect_network(self, container_id: str, network: str, aliases: list[str],
+                        ipv4_address: str | None = None) -> None:
+        """Attach a running container to one more network (the front door to a new service's)."""
+        with self._errors(f"connecting container {_short(container_id)} to {network}"):
+            self._api.connect_container_to_network(container_id, network, aliases=aliases,
+                                                   ipv4_address=ipv4_address)
+
+    def disconnect_network(self, container_id: str, network: str) -> None:
+        with self._errors(f"disconnecting container {_short(container_id)} from {network}"):
+            self._api.disconnect_container_from_network(container_id, network)
+
     def start(self, container_id: str) -> None:
         with self._errors(f"starting container {_short(container_id)}"):
             self._api.start(container_id)

@@ -47,6 +47,7 @@ class ContainerState:
     depends_on: tuple[str, ...] = ()  # services it was started after (Compose's label)
     replica_of: str | None = None  # the spec service of a multi-replica service's container
     replica: int | None = None  # and its replica index there
+    networks: tuple[str, ...] = ()  # the engine networks it is attached to
 
     @property
     def running(self) -> bool:
@@ -155,6 +156,7 @@ def container_state(attrs: dict) -> ContainerState:
         replica_of=labels.get(REPLICA_SERVICE_LABEL),
         replica=int(labels[REPLICA_INDEX_LABEL]) if labels.get(REPLICA_INDEX_LABEL, "").isdigit()
         else None,
+        networks=tuple(sorted((attrs.get("NetworkSettings") or {}).get("Networks") or {})),
     )
 
 

@@ -103,7 +103,8 @@ def through_engine(desired: DesiredState, site_root: Path) -> DesiredState:
         identity = {k: v for k, v in service.labels.items()
                     if k not in (CONFIG_HASH_LABEL, DEPENDS_ON_LABEL)}
         digest = config_hash(
-            config, identity, None if service.reloadable else service.site_files_digest
+            config, identity, None if service.reloadable else service.site_files_digest,
+            live_networks=service.reloadable,
         )
         services.append(replace(service, config=config, config_hash=digest,
                                 labels={**service.labels, CONFIG_HASH_LABEL: digest}))

@@ -64,6 +64,9 @@ REPLICA_CONNECT_TIMEOUT = 2
 # Stopping a replica (a rolling update drained it first): vLLM finishes what it still runs for
 # up to --shutdown-timeout seconds, and the engine waits a little longer before SIGKILL.
 REPLICA_SHUTDOWN_TIMEOUT = 30
+# The backend network of kit's own parts the front door reaches (door-figures), no replica on
+# it; each service has its own beside it (ServicePlan.network).
+BACKEND_NETWORK = "backend"
 STOP_GRACE_PERIOD = 30  # a single-replica service (no --shutdown-timeout: vLLM's default, 0)
 UNAVAILABLE_RETRY_AFTER = 5  # seconds a client is told to wait when no replica can take it
 PREFIX_KEY = "$kit_prefix"  # kit.js: a digest of the conversation's leading text
@@ -99,6 +102,13 @@ class ServicePlan:
     stop_grace_period: int = STOP_GRACE_PERIOD  # seconds the engine waits after SIGTERM
     swap_group: str | None = None  # idle_sleep.swap_group: started one member at a time
     sleep_level: int = 1  # idle_sleep.level
+
+    @property
+    def network(self) -> str | None:
+        """The compose key of its own backend network: its replicas, the front door and (with
+        idle_sleep) the waker only, so a replica (model code: hostile) reaches no other
+        service's vLLM, dev routes included. None for a multi-node service (host network)."""
+        return None if self.multinode else f"{BACKEND_NETWORK}-{self.name}"
 
     @property
     def affinity_hash(self) -> str | None:

@@ -49,7 +49,7 @@ from kit.plan.multinode import HEAD_RANK, MultiNodePlan, node_flags
 from kit.render.site_files import generated_files, render_template, template_context
 from kit.render.usage import collector_script, usage_facts
 from kit.site import Site
-from kit.spec.vllm_flags import flag_table, flag_uses
+from kit.spec.vllm_flags import DEV_MODE_ENV, SLEEP_MODE_FLAG, flag_table, flag_uses
 
 GPU_RESOURCE = "nvidia.com/gpu"
 STOP_GRACE = 30  # seconds a stopped vLLM gets beyond its --shutdown-timeout (compose's grace)
@@ -659,11 +659,37 @@ def cannot_do(plan: Plan) -> list[str]:
             "unless scaled to 2; `kit usage` and `kit audit` read a Docker engine, not the "
             "cluster: copy the ledger out (docs/kubernetes.md); its figures are on the pod's "
             f"loopback (port {ledger.USAGE_PORT}), not scraped")
+    if plan.waker is not None:
+        groups = sorted({s.swap_group for s in plan.services if s.swap_group})
+        notes.append(
+            f"idle_sleep: {', '.join(plan.waker.names())} run awake for good: kit's waker is "
+            "not exported, so nothing puts them to sleep nor wakes them, and their pods start "
+            "without sleep mode and vLLM's development routes (docs/sleep.md, Kubernetes)"
+            + (f"; swap group(s) {', '.join(groups)}: each member needs GPUs of its own there"
+               if groups else ""))
     if any(s.multinode for s in plan.services):
         notes.append("multi-node services: a LeaderWorkerSet (its controller must be installed) "
                      "on the pod network; host networking and the spec's network_interface and "
                      "node addresses do not apply, VLLM_HOST_IP is the pod's IP")
     return notes
+
+
+def awake_for_good(plan: Plan) -> Plan:
+    """The plan as the cluster runs it: no waker (it is the compose stack's, docs/sleep.md), so
+    the idle_sleep services start without sleep mode and without vLLM's development routes
+    (VLLM_SERVER_DEV_MODE), which nothing would use there; nginx has no wake hook."""
+    if plan.waker is None:
+        return plan
+    sleepers = set(plan.waker.names())
+    services = [
+        replace(service,
+                command=[arg for arg in service.command if arg != SLEEP_MODE_FLAG],
+                env={key: value for key, value in service.env.items() if key != DEV_MODE_ENV},
+                swap_group=None)
+        if service.name in sleepers else service
+        for service in plan.services
+    ]
+    return replace(plan, services=services, waker=None)
 
 
 def export(plan: Plan, credentials: Credentials, *, namespace: str, service_type: str,
@@ -678,6 +704,7 @@ def export(plan: Plan, credentials: Credentials, *, namespace: str, service_type
     # The cluster has no Prometheus/Grafana/door-figures of kit's: nginx must not log or route
     # to them, so its config is rendered as for a site without observability.
     plan = replace(plan, observability=None)
+    plan = awake_for_good(plan)
     for service in plan.services:
         k8s_name(service.name, "service")
     files: dict[str, list[dict]] = {"00-namespace.yaml": [{

@@ -173,6 +173,18 @@ def alert_rules(plan: Plan) -> list[AlertRule]:
         AlertRule("KitServerErrors", _error_ratio(), ">", 0.01, 300, "warning",
                   "{{ $labels.service }}: more than 1 % of responses are 5xx"),
     ]
+    if plan.waker is not None:  # idle_sleep (docs/sleep.md): a model that cannot wake is down
+        sleep = f'job="{SLEEP_JOB}"'
+        rules += [
+            AlertRule("KitWakerDown", f"up{{{sleep}}}", "==", 0, down, "critical",
+                      "the waker does not answer: requests for services with idle_sleep get "
+                      "a 503"),
+            AlertRule("KitWakeFailed",
+                      f"max by (service) (increase(kit_sleep_failed_wakes_total{{{sleep}}}"
+                      f"[{RATE_WINDOW}]))", ">", 0, 0, "critical",
+                      "{{ $labels.service }}: a wake failed (kit status shows vLLM's cause); "
+                      "it stays asleep and its requests get a 503"),
+        ]
     for slo in obs.slos:
         selector = f'{job},service="{slo.service}"'
         if slo.ttft_s is not None:

@@ -31,6 +31,8 @@ def waker_facts(plan: Plan) -> dict | None:
         "command": [f"{SCRIPT_MOUNT}/{SCRIPT}", "--config", waker.config(VLLM_PORT)],
         "health": ["CMD", *HEALTH_ARGV],
         "services": waker.names(),
+        # it reaches the replicas of its services on their own networks, and no other's
+        "networks": [svc.network for svc in plan.services if svc.name in waker.names()],
         "probe_user": PROBE_USER,
         "read_timeout": WAKE_TIMEOUT_S + 10,  # the waker answers every held request before
     }

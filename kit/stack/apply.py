@@ -28,6 +28,7 @@ from kit.stack.reconcile import (
     RemoveNetwork,
     RemoveVolume,
     RetireReplica,
+    RewireProxy,
     RollReplicas,
     SleepMember,
     StartContainer,
@@ -71,6 +72,14 @@ class Executor:
             case StartContainer(service=service, container=container):
                 self.engine.start(container.id)
                 front_door.record_loaded(self.applied, service, container.id)
+            case RewireProxy(service=service, container=container, connect=connect,
+                             disconnect=disconnect):
+                for joined in connect:
+                    self.engine.connect_network(container.id, joined,
+                                                [service.name, service.container_name],
+                                                service.config.address(joined))
+                for left in disconnect:
+                    self.engine.disconnect_network(container.id, left)
             case ReloadProxy(service=service, container=container):
                 front_door.reload(self.engine, service, container, self.applied)
             case WaitHealthy(services=services):

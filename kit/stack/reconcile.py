@@ -155,6 +155,24 @@ class ReloadProxy:
 
 
 @dataclass(frozen=True)
+class RewireProxy:
+    """Connect the running proxy to the networks of services added, and disconnect it from
+    those of services removed, in place (each service has a network of its own): its streams
+    go on, and the reload that follows routes to the new ones."""
+
+    service: ServiceState
+    container: ContainerState
+    connect: tuple[str, ...]
+    disconnect: tuple[str, ...]
+    is_change = True
+
+    def __str__(self) -> str:
+        moves = [f"connect {', '.join(self.connect)}"] if self.connect else []
+        moves += [f"disconnect {', '.join(self.disconnect)}"] if self.disconnect else []
+        return f"rewire {self.container.name}: {'; '.join(moves)}"
+
+
+@dataclass(frozen=True)
 class SleepMember:
     """Put a swap group's member to sleep before another member starts (docs/sleep.md): its
     vLLM holds its GPU memory until then, and the next one's start-up profiling would fail."""
@@ -184,7 +202,7 @@ class WaitHealthy:
 Action = (
     RemoveContainer | RemoveNetwork | CreateNetwork | CreateVolume | RemoveVolume
     | CreateContainer | RecreateContainer | StartContainer | ReloadProxy | WaitHealthy
-    | RollReplicas | RetireReplica | SleepMember
+    | RollReplicas | RetireReplica | SleepMember | RewireProxy
 )
 
 
@@ -283,6 +301,7 @@ def _service_actions(
     for service in desired.services:
         action = _container_action(service, kept.get(service.name), observed, rebuilt_networks)
         if action is None and service.reloadable and kept[service.name].running:
+            actions += _rewire_action(service, kept[service.name])
             action = _reload_action(service, kept[service.name], observed, touched)
         if isinstance(action, CreateContainer | RecreateContainer | StartContainer):
             actions += _make_room(desired, kept, service, touched, unhealthy)
@@ -399,6 +418,17 @@ def _container_action(
             return RecreateContainer(service, container, f"nginx runs healthy but "
                                      f"{', '.join(dead)} does not answer")
     return None
+
+
+def _rewire_action(service: ServiceState, container: ContainerState) -> list[Action]:
+    """The running proxy's networks made the desired ones, in place (not hashed: a service
+    added or removed reloads the front door instead of recreating it)."""
+    want, have = set(service.config.networks), set(container.networks)
+    if want == have:
+        return []
+    return [RewireProxy(service, container,
+                        tuple(n for n in service.config.networks if n not in have),
+                        tuple(sorted(have - want)))]
 
 
 def _reload_action(

@@ -14,7 +14,6 @@ within its short `for:`.
 from __future__ import annotations
 
 import json
-import re
 import socket
 import time
 from collections.abc import Iterator
@@ -30,42 +29,30 @@ from kit.engine.desired import (
 )
 from kit.plan.build import VERIFIER_PORT
 from kit.render.dashboards import le_matcher
-from tests.support.docker_engine import pick_free_port, remove_project
 from tests.support.live_stack import (
     SERVICE,
     UNREACHABLE,
     LiveSite,
     checked,
     curl,
+    observed,
+    promql_expressions,
     query,
     wait_for,
-    write_spec,
 )
 
 pytestmark = pytest.mark.e2e
 
 SCRAPE_S = 1
 DOWN_AFTER_S = 3  # observability.replica_down_after: the alert's `for:`
-RATE_WINDOW = "30s"  # what the walk puts for Grafana's $__rate_interval
-COMPARISON = re.compile(r"^(?P<signal>.+) (==|!=|>|<|>=|<=) [-0-9.e]+$")
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
-    root = tmp_path_factory.mktemp("obs")
-    live = LiveSite.create(root / "site", docker_client, pick_free_port(), pick_free_port(),
-                           prefix="obs")
-    try:
-        spec = yaml.safe_load(live.spec_path.read_text())
-        spec["observability"] = {"enabled": True, "scrape_interval": SCRAPE_S,
-                                 "replica_down_after": DOWN_AFTER_S}
-        spec["services"][0]["slo"] = {"ttft_p95_ms": 200, "tpot_p95_ms": 30}
-        write_spec(live.spec_path, spec)
-        checked(live.kit("render"))
-        live.up()
+    with observed(tmp_path_factory.mktemp("obs") / "site", docker_client,
+                  {"scrape_interval": SCRAPE_S, "replica_down_after": DOWN_AFTER_S},
+                  slo={"ttft_p95_ms": 200, "tpot_p95_ms": 30}, prefix="obs") as live:
         yield live
-    finally:
-        remove_project(docker_client, live.name)
 
 
 def wait_every_target_up(site: LiveSite) -> None:
@@ -87,22 +74,6 @@ def test_every_target_is_up(site: LiveSite) -> None:
                     ("vllm", SERVICE)]
 
 
-def expressions(site: LiveSite) -> list[tuple[str, str]]:
-    """(where, PromQL) of every dashboard panel target and every alert rule's signal."""
-    found = []
-    for path in sorted((site.root / "observability/grafana/dashboards").glob("*.json")):
-        for panel in json.loads(path.read_text())["panels"]:
-            for target in panel["targets"]:
-                found.append((f"{path.name}: {panel['title']}",
-                              target["expr"].replace("$__rate_interval", RATE_WINDOW)))
-    rules = yaml.safe_load((site.root / "observability/prometheus/rules.yml").read_text())
-    for rule in rules["groups"][0]["rules"]:
-        match = COMPARISON.match(rule["expr"])
-        assert match, f"{rule['alert']}: not `signal op threshold`: {rule['expr']}"
-        found.append((f"rule {rule['alert']}", match["signal"]))
-    return found
-
-
 def test_every_panel_and_rule_queries_metrics_that_exist(site: LiveSite) -> None:
     ops = site.basic("ops")
     for _ in range(12):  # a short load: every histogram gets observations
@@ -118,7 +89,7 @@ def test_every_panel_and_rule_queries_metrics_that_exist(site: LiveSite) -> None
     refused = {s["metric"]["status"] for s in query(
         site, "/api/v1/query", query='kit_door_requests_total{service=""}')["result"]}
     assert {"401", "413"} <= refused, refused
-    walked = expressions(site)
+    walked = promql_expressions(site)
     empty = [(where, expr) for where, expr in walked
              if not query(site, "/api/v1/query", query=expr)["result"]]
     assert not empty, "queries without data:\n" + "\n".join(f"{w}: {e}" for w, e in empty)

@@ -6,10 +6,14 @@ imitates vLLM's sleep mode (tests/standin/vllm_standin/sleep.py; it is not vLLM)
   wake per switch, each switch costing the programmed sleep + wake time plus at most 50 ms.
 - Probes, scrapes, /health, /v1/models and kit status over an idle period of 1.5 x `after`
   never wake a model nor keep one awake.
-- A wake told to fail: a JSON 503 naming the cause at the door, the model stays asleep, kit
-  status shows the failure with vLLM's logged cause.
+- A wake told to fail: a JSON 503 naming the cause at the door, the model stays asleep, the
+  partner put to sleep for it woken back, kit status shows the failure with vLLM's logged cause.
 - kit sleep / kit wake by hand (through the waker), the dev routes refused at the door for every
   credential, the probe and kit up passing over a sleeping service without waking it.
+- Each service on its own backend network: from inside one's replica (model code: hostile) the
+  other's vLLM, dev routes included, is unreachable by name, and at its addresses wherever the
+  engine isolates its networks (Docker's iptables), while the door serves both and the waker
+  reaches both.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.live_stack import SERVED_NAME, SERVICE, LiveSite, running
+from kit.engine.desired import VERIFIER_SERVICE, WAKER_SERVICE
+from kit.plan.build import VERIFIER_PORT
+from tests.support.live_stack import SERVED_NAME, SERVICE, UNREACHABLE, LiveSite, curl, running
 from tests.support.swap_client import run_phase, switch_cost
 
 pytestmark = pytest.mark.e2e
@@ -173,12 +179,25 @@ def test_a_failed_wake_is_a_json_503_naming_the_cause_and_stays_asleep(
     container = site.container(OTHER)
     container.exec_run(["touch", FAIL_FILE])
     try:
+        partner_before = account(site, SERVICE)
+        since = int(time.time()) - 1
+        # a use of SERVICE right before (on this loaded machine it may have idled asleep since
+        # settle): OTHER's wake now puts it to sleep to make room
+        assert ask(site, SERVED_NAME, key).status == 200
         reply = ask(site, OTHER_SERVED, key)
         assert reply.status == 503, reply.body
         error = json.loads(reply.body)["error"]
         assert error["type"] == "ServiceUnavailableError" and error["code"] == 503
         assert f"{OTHER} answered 500 to POST /wake_up" in error["message"]
         assert reply.headers["Retry-After"] == "10"
+        # SERVICE, put to sleep to make room for OTHER, was woken back when OTHER's wake failed
+        partner = account(site, SERVICE)
+        assert not partner["is_sleeping"]
+        slept, woke = (partner[n] - partner_before[n] for n in ("sleeps", "wakes"))
+        assert slept == woke >= 1, (slept, woke)  # every sleep undone
+        log = site.container(WAKER_SERVICE).logs(since=since).decode(errors="replace")
+        assert f"{SERVICE} asleep (to make room for {OTHER})" in log, log
+        assert f"{SERVICE} woken back: it slept to make room for {OTHER}" in log, log
         again = ask(site, OTHER_SERVED, key)  # not retried at once: the same cause, fast
         assert again.status == 503 and "its last wake failed" in again.body.decode()
         assert account(site, OTHER)["failed_wakes"] == 1
@@ -238,3 +257,40 @@ def test_probe_and_up_pass_over_a_sleeping_service_without_waking_it(site: LiveS
     assert up.returncode == 0, up.stdout + up.stderr
     assert states(site)[SERVICE] == "asleep"
     assert wakes(site) == before  # neither woke it
+
+
+def test_a_replica_cannot_reach_another_service_s_replica(site: LiveSite, key: str) -> None:
+    """Model code in one service's container tries the other's vLLM (its dev routes: /sleep,
+    /wake_up, /is_sleeping) by name and at each of its addresses. Each service's replicas are
+    on a network of their own, with the front door and the waker: the name does not resolve;
+    an address is refused by the engine's isolation between networks, which Docker enforces
+    with iptables — an engine run with --iptables=false (kit's test engines) routes between all
+    of its networks, and the control (the verifier on the auth network, which no replica is on)
+    shows it: then the addresses are reported, not asserted."""
+    routes = (("GET", "/is_sleeping"), ("POST", "/sleep?level=1"), ("POST", "/wake_up"))
+    for inside, other in ((SERVICE, OTHER), (OTHER, SERVICE)):
+        container = site.container(inside)
+        assert set(container.attrs["NetworkSettings"]["Networks"]) == {
+            site.network(f"backend-{inside}")}, "its own network only"
+        for method, path in routes:
+            code, said = curl(container, f"http://{other}:8000{path}", method=method)
+            assert code in UNREACHABLE, f"from {inside}: {other}{path} answered {said}"
+        print(f"from {inside}: {other} by name: {UNREACHABLE[code]}")
+        verifier = site.container(VERIFIER_SERVICE).attrs["NetworkSettings"]["Networks"]
+        control = [curl(container, f"http://{n['IPAddress']}:{VERIFIER_PORT}/")[0]
+                   for n in verifier.values()]
+        isolating = all(code in UNREACHABLE for code in control)
+        networks = site.container(other).attrs["NetworkSettings"]["Networks"]
+        for address in [n["IPAddress"] for n in networks.values() if n["IPAddress"]]:
+            for method, path in routes:
+                code, said = curl(container, f"http://{address}:8000{path}", method=method)
+                if isolating:
+                    assert code in UNREACHABLE, f"from {inside}: {address}{path} answered {said}"
+            print(f"from {inside}: {other} at {address}: "
+                  + (UNREACHABLE[code] if isolating else
+                     f"answered {said}: this engine does not isolate its networks (the "
+                     "verifier's answered too: dockerd --iptables=false)"))
+    waker = set(site.container(WAKER_SERVICE).attrs["NetworkSettings"]["Networks"])
+    assert {site.network(f"backend-{SERVICE}"), site.network(f"backend-{OTHER}")} <= waker
+    for service, model in MODELS.items():  # the door serves both (waking each in turn)
+        assert ask(site, model, key).status == 200, service

@@ -192,6 +192,9 @@ class FakeEngine:
 
     def remove_network(self, name: str) -> None:
         self._call("remove_network", name)
+        if any(name in c.attrs["NetworkSettings"]["Networks"] for c in self._containers.values()):
+            raise _api_error(f"removing network {name}",  # as the engine refuses it
+                             f"error while removing network: network {name} has active endpoints")
         self._networks.pop(name, None)
 
     def create_volume(self, volume: VolumeState) -> None:
@@ -246,6 +249,18 @@ class FakeEngine:
             healthcheck=config.healthcheck is not None,
         )
         return container_id
+
+    def connect_network(self, container_id: str, network: str, aliases: list[str],
+                        ipv4_address: str | None = None) -> None:
+        self._call("connect_network", f"{network}")
+        if network not in self._networks:
+            raise _api_error(f"connecting to {network}", f"network {network} not found")
+        self._get(container_id).attrs["NetworkSettings"]["Networks"][network] = {
+            "Aliases": list(aliases), "IPAddress": ipv4_address or ""}
+
+    def disconnect_network(self, container_id: str, network: str) -> None:
+        self._call("disconnect_network", f"{network}")
+        self._get(container_id).attrs["NetworkSettings"]["Networks"].pop(network, None)
 
     def start(self, container_id: str) -> None:
         self._call("start", container_id)

@@ -26,9 +26,12 @@ def compose(
     backends: tuple[str, ...] = ("a", "b"),
     certbot: bool = False,
     https_port: int = 8443,
+    own_networks: bool = False,
 ) -> dict:
     """The shape kit renders: GPU backends on an internal network, nginx in front of them
-    (publishing 127.0.0.1:`https_port`)."""
+    (publishing 127.0.0.1:`https_port`); `own_networks`: each backend on its own network
+    (`backend-<name>`, as kit renders now), nginx on all of them."""
+    own = {name: f"backend-{name}" for name in backends} if own_networks else {}
     services: dict = {
         name: {
             "image": "vllm:1",
@@ -39,7 +42,7 @@ def compose(
                 {"driver": "nvidia", "device_ids": [str(i)], "capabilities": ["gpu"]}
             ]}}},
             "healthcheck": HEALTH,
-            "networks": ["backend"],
+            "networks": [own.get(name, "backend")],
         }
         for i, name in enumerate(backends)
     }
@@ -51,7 +54,7 @@ def compose(
                      "read_only": True}],
         "depends_on": {name: {"condition": "service_healthy"} for name in backends},
         "healthcheck": HEALTH,
-        "networks": ["backend", "frontend"],
+        "networks": ["backend", *own.values(), "frontend"],
     }
     if certbot:  # acme mode: a renewal loop that starts once nginx answers
         services["certbot"] = {
@@ -63,7 +66,9 @@ def compose(
         }
     return {
         "services": services,
-        "networks": {"backend": {"internal": internal}, "frontend": {}},
+        "networks": {"backend": {"internal": internal},
+                     **{network: {"internal": internal} for network in own.values()},
+                     "frontend": {}},
         "volumes": {"cache": {}},
     }
 

@@ -371,6 +371,27 @@ def query(site: LiveSite, path: str, **params: str) -> dict:
     return answer["data"]
 
 
+RULE = re.compile(r"^(?P<signal>.+) (==|!=|>|<|>=|<=) [-0-9.e]+$")  # `signal op threshold`
+
+
+def promql_expressions(site: LiveSite, rate_window: str = "30s") -> list[tuple[str, str]]:
+    """(where, PromQL) of every dashboard panel target (Grafana's $__rate_interval walked as
+    `rate_window`: 30 s, four scrapes at the tests' 1 s and then some) and every alert rule's
+    signal, as the site rendered them."""
+    found = []
+    for path in sorted((site.root / "observability/grafana/dashboards").glob("*.json")):
+        for panel in json.loads(path.read_text())["panels"]:
+            for target in panel["targets"]:
+                found.append((f"{path.name}: {panel['title']}",
+                              target["expr"].replace("$__rate_interval", rate_window)))
+    rules = yaml.safe_load((site.root / "observability/prometheus/rules.yml").read_text())
+    for rule in rules["groups"][0]["rules"]:
+        match = RULE.match(rule["expr"])
+        assert match, f"{rule['alert']}: not `signal op threshold`: {rule['expr']}"
+        found.append((f"rule {rule['alert']}", match["signal"]))
+    return found
+
+
 def wait_for(what: str, check, timeout: float) -> float:
     """Seconds until check() is true; fails after `timeout`."""
     started = time.monotonic()
@@ -426,8 +447,9 @@ def finished(process: subprocess.Popen, timeout: float = 120) -> dict:
 
 
 class LoadClient:
-    """A container on the site's backend network that runs scripts/loadgen.py (read-only mount),
-    so the same client reaches nginx and the vLLM services, which publish no port."""
+    """A container on the site's backend networks (kit's own and each service's) that runs
+    scripts/loadgen.py (read-only mount), so the same client reaches nginx and the vLLM
+    services, which publish no port."""
 
     def __init__(self, site: LiveSite) -> None:
         self.container = site.client.containers.run(
@@ -437,6 +459,9 @@ class LoadClient:
             volumes={str(LOADGEN.parent): {"bind": "/kit/scripts", "mode": "ro"},
                      str(site.layout.tls_dir): {"bind": "/kit/tls", "mode": "ro"}},
         )
+        for network in site.client.networks.list(filters={"label": f"{PROJECT_LABEL}={site.name}"}):
+            if network.attrs["Labels"].get(NETWORK_LABEL, "").startswith("backend-"):
+                network.connect(self.container)
 
     def run(self, url: str, *, streams: int, tokens: int, host: str | None = None,
             auth: str | list[str] | None = None, ramp: float = 0, requests: int = 1,
@@ -481,6 +506,25 @@ def running(root: Path, client: docker.DockerClient, *,
                 client.volumes.create(volume.name, driver="local", labels=volume.labels,
                                       driver_opts={"type": "tmpfs", "device": "tmpfs",
                                                    "o": f"size={small_volumes[volume.key]}"})
+        site.up()
+        yield site
+    finally:
+        remove_project(client, site.name)
+
+
+@contextmanager
+def observed(root: Path, client: docker.DockerClient, observability: dict,
+             slo: dict | None = None, **options) -> Iterator[LiveSite]:
+    """For the tests' fixtures: a site (LiveSite.create's options) with `observability:` on as
+    given (and `slo:` on its first service), up; its compose project removed afterwards."""
+    site = LiveSite.create(root, client, pick_free_port(), pick_free_port(), **options)
+    try:
+        spec = yaml.safe_load(site.spec_path.read_text())
+        spec["observability"] = {"enabled": True, **observability}
+        if slo:
+            spec["services"][0]["slo"] = slo
+        write_spec(site.spec_path, spec)
+        checked(site.kit("render"))
         site.up()
         yield site
     finally:

@@ -38,8 +38,11 @@ class Replicas:
 
 
 @contextmanager
-def sleepy_replicas(tmp_path: Path, services: list[str], **env: str) -> Iterator[Replicas]:
-    """One stand-in per service, serving `<service>` in sleep mode, on 127.0.0.2, .3, …"""
+def sleepy_replicas(tmp_path: Path, services: list[str], *,
+                    service_env: dict[str, dict[str, str]] | None = None,
+                    **env: str) -> Iterator[Replicas]:
+    """One stand-in per service, serving `<service>` in sleep mode, on 127.0.0.2, .3, …; `env`
+    for every one, `service_env` by service name for that one alone."""
     port = pick_free_port()
     hosts = {name: f"127.0.0.{i + 2}" for i, name in enumerate(services)}
     with ExitStack() as stack:
@@ -47,7 +50,8 @@ def sleepy_replicas(tmp_path: Path, services: list[str], **env: str) -> Iterator
             model = model_dir(tmp_path, name, LLAMA_8B)
             stack.enter_context(serving(str(model), "--served-model-name", name,
                                         "--max-model-len", "4096", "--enable-sleep-mode",
-                                        host=host, port=port, **{**SLEEPY, **env}))
+                                        host=host, port=port,
+                                        **{**SLEEPY, **env, **(service_env or {}).get(name, {})}))
         yield Replicas(port, hosts)
 
 

@@ -45,7 +45,9 @@ def test_names_order_and_networks_follow_compose_v2(site: Path) -> None:
         "unit01-usage-ledger-1",
     ]
     assert [(n.name, n.internal) for n in desired.networks] == [
-        ("unit01_backend", True), ("unit01_frontend", False), ("unit01_auth", True),
+        ("unit01_backend", True),  # kit's own parts the door reaches: no replica
+        ("unit01_backend-alpha", True), ("unit01_backend-beta", True),  # one per service
+        ("unit01_frontend", False), ("unit01_auth", True),
         ("unit01_metrics", True),  # the front door and the usage ledger while observability is off
     ]
     assert [v.name for v in desired.volumes] == [
@@ -69,7 +71,7 @@ def test_engine_config_is_what_the_file_says(site: Path) -> None:
     assert beta.log_driver == "json-file" and dict(beta.log_options) == {
         "max-size": "50m", "max-file": "5",
     }
-    assert beta.networks == ("unit01_backend",)
+    assert beta.networks == ("unit01_backend-beta",)  # its own, never alpha's
     assert beta.healthcheck is not None and beta.healthcheck.interval == 1.0
     assert "--max-num-seqs" in beta.command
     nginx = desired.service("nginx").config
@@ -82,7 +84,8 @@ def test_engine_config_is_what_the_file_says(site: Path) -> None:
     assert nginx.ulimits == ()  # worker_rlimit_nofile in nginx.conf: a reload applies it
     assert nginx.stop_signal == "SIGQUIT"
     assert nginx.networks == (
-        "unit01_backend", "unit01_frontend", "unit01_auth", "unit01_metrics")
+        "unit01_backend", "unit01_backend-alpha", "unit01_backend-beta", "unit01_frontend",
+        "unit01_auth", "unit01_metrics")
     assert nginx.addresses == (("unit01_metrics", metrics_network("unit01", None).door),)
     verifier = desired.service(VERIFIER_SERVICE).config
     assert verifier.networks == ("unit01_auth",) and not verifier.ports

@@ -57,7 +57,8 @@ def test_each_node_runs_vllm_native_multi_node_mode(multi: Path) -> None:
         assert "networks" not in body
     assert head["healthcheck"]["test"][-1] == "http://10.213.0.1:8000/health"
     assert compose["services"]["nginx"]["extra_hosts"] == ["big:10.213.0.1"]
-    assert compose["services"]["llama8b"]["networks"] == ["backend"]  # others unchanged
+    assert compose["services"]["llama8b"]["networks"] == ["backend-llama8b"]  # others unchanged
+    assert "backend-big" not in compose["networks"]  # the head is on the host's network
     assert "nodes" not in (multi / "compose" / "llama8b.env").read_text()
 
 

@@ -181,7 +181,7 @@ def test_compose_structure(rendered: dict[str, Path]) -> None:
     assert compose["networks"]["auth"] == {"internal": True} and "auth" in nginx["networks"]
     assert verifier["image"] == nginx["image"] and verifier["read_only"] is True
     assert all(m["read_only"] for m in verifier["volumes"])
-    assert compose["networks"]["backend"]["internal"] is False  # qwen downloads from the Hub
+    assert compose["networks"]["backend-qwen"]["internal"] is False  # qwen downloads from the Hub
 
 
 def test_nginx_conf_has_the_streaming_and_security_essentials(rendered: dict[str, Path]) -> None:

@@ -67,6 +67,7 @@ CASES = {
     "multi-replica": lambda: _plan(DATA / "multi-replica" / "site.yaml"),
     "multi-model": lambda: _plan(DATA / "multi-model" / "site.yaml"),
     "multi-node": lambda: _plan(DATA / "multi-node" / "site.yaml"),
+    "idle-sleep": lambda: _plan(DATA / "idle-sleep" / "site.yaml"),
 }
 
 
@@ -278,6 +279,20 @@ def test_only_the_front_door_reaches_vllm_and_the_verifier() -> None:
         assert rule["ports"] == [{"protocol": "TCP", "port": port}]
         assert rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == (
             "front-door")
+    # as compose's network per service (docs/sleep.md): no vLLM pod admits another service's
+    # pods; a multi-node group admits its own group alone
+    for case in CASES:
+        for policy in _objects(_export(case)):
+            if policy["kind"] != "NetworkPolicy" or "Ingress" not in policy["spec"]["policyTypes"]:
+                continue
+            selected = policy["spec"]["podSelector"]["matchLabels"]
+            if selected.get("app.kubernetes.io/component") != "vllm":
+                continue
+            for rule in policy["spec"]["ingress"]:
+                for source in rule["from"]:
+                    labels = source["podSelector"]["matchLabels"]
+                    assert (labels.get("app.kubernetes.io/component") == "front-door"
+                            or labels == selected), (case, policy["metadata"]["name"])
 
 
 def test_vllm_has_no_internet_when_every_model_is_local() -> None:
@@ -476,6 +491,29 @@ def regenerate() -> None:
 
 if __name__ == "__main__":
     regenerate()
+
+
+def test_idle_sleep_services_are_named_and_exported_awake_without_dev_routes() -> None:
+    """No waker in the cluster (docs/sleep.md): the output names the services and the swap
+    group, and their pods start without sleep mode nor vLLM's development routes."""
+    plan = CASES["idle-sleep"]()
+    assert plan.waker is not None
+    result = export(plan, CREDENTIALS, namespace=plan.site, service_type="LoadBalancer",
+                    spec_name="site.yaml")
+    note = next(note for note in result.notes if note.startswith("idle_sleep: "))
+    assert "chat, coder, embed run awake for good" in note
+    assert "docs/sleep.md" in note and "swap group(s) gpu0" in note
+    files = {str(output.path): output.content for output in result.files}
+    objects = _objects(files)
+    for name in ("chat", "coder", "embed"):
+        assert "--enable-sleep-mode" not in _pod(objects, name)["containers"][0]["args"]
+        env = next(o for o in objects if o["kind"] == "Secret"
+                   and o["metadata"]["name"] == f"{name}-env")
+        assert "VLLM_SERVER_DEV_MODE" not in env.get("data", {})
+    for hook in (b"location = /_kit/wake/", b"$kit_wake_services", b"upstream kit_waker"):
+        assert hook not in files["front-door.yaml"]
+    # a site without idle_sleep says nothing of it
+    assert not [n for n in cannot_do(CASES["example"]()) if n.startswith("idle_sleep")]
 
 
 def test_observability_is_named_and_left_out_of_the_front_door() -> None:

@@ -266,8 +266,11 @@ def test_networks_by_need(observed: Path) -> None:
     assert reach[GRAFANA_SERVICE] == {"nginx", PROMETHEUS_SERVICE, USAGE_SERVICE}
     assert reach[PROMETHEUS_SERVICE] == {"nginx", GRAFANA_SERVICE, USAGE_SERVICE}
     assert reach[USAGE_SERVICE] == {"nginx", GRAFANA_SERVICE, PROMETHEUS_SERVICE}
-    for contained in ("llama8b", "small", DOOR_FIGURES_SERVICE):
-        assert member[contained] == {"backend"}, contained
+    for contained, network in (("llama8b", "backend-llama8b"), ("small", "backend-small"),
+                               (DOOR_FIGURES_SERVICE, "backend")):
+        assert member[contained] == {network}, contained
+        # a replica reaches the front door alone: no other service's replica, no door-figures
+        assert reach[contained] == {"nginx"}, contained
     metrics = compose["networks"]["metrics"]
     pool = metrics["ipam"]["config"][0]
     subnet = ipaddress.ip_network(pool["subnet"])
@@ -362,18 +365,30 @@ def test_the_sleep_panel_and_scrape_go_with_idle_sleep(observed: Path, promtool:
     waker = yaml.safe_load((observed / "compose" / "docker-compose.yml").read_text())[
         "services"][WAKER_SERVICE]
     address = waker["networks"]["metrics"]["ipv4_address"]
+    # it reaches the replicas of the service with idle_sleep on their network, no other's
+    assert set(waker["networks"]) == {"backend-llama8b", "metrics"}
     conf = (observed / "nginx" / "nginx.conf").read_text()
     assert f"proxy_pass http://{address}:{WAKER_PORT}/metrics;" in conf
     board = json.loads((observed / "observability/grafana/dashboards/kit-svc-llama8b.json")
                        .read_text())
     exprs = [target["expr"] for panel in board["panels"] for target in panel["targets"]]
     assert f'kit_sleep_awake{{job="{SLEEP_JOB}",service="llama8b"}}' in exprs
+    rules = {rule["alert"]: rule for rule in yaml.safe_load(
+        (observed / "observability/prometheus/rules.yml").read_text())["groups"][0]["rules"]}
+    assert rules["KitWakerDown"]["expr"] == f'up{{job="{SLEEP_JOB}"}} == 0'
+    assert rules["KitWakeFailed"]["expr"] == (
+        f'max by (service) (increase(kit_sleep_failed_wakes_total{{job="{SLEEP_JOB}"}}[5m])) > 0')
+    assert rules["KitWakeFailed"]["for"] == "0s"
     other = json.loads((observed / "observability/grafana/dashboards/kit-svc-small.json")
                        .read_text())
     assert not any("kit_sleep" in target["expr"] for panel in other["panels"]
                    for target in panel["targets"])
     result = subprocess.run([promtool, "check", "config", "--syntax-only",
                              str(observed / "observability/prometheus/prometheus.yml")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    result = subprocess.run([promtool, "check", "rules",
+                             str(observed / "observability/prometheus/rules.yml")],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     if nginx_ns.available() is None:

@@ -36,7 +36,7 @@ def test_every_vllm_gets_the_offline_env_and_no_egress_even_for_a_hub_id(tmp_pat
     for name in ("alpha", "beta"):
         env = (spec.parent / "compose" / f"{name}.env").read_text().splitlines()
         assert {'HF_HUB_OFFLINE="1"', 'VLLM_NO_USAGE_STATS="1"'} <= set(env), env
-    assert compose["networks"]["backend"]["internal"] is True
+    assert compose["networks"]["backend-beta"]["internal"] is True
 
 
 def test_online_the_hub_id_opens_the_backend_network(tmp_path: Path) -> None:
@@ -45,7 +45,8 @@ def test_online_the_hub_id_opens_the_backend_network(tmp_path: Path) -> None:
     spec.write_text(spec.read_text().replace("offline: true\n", ""))
     assert run_kit("render", str(spec)).exit_code == 0
     compose = yaml.safe_load((spec.parent / "compose" / "docker-compose.yml").read_text())
-    assert compose["networks"]["backend"]["internal"] is False
+    assert compose["networks"]["backend-beta"]["internal"] is False
+    assert compose["networks"]["backend"]["internal"] is True  # kit's own parts: never out
     assert "HF_HUB_OFFLINE" not in (spec.parent / "compose" / "beta.env").read_text()
 
 

@@ -63,6 +63,30 @@ def test_a_changed_backend_is_recreated_and_the_proxy_reloaded_not_restarted(
     assert engine.inspect("p-nginx-1")["Id"] == nginx
 
 
+def test_a_service_added_then_removed_keeps_the_proxy_container(tmp_path: Path) -> None:
+    """Each service on its own network: the proxy is connected to a new one and disconnected
+    from a removed one in place (the engine refuses to remove a network still in use)."""
+    site = stack_folder(tmp_path)
+    engine, applied = FakeEngine(IMAGES), site / ".kit" / "applied.json"
+    converge(engine, desired_state(site, own_networks=True), applied)
+    engine.set_health("p-nginx-1", "healthy")
+    nginx = engine.inspect("p-nginx-1")["Id"]
+    more = desired_state(site, backends=("a", "b", "c"), own_networks=True)
+    converge(engine, more, applied)
+    engine.set_health("p-nginx-1", "healthy")
+    assert engine.inspect("p-nginx-1")["Id"] == nginx
+    assert set(engine.inspect("p-nginx-1")["NetworkSettings"]["Networks"]) == {
+        "p_backend", "p_backend-a", "p_backend-b", "p_backend-c", "p_frontend"}
+    assert up_actions(more, observe(engine, "p", tuple(IMAGES), applied)) == []
+    fewer = desired_state(site, backends=("a",), own_networks=True)
+    converge(engine, fewer, applied)
+    assert engine.inspect("p-nginx-1")["Id"] == nginx
+    assert set(engine.inspect("p-nginx-1")["NetworkSettings"]["Networks"]) == {
+        "p_backend", "p_backend-a", "p_frontend"}
+    assert {n["Name"] for n in engine.networks([])} == {"p_backend", "p_backend-a", "p_frontend"}
+    assert up_actions(fewer, observe(engine, "p", tuple(IMAGES), applied)) == []
+
+
 def test_a_failed_step_stops_the_run_there(tmp_path: Path) -> None:
     site = stack_folder(tmp_path)
     engine = FakeEngine(IMAGES)
@@ -83,5 +107,6 @@ def test_the_fake_engine_has_the_real_engines_interface() -> None:
         }
 
     assert interface(FakeEngine).items() >= interface(Engine).items()
-    # knock: kit/engine/door_ports.py; archive: kit/usage; save_image, load_images: kit bundle
-    assert len(interface(Engine)) == 31
+    # knock: kit/engine/door_ports.py; archive: kit/usage; save_image, load_images: kit bundle;
+    # connect_network, disconnect_network: the front door rewired to a service added or removed
+    assert len(interface(Engine)) == 33

@@ -51,7 +51,7 @@ def running(desired: DesiredState) -> ObservedState:
             config_hash=s.config_hash, state="running", health="healthy", restart_count=0,
             exit_code=0, started_at=None, image=s.config.image, image_id=f"img-{s.config.image}",
             gpu_ids=s.gpu_ids, host_ports=tuple((p.host_ip, p.host_port) for p in s.config.ports),
-            depends_on=tuple(dep for dep, _ in s.depends_on),
+            depends_on=tuple(dep for dep, _ in s.depends_on), networks=s.config.networks,
         )
         for s in desired.services
     )
@@ -226,6 +226,32 @@ def test_a_removed_service_is_removed_and_the_rest_kept(site: Path) -> None:
         "remove container p-b-1: service no longer in the compose file"
     )
     assert not any("p-a-1" in line for line in describe(plan).splitlines())
+
+
+def test_a_service_added_rewires_and_reloads_the_proxy_without_recreating_it(
+        site: Path) -> None:
+    """Each service on its own network: the proxy's networks are not in its config hash; kit
+    connects it to the new service's network in place, then reloads it."""
+    observed = running(desired_state(site, own_networks=True))
+    plan = up_actions(desired_state(site, backends=("a", "b", "c"), own_networks=True), observed)
+    assert describe(plan) == (
+        "create network p_backend-c (new)\n"
+        "create container p-c-1 (new)\n"
+        "rewire p-nginx-1: connect p_backend-c\n"
+        "wait until healthy c: nginx depends on it; just started\n"
+        "reload p-nginx-1: re-resolve c (restarted)"
+    )
+
+
+def test_a_service_removed_disconnects_the_proxy_before_its_network_goes(site: Path) -> None:
+    observed = running(desired_state(site, own_networks=True))
+    plan = describe(up_actions(desired_state(site, backends=("a",), own_networks=True),
+                               observed)).splitlines()
+    assert plan == [
+        "remove container p-b-1: service no longer in the compose file",
+        "rewire p-nginx-1: disconnect p_backend-b",
+        "remove network p_backend-b: no longer in the compose file",
+    ]
 
 
 def test_an_exited_backend_is_started_and_waited_for(site: Path) -> None:

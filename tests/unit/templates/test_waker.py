@@ -182,6 +182,63 @@ def test_a_failed_wake_is_refused_with_its_cause_and_the_service_stays_asleep(
         assert replicas.account("coder")["failed_wakes"] == 1
 
 
+def test_a_failed_wake_wakes_back_the_members_put_to_sleep_for_it(tmp_path: Path) -> None:
+    names = ["chat", "coder"]
+    fail = tmp_path / "fail-wake"
+    with sleepy_replicas(tmp_path, names,
+                         service_env={"coder": {"STANDIN_WAKE_FAIL_FILE": str(fail)}}) as replicas:
+        _sleep(replicas, "coder")
+
+        async def scenario() -> None:
+            # chat awake, coder asleep on GPU 0 (0.9 each: one awake at a time); coder's wake
+            # fails after chat was put to sleep for it: chat is woken back, as it was
+            w = waker.Waker(waker_config(replicas, [
+                {"name": "chat", "after": 600, "group": "g"},
+                {"name": "coder", "after": 600, "group": "g"}], retry_after=1))
+            await _settled(w)
+            chat, coder = w.sleepers["chat"], w.sleepers["coder"]
+            await w.admit(chat, probe=False)
+            used = chat.last_use
+            fail.touch()
+            with pytest.raises(waker.Refusal, match="answered 500 to POST /wake_up"):
+                await w.admit(coder, probe=False)
+            assert (coder.state, coder.failed_wakes) == ("asleep", 1)
+            assert (chat.state, chat.sleeps, chat.wakes) == ("awake", 1, 1)
+            assert chat.last_use == used  # its idle clock keeps its last use
+            await w.admit(chat, probe=False)  # served at once: no wake, no sleep
+            assert (chat.sleeps, chat.wakes) == (1, 1)
+            # a second attempt after Retry-After that succeeds swaps chat out for good
+            fail.unlink()
+            await asyncio.sleep(1.1)
+            await w.admit(coder, probe=False)
+            assert (chat.state, coder.state) == ("asleep", "awake")
+        run(scenario())
+        assert [replicas.account(n)["is_sleeping"] for n in names] == [True, False]
+        assert [replicas.account(n)["wakes"] for n in names] == [1, 1]
+        assert [replicas.account(n)["failed_wakes"] for n in names] == [0, 1]
+
+
+def test_a_failed_wake_leaves_its_partners_asleep_when_it_could_not_sleep_again(
+        tmp_path: Path) -> None:
+    with sleepy_replicas(tmp_path, ["chat", "coder"]) as replicas:
+        _sleep(replicas, "coder")
+
+        async def scenario() -> None:
+            w = waker.Waker(waker_config(replicas, [
+                {"name": "chat", "after": 600, "group": "g"},
+                {"name": "coder", "after": 600, "group": "g"}]))
+            await _settled(w)
+            chat, coder = w.sleepers["chat"], w.sleepers["coder"]
+            coder.state = "unknown"  # as after a failed wake whose sleep-again failed too
+            await w.restore([chat], coder, waker.Refusal("coder answered 500"))
+            assert chat.state == "awake"  # not put to sleep: nothing to restore
+            chat.state = "asleep"
+            await w.restore([chat], coder, waker.Refusal("coder answered 500"))
+            assert (chat.state, chat.wakes) == ("asleep", 0)  # coder may hold the GPU
+        run(scenario())
+        assert replicas.account("chat")["wakes"] == 0
+
+
 def test_the_http_side_answers_the_door_only(tmp_path: Path) -> None:
     with sleepy_replicas(tmp_path, ["coder"]) as replicas:
         async def scenario() -> None:
