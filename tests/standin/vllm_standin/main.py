@@ -662,15 +662,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = cli.build_parser()
     try:
         args = parser.parse_args(argv)
-    except cli.StandinUnsupported as e:
-        print(f"vllm stand-in: {e}", file=sys.stderr)
-        return 2
     except cli.ModelNotFirst as e:  # uncaught in vLLM: Python's traceback, exit 1
         print("\n".join([
             "Traceback (most recent call last):",
             *(f'  File "{path}", line {lineno}, in {func}\n    {code}'
               for path, lineno, func, code in PARSE_FRAMES),
             f"ValueError: {e}",
+        ]), file=sys.stderr)
+        return 1
+    except cli.ParseFailure as e:  # uncaught in vLLM: Python's traceback, exit 1
+        print("\n".join([
+            "Traceback (most recent call last):",
+            *(f'  File "{path}", line {lineno}, in {func}\n    {code}'
+              for path, lineno, func, code in PARSE_FRAMES[:2]),
+            e.error,
         ]), file=sys.stderr)
         return 1
     if args.subparser != "serve":
