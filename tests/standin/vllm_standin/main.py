@@ -474,6 +474,8 @@ class Standin:
             and not arch.endswith(("LMHeadModel", "ChatModel")))
         tasks = ("embed",) if pooling else ("generate",)
         adapters = self.static_loras(names[0])
+        if adapters is not None and adapters.enabled:  # vLLM's LoRA gauge exists with LoRA on
+            self.engine.max_lora = a.max_loras or 1
         self.app = App(
             engine=self.engine,
             served_names=names,
