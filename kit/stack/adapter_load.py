@@ -103,29 +103,41 @@ def load_and_gate(engine: Engine, host: str, container: ContainerState, name: st
                        time.monotonic() - started)
 
 
+@dataclass(frozen=True)
+class Drain:
+    """Where requests on an adapter still ran when the wait ended, and for how long each
+    replica was seen running some."""
+
+    left: dict[str, bool | None]  # host → True (requests on it run) or None (cannot tell)
+    busy_s: dict[str, float]  # host → seconds from the wait's start to its last busy reading
+
+
 def wait_idle(engine: Engine, replicas: list[tuple[str, ContainerState]], name: str,
-              timeout: float = ADAPTER_DRAIN_S) -> dict[str, bool | None]:
+              timeout: float = ADAPTER_DRAIN_S) -> Drain:
     """Wait until no request on adapter `name` runs or waits in any of these replicas (each
-    idle for DRAIN_QUIET_S: vllm:lora_requests_info, kit.front_door.replica_check); the
-    replicas that were not when `timeout` passed: {host: True (requests on it still run) or
-    None (its /metrics cannot tell)}."""
-    deadline = time.monotonic() + timeout
+    idle for DRAIN_QUIET_S: vllm:lora_requests_info, kit.front_door.replica_check), at most
+    `timeout` seconds."""
+    started = time.monotonic()
+    deadline = started + timeout
     idle_since: dict[str, float] = {}
+    busy_s: dict[str, float] = {}
     pending = dict(replicas)
     state: dict[str, bool | None] = {}
     while pending:
         now = time.monotonic()
         for host, container in list(pending.items()):
             state[host] = adapter_in_flight(engine, container, name)
+            if state[host] is True:
+                busy_s[host] = now - started
             if state[host] is not False:
                 idle_since.pop(host, None)
             elif now - idle_since.setdefault(host, now) >= DRAIN_QUIET_S:
                 del pending[host]
         if pending and time.monotonic() > deadline:
-            return {host: state[host] for host in pending}
+            break
         if pending:
             time.sleep(DRAIN_POLL_S)
-    return {}
+    return Drain({host: state[host] for host in pending}, busy_s)
 
 
 def unload(engine: Engine, container: ContainerState, name: str) -> str:
@@ -166,7 +178,8 @@ def drain_and_unload(engine: Engine, replicas: list[tuple[str, ContainerState]],
     inside each replica's vLLM (`wait_idle`), then unload it. (replica, what happened) each;
     KitError naming the replicas it is still loaded on (requests still running at `timeout`,
     or an unload refused)."""
-    busy = wait_idle(engine, replicas, name, timeout)
+    drain = wait_idle(engine, replicas, name, timeout)
+    busy = drain.left
     idle = [(host, container) for host, container in replicas if busy.get(host) is not True]
     with ThreadPoolExecutor(max_workers=max(len(idle), 1)) as pool:
         answers = list(pool.map(lambda replica: unload(engine, replica[1], name), idle))
@@ -178,10 +191,10 @@ def drain_and_unload(engine: Engine, replicas: list[tuple[str, ContainerState]],
                        + "; ".join(failures),
                        fix="kit status shows it as loaded but not declared there; kit up "
                        "unloads it once no request runs on it")
-    return [(host, "unloaded" + (f" (its /metrics could not tell whether requests on it "
-                                 f"still ran after {timeout:.0f}s)" if host in busy else ""))
-            for host, _ in replicas]
-
+    return [(host, "unloaded" + (
+        f" (its /metrics could not tell whether requests on it still ran after {timeout:.0f}s)"
+        if host in busy else f" once the requests on it ended ({drain.busy_s[host]:.1f}s)"
+        if host in drain.busy_s else "")) for host, _ in replicas]
 
 def adapter_states(engine: Engine, site: Site, observed: ObservedState) -> list[ReplicaAdapters]:
     """Each running replica of a service with adapters: what it declares (as its next start

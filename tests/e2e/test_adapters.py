@@ -260,5 +260,6 @@ def test_remove_waits_for_a_stream_on_the_adapter_before_unloading_it(site: Live
     assert result.returncode == 0, result.stdout + result.stderr
     assert reason == "length" and tokens >= 399
     assert ended["at"] <= finished_at  # unloaded only once the stream had ended
+    assert "unloaded once the requests on it ended" in result.stdout  # kit saw it running
     assert all(EDITED not in served for served in adapter_states(site).values())
     assert door_answer(site, site.add_key(f"gone-{secrets.token_hex(2)}"), EDITED) == 404

@@ -1,9 +1,9 @@
 """A fake engine whose vLLM replicas hold LoRA adapters as vLLM does (tests/support/fake_engine.py's
 ReplicaEngine): each start loads its command's --lora-modules, else its --config file's (read
-at that start from the folder mounted at LORA_MOUNT, as vLLM reads it); kit's curl in the container reaches
-/v1/models (adapters with their parent), /v1/load_lora_adapter, /v1/unload_lora_adapter and a
-completion on an adapter (404 unless it is loaded): for `kit adapters` and the rolling update
-without Docker."""
+at that start from the folder mounted at LORA_MOUNT, as vLLM reads it); kit's curl in the
+container reaches /metrics (vllm:lora_requests_info), /v1/models (adapters with their
+parent), /v1/load_lora_adapter, /v1/unload_lora_adapter and a completion on an adapter (404
+unless it is loaded): for `kit adapters`, `kit up` and the rolling update without Docker."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from kit.front_door.replica_check import CURL
 from kit.engine.desired import ContainerConfig
+from kit.front_door.replica_check import CURL
 from kit.layout import LORA_CONFIG, LORA_MOUNT
 from kit.plan.adapters import declared_modules
 from tests.support.fake_engine import ReplicaEngine

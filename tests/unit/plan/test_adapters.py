@@ -18,8 +18,8 @@ from kit.layout import SiteLayout
 from kit.plan.adapters import command_modules, declared_modules
 from kit.plan.capacity import GIB, LoraSlots, lora_bytes, plan_capacity
 from kit.plan.modelinfo import inspect_model_dir
-from tests.support import nginx_ns
 from tests.standin.vllm_standin import cli
+from tests.support import nginx_ns
 from tests.support.adapters import adapters_yaml, write_adapter
 from tests.support.cli import run_kit
 from tests.support.nginx_structure import parse

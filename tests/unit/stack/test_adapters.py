@@ -22,6 +22,7 @@ from tests.support.sites import write_site
 
 REPLICAS = [f"unit01-beta-r{index}-1" for index in range(4)]
 LOAD, UNLOAD = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
+HAND_ADDED = "  # the helpdesk's\n      - {name: legal, path: adapters/legal}\n"  # an edit by hand
 
 
 def lora_site(root: Path) -> Path:
@@ -199,8 +200,7 @@ def test_kit_up_hot_loads_and_unloads_what_the_spec_edit_changed(
     spec = lora_site(tmp_path)
     up(Site.load(spec), engine)
     ids = {name: engine.inspect(name)["Id"] for name in REPLICAS}
-    spec.write_text(spec.read_text().replace(
-        "  # the helpdesk's\n", "  # the helpdesk's\n      - {name: legal, path: adapters/legal}\n"))
+    spec.write_text(spec.read_text().replace("  # the helpdesk's\n", HAND_ADDED))
     engine.watch = lambda: reloads(engine)
     reloaded = reloads(engine)
     lines = up(Site.load(spec), engine)
@@ -231,8 +231,7 @@ def test_kit_up_loads_all_or_nothing(tmp_path: Path, engine: LoraEngine) -> None
     naming it, and nginx was not reloaded (the door never routes it)."""
     spec = lora_site(tmp_path)
     up(Site.load(spec), engine)
-    spec.write_text(spec.read_text().replace(
-        "  # the helpdesk's\n", "  # the helpdesk's\n      - {name: legal, path: adapters/legal}\n"))
+    spec.write_text(spec.read_text().replace("  # the helpdesk's\n", HAND_ADDED))
     engine.refuse.add((REPLICAS[2], "legal"))
     reloaded = reloads(engine)
     with pytest.raises(KitError, match="adapter legal failed on beta-r2"):
@@ -253,6 +252,7 @@ def test_remove_waits_for_requests_on_it_then_names_what_is_left(
     result = run_kit("adapters", "remove", spec, "beta", "support")
     assert result.exit_code == 0, result.output
     assert engine.unloaded_busy == [] and not any("support" in h for h in engine.held.values())
+    assert "beta-r0: unloaded once the requests on it ended" in result.output
     engine.busy[REPLICAS[1]] = {"legal": 10**6}  # never ends
     result = run_kit("adapters", "remove", spec, "beta", "legal", "--drain-timeout", "1")
     assert result.exit_code == 1, result.output
