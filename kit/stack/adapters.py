@@ -55,13 +55,12 @@ class AdapterChange:
     adapter: str
     replicas: tuple[tuple[str, str], ...]  # (replica, what happened)
     seconds: float  # from the command's start to the door routing (or no longer routing) it
-    notes: tuple[str, ...] = ()
 
     def lines(self) -> list[str]:
         done = "loaded and routable" if self.verb == "add" else "unroutable and unloaded"
         return ([f"{self.service}: {host}: {detail}" for host, detail in self.replicas]
                 + [f"adapter {self.adapter} {done} on {len(self.replicas)} replica(s) of "
-                   f"{self.service} in {self.seconds:.1f}s"] + list(self.notes))
+                   f"{self.service} in {self.seconds:.1f}s"])
 
 
 def adapter_service(site: Site, name: str) -> Service:
