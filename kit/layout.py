@@ -17,6 +17,8 @@
                                         (prometheus.yml, rules.yml, web.yml: its API's
                                         bcrypt hash), grafana/provisioning/,
                                         grafana/dashboards/, door-figures/ (the door's counter)
+    <site>/lora/<service>/adapters.yaml  rendered: a service's LoRA adapters as vLLM's --config
+                                        file (mounted read-only at LORA_MOUNT in its replicas)
     <site>/site.lock                    the pinned models' commits and file hashes (`kit lock`)
     <site>/.kit/                        kit's state: manifest, CA key, probe identity, last probe,
                                         the usage ledger's anchors, the model files' hash cache
@@ -29,6 +31,11 @@ NGINX_MOUNT = "/etc/nginx/kit"  # where the nginx/ folder appears inside the ngi
 VERIFIER_MOUNT = "/etc/nginx/kit-verifier"  # nginx/verifier/ inside the verifier container
 VERIFIER_AUTH_MOUNT = "/etc/nginx/kit-auth"  # nginx/auth/ there: auth_basic reads it per request
 ACME_LAST_RUN = "acme-last-run"  # in nginx/tls, beside the certificate certbot installs
+# A service's LoRA adapters folder inside its replicas: vLLM reads adapters.yaml from it at every
+# start (`--config`); kit rewrites it when the adapters change and applies the change to the
+# running replicas itself (kit adapters, kit up), so its content is not part of their identity.
+LORA_MOUNT = "/etc/kit/lora"
+LORA_CONFIG = "adapters.yaml"  # vLLM's --config takes .yaml / .yml only
 PROBE_USER = "kit-probe"  # the dedicated identity the gate authenticates as
 PROMETHEUS_WEB_CONFIG = "web.yml"  # in observability/prometheus/: its API's Basic auth (a hash)
 PROMETHEUS_AUTH_ENV_FILE = "prometheus-auth.env"  # in compose/: the API's password, 0600
@@ -96,6 +103,14 @@ class SiteLayout:
         """What the front door enforces of each credential's policy (nginx preloads it for
         kit.js: docs/policy.md)."""
         return self.auth_dir / "door-policy.json"
+
+    def lora_dir(self, service: str) -> Path:
+        """A service's adapters folder (a folder is mounted, never the file: kit replaces the
+        file by a rename, which a single-file bind would not show)."""
+        return self.root / "lora" / service
+
+    def lora_config(self, service: str) -> Path:
+        return self.lora_dir(service) / LORA_CONFIG
 
     def replica_pool(self, service: str) -> Path:
         """The servers of a multi-replica service's upstreams (kit up marks one down while it

@@ -8,6 +8,7 @@ import click
 from kit.commands.options import holding, wait_lock_option
 from kit.engine.docker_api import connect
 from kit.site import Site
+from kit.stack.adapter_load import ADAPTER_DRAIN_S
 from kit.stack.adapters import adapter_table, add_adapter, remove_adapter
 
 spec_path = click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
@@ -46,15 +47,19 @@ def add(spec: Path, service: str, name: str, path: str, revision: str | None,
 @spec_path
 @click.argument("service")
 @click.argument("name")
+@click.option("--drain-timeout", type=click.FloatRange(min=0), default=ADAPTER_DRAIN_S,
+              show_default=True, help="Seconds to wait for the requests on NAME already inside "
+              "a replica's vLLM before unloading it there.")
 @wait_lock_option
-def remove(spec: Path, service: str, name: str, wait_lock: float) -> None:
-    """Take adapter NAME out of SPEC and the front door (requests for it get 404), then unload it
-    from every running replica of SERVICE."""
+def remove(spec: Path, service: str, name: str, drain_timeout: float, wait_lock: float) -> None:
+    """Take adapter NAME out of SPEC and the front door (requests for it get 404), wait for the
+    requests on it already inside each replica's vLLM, then unload it from every running
+    replica of SERVICE."""
     site = Site.load(spec)
     with holding(site.layout.root, "adapters remove", wait_lock,
                  (site.engine_url, site.project)):
         change = remove_adapter(site, connect(site.engine_url), service, name,
-                                report=click.echo)
+                                report=click.echo, drain_timeout=drain_timeout)
     click.echo("\n".join(change.lines()))
 
 

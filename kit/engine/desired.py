@@ -22,7 +22,7 @@ import yaml
 
 from kit.engine.envfile import parse_env_file
 from kit.errors import KitError
-from kit.layout import VERIFIER_AUTH_MOUNT, SiteLayout
+from kit.layout import LORA_MOUNT, VERIFIER_AUTH_MOUNT, SiteLayout
 
 # Compose's label names (docker/compose pkg/api/labels.go), all in one place.
 PROJECT_LABEL = "com.docker.compose.project"
@@ -70,6 +70,10 @@ KIT_SERVICES = {
 # so they stay out of its digest (the verifier's auth_basic reads htpasswd per request; a
 # credential change must not restart it under the logins it is checking).
 READ_PER_REQUEST = {VERIFIER_SERVICE: {VERIFIER_AUTH_MOUNT}}
+# Mounted site files whose changes kit applies to the running container itself, so they are no
+# part of its identity: a replica's LoRA adapters (kit adapters and kit up hot-load them; vLLM
+# reads the file again at its next start).
+APPLIED_LIVE = {LORA_MOUNT}
 CONTAINER_NUMBER = 1  # kit runs one container per service
 
 SERVICE_KEYS = {
@@ -296,7 +300,7 @@ def _service(name: str, body: dict, context: _Context) -> ServiceState:
     _expect(not unknown, context.config_file,
             f"{where} uses {', '.join(unknown)}, which kit up does not apply")
     mounts, site_sources = _mounts(
-        body.get("volumes") or [], context, where, READ_PER_REQUEST.get(name, set())
+        body.get("volumes") or [], context, where, READ_PER_REQUEST.get(name, set()) | APPLIED_LIVE
     )
     logging, grace = body.get("logging") or {}, body.get("stop_grace_period")
     config = ContainerConfig(

@@ -10,6 +10,7 @@ vLLM's image (its healthcheck uses it); the key vLLM may require (VLLM_API_KEY) 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,15 +82,59 @@ def prove_replica(
 def in_flight(engine: Engine, container: ContainerState) -> int | None:
     """vllm:num_requests_running + waiting of this replica; None when it cannot tell (it
     stopped, or runs with --disable-log-stats, which removes every vllm:* metric)."""
+    metrics = _metrics(engine, container)
+    return None if metrics is None else _requests(metrics)
+
+
+def _metrics(engine: Engine, container: ContainerState) -> str | None:
+    """The replica's own /metrics text; None when it did not answer (or is not running)."""
     if not container.running:
         return None
     status, body = request_in_container(engine, container, "/metrics", None, CHECK_TIMEOUT_S)
-    values = [
-        float(line.rpartition(" ")[2])
-        for line in body.splitlines()
-        if line.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{"))
-    ]
-    return round(sum(values)) if status == 200 and values else None
+    return body if status == 200 else None
+
+
+def _requests(metrics: str) -> int | None:
+    values = [float(line.rpartition(" ")[2]) for line in metrics.splitlines()
+              if line.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{"))]
+    return round(sum(values)) if values else None
+
+
+LORA_INFO = "vllm:lora_requests_info"  # vLLM's gauge of the adapters requests run or wait on
+LORA_INFO_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def adapter_in_flight(engine: Engine, container: ContainerState, name: str) -> bool | None:
+    """Whether requests on adapter `name` are running or waiting inside this replica's vLLM;
+    None when it cannot tell (no answer, no vllm:* metrics).
+
+    vLLM's gauge vllm:lora_requests_info has labels running_lora_adapters and
+    waiting_lora_adapters (the adapters' names, comma-joined) and, as its value, the time it
+    was set, each engine step; every label set it ever had stays exported, so the series with
+    the latest time is the current state. The engine sets it only while it steps: with no
+    request running or waiting at all (vllm:num_requests_running + waiting = 0), none is on
+    the adapter, whatever the last series says."""
+    metrics = _metrics(engine, container)
+    total = None if metrics is None else _requests(metrics)
+    if metrics is None or total is None:
+        return None
+    if total == 0:
+        return False
+    latest: tuple[float, dict[str, str]] | None = None
+    for line in metrics.splitlines():
+        if not line.startswith(LORA_INFO + "{"):
+            continue
+        labels_text, _, value = line[len(LORA_INFO) + 1:].rpartition("} ")
+        try:
+            stamp = float(value)
+        except ValueError:
+            continue
+        if latest is None or stamp > latest[0]:
+            latest = (stamp, dict(LORA_INFO_LABEL.findall(labels_text)))
+    if latest is None:
+        return None  # requests run, and the gauge is missing: no way to tell which
+    return any(name in labels.split(",") for key, labels in latest[1].items()
+               if key in ("running_lora_adapters", "waiting_lora_adapters"))
 
 
 def served_adapters(engine: Engine, container: ContainerState) -> list[str] | None:

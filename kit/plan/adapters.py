@@ -7,9 +7,12 @@ file is found by the first client, on every replica. Here it is found before any
 """
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
+
+import yaml
 
 from kit.plan.capacity import LoraSlots
 from kit.plan.modelinfo import read_safetensors_header
@@ -24,6 +27,11 @@ HUB_CACHE = "hub"  # under HF_HOME (hf_cache): models--<org>--<name>/snapshots/<
 # The LoRA flags kit derives from `adapters:`; extra_args may set them instead (its value wins).
 DERIVED_FLAGS = ("--enable-lora", "--max-lora-rank", "--max-loras", "--max-cpu-loras")
 MODULES_FLAG = "--lora-modules"  # name=path per adapter: vLLM loads them before /health answers
+# What follows the adapter list goes in the service's --config file (kit/layout.py LORA_CONFIG),
+# not in its replicas' command: --lora-modules and the slot counts derived from the count.
+# --enable-lora and --max-lora-rank (vLLM sizes its buffers by it) stay in the command.
+FILE_FLAGS = ("--max-loras", "--max-cpu-loras")
+CONFIG_FLAG = "--config"  # vLLM: "Read CLI options from a config file" (YAML; CLI wins)
 # vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter exist only with this set: rendered
 # for a service with adapters, reached by kit inside the replica's container (kit adapters),
 # never through the front door (kit/names.py refuses them there).
@@ -240,3 +248,16 @@ def command_modules(command: tuple[str, ...] | list[str]) -> dict[str, str]:
             name, _, path = part.partition("=")
             modules[name] = path
     return modules
+
+
+def declared_modules(command: tuple[str, ...] | list[str],
+                     config_text: Callable[[], str]) -> dict[str, str]:
+    """{adapter name: path} a replica loads at start: its command's --lora-modules, else (vLLM
+    puts the command after the file: the command wins) those of its --config file, whose text
+    `config_text` reads (kit's adapters.yaml, lora/<service>/ in the site folder)."""
+    modules = command_modules(command)
+    if modules or CONFIG_FLAG not in command:
+        return modules
+    document = yaml.safe_load(config_text()) or {}
+    items = document.get(MODULES_FLAG.removeprefix("--")) if isinstance(document, dict) else None
+    return command_modules([MODULES_FLAG, *map(str, items or [])])

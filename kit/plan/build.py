@@ -10,9 +10,11 @@ from typing import cast
 
 from kit.engine.desired import NEVER_PULL
 from kit.errors import BadInput
-from kit.layout import ACME_LAST_RUN, NGINX_MOUNT
+from kit.layout import ACME_LAST_RUN, LORA_CONFIG, LORA_MOUNT, NGINX_MOUNT
 from kit.plan.adapters import (
+    CONFIG_FLAG,
     DERIVED_FLAGS,
+    FILE_FLAGS,
     MODULES_FLAG,
     RUNTIME_LORA_ENV,
     AdapterInfo,
@@ -98,6 +100,9 @@ class ServicePlan:
     affinity_key: str | None = None  # the nginx variable the affinity upstream hashes
     adapters: tuple[str, ...] = ()  # LoRA adapters' names: models the door routes here too
     hub_adapters: bool = False  # an adapter vLLM downloads from the Hub (the backend goes out)
+    # vLLM's --config file of the adapters (lora/<service>/adapters.yaml: --lora-modules and the
+    # slot counts that follow the adapter count), read by a replica at every start; None: none
+    lora_config: dict[str, list[str] | str] | None = None
     connect_timeout: int = 10  # nginx's proxy_connect_timeout to it (seconds)
     stop_grace_period: int = STOP_GRACE_PERIOD  # seconds the engine waits after SIGTERM
     swap_group: str | None = None  # idle_sleep.swap_group: started one member at a time
@@ -422,7 +427,7 @@ def _service_plan(spec: Spec, service, priority_scheduling: bool = False) -> Ser
     if priority_scheduling and not any(arg.startswith(SCHEDULING_POLICY)
                                        for arg in service.extra_args):  # the operator's wins
         command += [SCHEDULING_POLICY, "priority"]
-    lora, downloads = _lora_args(spec, service)
+    lora, lora_config, downloads = _lora_args(spec, service)
     command += ["--port", str(VLLM_PORT), *histogram_args(service_slo(service)), *lora,
                 *service.extra_args]
     env = {"HF_HOME": HF_CACHE_MOUNT, **service.env, **(OFFLINE_ENV if spec.offline else {})}
@@ -456,6 +461,7 @@ def _service_plan(spec: Spec, service, priority_scheduling: bool = False) -> Ser
         affinity_key=_affinity_key(affinity, service.routing.header),
         adapters=tuple(adapter.name for adapter in service.adapters),
         hub_adapters=downloads,
+        lora_config=lora_config,
         connect_timeout=spec.proxy.connect_timeout if len(replicas) == 1
         else min(spec.proxy.connect_timeout, REPLICA_CONNECT_TIMEOUT),
         stop_grace_period=grace,
@@ -464,12 +470,16 @@ def _service_plan(spec: Spec, service, priority_scheduling: bool = False) -> Ser
     )
 
 
-def _lora_args(spec: Spec, service: Service) -> tuple[list[str], bool]:
+def _lora_args(spec: Spec, service: Service
+               ) -> tuple[list[str], dict[str, list[str] | str] | None, bool]:
     """The flags that serve every declared adapter from the start: --enable-lora, the rank,
     slot and CPU-cache sizes (kit/plan/adapters.py; a value extra_args sets wins) and
-    --lora-modules name=path; and whether one is downloaded from the Hub."""
+    --lora-modules name=path; the --config file holding what follows the adapter list (the
+    modules and the slot counts: kit adapters changes them without recreating a replica); and
+    whether one is downloaded from the Hub. A multi-node service keeps them all in its command
+    (its worker nodes have no such file)."""
     if not service.adapters:
-        return [], False
+        return [], None, False
     infos = service_adapters(service, spec.models_root, spec.hf_cache)
     slots = lora_slots(service, infos)
     if slots is None or not slots.rank:
@@ -484,10 +494,19 @@ def _lora_args(spec: Spec, service: Service) -> tuple[list[str], bool]:
                                        str(max(slots.slots, len(service.adapters)))),
                        strict=True))
     given = flag_values(service)
-    args = [part for flag, value in derived.items() if flag not in given
-            for part in (flag, value) if part]
     modules = [f"{name}={path}" for name, path in adapter_paths(spec, service, infos).items()]
-    return [*args, MODULES_FLAG, *modules], any(info.folder is None for info in infos)
+    downloads = any(info.folder is None for info in infos)
+    in_file = service.nodes is None
+    args = [part for flag, value in derived.items() if flag not in given
+            and not (in_file and flag in FILE_FLAGS) for part in (flag, value) if part]
+    if not in_file:
+        return [*args, MODULES_FLAG, *modules], None, downloads
+    # vLLM turns each key into `--key value` (a list: `--key item…`) after the model, before
+    # the command's flags: the command (extra_args) wins over the file, as vLLM defines it.
+    document: dict[str, list[str] | str] = {
+        flag.removeprefix("--"): derived[flag] for flag in FILE_FLAGS if flag not in given}
+    document[MODULES_FLAG.removeprefix("--")] = modules
+    return [*args, CONFIG_FLAG, f"{LORA_MOUNT}/{LORA_CONFIG}"], document, downloads
 
 
 def adapter_paths(spec: Spec, service: Service,

@@ -7,6 +7,7 @@ The front door's nginx.conf is kit's own template rendered with the cluster's se
 """
 
 import base64
+import hashlib
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,6 +24,7 @@ from kit.files import (
     Output,
     commit,
     digest,
+    generated_yaml,
     hand_edits,
     manifest_content,
     pending_changes,
@@ -31,7 +33,14 @@ from kit.files import (
     recover,
     write_failure,
 )
-from kit.layout import NGINX_MOUNT, VERIFIER_AUTH_MOUNT, VERIFIER_MOUNT, SiteLayout
+from kit.layout import (
+    LORA_CONFIG,
+    LORA_MOUNT,
+    NGINX_MOUNT,
+    VERIFIER_AUTH_MOUNT,
+    VERIFIER_MOUNT,
+    SiteLayout,
+)
 from kit.names import K8S_NAME, is_name
 from kit.plan import usage as ledger
 from kit.plan.build import (
@@ -66,6 +75,7 @@ NGINX_HEALTH_COMMAND = (
     f"wget -q -O /dev/null http://127.0.0.1:{HEALTHZ_PORT}/kit-healthz || "
     f"curl -fsS -o /dev/null http://127.0.0.1:{HEALTHZ_PORT}/kit-healthz"
 )
+ADAPTERS_ANNOTATION = "kit.io/adapters-sha256"  # a vLLM pod template: its adapters file's
 PART_OF = "app.kubernetes.io/part-of"
 NAME = "app.kubernetes.io/name"
 COMPONENT = "app.kubernetes.io/component"
@@ -294,7 +304,26 @@ def _single_node(plan: Plan, service: ServicePlan, namespace: str) -> dict:
                     serves=True, extra_env=[])
     # GPUs are scarce: a rolling update stops an old copy before it starts a new one.
     strategy = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
-    return _deployment(plan, namespace, service.name, VLLM, pod, replica_count(service), strategy)
+    deployment = _deployment(plan, namespace, service.name, VLLM, pod, replica_count(service),
+                             strategy)
+    if service.lora_config is not None:  # its adapters: vLLM's --config file, a ConfigMap
+        pod["containers"][0]["volumeMounts"].append(
+            {"name": "lora", "mountPath": LORA_MOUNT, "readOnly": True})
+        pod["volumes"].append(_projected("lora", [("ConfigMap", _lora_map(service.name),
+                                                   {LORA_CONFIG: LORA_CONFIG})]))
+        # kit hot-loads adapters on Docker only: here a changed adapter list rolls the pods
+        # (each loads the new file at its start), as a changed command would
+        deployment["spec"]["template"]["metadata"]["annotations"] = {
+            ADAPTERS_ANNOTATION: hashlib.sha256(_lora_file(service)).hexdigest()}
+    return deployment
+
+
+def _lora_map(service: str) -> str:
+    return k8s_name(service + "-lora", "the adapters ConfigMap of service")
+
+
+def _lora_file(service: ServicePlan) -> bytes:
+    return generated_yaml(service.lora_config or {}).encode()
 
 
 def _leader_worker_set(plan: Plan, service: ServicePlan, nodes: MultiNodePlan,
@@ -341,10 +370,14 @@ def _vllm_objects(plan: Plan, service: ServicePlan, namespace: str) -> tuple[lis
         workload = _leader_worker_set(plan, service, nodes, namespace)
         selector = {**selector, LWS_WORKER_INDEX_LABEL: str(HEAD_RANK)}  # the API: head only
     api = _service(service.name, namespace, labels, selector, [_port("http", VLLM_PORT)])
+    objects = [workload, api]
+    if service.lora_config is not None:
+        objects.append(_config_map(_lora_map(service.name), namespace, labels,
+                                   {LORA_CONFIG: _lora_file(service)}))
     shared_env = nodes.serve_env if nodes else service.env  # addresses: the pod's own
     env = _secret(f"{service.name}-env", namespace, labels,
                   {key: value.encode() for key, value in shared_env.items()})
-    return [workload, api], [env]
+    return objects, [env]
 
 
 # --------------------------------------------------------------------------- front door

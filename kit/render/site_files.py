@@ -48,6 +48,7 @@ from kit.files import (
     Output,
     commit,
     digest,
+    generated_yaml,
     hand_edits,
     interrupted,
     manifest_content,
@@ -56,7 +57,7 @@ from kit.files import (
     recover,
     remove_stale_temps,
 )
-from kit.layout import NGINX_MOUNT, VERIFIER_AUTH_MOUNT, VERIFIER_MOUNT, SiteLayout
+from kit.layout import LORA_MOUNT, NGINX_MOUNT, VERIFIER_AUTH_MOUNT, VERIFIER_MOUNT, SiteLayout
 from kit.names import OPENAI_ROUTES
 from kit.plan.build import (
     ADAPTER_KEY,
@@ -192,6 +193,10 @@ def template_context(plan: Plan, spec_name: str) -> dict:
         "vllm_entrypoint": list(VLLM_ENTRYPOINT),
         "models_mount": MODELS_MOUNT,
         "hf_cache_mount": HF_CACHE_MOUNT,
+        "lora_mount": LORA_MOUNT,
+        # a service's adapters folder, relative to the compose file (compose/)
+        "lora_sources": {service.name: f"../{SiteLayout(Path('.')).lora_dir(service.name)}"
+                         for service in plan.services if service.lora_config is not None},
         "nginx_mount": NGINX_MOUNT,
         "verifier_mount": VERIFIER_MOUNT,
         "verifier_auth_mount": VERIFIER_AUTH_MOUNT,
@@ -251,6 +256,8 @@ def generated_files(plan: Plan, spec_name: str) -> list[Output]:
         Output(layout.unknown_user_file, unknown_user_file()),
         Output(layout.routes_json, routes_table(plan)),
         *worker_outputs(plan, spec_name),
+        *(Output(layout.lora_config(service.name), generated_yaml(service.lora_config).encode())
+          for service in plan.services if service.lora_config is not None),
         *(Output(layout.replica_pool(service.name), replica_pool(service), generated=False)
           for service in plan.services if len(service.replicas) > 1),
         Output(

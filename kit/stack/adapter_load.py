@@ -10,15 +10,25 @@ proves a new replica serves every adapter its command declares before nginx send
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 from kit.engine.desired import ServiceState
 from kit.engine.docker_api import Engine
-from kit.engine.observe import ContainerState
+from kit.engine.observe import ContainerState, ObservedState
 from kit.errors import KitError
-from kit.front_door.replica_check import prove_replica, request_in_container, served_adapters
-from kit.plan.adapters import command_modules
+from kit.front_door.replica_check import (
+    adapter_in_flight,
+    prove_replica,
+    request_in_container,
+    served_adapters,
+)
+from kit.plan.adapters import declared_modules
+from kit.site import Site
+from kit.spec.replicas import compose_names
 from kit.spec.vllm_flags import serving_task
+from kit.stack.reconcile import ReplicaAdapters
 
 LOAD_ROUTE = "/v1/load_lora_adapter"
 UNLOAD_ROUTE = "/v1/unload_lora_adapter"
@@ -26,6 +36,13 @@ UNLOAD_ROUTE = "/v1/unload_lora_adapter"
 # generous, a slow disk is not a failure.
 LOAD_TIMEOUT_S = 120
 ALREADY_LOADED = "has already been loaded"  # vLLM's refusal of a second load of one name
+# Before an unload, the requests on the adapter already inside vLLM finish (the door no longer
+# sends it new ones): as long as a rolling update waits for a replica's requests.
+ADAPTER_DRAIN_S = 300
+DRAIN_POLL_S = 0.5
+# Idle this long before the unload: a request nginx's old workers accepted just before the
+# reload has reached vLLM by then.
+DRAIN_QUIET_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -40,11 +57,13 @@ class ReplicaLoad:
     seconds: float
 
 
-def serve_declared(engine: Engine, container: ContainerState, service: ServiceState) -> str:
-    """Before a replica takes traffic again (a rolling update): every adapter its command
-    declares is served (one missing is loaded) and answers a 1-token completion. Returns what
-    it proved; KitError when it cannot."""
-    declared = command_modules(service.config.command)
+def serve_declared(engine: Engine, container: ContainerState, service: ServiceState,
+                   config: Path) -> str:
+    """Before a replica takes traffic again (a rolling update): every adapter it declares (its
+    command's --lora-modules, else those of its --config file, `config` in the site folder) is
+    served (one missing is loaded) and answers a 1-token completion. Returns what it proved;
+    KitError when it cannot."""
+    declared = declared_modules(service.config.command, config.read_text)
     if not declared:
         return ""
     served = served_adapters(engine, container) or []
@@ -84,6 +103,43 @@ def load_and_gate(engine: Engine, host: str, container: ContainerState, name: st
                        time.monotonic() - started)
 
 
+@dataclass(frozen=True)
+class Drain:
+    """Where requests on an adapter still ran when the wait ended, and for how long each
+    replica was seen running some."""
+
+    left: dict[str, bool | None]  # host → True (requests on it run) or None (cannot tell)
+    busy_s: dict[str, float]  # host → seconds from the wait's start to its last busy reading
+
+
+def wait_idle(engine: Engine, replicas: list[tuple[str, ContainerState]], name: str,
+              timeout: float = ADAPTER_DRAIN_S) -> Drain:
+    """Wait until no request on adapter `name` runs or waits in any of these replicas (each
+    idle for DRAIN_QUIET_S: vllm:lora_requests_info, kit.front_door.replica_check), at most
+    `timeout` seconds."""
+    started = time.monotonic()
+    deadline = started + timeout
+    idle_since: dict[str, float] = {}
+    busy_s: dict[str, float] = {}
+    pending = dict(replicas)
+    state: dict[str, bool | None] = {}
+    while pending:
+        now = time.monotonic()
+        for host, container in list(pending.items()):
+            state[host] = adapter_in_flight(engine, container, name)
+            if state[host] is True:
+                busy_s[host] = now - started
+            if state[host] is not False:
+                idle_since.pop(host, None)
+            elif now - idle_since.setdefault(host, now) >= DRAIN_QUIET_S:
+                del pending[host]
+        if pending and time.monotonic() > deadline:
+            break
+        if pending:
+            time.sleep(DRAIN_POLL_S)
+    return Drain({host: state[host] for host in pending}, busy_s)
+
+
 def unload(engine: Engine, container: ContainerState, name: str) -> str:
     """'' once the replica no longer serves `name` (unloaded, or it had not loaded it)."""
     status, body = request_in_container(engine, container, UNLOAD_ROUTE, {"lora_name": name},
@@ -96,3 +152,69 @@ def unload(engine: Engine, container: ContainerState, name: str) -> str:
 def unload_all(engine: Engine, containers: list[ContainerState], name: str) -> list[str]:
     """Unload `name` from each container; the names of those it left."""
     return [container.service for container in containers if not unload(engine, container, name)]
+
+
+def load_everywhere(engine: Engine, replicas: list[tuple[str, ContainerState]], name: str,
+                    path: str, task: str) -> list[ReplicaLoad]:
+    """Adapter `name` loaded and gated on every replica at once; on a failure anywhere,
+    unloaded again from those kit loaded it on (KitError naming the failures)."""
+    with ThreadPoolExecutor(max_workers=max(len(replicas), 1)) as pool:
+        loads = list(pool.map(lambda replica: load_and_gate(
+            engine, replica[0], replica[1], name, path, task), replicas))
+    failed = [load for load in loads if not load.ok]
+    if failed:
+        undone = unload_all(engine, [load.container for load in loads if load.loaded], name)
+        raise KitError(
+            f"adapter {name} failed on {', '.join(load.host for load in failed)}: "
+            + "; ".join(f"{load.host}: {load.detail}" for load in failed)
+            + f"; unloaded again from {', '.join(undone) or 'no replica'}",
+            fix="fix the adapter (or the replica: kit logs), or take it out of the spec")
+    return loads
+
+
+def drain_and_unload(engine: Engine, replicas: list[tuple[str, ContainerState]], name: str,
+                     timeout: float = ADAPTER_DRAIN_S) -> list[tuple[str, str]]:
+    """Once the door no longer routes adapter `name`: wait for the requests on it already
+    inside each replica's vLLM (`wait_idle`), then unload it. (replica, what happened) each;
+    KitError naming the replicas it is still loaded on (requests still running at `timeout`,
+    or an unload refused)."""
+    drain = wait_idle(engine, replicas, name, timeout)
+    busy = drain.left
+    idle = [(host, container) for host, container in replicas if busy.get(host) is not True]
+    with ThreadPoolExecutor(max_workers=max(len(idle), 1)) as pool:
+        answers = list(pool.map(lambda replica: unload(engine, replica[1], name), idle))
+    failures = [f"{host}: {why}" for (host, _), why in zip(idle, answers, strict=True) if why]
+    failures += [f"{host}: requests on it still running after {timeout:.0f}s, so it stays "
+                 "loaded there until they end" for host, state in busy.items() if state]
+    if failures:
+        raise KitError(f"adapter {name} is no longer routed, but is still loaded on "
+                       + "; ".join(failures),
+                       fix="kit status shows it as loaded but not declared there; kit up "
+                       "unloads it once no request runs on it")
+    return [(host, "unloaded" + (
+        f" (its /metrics could not tell whether requests on it still ran after {timeout:.0f}s)"
+        if host in busy else f" once the requests on it ended ({drain.busy_s[host]:.1f}s)"
+        if host in drain.busy_s else "")) for host, _ in replicas]
+
+def adapter_states(engine: Engine, site: Site, observed: ObservedState) -> list[ReplicaAdapters]:
+    """Each running replica of a service with adapters: what it declares (as its next start
+    would load it: its command, else its --config file just rendered) and what it serves (its
+    own /v1/models, asked at once); one that does not answer is left out (kit status shows it
+    as unknown)."""
+    wanted = []
+    for service in site.spec.services:
+        config = site.layout.lora_config(service.name)
+        for host in compose_names(service.name, service.replica_count) if service.adapters else ():
+            container = observed.running(host)
+            if container is None:
+                continue
+            command = site.desired.service(host).config.command
+            declared = declared_modules(command, config.read_text)
+            wanted.append((service.name, host, container, declared,
+                           serving_task(list(command))))
+    with ThreadPoolExecutor(max_workers=max(len(wanted), 1)) as pool:
+        served = list(pool.map(lambda want: served_adapters(engine, want[2]), wanted))
+    return [ReplicaAdapters(service, host, container, declared, tuple(answer), task)
+            for (service, host, container, declared, task), answer in zip(wanted, served,
+                                                                          strict=True)
+            if answer is not None]

@@ -11,10 +11,11 @@ kit/spec/edit.py), the site is rendered and nginx reloaded: the door routes it. 
 replica unloads it from every replica that loaded it, and site.yaml and the door stay as they
 were. `remove`: site.yaml, render and reload first (the door stops routing it), then unloaded.
 
-The rendered command lists the adapter (--lora-modules) from then on, so a replica created
-later loads it before it answers /health; the running replicas' commands still list the old
-set, so `kit status` shows them to be recreated and the next `kit up` does it as a rolling
-update (docs/adapters.md says why).
+The render writes the service's adapters into vLLM's --config file (lora/<service>/
+adapters.yaml, mounted read-only in every replica; no part of a replica's identity), so a replica
+that starts later, created or restarted by the engine after a crash, loads the new set before it
+answers /health; no replica is recreated. `remove` waits for the requests on the adapter already
+inside each replica's vLLM (vllm:lora_requests_info) before it unloads it.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from kit.spec.edit import edit_adapters
 from kit.spec.load import parse_spec
 from kit.spec.model import Service
 from kit.spec.replicas import compose_names
-from kit.stack.adapter_load import load_and_gate, unload, unload_all
+from kit.stack.adapter_load import ADAPTER_DRAIN_S, drain_and_unload, load_and_gate, unload_all
 from kit.stack.status import ReplicaAdapters, replica_adapters
 from kit.table import text_table
 
@@ -54,13 +55,12 @@ class AdapterChange:
     adapter: str
     replicas: tuple[tuple[str, str], ...]  # (replica, what happened)
     seconds: float  # from the command's start to the door routing (or no longer routing) it
-    notes: tuple[str, ...] = ()
 
     def lines(self) -> list[str]:
         done = "loaded and routable" if self.verb == "add" else "unroutable and unloaded"
         return ([f"{self.service}: {host}: {detail}" for host, detail in self.replicas]
                 + [f"adapter {self.adapter} {done} on {len(self.replicas)} replica(s) of "
-                   f"{self.service} in {self.seconds:.1f}s"] + list(self.notes))
+                   f"{self.service} in {self.seconds:.1f}s"])
 
 
 def adapter_service(site: Site, name: str) -> Service:
@@ -125,13 +125,16 @@ def add_adapter(site: Site, engine: Engine, service_name: str, entry: dict[str, 
         raise
     return AdapterChange("add", service_name, entry["name"],
                          tuple((load.host, load.detail) for load in loads),
-                         time.monotonic() - started, (_STALE_NOTE.format(site.spec_path),))
+                         time.monotonic() - started)
 
 
 def remove_adapter(site: Site, engine: Engine, service_name: str, name: str,
-                   report: Callable[[str], None] = lambda _: None) -> AdapterChange:
-    """Stop routing adapter `name` at the door (site.yaml, render, reload), then unload it from
-    every running replica; KitError naming the replicas that could not."""
+                   report: Callable[[str], None] = lambda _: None,
+                   drain_timeout: float = ADAPTER_DRAIN_S) -> AdapterChange:
+    """Stop routing adapter `name` at the door (site.yaml, render, reload), wait for the
+    requests on it already inside each replica's vLLM, then unload it from every running
+    replica (kit.stack.adapter_load.drain_and_unload); KitError naming the replicas it is still
+    loaded on."""
     started = time.monotonic()
     adapter_service(site, service_name)
     text = edit_adapters(site.spec_path.read_text(encoding="utf-8"), service_name, remove=name)
@@ -140,21 +143,13 @@ def remove_adapter(site: Site, engine: Engine, service_name: str, name: str,
     _write_and_render(new_site, text.encode())
     _reload(new_site, engine, report)
     running = _replicas(site, engine, site.spec.service(service_name), required=False)
-    with ThreadPoolExecutor(max_workers=max(len(running), 1)) as pool:
-        answers = list(pool.map(lambda replica: unload(engine, replica[1], name), running))
-    failures = [f"{host}: {why}" for (host, _), why in zip(running, answers, strict=True) if why]
-    if failures:
-        raise KitError(f"adapter {name} is no longer routed nor declared, but did not unload on "
-                       + "; ".join(failures),
-                       fix="see kit logs; kit status shows it as loaded but not declared "
-                       "until the next kit up recreates those replicas")
-    return AdapterChange("remove", service_name, name,
-                         tuple((host, "unloaded") for host, _ in running),
-                         time.monotonic() - started, (_STALE_NOTE.format(site.spec_path),))
-
-
-_STALE_NOTE = ("the running replicas were started with the old adapter list: the next "
-               "`kit up {}` recreates them with the new one, one at a time (a rolling update)")
+    try:
+        done = drain_and_unload(engine, running, name, drain_timeout)
+    except KitError as error:
+        raise KitError(f"{error.message}; it is no longer declared in {site.spec_path}",
+                       fix=error.fix) from None
+    return AdapterChange("remove", service_name, name, tuple(done),
+                         time.monotonic() - started)
 
 
 def adapter_table(site: Site, engine: Engine, service_name: str | None = None) -> str:

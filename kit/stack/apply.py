@@ -17,11 +17,13 @@ from kit.engine.observe import (
 from kit.errors import KitError
 from kit.front_door import reload as front_door
 from kit.layout import SiteLayout
+from kit.stack.adapter_load import drain_and_unload, load_everywhere
 from kit.stack.reconcile import (
     Action,
     CreateContainer,
     CreateNetwork,
     CreateVolume,
+    LoadAdapter,
     RecreateContainer,
     ReloadProxy,
     RemoveContainer,
@@ -32,6 +34,7 @@ from kit.stack.reconcile import (
     RollReplicas,
     SleepMember,
     StartContainer,
+    UnloadAdapter,
     WaitHealthy,
 )
 from kit.stack.rollout import Rollout, drain
@@ -88,6 +91,14 @@ class Executor:
                 self._roll(action)
             case RetireReplica(container=container):
                 self._retire(container)
+            case LoadAdapter(adapter=adapter, path=path, replicas=replicas, task=task):
+                for host, load in zip((host for host, _ in replicas),
+                                      load_everywhere(self.engine, list(replicas), adapter,
+                                                      path, task), strict=True):
+                    self.report(f"  {host}: {load.detail}")
+            case UnloadAdapter(adapter=adapter, replicas=replicas):
+                for host, detail in drain_and_unload(self.engine, list(replicas), adapter):
+                    self.report(f"  {host}: {detail}")
             case SleepMember(service=service, level=level):
                 sleep_container(self.engine, service.name,
                                 container_state(self.engine.inspect(service.container_name)),

@@ -199,10 +199,56 @@ class WaitHealthy:
         return f"wait until healthy {names}: {self.reason}"
 
 
+@dataclass(frozen=True)
+class ReplicaAdapters:
+    """What one running replica serves against what it declares (its --config file): the
+    observation adapter actions are decided from (kit.stack.adapter_load.replica_adapters)."""
+
+    service: str  # the spec service
+    host: str  # its compose name
+    container: ContainerState
+    declared: dict[str, str]  # adapter → path, as the replica would load it at its start
+    served: tuple[str, ...]
+    task: str  # the gate's request: generate or embed
+
+
+@dataclass(frozen=True)
+class LoadAdapter:
+    """Hot-load an adapter the spec declares on the running replicas that lack it, each gated
+    with a 1-token completion, all or nothing; before the door routes it (docs/adapters.md)."""
+
+    service: str
+    adapter: str
+    path: str
+    replicas: tuple[tuple[str, ContainerState], ...]
+    task: str
+    is_change = True
+
+    def __str__(self) -> str:
+        names = ", ".join(host for host, _ in self.replicas)
+        return f"load adapter {self.adapter} on {names}: declared, not loaded"
+
+
+@dataclass(frozen=True)
+class UnloadAdapter:
+    """Unload an adapter the spec no longer declares, once the door stopped routing it and the
+    requests on it already inside each replica's vLLM ended."""
+
+    service: str
+    adapter: str
+    replicas: tuple[tuple[str, ContainerState], ...]
+    is_change = True
+
+    def __str__(self) -> str:
+        names = ", ".join(host for host, _ in self.replicas)
+        return (f"unload adapter {self.adapter} from {names}: no longer declared (once no "
+                "request on it runs)")
+
+
 Action = (
     RemoveContainer | RemoveNetwork | CreateNetwork | CreateVolume | RemoveVolume
     | CreateContainer | RecreateContainer | StartContainer | ReloadProxy | WaitHealthy
-    | RollReplicas | RetireReplica | SleepMember | RewireProxy
+    | RollReplicas | RetireReplica | SleepMember | RewireProxy | LoadAdapter | UnloadAdapter
 )
 
 
@@ -362,6 +408,45 @@ def starting_services(actions: list[Action]) -> list[ServiceState]:
         elif isinstance(action, RollReplicas):
             services += [step.service for step in action.replicas]
     return services
+
+
+def touched(actions: list[Action]) -> set[str]:
+    """The container names these actions start, replace or remove: their adapters are what
+    their next start loads, not kit's to hot-load."""
+    names = {service.container_name for service in starting_services(actions)}
+    for action in actions:
+        if isinstance(action, RemoveContainer | RetireReplica):
+            names.add(action.container.name)
+        elif isinstance(action, RecreateContainer):
+            names.add(action.old.name)
+        elif isinstance(action, RollReplicas):
+            names.update(step.old.name for step in action.replicas)
+    return names
+
+
+def with_adapter_actions(actions: list[Action], replicas: list[ReplicaAdapters]) -> list[Action]:
+    """`actions` with the LoRA adapter changes of the running replicas they leave alone: each
+    adapter a replica declares and does not serve loaded first (before a reload makes the door
+    route it), each it serves and no longer declares unloaded last (after the door stopped
+    routing it). An adapter is changed on all of a service's replicas that need it at once."""
+    kept = [replica for replica in replicas if replica.container.name not in touched(actions)]
+    loads: dict[tuple[str, str], list[ReplicaAdapters]] = {}
+    unloads: dict[tuple[str, str], list[ReplicaAdapters]] = {}
+    for replica in kept:
+        for name in replica.declared:
+            if name not in replica.served:
+                loads.setdefault((replica.service, name), []).append(replica)
+        for name in replica.served:
+            if name not in replica.declared:
+                unloads.setdefault((replica.service, name), []).append(replica)
+    first: list[Action] = [
+        LoadAdapter(service, name, group[0].declared[name],
+                    tuple((r.host, r.container) for r in group), group[0].task)
+        for (service, name), group in loads.items()]
+    last: list[Action] = [
+        UnloadAdapter(service, name, tuple((r.host, r.container) for r in group))
+        for (service, name), group in unloads.items()]
+    return first + actions + last
 
 
 def rolled(actions: list[Action]) -> list[Action]:

@@ -86,7 +86,8 @@ class Rollout:
         if not verdict.ok:
             raise KitError(f"{host} is healthy but failed its gate: {verdict.detail}",
                            fix=f"read its log: kit logs {host}")
-        adapters = serve_declared(self.engine, container, step.service)  # declared = loaded
+        adapters = serve_declared(self.engine, container, step.service,  # declared = loaded
+                                  self.layout.lora_config(service))
         self._serve(service, host, serving=True)
         self.report(f"  {host}: back in nginx ({verdict.detail}"
                     f"{f'; {adapters}' if adapters else ''})")

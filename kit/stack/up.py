@@ -18,9 +18,16 @@ from kit.errors import KitError
 from kit.front_door.reload import check_open_files, running_proxy
 from kit.render.site_files import RenderResult, render_site
 from kit.site import Site
+from kit.stack.adapter_load import adapter_states
 from kit.stack.apply import Executor
 from kit.stack.preflight import preflight
-from kit.stack.reconcile import Action, changes, starting_services, up_actions
+from kit.stack.reconcile import (
+    Action,
+    changes,
+    starting_services,
+    up_actions,
+    with_adapter_actions,
+)
 from kit.stack.rollout import downtime_notes, record_start_times
 from kit.stack.wait import wait_healthy
 from kit.stack.worker_nodes import WorkerEngines, WorkerFailed, worker_nodes
@@ -118,6 +125,8 @@ def converge(
     started = time.monotonic()
     observed = site.observe(engine, knock=True)
     actions = up_actions(site.desired, observed)
+    # the adapters the spec declares, hot-loaded or unloaded on the replicas kept running
+    actions = with_adapter_actions(actions, adapter_states(engine, site, observed))
     plans = nodes.plans() if nodes else []
     node_actions = [action for plan in plans for action in plan.actions]
     if actions or node_actions:

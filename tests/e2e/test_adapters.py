@@ -3,12 +3,17 @@ rendered and started by `kit up`; each adapter answers through the real door, li
 parent; `kit adapters add` of a third while 64 streams run on the base and an adapter: loaded,
 gated and routable on all 4 replicas within 5 s of the command's start (the stand-in's
 programmed load time subtracted), no stream failed; an adapter one replica fails to load is
-unloaded from the others and never routable; after `docker kill` of a replica + `kit up` (which
-recreates the replicas one at a time: their commands predate the add) no request for the added
-adapter fails; the runtime load route is refused at the door.
+unloaded from the others and never routable; a replica that crashes after the add comes back
+(the engine's restart policy, no kit) serving it before it answers /health; after `docker kill`
+of a replica + `kit up` (which starts it again: nothing else changed) no request for the added
+adapter fails; an adapter added to site.yaml by hand is hot-loaded by `kit up` (no replica
+recreated); `kit adapters remove` waits for a long stream on the adapter before unloading it;
+the runtime load route is refused at the door.
 
 The replicas are the vLLM stand-in, which serves adapters as vLLM 0.33 does
-(tests/standin/vllm_standin/lora.py): loaded at start from the rendered --lora-modules, loaded
+(tests/standin/vllm_standin/lora.py): loaded at start from the rendered --config file (read as
+vLLM reads it: tests/standin/vllm_standin/cli.py), its requests on adapters in the gauge
+vllm:lora_requests_info as vLLM exports it, loaded
 and unloaded at runtime (VLLM_ALLOW_RUNTIME_LORA_UPDATING, rendered by kit), each runtime load
 taking STANDIN_LORA_LOAD_SECONDS, and a replica told to fail a load (the stand-in's own).
 """
@@ -17,11 +22,13 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
+from kit.spec.edit import edit_adapters
 from tests.support.adapters import write_adapter
 from tests.support.live_stack import SERVED_NAME, SERVICE, LiveSite, checked, running
 
@@ -30,6 +37,10 @@ pytestmark = pytest.mark.e2e
 ADAPTERS = ("support-v3", "legal")
 ADDED = "code-review"
 REFUSED = "nightly"
+EDITED = "billing"  # added to site.yaml by hand, then `kit up`
+# a stream on it outlasting `kit adapters remove`'s own steps on a busy machine (~30 s at the
+# stand-in's 20 ms a token), so kit's readings of vllm:lora_requests_info see it running
+STREAM_TOKENS = 1500
 REPLICAS = [f"{SERVICE}-r{index}" for index in range(4)]
 LOAD_SECONDS = 1.0  # the stand-in's programmed time for each runtime load (all 4 at once)
 VISIBLE_WITHIN_S = 5.0
@@ -38,7 +49,7 @@ VISIBLE_WITHIN_S = 5.0
 @pytest.fixture(scope="module")
 def site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
     root = tmp_path_factory.mktemp("adapters") / "site"
-    for name in (*ADAPTERS, ADDED, REFUSED):
+    for name in (*ADAPTERS, ADDED, REFUSED, EDITED):
         write_adapter(root / "models" / "adapters" / name, base=SERVICE, rank=8)
     with running(root, docker_client, prefix="lra", overrides={SERVICE: {
             "gpus": [0, 1, 2, 3], "tensor_parallel": 1,
@@ -136,10 +147,54 @@ def test_add_under_64_streams_is_gated_and_routable_on_every_replica_within_5_s(
     assert listed.count(f" {ADDED} ") == 4 and "DRIFT" not in listed, listed
 
 
+def test_a_replica_crashing_after_the_add_comes_back_serving_it_before_it_is_healthy(
+        site: LiveSite) -> None:
+    """No kit command after the add: the engine restarts the crashed replica (its restart
+    policy; `docker start` where the engine does not restart a killed container), its vLLM
+    reads the --config file again and loads every declared adapter before its port answers,
+    so every /v1/models it answers, the first one on, lists the added adapter; the container
+    is the same one (not recreated), and the door never sends a request for it there first."""
+    if not all(ADDED in served for served in adapter_states(site).values()):
+        pytest.skip("needs the adapter the add test loads")
+    crashed = site.container(REPLICAS[3])
+    before = crashed.attrs["RestartCount"], crashed.id
+    key = site.add_key(f"crash-{secrets.token_hex(2)}")  # before: no reload while it is down
+    crashed.kill()
+    killed = time.monotonic()
+    restarted_by = "restart policy"
+    answers: list[list[str] | None] = []
+    statuses: list[int] = []
+    while time.monotonic() - killed < 90:
+        crashed.reload()
+        if crashed.status != "running" and time.monotonic() - killed > 10:
+            crashed.start()  # the engine did not restart a killed container: a crash's stand-in
+            restarted_by = "docker start"
+        if crashed.status == "running":
+            code, out = crashed.exec_run(["curl", "-sf", "-m", "2",
+                                          "http://127.0.0.1:8000/v1/models"])
+            if code == 0:
+                answers.append([card["id"] for card in json.loads(out)["data"]
+                                if card.get("parent")])
+            if crashed.attrs["State"].get("Health", {}).get("Status") == "healthy":
+                break
+        statuses.append(door_answer(site, key, ADDED))
+        time.sleep(0.2)
+    health = crashed.attrs["State"].get("Health", {}).get("Status")
+    print(f"{REPLICAS[3]} killed, back by the {restarted_by} and healthy after "
+          f"{time.monotonic() - killed:.1f}s; its /v1/models answered {len(answers)} time(s) "
+          f"on the way, each with {ADDED}; {len(statuses)} requests for {ADDED} through the "
+          f"door meanwhile: {sorted(set(statuses))}")
+    assert health == "healthy"
+    assert crashed.id == before[1]  # the same container: nothing recreated it
+    assert answers and all(ADDED in served for served in answers), answers
+    assert 404 not in statuses  # no replica without it was sent a request for it
+    assert adapter_states(site)[REPLICAS[3]] == sorted((*ADAPTERS, ADDED))
+
+
 def test_after_docker_kill_and_kit_up_no_request_for_an_adapter_misses_it(
         site: LiveSite) -> None:
-    """The replicas were started before ADDED was: `kit up` recreates them one at a time (the
-    killed one too), each loading every declared adapter before it is back in nginx."""
+    """`kit up` starts the killed replica again (the same container: the adapters are in its
+    --config file, not its identity), which loads every declared adapter before it answers."""
     if not all(ADDED in served for served in adapter_states(site).values()):
         pytest.skip("needs the adapter the add test loads")
     key = site.add_key(f"kill-{secrets.token_hex(2)}")  # before: nginx reloads fail after it
@@ -149,6 +204,65 @@ def test_after_docker_kill_and_kit_up_no_request_for_an_adapter_misses_it(
     print(up.stdout[-1500:])
     print(f"{ADDED} through docker kill + kit up: {requests} requests, failed {failed or 0}")
     assert up.returncode == 0, up.stdout + up.stderr
-    assert up.stdout.count(f"adapters {', '.join((*ADAPTERS, ADDED))} answered") == 4
+    assert "recreate" not in up.stdout and "roll " not in up.stdout
     assert failed == {} and requests > 0
     assert adapter_states(site) == {host: sorted((*ADAPTERS, ADDED)) for host in REPLICAS}
+
+
+def test_kit_up_hot_loads_an_adapter_added_to_the_spec_by_hand(site: LiveSite) -> None:
+    """site.yaml edited (the entry appended to the service's adapters:), then `kit up` under
+    streams on the base: the adapter loaded and gated on every replica before the door routes
+    it, no replica recreated, no stream failed."""
+    ids = {host: site.container(host).id for host in REPLICAS}
+    site.spec_path.write_text(edit_adapters(site.spec_path.read_text(), SERVICE, add={
+        "name": EDITED, "path": f"adapters/{EDITED}"}))
+    up, seconds, _, requests, failed = site.kit_under_load(16, "up")
+    print(up.stdout[-1500:])
+    print(f"kit up with {EDITED} added to the spec: {seconds:.1f}s, {requests} streams on "
+          f"{SERVED_NAME}, failed {failed or 0}")
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert f"load adapter {EDITED} on {', '.join(REPLICAS)}: declared, not loaded" in up.stdout
+    assert up.stdout.count("loaded, 1 completion token") == 4
+    assert "recreate" not in up.stdout and "roll " not in up.stdout
+    assert {host: site.container(host).id for host in REPLICAS} == ids
+    assert failed == {} and requests > 0
+    assert door_answer(site, site.add_key(f"edited-{secrets.token_hex(2)}"), EDITED) == 200
+    assert all(EDITED in served for served in adapter_states(site).values())
+
+
+def test_remove_waits_for_a_stream_on_the_adapter_before_unloading_it(site: LiveSite) -> None:
+    """A long stream on the adapter, started through the door before `kit adapters remove`:
+    the door stops routing it (new requests: 404), the stream runs to its end, and only then
+    does kit unload it (vllm:lora_requests_info names it while the stream runs)."""
+    if not all(EDITED in served for served in adapter_states(site).values()):
+        pytest.skip("needs the adapter the kit up test loads")
+    client = site.openai(site.add_key(f"long-{secrets.token_hex(2)}"))
+    stream = client.chat.completions.create(
+        model=EDITED, max_tokens=STREAM_TOKENS, stream=True,
+        messages=[{"role": "user", "content": "hi"}])
+    first = next(iter(stream))  # it runs inside a replica's vLLM
+    chunks, ended = [first], {}
+
+    def read() -> None:
+        chunks.extend(stream)
+        ended["at"] = time.monotonic()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    started = time.monotonic()
+    result = site.kit("adapters remove", SERVICE, EDITED)
+    finished_at = time.monotonic()
+    reader.join(timeout=120)
+    print(result.stdout)
+    tokens = sum(1 for chunk in chunks if chunk.choices and chunk.choices[0].delta.content)
+    reason = next((chunk.choices[0].finish_reason for chunk in reversed(chunks)
+                   if chunk.choices and chunk.choices[0].finish_reason), None)
+    print(f"kit adapters remove {EDITED} with a {STREAM_TOKENS}-token stream on it: exited after "
+          f"{finished_at - started:.1f}s, the stream ended {ended['at'] - started:.1f}s after "
+          f"the command started ({tokens} tokens, finish_reason {reason})")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert reason == "length" and tokens >= STREAM_TOKENS - 1
+    assert ended["at"] <= finished_at  # unloaded only once the stream had ended
+    assert "unloaded once the requests on it ended" in result.stdout  # kit saw it running
+    assert all(EDITED not in served for served in adapter_states(site).values())
+    assert door_answer(site, site.add_key(f"gone-{secrets.token_hex(2)}"), EDITED) == 404

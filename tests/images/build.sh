@@ -13,8 +13,9 @@
 # 2. The vLLM stand-in image (tests/standin: NOT vLLM, it imitates vLLM 0.33.0's CLI and HTTP
 #    surface), ENTRYPOINT ["vllm", "serve"], tagged with every --vllm-tag (default
 #    vllm/vllm-openai:v0.33.0) and kit-test/vllm-standin:latest. Its root filesystem is the
-#    base's plus python3-uvloop (vLLM serves on uvloop; so does the stand-in when it has it),
-#    built and cached the same way.
+#    base's plus python3-uvloop (vLLM serves on uvloop; so does the stand-in when it has it) and
+#    python3-yaml (vLLM reads `--config FILE` with yaml.safe_load; so does the stand-in), built
+#    and cached the same way.
 # 3. Two nginx images laid out like the official one (/etc/nginx/conf.d, /etc/nginx/modules with
 #    ngx_http_js_module.so, user/group nginx 101:101, /var/cache/nginx, CMD nginx -g 'daemon off;',
 #    STOPSIGNAL SIGQUIT): Debian 13 (trixie) nginx 1.26.3 + njs 0.8.9 -- the nearest to the pinned
@@ -46,7 +47,7 @@ PACKAGES="python3,curl,ca-certificates,nginx-light,libnginx-mod-http-js"
 LABEL="kit.test.inputs"
 ACME_PACKAGES="pebble,certbot,ca-certificates"
 ACME_TEST_ADDRESS="10.77.0.1" # where tests/e2e/test_acme.py puts pebble (tests/support/acme_ca.py)
-STANDIN_PACKAGES="$PACKAGES,python3-uvloop"
+STANDIN_PACKAGES="$PACKAGES,python3-uvloop,python3-yaml"
 
 # Official-image layout on top of Debian's nginx (run inside mmdebstrap on the new root "$1").
 CUSTOMIZE=(

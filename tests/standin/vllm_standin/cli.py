@@ -29,8 +29,13 @@ CLI_COMMANDS = ("chat", "complete", "serve", "launch", "bench", "collect-env", "
 SERVE_USAGE = "vllm serve [model_tag] [options]"
 
 
-class StandinUnsupported(Exception):
-    """A vLLM feature the stand-in does not imitate."""
+class ParseFailure(Exception):
+    """An exception vLLM's parser raises uncaught (a traceback, exit 1), not an argparse error:
+    `error` is what Python prints last (`ValueError: …`)."""
+
+    def __init__(self, error: str):
+        super().__init__(error)
+        self.error = error
 
 
 class ModelNotFirst(ValueError):
@@ -254,9 +259,68 @@ class FlexibleArgumentParser(argparse.ArgumentParser):
                 and any(re.match(r"^--served[-_]model[-_]name(=.+|$)", a) for a in args)
             ):
                 raise ModelNotFirst()
-        if "--config" in args:
-            raise StandinUnsupported("--config (a YAML file of options) is not imitated")
+        if "--config" in args:  # vLLM matches the exact word: `--config=FILE` is not read
+            args = self._pull_args_from_config(args)
         return super().parse_args(self._rewrite(args), namespace)
+
+    def _pull_args_from_config(self, args: list[str]) -> list[str]:
+        """vLLM's `--config FILE`: the file's options put after the sub-command and the
+        positional model, before the command line's other options, so the command line wins
+        (argparse keeps the last value) and the file wins over the defaults."""
+        if args.count("--config") > 1:  # vLLM: an assert
+            raise ParseFailure("AssertionError: More than one config file specified!")
+        index = args.index("--config")
+        if index == len(args) - 1:
+            raise ParseFailure("ValueError: No config file specified! Please check your "
+                               "command-line arguments.")
+        config_args = self.load_config_file(args[index + 1])
+        rest = args[index + 2:]
+        if args[0].startswith("-"):
+            return config_args + args[:index] + rest
+        if args[0] == "serve":
+            model_in_cli = len(args) > 1 and not args[1].startswith("-")
+            if not model_in_cli and "--model" not in config_args:
+                raise ParseFailure("ValueError: No model specified! Please specify model either "
+                                   "as a positional argument or in a config file.")
+            cut = 2 if model_in_cli else 1
+            return args[:cut] + config_args + args[cut:index] + rest
+        return [args[0]] + config_args + args[1:index] + rest
+
+    def load_config_file(self, file_path: str) -> list[str]:
+        """vLLM's reading of the file: YAML (`.yaml`/`.yml` only) by yaml.safe_load, each key
+        `--key value`; true → `--key`, false → `--no-key` when the parser has it; a list →
+        `--key item…` (nothing when empty); a mapping → `--key <JSON>`; other values by str()."""
+        extension = file_path.split(".")[-1]
+        if extension not in ("yaml", "yml"):
+            raise ParseFailure(f"ValueError: Config file must be of a yaml/yml type. "
+                               f"{extension} supplied")
+        import yaml  # only here: the stand-in is stdlib-only unless --config is used
+
+        try:
+            with open(file_path) as config_file:
+                config = yaml.safe_load(config_file)
+        except Exception as ex:
+            logs.plain_line("ERROR", "argparse_utils.py:538", f"Unable to read the config file "
+                            f"at {file_path}. Check path correctness")
+            raise ParseFailure(f"{type(ex).__name__}: {ex}") from ex
+        if not isinstance(config, dict):  # vLLM calls config.items(): an AttributeError
+            raise ParseFailure(f"AttributeError: '{type(config).__name__}' object has no "
+                               "attribute 'items'")
+        processed: list[str] = []
+        for key, value in config.items():
+            if isinstance(value, bool):
+                if value:
+                    processed.append("--" + key)
+                elif (no_key := f"--no-{key}") in self._option_string_actions:
+                    processed.append(no_key)
+            elif isinstance(value, list):
+                if value:
+                    processed += ["--" + key, *(str(item) for item in value)]
+            elif isinstance(value, dict):
+                processed += ["--" + key, json.dumps(value)]
+            else:
+                processed += ["--" + key, str(value)]
+        return processed
 
     def _move_model_option(self, args: list[str]) -> list[str]:
         idx = next((i for i, a in enumerate(args) if re.match(r"^--model(=.+|$)", a)), None)

@@ -171,6 +171,7 @@ class Request:
         "admission",
         "to_prefill",
         "priority",
+        "lora",
     )
 
     def __init__(
@@ -193,6 +194,7 @@ class Request:
         self.prefilling = False
         self.admission = 0  # admissions so far: a prefill timer of an earlier one is stale
         self.to_prefill = 0  # prompt tokens still to compute (chunked prefill)
+        self.lora: str | None = None  # the LoRA adapter it runs on (None: the base model)
 
     def order(self) -> tuple[int, float]:
         """Its place in the priority scheduler's queue: the lower priority, then the earlier."""
@@ -236,6 +238,10 @@ class Engine:
         self.cache_info = cache_info
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        # vllm:lora_requests_info (with --enable-lora: max_lora set): every label set the gauge
+        # had → the time it was last set, as prometheus_client keeps them all
+        self.max_lora: int | None = None
+        self.lora_series: dict[tuple[str, str], float] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._next_tick = 0.0
         self.created = time.time()
@@ -313,6 +319,7 @@ class Engine:
 
     def add(self, request: Request) -> None:
         self._queue(request, head=False)
+        self._record_lora()
         self.hist["request_params_max_tokens"].observe(request.max_tokens)
         if self.ttft_s is not None and self.prefill_budget is None:  # admitted on arrival
             self._admit(request.arrival)
@@ -493,7 +500,19 @@ class Engine:
         self.running = still_running
         self._schedule_next(0.0)
 
+    def _record_lora(self) -> None:
+        """vLLM's record of its scheduler stats, each engine step: the gauge's labels are the
+        adapters requests run and wait on (names, comma-joined, first seen first), its value
+        the time (set_to_current_time)."""
+        if self.max_lora is None:
+            return
+        running = ",".join(dict.fromkeys(r.lora for r in self.running if r.lora))
+        waiting = ",".join(dict.fromkeys(r.lora for r in self.waiting if r.lora))
+        self.lora_series.pop((running, waiting), None)  # re-set: shown with the others' order
+        self.lora_series[(running, waiting)] = time.time()
+
     def _schedule_next(self, extra_s: float) -> None:
+        self._record_lora()
         if self.running or self.waiting:
             loop = asyncio.get_running_loop()
             step = self.interval + self.per_seq_s * len(self.running) + extra_s
@@ -627,6 +646,14 @@ class Engine:
         )
         for histogram in self.hist.values():
             out.extend(histogram.render(labels))
+        if self.max_lora is not None:
+            out += [
+                "# HELP vllm:lora_requests_info Running stats on lora requests.",
+                "# TYPE vllm:lora_requests_info gauge",
+                *(f'vllm:lora_requests_info{{max_lora="{self.max_lora}",running_lora_adapters='
+                  f'"{running}",waiting_lora_adapters="{waiting}"}} {_go_float(stamp)}'
+                  for (running, waiting), stamp in self.lora_series.items()),
+            ]
         info = ",".join(f'{k}="{v}"' for k, v in sorted({**self.cache_info, "engine": "0"}.items()))
         out.extend(
             [
@@ -644,3 +671,13 @@ def _labels(base: str, extra: str) -> str:
         return base
     parts = sorted([*base.split(","), extra], key=lambda p: p.split("=", 1)[0])
     return ",".join(parts)
+
+
+def _go_float(value: float) -> str:
+    """A sample value as prometheus_client writes it (Go's float format: 1.7e+09 for a time)."""
+    text = repr(float(value))
+    dot = text.find(".")
+    if value > 0 and dot > 6:
+        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1:]}".rstrip("0.")
+        return f"{mantissa}e+0{dot - 1}"
+    return text

@@ -474,6 +474,8 @@ class Standin:
             and not arch.endswith(("LMHeadModel", "ChatModel")))
         tasks = ("embed",) if pooling else ("generate",)
         adapters = self.static_loras(names[0])
+        if adapters is not None and adapters.enabled:  # vLLM's LoRA gauge exists with LoRA on
+            self.engine.max_lora = a.max_loras or 1
         self.app = App(
             engine=self.engine,
             served_names=names,
@@ -662,15 +664,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = cli.build_parser()
     try:
         args = parser.parse_args(argv)
-    except cli.StandinUnsupported as e:
-        print(f"vllm stand-in: {e}", file=sys.stderr)
-        return 2
     except cli.ModelNotFirst as e:  # uncaught in vLLM: Python's traceback, exit 1
         print("\n".join([
             "Traceback (most recent call last):",
             *(f'  File "{path}", line {lineno}, in {func}\n    {code}'
               for path, lineno, func, code in PARSE_FRAMES),
             f"ValueError: {e}",
+        ]), file=sys.stderr)
+        return 1
+    except cli.ParseFailure as e:  # uncaught in vLLM: Python's traceback, exit 1
+        print("\n".join([
+            "Traceback (most recent call last):",
+            *(f'  File "{path}", line {lineno}, in {func}\n    {code}'
+              for path, lineno, func, code in PARSE_FRAMES[:2]),
+            e.error,
         ]), file=sys.stderr)
         return 1
     if args.subparser != "serve":

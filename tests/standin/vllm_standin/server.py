@@ -720,6 +720,7 @@ class App:
         else:
             sink = ResponsesCollectSink(conn, request, shape)
         job = Request(prompt_tokens, max_tokens, sink.on_token, conn.received)
+        job.lora = model if self.adapters and model in self.adapters.loaded else None
         conn.active = job
         if self.sleep is None:
             self.engine.add(job)
@@ -814,6 +815,7 @@ class App:
                 prompt_tokens=prompt_tokens,
             )
         job = Request(prompt_tokens, max_tokens, sink.on_token, conn.received, priority)
+        job.lora = model if self.adapters and model in self.adapters.loaded else None
         conn.active = job
         if self.sleep is None:
             self.engine.add(job)

@@ -13,9 +13,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kit.plan.adapters import command_modules
+from kit.engine.desired import load_desired
+from kit.layout import SiteLayout
+from kit.plan.adapters import command_modules, declared_modules
 from kit.plan.capacity import GIB, LoraSlots, lora_bytes, plan_capacity
 from kit.plan.modelinfo import inspect_model_dir
+from tests.standin.vllm_standin import cli
 from tests.support import nginx_ns
 from tests.support.adapters import adapters_yaml, write_adapter
 from tests.support.cli import run_kit
@@ -61,13 +64,28 @@ def test_declared_adapters_are_loaded_at_start(site: Path) -> None:
     argv = command(site)
     lora = argv[argv.index("--enable-lora"):argv.index("--enable-prefix-caching")]
     # rank 48 is no --max-lora-rank value: 64 is the smallest of {1,8,16,32,64,128,256,320,512}
-    assert lora == ["--enable-lora", "--max-lora-rank", "64", "--max-loras", "2",
-                    "--max-cpu-loras", "2", "--lora-modules",
-                    "support-v3=/models/support-v3", "legal=/models/legal"]
+    assert lora == ["--enable-lora", "--max-lora-rank", "64",
+                    "--config", "/etc/kit/lora/adapters.yaml"]
+    # what follows the adapter list is in vLLM's --config file, read at every start
+    file = (site / "lora" / "llama8b" / "adapters.yaml").read_text()
+    assert yaml.safe_load(file) == {
+        "max-loras": "2", "max-cpu-loras": "2",
+        "lora-modules": ["support-v3=/models/support-v3", "legal=/models/legal"]}
+    # the stand-in's parser (vLLM's --config reading: the file's options after the model)
+    config = str(site / "lora" / "llama8b" / "adapters.yaml")
+    args = cli.build_parser().parse_args(
+        ["serve", *[config if part.startswith("/etc/kit/lora/") else part for part in argv]])
+    assert (args.max_loras, args.max_cpu_loras, args.lora_modules, args.max_lora_rank) == (
+        2, "2", ["support-v3=/models/support-v3", "legal=/models/legal"], 64)
     routes = (site / "nginx" / "kit-routes.json").read_text()
     assert '"legal"' in routes and '"support-v3"' in routes
-    assert command_modules(argv) == {"support-v3": "/models/support-v3",
-                                     "legal": "/models/legal"}
+    assert command_modules(argv) == {}
+    assert declared_modules(argv, lambda: file) == {"support-v3": "/models/support-v3",
+                                                    "legal": "/models/legal"}
+    volumes = yaml.safe_load((site / "compose" / "docker-compose.yml").read_text())[
+        "services"]["llama8b"]["volumes"]
+    assert {"type": "bind", "source": "../lora/llama8b", "target": "/etc/kit/lora",
+            "read_only": True} in volumes
     # vLLM's runtime load/unload routes, for kit adapters add|remove (refused at the door)
     env = (site / "compose" / "llama8b.env").read_text()
     assert 'VLLM_ALLOW_RUNTIME_LORA_UPDATING="True"\n' in env
@@ -80,7 +98,25 @@ def test_extra_args_override_the_derived_sizes(site: Path) -> None:
     assert argv.count("--max-loras") == 1 and argv.count("--max-lora-rank") == 1
     assert argv[argv.index("--max-loras") + 1] == "1"
     assert argv[argv.index("--max-lora-rank") + 1] == "128"
-    assert argv[argv.index("--max-cpu-loras") + 1] == "2"  # every adapter cached on the CPU
+    file = yaml.safe_load((site / "lora" / "llama8b" / "adapters.yaml").read_text())
+    assert file["max-cpu-loras"] == "2" and "max-loras" not in file  # the command's wins
+
+
+def test_an_adapter_added_to_the_spec_does_not_change_the_replicas_identity(
+        site: Path, tmp_path: Path) -> None:
+    """The adapter list lives in the --config file, which is no part of the config hash: a spec
+    edit adding one changes the file, not the container (kit up hot-loads it)."""
+    write_adapter(tmp_path / "models" / "billing", base=BASE, rank=16)  # support-v3's rank
+    original = (site / "site.yaml").read_text()
+    spec = declare(site, TWO[:1])
+    assert run_kit("render", spec).exit_code == 0
+    before = load_desired(SiteLayout(site), "t").service("llama8b")
+    spec.write_text(original)
+    declare(site, [*TWO[:1], {"name": "billing", "path": "billing"}])
+    assert run_kit("render", spec).exit_code == 0, (site / "site.yaml").read_text()
+    after = load_desired(SiteLayout(site), "t").service("llama8b")
+    assert "billing=/models/billing" in (site / "lora" / "llama8b" / "adapters.yaml").read_text()
+    assert after.config_hash == before.config_hash
 
 
 def refused(spec: Path, *expected: str) -> str:
@@ -162,7 +198,7 @@ def test_hub_adapter_needs_a_rank_and_opens_the_backend(site: Path) -> None:
     result = run_kit("render", spec)
     assert result.exit_code == 0, result.output
     assert "DOWNLOAD: services[0].adapters[0] (hub)" in result.output
-    assert "hub=org/some-adapter" in command(site)
+    assert "hub=org/some-adapter" in (site / "lora" / "llama8b" / "adapters.yaml").read_text()
     compose = yaml.safe_load((site / "compose" / "docker-compose.yml").read_text())
     assert not any(network.get("internal") for network in compose["networks"].values()
                    if network and "backend" in str(network.get("name", "")))
@@ -181,7 +217,7 @@ def test_hub_adapter_pinned_from_hf_cache(site: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     argv = command(site)
     assert (f"support=/root/.cache/huggingface/hub/models--org--support/snapshots/{commit}"
-            in argv)
+            in (site / "lora" / "llama8b" / "adapters.yaml").read_text())
     assert argv[argv.index("--max-lora-rank") + 1] == "8"
     spec.write_text(spec.read_text().replace('"revision": "v3"', '"revision": "v4"'))
     refused(spec, "services[0].adapters[0]: adapter folder "

@@ -757,3 +757,40 @@ def test_a_new_spool_never_takes_the_inode_the_checkpoint_names(tmp_path: Path) 
         assert spool.stat().st_ino != taken
         assert not (spool_dir / "door.jsonl.new").exists()
         spool.unlink()
+
+
+def test_a_services_adapters_file_is_a_config_map_and_a_change_rolls_its_pods() -> None:
+    """vLLM's --config file of a service's adapters (compose: lora/<service>/adapters.yaml)
+    becomes a ConfigMap mounted where the command reads it; kit hot-loads adapters on Docker
+    only, so here its sha256 on the pod template rolls the pods when the list changes."""
+    plan = CASES["example"]()
+
+    def exported(modules: list[str]) -> list[dict]:
+        service = dataclasses.replace(plan.services[0], lora_config={
+            "max-loras": str(len(modules)), "lora-modules": modules})
+        with_adapters = dataclasses.replace(plan, services=[service, *plan.services[1:]])
+        return _objects({str(o.path): o.content for o in export(
+            with_adapters, CREDENTIALS, namespace=plan.site, service_type="ClusterIP",
+            spec_name="site.yaml").files})
+
+    name = plan.services[0].name
+    objects = exported(["support=/models/adapters/support"])
+    config = next(o for o in objects if o["kind"] == "ConfigMap"
+                  and o["metadata"]["name"] == f"{name}-lora")
+    assert yaml.safe_load(config["data"]["adapters.yaml"]) == {
+        "max-loras": "1", "lora-modules": ["support=/models/adapters/support"]}
+    pod = _pod(objects, name)
+    assert {"name": "lora", "mountPath": "/etc/kit/lora", "readOnly": True} in pod[
+        "containers"][0]["volumeMounts"]
+    assert {"configMap": {"name": f"{name}-lora", "items": [
+        {"key": "adapters.yaml", "path": "adapters.yaml"}]}} in next(
+        v for v in pod["volumes"] if v["name"] == "lora")["projected"]["sources"]
+
+    def checksum(objects: list[dict]) -> str:
+        deployment = next(o for o in objects if o["kind"] == "Deployment"
+                          and o["metadata"]["name"] == name)
+        return deployment["spec"]["template"]["metadata"]["annotations"][
+            "kit.io/adapters-sha256"]
+
+    assert checksum(objects) != checksum(exported(["support=/models/adapters/support",
+                                                   "legal=/models/adapters/legal"]))

@@ -12,6 +12,7 @@ from kit.plan.build import MODELS_MOUNT, VLLM_ENTRYPOINT, model_is_local
 from kit.plan.host import load_spec
 from kit.spec.vllm_flags import flag_table, flag_uses
 from kit.stack.preflight import model_below
+from tests.standin.vllm_standin import cli
 from tests.support.adapters import write_adapter
 from tests.support.cli import run_kit
 from tests.support.sites import MULTI_NODE, OBSERVABILITY, REPO, enable
@@ -72,8 +73,12 @@ def _rendered_commands(site: Path) -> list[tuple[str, list[str]]]:
              *sorted((REPO / "tests" / "data" / "k8s").glob("*/expected/service-*.yaml"))]
     documents = [(str(path.relative_to(REPO)), doc) for path in paths for doc in _documents(path)]
     documents += [("every-option site", doc) for doc in _every_option_site(site)]
+    # the options of a service's --config file (its adapters), as vLLM reads them
+    parser = cli.build_parser()
+    files = [(f"every-option site: {path.relative_to(site)}", parser.load_config_file(str(path)))
+             for path in sorted((site / "lora").glob("*/adapters.yaml"))]
     return [(f"{where}: {name}", argv) for where, doc in documents
-            for name, argv in rendered_vllm_commands(doc)]
+            for name, argv in rendered_vllm_commands(doc)] + files
 
 
 def _derived_flags() -> set[str]:

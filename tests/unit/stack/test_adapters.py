@@ -13,6 +13,7 @@ import pytest
 import kit.commands.adapters
 from kit.errors import KitError
 from kit.site import Site
+from kit.stack.reconcile import changes, up_actions
 from tests.support.adapters import write_adapter
 from tests.support.cli import run_kit
 from tests.support.fake_stack import up
@@ -21,6 +22,7 @@ from tests.support.sites import write_site
 
 REPLICAS = [f"unit01-beta-r{index}-1" for index in range(4)]
 LOAD, UNLOAD = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
+HAND_ADDED = "  # the helpdesk's\n      - {name: legal, path: adapters/legal}\n"  # an edit by hand
 
 
 def lora_site(root: Path) -> Path:
@@ -71,7 +73,11 @@ def test_add_checks_loads_and_gates_every_replica_before_the_door_routes_it(
         "  # the helpdesk's\n",
         "  # the helpdesk's\n      - {name: legal, path: adapters/legal}\n")
     assert "adapter legal loaded and routable on 4 replica(s) of beta" in result.output
-    assert "next `kit up" in result.output
+    # no replica to recreate: the adapter list is in their --config file, not their identity
+    site = Site.load(spec)
+    assert changes(up_actions(site.desired, site.observe(engine))) == []
+    assert "legal=/models/adapters/legal" in (
+        spec.parent / "lora" / "beta" / "adapters.yaml").read_text()
     listed = run_kit("adapters", "list", spec, "beta")
     assert listed.exit_code == 0, listed.output
     assert listed.output.count(" loaded\n") == 8, listed.output
@@ -163,19 +169,94 @@ def test_a_rolling_update_loads_and_proves_declared_adapters_before_traffic(
         up(Site.load(spec), engine)
 
 
-def test_after_an_add_and_a_killed_replica_kit_up_replaces_the_dead_one_first(
+def test_a_replica_restarted_after_an_add_loads_it_at_its_start(
         tmp_path: Path, engine: LoraEngine) -> None:
-    """The replicas' commands predate the add, so kit up rolls all 4; the killed one (no name
-    in Docker's DNS: any reload listing it would fail) is replaced first, with every declared
-    adapter loaded at its start and proven before it is back in nginx."""
+    """A crash after `kit adapters add` (the engine restarts the replica, no kit involved):
+    its vLLM reads the --config file again and loads every declared adapter before it answers.
+    `kit up` then starts a killed one as it was (no recreate), and nothing else changes."""
     spec = lora_site(tmp_path)
     up(Site.load(spec), engine)
     assert run_kit("adapters", "add", spec, "beta", "legal", "--path",
                    "adapters/legal").exit_code == 0
+    crashed = engine.inspect(REPLICAS[2])["Id"]
+    engine.stop(crashed)
+    engine.start(crashed)  # the restart policy
+    assert set(engine.held[REPLICAS[2]]) == {"support", "legal"}
     engine.stop(engine.inspect(REPLICAS[1])["Id"])
+    engine.posts.clear()
     lines = up(Site.load(spec), engine)
-    back = [line for line in lines if "back in nginx" in line]
-    assert [line.split(":")[0].strip() for line in back] == [
-        "beta-r1", "beta-r0", "beta-r2", "beta-r3"]
-    assert all("adapters support, legal answered" in line for line in back)
+    assert [line.split(":")[0] for line in lines
+            if line.startswith(("recreate", "roll", "start"))] == [
+        "start container unit01-beta-r1-1"], lines
     assert all(set(engine.held[name]) == {"support", "legal"} for name in REPLICAS)
+    assert engine.posts == []  # nothing to hot-load
+
+
+def test_kit_up_hot_loads_and_unloads_what_the_spec_edit_changed(
+        tmp_path: Path, engine: LoraEngine) -> None:
+    """An adapter added to site.yaml by hand + kit up: loaded and gated on every replica before
+    nginx reloads with its route; one taken out: unloaded after the reload, once no request on
+    it runs; no replica recreated."""
+    spec = lora_site(tmp_path)
+    up(Site.load(spec), engine)
+    ids = {name: engine.inspect(name)["Id"] for name in REPLICAS}
+    spec.write_text(spec.read_text().replace("  # the helpdesk's\n", HAND_ADDED))
+    engine.watch = lambda: reloads(engine)
+    reloaded = reloads(engine)
+    lines = up(Site.load(spec), engine)
+    assert "load adapter legal on beta-r0, beta-r1, beta-r2, beta-r3: declared, not loaded" in lines
+    assert engine.seen == [reloaded] * 4 and reloads(engine) == reloaded + 1  # loads first
+    assert sorted(engine.answered) == [(name, "legal") for name in REPLICAS]
+    assert {name: engine.inspect(name)["Id"] for name in REPLICAS} == ids
+    assert not any("adapter" in line for line in up(Site.load(spec), engine))  # converged
+
+    # taken out: the door stops routing it first, then each replica waits for its requests
+    spec.write_text(spec.read_text().replace("      - {name: support, path: adapters/support}"
+                                             "  # the helpdesk's\n", ""))
+    engine.posts.clear()
+    engine.seen.clear()
+    engine.watch = lambda: "support" in routes(spec) and reloads(engine) == reloaded + 1
+    engine.busy[REPLICAS[3]] = {"support": 3}  # a stream on it for 3 more /metrics reads
+    lines = up(Site.load(spec), engine)
+    assert any(line.startswith("unload adapter support from beta-r0") for line in lines)
+    assert sorted(name for name, route, _ in engine.posts if route == UNLOAD) == REPLICAS
+    assert engine.seen == [False] * 4  # the door no longer routed it at any unload
+    assert engine.unloaded_busy == []  # none unloaded while a request on it ran
+    assert all(set(engine.held[name]) == {"legal"} for name in REPLICAS)
+    assert {name: engine.inspect(name)["Id"] for name in REPLICAS} == ids
+
+
+def test_kit_up_loads_all_or_nothing(tmp_path: Path, engine: LoraEngine) -> None:
+    """A load failing on one replica under kit up: unloaded from the others, kit up fails
+    naming it, and nginx was not reloaded (the door never routes it)."""
+    spec = lora_site(tmp_path)
+    up(Site.load(spec), engine)
+    spec.write_text(spec.read_text().replace("  # the helpdesk's\n", HAND_ADDED))
+    engine.refuse.add((REPLICAS[2], "legal"))
+    reloaded = reloads(engine)
+    with pytest.raises(KitError, match="adapter legal failed on beta-r2"):
+        up(Site.load(spec), engine)
+    assert reloads(engine) == reloaded
+    assert not any("legal" in held for held in engine.held.values())
+
+
+def test_remove_waits_for_requests_on_it_then_names_what_is_left(
+        tmp_path: Path, engine: LoraEngine) -> None:
+    """vllm:lora_requests_info read on each replica: a stream on the adapter delays its
+    unload there; one still running at the drain timeout leaves it loaded there, named."""
+    spec = lora_site(tmp_path)
+    up(Site.load(spec), engine)
+    assert run_kit("adapters", "add", spec, "beta", "legal", "--path",
+                   "adapters/legal").exit_code == 0
+    engine.busy[REPLICAS[0]] = {"support": 4}
+    result = run_kit("adapters", "remove", spec, "beta", "support")
+    assert result.exit_code == 0, result.output
+    assert engine.unloaded_busy == [] and not any("support" in h for h in engine.held.values())
+    assert "beta-r0: unloaded once the requests on it ended" in result.output
+    engine.busy[REPLICAS[1]] = {"legal": 10**6}  # never ends
+    result = run_kit("adapters", "remove", spec, "beta", "legal", "--drain-timeout", "1")
+    assert result.exit_code == 1, result.output
+    assert "still loaded on beta-r1: requests on it still running after 1s" in result.output
+    assert "legal" in engine.held[REPLICAS[1]]
+    assert all("legal" not in engine.held[name] for name in REPLICAS if name != REPLICAS[1])
+    assert engine.unloaded_busy == []

@@ -105,3 +105,54 @@ def test_a_bad_adapter_at_start_ends_the_server(tmp_path: Path) -> None:
                          "--lora-modules", f"wide={tmp_path / 'wide'}")
     assert result.returncode == 1
     assert "LoRA is not enabled. Use --enable-lora to enable LoRA." in result.stderr
+
+
+def lora_gauge(port: int) -> list[tuple[dict[str, str], float]]:
+    """The vllm:lora_requests_info series: (labels, value), as exported."""
+    text = call(port, "GET", "/metrics")[1].decode()
+    series = []
+    for line in text.splitlines():
+        if line.startswith("vllm:lora_requests_info{"):
+            labels, _, value = line.removeprefix("vllm:lora_requests_info{").rpartition("} ")
+            series.append((dict(part.split("=", 1) for part in labels.split('",')), float(value)))
+    return [({k: v.strip('"') for k, v in labels.items()}, value) for labels, value in series]
+
+
+def test_config_file_and_the_lora_gauge_as_vllm_defines_them(tmp_path: Path) -> None:
+    """`--config FILE` as vLLM reads it (YAML; a list is `--key item…`; the command line after
+    the file, so it wins) loads the adapters; vllm:lora_requests_info names the adapters
+    requests run on (labels max_lora, running_lora_adapters, waiting_lora_adapters; the value
+    the time it was set, every label set it had kept)."""
+    model = model_dir(tmp_path, "llama", LLAMA_8B)
+    write_adapter(tmp_path / "support", rank=16)
+    config = tmp_path / "adapters.yaml"
+    config.write_text(f"max-loras: 3\nmax-model-len: 1024\nlora-modules:\n"
+                      f"  - support={tmp_path / 'support'}\n")
+    with serving(str(model), "--served-model-name", "base", "--max-model-len", "4096",
+                 "--enable-lora", "--max-lora-rank", "16", "--config", str(config),
+                 STANDIN_TOKEN_INTERVAL_MS="50") as (port, _):
+        assert models(port)["support"]["parent"] == "base"
+        assert models(port)["base"]["max_model_len"] == 4096  # the command line wins
+        assert lora_gauge(port) == []  # no request yet: no label set
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        connection.request("POST", "/v1/completions", body=json.dumps(
+            {"model": "support", "prompt": "hi", "max_tokens": 40, "stream": True}),
+            headers={"Content-Type": "application/json"})
+        reply = connection.getresponse()
+        reply.readline()  # streaming: the request runs
+        during = max(lora_gauge(port), key=lambda series: series[1])[0]
+        assert during == {"max_lora": "3", "running_lora_adapters": "support",
+                          "waiting_lora_adapters": ""}
+        reply.read()
+        connection.close()
+        latest = max(lora_gauge(port), key=lambda series: series[1])
+        assert latest[0]["running_lora_adapters"] == "" and latest[1] > time.time() - 60
+        assert len(lora_gauge(port)) >= 2  # the earlier label set is still exported
+
+
+def test_a_config_file_vllm_would_refuse(tmp_path: Path) -> None:
+    model = model_dir(tmp_path, "llama", LLAMA_8B)
+    (tmp_path / "options.json").write_text("{}")
+    process = run_standin("serve", str(model), "--config", str(tmp_path / "options.json"))
+    assert process.returncode == 1
+    assert "ValueError: Config file must be of a yaml/yml type. json supplied" in process.stderr
