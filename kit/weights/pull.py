@@ -19,14 +19,25 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from kit.errors import BadInput, KitError
 from kit.layout import SiteLayout
 from kit.spec.model import Spec
 from kit.weights import hub
-from kit.weights.lock import STAGING_NAME, LockedFile, LockedModel, locked_for, model_dir, read_lock
+from kit.weights.lock import (
+    STAGING_NAME,
+    LockedFile,
+    LockedModel,
+    locked_for,
+    model_dir,
+    pinned_relative,
+    read_lock,
+)
 from kit.weights.verify import HashCache, check_folder, folder_files, hash_files
+
+if TYPE_CHECKING:
+    from kit.engine.docker_api import Engine
 
 REPORT_SECONDS = 5.0  # a progress line this often when the output is no terminal
 
@@ -185,9 +196,10 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def pull_site(spec: Spec, layout: SiteLayout, service: str | None,
-              out: TextIO) -> list[PullResult]:
-    """`kit pull`: the pinned models of the spec (or of one service), each pulled once."""
+def pull_site(spec: Spec, layout: SiteLayout, service: str | None, out: TextIO,
+              engine: Engine | None = None) -> list[PullResult]:
+    """`kit pull`: the pinned models of the spec (or of one service), each pulled once; with a
+    remote `engine`, on its host (kit/weights/remote_pull.py)."""
     chosen = [s for s in spec.services if service in (None, s.name)]
     if service is not None and not chosen:
         raise BadInput(f"the spec has no service {service!r}",
@@ -207,6 +219,13 @@ def pull_site(spec: Spec, layout: SiteLayout, service: str | None,
     results: dict[str, PullResult] = {}
     for s in pinned:
         locked = locked_for(lock, layout.lock_file, s)
-        if locked.key not in results:
+        if locked.key in results:
+            continue
+        if engine is None:
             results[locked.key] = pull_model(locked, model_dir(spec.models_root, s), cache, out)
+        else:
+            from kit.weights.remote_pull import pull_remote
+
+            results[locked.key] = pull_remote(engine, spec.images.vllm, spec.site, locked,
+                                              spec.models_root, str(pinned_relative(s)), out)
     return list(results.values())
