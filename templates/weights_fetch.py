@@ -5,7 +5,7 @@ cross the operator's machine.
 
     python3 weights_fetch.py JOB.json MODELS_ROOT
 
-JOB.json (written by kit, kit/weights/remote_pull.py, which makes every decision): the Hub
+JOB.json (written by kit, kit/stack/remote_pull.py, which makes every decision): the Hub
 endpoint, the model, the locked commit, every locked file (path, size, sha256), and the final,
 staging and partial folders relative to MODELS_ROOT. A file `token` beside JOB.json (mode 0400,
 copied into the container before it started) holds HF_TOKEN when there is one.

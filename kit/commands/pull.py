@@ -10,6 +10,7 @@ from kit.engine.docker_api import connect
 from kit.engine.url import is_local
 from kit.site import Site
 from kit.spec.model import DEFAULT_SPEC
+from kit.stack.remote_pull import pull_site_remote
 from kit.weights.pull import pull_site
 
 
@@ -28,8 +29,10 @@ def pull(spec: Path, service: str | None, wait_lock: float) -> None:
         spec, service = DEFAULT_SPEC, str(spec)
     site = Site.load(spec, check_host=False)  # the folders are what this verb makes
     with holding(site.layout.root, "pull", wait_lock):
-        # a remote engine's host downloads itself: never through this machine
-        engine = None if is_local(site.engine_url) else connect(site.engine_url)
-        results = pull_site(site.spec, site.layout, service, sys.stderr, engine)
+        if is_local(site.engine_url):
+            results = pull_site(site.spec, site.layout, service, sys.stderr)
+        else:  # the engine's host downloads itself: never through this machine
+            results = pull_site_remote(connect(site.engine_url), site.spec, site.layout,
+                                       service, sys.stderr)
     for result in results:
         click.echo(result.summary())

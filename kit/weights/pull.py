@@ -19,11 +19,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 
 from kit.errors import BadInput, KitError
 from kit.layout import SiteLayout
-from kit.spec.model import Spec
+from kit.spec.model import Service, Spec
 from kit.weights import hub
 from kit.weights.lock import (
     STAGING_NAME,
@@ -31,13 +31,9 @@ from kit.weights.lock import (
     LockedModel,
     locked_for,
     model_dir,
-    pinned_relative,
     read_lock,
 )
 from kit.weights.verify import HashCache, check_folder, folder_files, hash_files
-
-if TYPE_CHECKING:
-    from kit.engine.docker_api import Engine
 
 REPORT_SECONDS = 5.0  # a progress line this often when the output is no terminal
 
@@ -196,10 +192,10 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def pull_site(spec: Spec, layout: SiteLayout, service: str | None, out: TextIO,
-              engine: Engine | None = None) -> list[PullResult]:
-    """`kit pull`: the pinned models of the spec (or of one service), each pulled once; with a
-    remote `engine`, on its host (kit/weights/remote_pull.py)."""
+def models_to_pull(spec: Spec, layout: SiteLayout, service: str | None
+                   ) -> dict[str, tuple[Service, LockedModel]]:
+    """The pinned models of the spec (or of one service), each once by its lock key, with a
+    service that pins it; BadInput for what kit pull refuses (nothing is fetched then)."""
     chosen = [s for s in spec.services if service in (None, s.name)]
     if service is not None and not chosen:
         raise BadInput(f"the spec has no service {service!r}",
@@ -215,17 +211,17 @@ def pull_site(spec: Spec, layout: SiteLayout, service: str | None, out: TextIO,
                        fix="add `revision: <commit, branch or tag>` to a service with an org/name "
                        "model, run `kit lock`, then `kit pull` (docs/weights.md)")
     lock = read_lock(layout.lock_file)
-    cache = HashCache(layout.weights_hashes)
-    results: dict[str, PullResult] = {}
+    found: dict[str, tuple[Service, LockedModel]] = {}
     for s in pinned:
         locked = locked_for(lock, layout.lock_file, s)
-        if locked.key in results:
-            continue
-        if engine is None:
-            results[locked.key] = pull_model(locked, model_dir(spec.models_root, s), cache, out)
-        else:
-            from kit.weights.remote_pull import pull_remote
+        found.setdefault(locked.key, (s, locked))
+    return found
 
-            results[locked.key] = pull_remote(engine, spec.images.vllm, spec.site, locked,
-                                              spec.models_root, str(pinned_relative(s)), out)
-    return list(results.values())
+
+def pull_site(spec: Spec, layout: SiteLayout, service: str | None,
+              out: TextIO) -> list[PullResult]:
+    """`kit pull` on this host: the pinned models of the spec (or of one service), each pulled
+    once (through a remote engine: kit/stack/remote_pull.py)."""
+    cache = HashCache(layout.weights_hashes)
+    return [pull_model(locked, model_dir(spec.models_root, s), cache, out)
+            for s, locked in models_to_pull(spec, layout, service).values()]

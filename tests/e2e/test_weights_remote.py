@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from kit.stack.remote_pull import helper_name
 from kit.weights.lock import read_lock
-from kit.weights.remote_pull import helper_name
 from tests.support.hub_standin import HubStandin, small_model
 from tests.support.live_stack import SERVICE, LiveSite, checked, kit, write_spec
 from tests.support.pinned_site import MODEL, kit_process
@@ -37,6 +37,7 @@ SECRET = "hf_e2eRemotePullSecret42"
 # The client writes a response in 10 MiB pieces: with 12 MiB shards the first piece is 42 % of
 # the model, and at 1 MiB/s the rest of that shard takes 2 s, time for Ctrl-C to land mid-file.
 SHARD_BYTES = 12 << 20
+PIECE = 10 << 20  # huggingface_hub's DOWNLOAD_CHUNK_SIZE (a write may be seen half-done)
 SLOW = 1 << 20
 NO_ROUTE = "http://192.0.2.1:8080"  # TEST-NET-1: the second host has no route to it
 
@@ -121,7 +122,7 @@ def test_the_remote_host_pulls_resumes_verifies_and_serves(
     process = kit_process("pull", spec, env=env)
     deadline = time.monotonic() + 120
     env_seen, token_mode = None, None
-    while _size(staging / ".kit-partial") == 0 and time.monotonic() < deadline \
+    while _size(staging / ".kit-partial") < PIECE and time.monotonic() < deadline \
             and process.poll() is None:
         if env_seen is None and helper_name("rpull1") in helpers_left(remote):
             container = remote.client.containers.get(helper_name("rpull1"))

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from kit.weights.lock import read_lock, write_lock
-from kit.weights.remote_pull import helper_name
-from kit.weights.remote_pull import token as hub_token
+from kit.stack.remote_pull import _Events, _failure, helper_name
+from kit.stack.remote_pull import token as hub_token
+from kit.weights.lock import LockedFile, LockedModel, read_lock, write_lock
 from tests.support.cli import run_kit
 from tests.support.fake_engine import FakeEngine
 from tests.support.hub_standin import HubStandin, small_model
@@ -29,6 +29,7 @@ HELPER = helper_name("pin01")
 BIG = "acme/big"
 SECRET = "hf_remotePullSecret123"
 SHARD_BYTES = 21 << 19  # 10.5 MiB
+PIECE = 10 << 20  # what the client writes at once (huggingface_hub's DOWNLOAD_CHUNK_SIZE)
 
 
 @pytest.fixture
@@ -108,7 +109,7 @@ def test_an_interrupted_remote_pull_resumes_with_a_range(tmp_path: Path, hub: Hu
     runner = threading.Thread(target=lambda: outcome.append(run_kit("pull", spec)))
     runner.start()
     deadline = time.monotonic() + 60
-    while _bytes(staging / ".kit-partial") == 0 and time.monotonic() < deadline:
+    while _bytes(staging / ".kit-partial") < PIECE and time.monotonic() < deadline:
         time.sleep(0.02)
     remote.remove(HELPER)  # what kit's `finally` does on Ctrl-C: the fetcher is killed
     runner.join(30)
@@ -178,9 +179,6 @@ def test_disk_full_is_named(tmp_path: Path) -> None:
     """The fetcher names ENOSPC as disk_full; kit says which folder on which host is full."""
     fetcher = import_module("kit.templates.weights_fetch")
     assert fetcher.kind_of(OSError(errno.ENOSPC, "No space left on device")) == "disk_full"
-    from kit.weights.lock import LockedFile, LockedModel
-    from kit.weights.remote_pull import _Events, _failure
-
     events = _Events("acme/tiny@main", io.StringIO())
     events.feed(b'KIT-PULL {"event": "error", "kind": "disk_full", "detail": "OSError: [Errno '
                 b'28] No space left on device", "path": ""}\n')

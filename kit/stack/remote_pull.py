@@ -26,10 +26,13 @@ from typing import TYPE_CHECKING, TextIO
 
 from kit.engine.desired import Mount
 from kit.errors import BadInput, KitError
+from kit.layout import SiteLayout
 from kit.plan.build import MODELS_MOUNT
+from kit.spec.model import Spec
+from kit.stack.preflight import show_pull
 from kit.weights import hub
-from kit.weights.lock import STAGING_NAME, LockedModel
-from kit.weights.pull import Progress, PullResult, staging_folder
+from kit.weights.lock import STAGING_NAME, LockedModel, pinned_relative
+from kit.weights.pull import Progress, PullResult, models_to_pull, staging_folder
 
 if TYPE_CHECKING:
     from kit.engine.docker_api import Engine
@@ -99,6 +102,15 @@ def job_archive(job_text: str, hub_token: str | None) -> bytes:
     return buffer.getvalue()
 
 
+def pull_site_remote(engine: Engine, spec: Spec, layout: SiteLayout, service: str | None,
+                     out: TextIO) -> list[PullResult]:
+    """`kit pull` through a remote engine: the models kit pull would fetch here
+    (kit.weights.pull.models_to_pull), each fetched and verified on the engine's host."""
+    return [pull_remote(engine, spec.images.vllm, spec.site, locked, spec.models_root,
+                        str(pinned_relative(s)), out)
+            for s, locked in models_to_pull(spec, layout, service).values()]
+
+
 def pull_remote(engine: Engine, image: str, site: str, locked: LockedModel, models_root: Path,
                 relative: str, out: TextIO) -> PullResult:
     """Pull one locked model into `models_root/relative` on the engine's host."""
@@ -151,8 +163,6 @@ def _ensure_image(engine: Engine, image: str, out: TextIO) -> None:
     """The vLLM image on the server: pulled there, by its engine, when it is missing."""
     if engine.image_id(image) is not None:
         return
-    from kit.stack.preflight import show_pull  # the image pull's one progress display
-
     out.write(f"image {image} is not on {engine.address}: pulling it there\n")
     show_pull(image, engine.pull(image), out)
 
