@@ -239,32 +239,28 @@ def _failure(events: _Events, code: int | None, locked: LockedModel, models_root
                         + (f": {tail}" if tail else ""),
                         fix=f"run `kit pull` again: it resumes from the bytes already there "
                         f"(and make sure {image} has python3)")
-    if kind == "unreachable":
-        return KitError(f"{what}: cannot reach {hub_endpoint} {where} ({detail})",
-                        fix="give that server a route to the Hub (or its proxy), or set "
-                        "HF_ENDPOINT to a mirror it reaches; the partial bytes are kept")
-    if kind == "unauthorized":
-        return BadInput(f"{what}: {hub_endpoint} refused access {where}: HF_TOKEN is wrong "
-                        f"or unset, or may not read this model (private or gated) ({detail})",
-                        fix=hub.TOKEN_FIX)
-    if kind == "not_found":
-        return BadInput(f"{what}: no such model or revision on {hub_endpoint} (or it is "
-                        f"private) ({detail})", fix="fix services[].model, or " + hub.TOKEN_FIX)
-    if kind == "entry_not_found":
-        return KitError(f"{what}: the file is not at that commit on {hub_endpoint}",
-                        fix="run `kit lock` again: the lock file names a file the Hub does not "
-                        "have")
-    if kind == "disk_full":
-        return KitError(f"{what}: models_root {models_root} {where} is full ({detail})",
-                        fix="free space there (the model needs "
-                        f"{locked.total_bytes / 1e9:.2f} GB), then run `kit pull` again: it "
-                        "resumes")
-    if kind == "mismatch":
-        return KitError(f"{what}: {detail} {where}",
-                        fix="check HF_ENDPOINT (a mirror serving other bytes?); if the "
-                        "repository changed, run `kit lock` and review the diff")
-    if kind == "conflict":
-        return KitError(f"{detail} under {models_root} {where}",
-                        fix="remove the one you do not want there, then run `kit pull` again")
-    return KitError(f"{what}: the fetch {where} failed: {detail}",
-                    fix="run `kit pull` again (it resumes); check HF_ENDPOINT and HF_TOKEN")
+    named: dict[str, tuple[type[KitError], str, str]] = {  # kind → (exit code's class, …)
+        "unreachable": (KitError, f"cannot reach {hub_endpoint} {where} ({detail})",
+                        "give that server a route to the Hub (or its proxy), or set "
+                        "HF_ENDPOINT to a mirror it reaches; the partial bytes are kept"),
+        "unauthorized": (BadInput, f"{hub_endpoint} refused access {where}: HF_TOKEN is wrong "
+                         f"or unset, or may not read this model (private or gated) ({detail})",
+                         hub.TOKEN_FIX),
+        "not_found": (BadInput, f"no such model or revision on {hub_endpoint} (or it is "
+                      f"private) ({detail})", "fix services[].model, or " + hub.TOKEN_FIX),
+        "entry_not_found": (KitError, f"the file is not at that commit on {hub_endpoint}",
+                            "run `kit lock` again: the lock file names a file the Hub does "
+                            "not have"),
+        "disk_full": (KitError, f"models_root {models_root} {where} is full ({detail})",
+                      f"free space there (the model needs {locked.total_bytes / 1e9:.2f} GB), "
+                      "then run `kit pull` again: it resumes"),
+        "mismatch": (KitError, f"{detail} {where}",
+                     "check HF_ENDPOINT (a mirror serving other bytes?); if the repository "
+                     "changed, run `kit lock` and review the diff"),
+        "conflict": (KitError, f"{detail} under {models_root} {where}",
+                     "remove the one you do not want there, then run `kit pull` again"),
+    }
+    kind_of, message, fix = named.get(kind, (
+        KitError, f"the fetch {where} failed: {detail}",
+        "run `kit pull` again (it resumes); check HF_ENDPOINT and HF_TOKEN"))
+    return kind_of(f"{what}: {message}", fix=fix)

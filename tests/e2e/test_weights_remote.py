@@ -28,7 +28,7 @@ from kit.weights.lock import read_lock
 from tests.support.hub_standin import HubStandin, small_model
 from tests.support.live_stack import SERVICE, LiveSite, checked, kit, write_spec
 from tests.support.pinned_site import MODEL, kit_process
-from tests.support.remote_host import LOCAL_IP, REMOTE_IP, RemoteHost, remote_host
+from tests.support.remote_host import LOCAL_IP, REMOTE_IP, RemoteHost, operated_host
 
 pytestmark = pytest.mark.e2e
 
@@ -44,11 +44,7 @@ NO_ROUTE = "http://192.0.2.1:8080"  # TEST-NET-1: the second host has no route t
 
 @pytest.fixture(scope="module")
 def remote(tmp_path_factory, docker_client, test_images) -> Iterator[RemoteHost]:
-    images = [test_images["vllm"], test_images["nginx"]]
-    with remote_host(tmp_path_factory.mktemp("remote"), docker_client, images) as host, \
-            pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HOME", str(host.home))
-        patch.delenv("SSH_AUTH_SOCK", raising=False)
+    with operated_host(tmp_path_factory.mktemp("remote"), docker_client, test_images) as host:
         yield host
 
 

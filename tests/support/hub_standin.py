@@ -145,6 +145,8 @@ def _serve(hub: HubStandin, host: str, *, storage: bool) -> ThreadingHTTPServer:
     handler = type("Handler", (_StorageHandler if storage else _HubHandler,), {"hub": hub})
     server = ThreadingHTTPServer((host, 0), handler)
     server.daemon_threads = True
+    # a client gone mid-request (an interrupted pull) is expected: no traceback on stderr
+    server.handle_error = lambda request, address: None  # type: ignore[method-assign]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
