@@ -41,9 +41,13 @@ class Refused(Exception):
         self.kind, self.detail, self.path = kind, detail, path
 
 
+SAYING = threading.Lock()  # the reporter thread and the main one write whole lines
+
+
 def say(event, **fields):
-    sys.stdout.write(MARK + json.dumps({"event": event, **fields}) + "\n")
-    sys.stdout.flush()
+    with SAYING:
+        sys.stdout.write(MARK + json.dumps({"event": event, **fields}) + "\n")
+        sys.stdout.flush()
 
 
 def sha256_of(path):
