@@ -25,14 +25,7 @@ from kit.errors import BadInput, KitError
 from kit.layout import SiteLayout
 from kit.spec.model import Service, Spec
 from kit.weights import hub
-from kit.weights.lock import (
-    STAGING_NAME,
-    LockedFile,
-    LockedModel,
-    locked_for,
-    model_dir,
-    read_lock,
-)
+from kit.weights.lock import STAGING_NAME, LockedFile, LockedModel, locked_for, model_dir, read_lock
 from kit.weights.verify import HashCache, check_folder, folder_files, hash_files
 
 REPORT_SECONDS = 5.0  # a progress line this often when the output is no terminal
