@@ -5,6 +5,9 @@ cross the operator's machine.
 
     python3 weights_fetch.py JOB.json MODELS_ROOT
 
+With `"check": true` in the job it fetches nothing and changes nothing: it reports what differs
+between the model's folder and the lock file (`kit up` through a remote engine).
+
 JOB.json (written by kit, kit/stack/remote_pull.py, which makes every decision): the Hub
 endpoint, the model, the locked commit, every locked file (path, size, sha256), and the final,
 staging and partial folders relative to MODELS_ROOT. A file `token` beside JOB.json (mode 0400,
@@ -82,15 +85,30 @@ def files_under(folder, skip=None):
     return found
 
 
-def matches(folder, files):
-    """Whether `folder` holds exactly the locked files (sizes, then sha256)."""
+def differences(folder, files):
+    """What differs between `folder` and the locked files, one entry per file: absent (no
+    folder), missing, extra, not_a_file, size (with the size), sha256 (with the sha256)."""
+    if not os.path.isdir(folder):
+        return [{"path": ".", "kind": "absent"}]
     present = files_under(folder)
-    if set(present) != set(files) or any(
-            not os.path.isfile(present[p]) or os.path.getsize(present[p]) != files[p]["size"]
-            for p in files):
-        return False
-    hashes = hash_all([present[p] for p in files])
-    return all(hashes[present[p]] == files[p]["sha256"] for p in files)
+    found = [{"path": p, "kind": "missing"} for p in sorted(files) if p not in present]
+    found += [{"path": p, "kind": "extra"} for p in sorted(present) if p not in files]
+    same_size = []
+    for path in sorted(p for p in files if p in present):
+        if not os.path.isfile(present[path]) or os.path.islink(present[path]):
+            found.append({"path": path, "kind": "not_a_file"})
+        elif os.path.getsize(present[path]) != files[path]["size"]:
+            found.append({"path": path, "kind": "size", "size": os.path.getsize(present[path])})
+        else:
+            same_size.append(path)
+    hashes = hash_all([present[p] for p in same_size])
+    found += [{"path": p, "kind": "sha256", "sha256": hashes[present[p]]} for p in same_size
+              if hashes[present[p]] != files[p]["sha256"]]
+    return found
+
+
+def matches(folder, files):
+    return not differences(folder, files)
 
 
 def size_of(path):
@@ -236,7 +254,11 @@ def main():
         with open(token_path) as stream:
             token = stream.read().strip() or None
     try:
-        say("result", **pull(job, root, token))
+        if job.get("check"):  # kit up: only what differs, nothing fetched or changed
+            files = {f["path"]: f for f in job["files"]}
+            say("result", problems=differences(os.path.join(root, job["folder"]), files))
+        else:
+            say("result", **pull(job, root, token))
     except Refused as refused:
         say("error", kind=refused.kind, detail=refused.detail, path=refused.path)
         sys.exit(FAILED)

@@ -24,14 +24,15 @@ from importlib import resources
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, TextIO
 
-from kit.engine.desired import Mount
+from kit.engine.desired import Mount, ServiceState
 from kit.errors import BadInput, KitError
 from kit.layout import SiteLayout
 from kit.plan.build import MODELS_MOUNT
+from kit.site import Site
 from kit.spec.model import Spec
-from kit.stack.preflight import show_pull
+from kit.stack.preflight import model_below, show_pull
 from kit.weights import hub
-from kit.weights.lock import STAGING_NAME, LockedModel, pinned_relative
+from kit.weights.lock import STAGING_NAME, LockedModel, locked_for, pinned_relative, read_lock
 from kit.weights.pull import Progress, PullResult, models_to_pull, staging_folder
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ SCRIPT = "weights_fetch.py"
 JOB_FOLDER = "kit-pull"  # in the container: /kit-pull/{weights_fetch.py,job.json,token}
 MARK = "KIT-PULL "  # the fetcher's event lines (templates/weights_fetch.py)
 WAIT_S = 60  # for the container's exit once its log has ended
+FETCHER_ARGV = ["python3", f"/{JOB_FOLDER}/{SCRIPT}", f"/{JOB_FOLDER}/job.json", MODELS_MOUNT]
 # what may reach the container: a token of the Hub's alphabet, an http(s) endpoint URL
 TOKEN = re.compile(r"[A-Za-z0-9_.\-]{1,512}")
 ENDPOINT = re.compile(r"https?://[A-Za-z0-9.\-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~\-/]*)?")
@@ -120,16 +122,32 @@ def pull_remote(engine: Engine, image: str, site: str, locked: LockedModel, mode
     staging = PurePosixPath(staging_folder(Path(relative)).as_posix())
     hub_endpoint = endpoint()
     archive = job_archive(json.dumps(job(locked, folder, staging, hub_endpoint)), token())
-    name = helper_name(site)
-    argv = ["python3", f"/{JOB_FOLDER}/{SCRIPT}", f"/{JOB_FOLDER}/job.json", MODELS_MOUNT]
     environment = {"HF_ENDPOINT": hub_endpoint, "HF_HUB_DISABLE_TELEMETRY": "1",
                    "HF_HUB_DISABLE_PROGRESS_BARS": "1", "PYTHONUNBUFFERED": "1"}
     events = _Events(locked.key, out)
+    code = _run_fetcher(engine, helper_name(site), image, models_root, archive, events,
+                        fetching=True, environment=environment)
+    result = events.result
+    if events.error is not None or result is None or code != 0:
+        raise _failure(events, code, locked, models_root, engine.address, image, hub_endpoint)
+    removed = result.get("removed")
+    return PullResult(locked.key, models_root / relative, fetched=_count(result, "fetched"),
+                      kept=_count(result, "kept"),
+                      removed=[str(p) for p in removed] if isinstance(removed, list) else [],
+                      downloaded=_count(result, "downloaded"),
+                      seconds=time.monotonic() - started)
+
+
+def _run_fetcher(engine: Engine, name: str, image: str, models_root: Path, archive: bytes,
+                 events: _Events, *, fetching: bool, environment: dict[str, str]) -> int | None:
+    """The fetcher run once in a throwaway container (removed whatever happens), its events
+    fed to `events`; its exit code, None when the container was removed under it. Fetching:
+    the host's network and models_root writable; checking: no network, read-only."""
     try:
         try:
-            engine.helper_start(name, image, argv, host_network=True, files=archive,
-                                environment=environment,
-                                binds=(Mount("bind", str(models_root), MODELS_MOUNT, False),))
+            engine.helper_start(name, image, FETCHER_ARGV, host_network=fetching, files=archive,
+                                environment=environment, binds=(
+                                    Mount("bind", str(models_root), MODELS_MOUNT, not fetching),))
         except KitError as error:
             if "bind source path does not exist" in error.message:
                 raise BadInput(f"models_root {models_root} does not exist on the engine's host "
@@ -141,22 +159,68 @@ def pull_remote(engine: Engine, image: str, site: str, locked: LockedModel, mode
             for chunk in engine.log_stream(name, follow=True, tail="all"):
                 events.feed(chunk)
         try:
-            code: int | None = engine.helper_wait(name, WAIT_S)[0]
+            return engine.helper_wait(name, WAIT_S)[0]
         except KitError:
             if events.result is not None or events.error is not None:
                 raise
-            code = None  # removed under it (another kit, `docker rm -f`, the engine restarted)
+            return None  # removed under it (another kit, `docker rm -f`, the engine restarted)
     finally:
         engine.remove(name)
-    result = events.result
-    if events.error is not None or result is None or code != 0:
-        raise _failure(events, code, locked, models_root, engine.address, image, hub_endpoint)
-    removed = result.get("removed")
-    return PullResult(locked.key, models_root / relative, fetched=_count(result, "fetched"),
-                      kept=_count(result, "kept"),
-                      removed=[str(p) for p in removed] if isinstance(removed, list) else [],
-                      downloaded=_count(result, "downloaded"),
-                      seconds=time.monotonic() - started)
+
+
+def check_pinned_remote(engine: Engine, site: Site, services: list[ServiceState]) -> None:
+    """`kit up` through a remote engine, before anything starts: each pinned folder a starting
+    service serves checked against site.lock on the engine's host (the fetcher, without network,
+    models_root read-only: nothing is fetched or changed); BadInput naming every file that
+    differs, with `kit pull SERVICE` as the fix."""
+    pinned = {str(pinned_relative(s)): s for s in site.spec.services if s.revision is not None}
+    serving = sorted({str(model_below(s, MODELS_MOUNT)) for s in services} & pinned.keys())
+    if not serving:
+        return
+    lock = read_lock(site.layout.lock_file)
+    problems = []
+    for relative in serving:
+        service = pinned[relative]
+        locked = locked_for(lock, site.layout.lock_file, service)
+        folder = PurePosixPath(relative)
+        check = {**job(locked, folder, folder, ""), "check": True}
+        events = _Events(locked.key, io.StringIO())
+        code = _run_fetcher(engine, helper_name(site.spec.site), site.spec.images.vllm,
+                            site.spec.models_root, job_archive(json.dumps(check), None), events,
+                            fetching=False, environment={})
+        found = (events.result or {}).get("problems")
+        if code != 0 or not isinstance(found, list):
+            raise _failure(events, code, locked, site.spec.models_root, engine.address,
+                           site.spec.images.vllm, "")
+        where = f"{site.spec.models_root}/{relative}"
+        problems += [f"service {service.name}: {_difference(where, item, locked)}"
+                     for item in found if isinstance(item, dict)]
+    if problems:
+        raise BadInput(f"pinned model folders on the engine's host {engine.address} do not "
+                       "match site.lock:\n  " + "\n  ".join(problems),
+                       fix="run `kit pull` (it fetches missing and changed files again on that "
+                       "host and removes extra ones), then `kit up`")
+
+
+def _difference(folder: str, item: dict, locked: LockedModel) -> str:
+    """One difference the fetcher reported, in the words of kit.weights.verify."""
+    path = PRINTABLE.sub(" ", str(item.get("path", "")))[:300]
+    expected = {f.path: f for f in locked.files}.get(path)
+    says = (f" (the lock file says {expected.size} bytes, sha256 {expected.sha256[:12]}…)"
+            if expected else "")
+    kind = item.get("kind")
+    if kind == "absent":
+        return f"{folder} does not exist (the model is not pulled)"
+    if kind == "extra":
+        return (f"{folder}/{path} is not in the lock file (a stale or foreign file; vLLM may "
+                "load it)")
+    if kind == "size":
+        return f"{folder}/{path} has {_count(item, 'size')} bytes{says}"
+    if kind == "sha256":
+        return f"{folder}/{path} has sha256 {str(item.get('sha256'))[:12]}…{says}"
+    if kind == "not_a_file":
+        return f"{folder}/{path} is not a regular file"
+    return f"{folder}/{path} is missing{says}"
 
 
 def _ensure_image(engine: Engine, image: str, out: TextIO) -> None:

@@ -21,6 +21,7 @@ from kit.site import Site
 from kit.stack.apply import Executor
 from kit.stack.preflight import preflight
 from kit.stack.reconcile import Action, changes, starting_services, up_actions
+from kit.stack.remote_pull import check_pinned_remote
 from kit.stack.rollout import downtime_notes, record_start_times
 from kit.stack.wait import wait_healthy
 from kit.stack.worker_nodes import WorkerEngines, WorkerFailed, worker_nodes
@@ -122,6 +123,8 @@ def converge(
     node_actions = [action for plan in plans for action in plan.actions]
     if actions or node_actions:
         preflight(engine, site, observed, actions, report)
+        if not engine.is_local:  # a local engine's folders are checked with the spec
+            check_pinned_remote(engine, site, starting_services(actions))
         if nodes:
             nodes.preflight(plans, engine, actions, report)
         if site_volumes(site.desired):
