@@ -8,7 +8,8 @@ One walk through: no route to the Hub and a full disk are named; a pull stopped 
 about half-way leaves no container and resumes (the bytes not sent twice, counted by the Hub
 stand-in) and verifies; the token sits only in a 0400 file of the container, never in its
 `docker inspect` environment; `kit fleet DIR pull` with this machine's engine and the remote one
-is green; then `kit up` there serves the pulled folder through its front door.
+is green; then `kit up` there serves the pulled folder through its front door, and after a
+flipped byte in that host's folder refuses to start it, naming the file (checked there).
 """
 
 from __future__ import annotations
@@ -181,6 +182,16 @@ def test_the_remote_host_pulls_resumes_verifies_and_serves(
         served = remote.client.containers.get(f"rpull1-{SERVICE}-1")
         assert served.attrs["Config"]["Cmd"][0] == f"/models/{MODEL}@{commit}"
         assert site.status(credentials=site.basic("ops")) == 200
+        # a flipped byte there: the next start is refused on that host's evidence, by name
+        checked(site.kit("down"))
+        shard = folder / "model-00002-of-00002.safetensors"
+        data = bytearray(shard.read_bytes())
+        data[100] ^= 1
+        shard.write_bytes(bytes(data))
+        refused = site.kit("up")
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert f"service {SERVICE}: {shard} has sha256" in refused.stderr, refused.stderr
+        assert f"rpull1-{SERVICE}-1" not in {c.name for c in remote.client.containers.list()}
     finally:
         site.kit("down")
 

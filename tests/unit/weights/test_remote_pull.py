@@ -3,7 +3,8 @@ fake_engine.py) runs the helper's argv on this host with the bind and the copied
 rebased, so kit's own fetcher (templates/weights_fetch.py) really downloads from the Hub
 stand-in. What kit asks of the engine is checked: the vLLM image, the server's own network,
 models_root writable at /models, the token only in a 0400 file, the container removed
-whatever happens; and each failure is named with the local pull's exit codes."""
+whatever happens; and each failure is named with the local pull's exit codes. `kit up`
+through a remote engine checks a pinned folder there with the same fetcher."""
 
 import errno
 import hashlib
@@ -16,13 +17,16 @@ from pathlib import Path
 
 import pytest
 
+from kit.errors import BadInput
+from kit.site import Site
 from kit.stack.remote_pull import _Events, _failure, helper_name
 from kit.stack.remote_pull import token as hub_token
 from kit.weights.lock import LockedFile, LockedModel, read_lock, write_lock
 from tests.support.cli import run_kit
-from tests.support.fake_engine import FakeEngine
+from tests.support.fake_engine import FakeEngine, engine_with_images
+from tests.support.fake_stack import REMOTE_ENGINE, up
 from tests.support.hub_standin import HubStandin, small_model
-from tests.support.pinned_site import MODEL, pinned_spec, pulled_folder
+from tests.support.pinned_site import MODEL, pinned_on_disk, pinned_spec, pulled_folder
 
 IMAGE = "vllm/vllm-openai:v0.33.0"
 HELPER = helper_name("pin01")
@@ -188,3 +192,31 @@ def test_disk_full_is_named(tmp_path: Path) -> None:
     assert error.message.startswith("acme/tiny@main: models_root /srv/models on the engine's "
                                     "host ssh://ops@gpu1 is full")
     assert "needs 2.00 GB" in str(error.fix)
+
+
+def test_up_through_a_remote_engine_checks_the_pinned_folder_there(tmp_path: Path) -> None:
+    """`kit up` runs the fetcher in check mode on the engine's host (no network, read-only):
+    a matching folder starts; a flipped byte is refused naming the file, nothing created."""
+    spec = pinned_spec(tmp_path)
+    pinned_on_disk(tmp_path / "models", spec.parent)
+    spec.write_text(spec.read_text() + f"engine: {REMOTE_ENGINE}\n")
+    engine = engine_with_images()
+    engine.run_helpers = True
+    up(Site.load(spec), engine)
+    check = helper_name("pin01")
+    argv, binds, host_network = engine.last_helper[check]
+    assert not host_network and [(b.target, b.read_only) for b in binds] == [("/models", True)]
+    assert "kit-pull/token" not in engine.helper_files[check]
+    assert json.loads(engine.helper_files[check]["kit-pull/job.json"][1])["check"] is True
+    shard = pulled_folder(tmp_path) / "model-00002-of-00002.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 1
+    shard.write_bytes(bytes(data))
+    engine = engine_with_images()
+    engine.run_helpers = True
+    with pytest.raises(BadInput) as refused:
+        up(Site.load(spec), engine)
+    assert f"service tiny: {pulled_folder(tmp_path)}/model-00002-of-00002.safetensors has " \
+        "sha256" in refused.value.message
+    assert "run `kit pull`" in str(refused.value.fix)
+    assert [n for n in engine.names() if not n.endswith("kit-pull")] == []  # nothing created
