@@ -117,11 +117,11 @@ def pull_remote(engine: Engine, image: str, site: str, locked: LockedModel, mode
                 relative: str, out: TextIO) -> PullResult:
     """Pull one locked model into `models_root/relative` on the engine's host."""
     started = time.monotonic()
-    _ensure_image(engine, image, out)
+    hub_endpoint, hub_token = endpoint(), token()  # refused before anything runs
     folder = PurePosixPath(relative)
     staging = PurePosixPath(staging_folder(Path(relative)).as_posix())
-    hub_endpoint = endpoint()
-    archive = job_archive(json.dumps(job(locked, folder, staging, hub_endpoint)), token())
+    archive = job_archive(json.dumps(job(locked, folder, staging, hub_endpoint)), hub_token)
+    _ensure_image(engine, image, out)
     environment = {"HF_ENDPOINT": hub_endpoint, "HF_HUB_DISABLE_TELEMETRY": "1",
                    "HF_HUB_DISABLE_PROGRESS_BARS": "1", "PYTHONUNBUFFERED": "1"}
     events = _Events(locked.key, out)
