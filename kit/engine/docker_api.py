@@ -457,19 +457,26 @@ class Engine:
             self.remove(name)
 
     def helper_start(self, name: str, image: str, argv: list[str], *,
-                     binds: tuple[MountState, ...] = (), host_network: bool = False) -> None:
+                     binds: tuple[MountState, ...] = (), host_network: bool = False,
+                     files: bytes | None = None, environment: dict[str, str] | None = None,
+                     ) -> None:
         """Start `argv` in a throwaway container (a fixed name: a leftover is replaced) with
-        read-only `binds`, on the host's network or none; `helper_wait` collects it."""
+        `binds` (read-only unless a bind says otherwise), on the host's network or none, with
+        the tar `files` unpacked at / before it starts (secrets go this way: `docker inspect`
+        shows the environment, not the files); `helper_wait` collects it."""
         self.remove(name)
         with self._errors(f"starting a helper container {name}"):
             self._api.create_container(
                 image=image, name=name, entrypoint=argv[:1], command=argv[1:],
+                environment=[f"{key}={value}" for key, value in (environment or {}).items()],
                 host_config=self._api.create_host_config(
                     network_mode="host" if host_network else "none",
-                    mounts=[Mount(m.target, m.source, type="bind", read_only=True)
+                    mounts=[Mount(m.target, m.source, type="bind", read_only=m.read_only)
                             for m in binds],
                 ),
             )
+            if files is not None:
+                self._api.put_archive(name, "/", files)
             self._api.start(name)
 
     def helper_wait(self, name: str, timeout: float) -> tuple[int, str]:

@@ -28,6 +28,7 @@ from kit.stack.reconcile import (
     up_actions,
     with_adapter_actions,
 )
+from kit.stack.remote_pull import check_pinned_remote
 from kit.stack.rollout import downtime_notes, record_start_times
 from kit.stack.wait import wait_healthy
 from kit.stack.worker_nodes import WorkerEngines, WorkerFailed, worker_nodes
@@ -131,6 +132,8 @@ def converge(
     node_actions = [action for plan in plans for action in plan.actions]
     if actions or node_actions:
         preflight(engine, site, observed, actions, report)
+        if not engine.is_local:  # a local engine's folders are checked with the spec
+            check_pinned_remote(engine, site, starting_services(actions))
         if nodes:
             nodes.preflight(plans, engine, actions, report)
         if site_volumes(site.desired):

@@ -23,7 +23,7 @@ from typing import TextIO
 
 from kit.errors import BadInput, KitError
 from kit.layout import SiteLayout
-from kit.spec.model import Spec
+from kit.spec.model import Service, Spec
 from kit.weights import hub
 from kit.weights.lock import STAGING_NAME, LockedFile, LockedModel, locked_for, model_dir, read_lock
 from kit.weights.verify import HashCache, check_folder, folder_files, hash_files
@@ -185,9 +185,10 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def pull_site(spec: Spec, layout: SiteLayout, service: str | None,
-              out: TextIO) -> list[PullResult]:
-    """`kit pull`: the pinned models of the spec (or of one service), each pulled once."""
+def models_to_pull(spec: Spec, layout: SiteLayout, service: str | None
+                   ) -> dict[str, tuple[Service, LockedModel]]:
+    """The pinned models of the spec (or of one service), each once by its lock key, with a
+    service that pins it; BadInput for what kit pull refuses (nothing is fetched then)."""
     chosen = [s for s in spec.services if service in (None, s.name)]
     if service is not None and not chosen:
         raise BadInput(f"the spec has no service {service!r}",
@@ -203,10 +204,17 @@ def pull_site(spec: Spec, layout: SiteLayout, service: str | None,
                        fix="add `revision: <commit, branch or tag>` to a service with an org/name "
                        "model, run `kit lock`, then `kit pull` (docs/weights.md)")
     lock = read_lock(layout.lock_file)
-    cache = HashCache(layout.weights_hashes)
-    results: dict[str, PullResult] = {}
+    found: dict[str, tuple[Service, LockedModel]] = {}
     for s in pinned:
         locked = locked_for(lock, layout.lock_file, s)
-        if locked.key not in results:
-            results[locked.key] = pull_model(locked, model_dir(spec.models_root, s), cache, out)
-    return list(results.values())
+        found.setdefault(locked.key, (s, locked))
+    return found
+
+
+def pull_site(spec: Spec, layout: SiteLayout, service: str | None,
+              out: TextIO) -> list[PullResult]:
+    """`kit pull` on this host: the pinned models of the spec (or of one service), each pulled
+    once (through a remote engine: kit/stack/remote_pull.py)."""
+    cache = HashCache(layout.weights_hashes)
+    return [pull_model(locked, model_dir(spec.models_root, s), cache, out)
+            for s, locked in models_to_pull(spec, layout, service).values()]

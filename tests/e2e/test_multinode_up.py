@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.docker_engine import PROJECT_LABEL, remove_project
 from tests.support.live_stack import kit, write_multinode_spec
-from tests.support.remote_host import LOCAL_IP, REMOTE_IP, RemoteHost, remote_host
+from tests.support.remote_host import LOCAL_IP, REMOTE_IP, RemoteHost, operated_host
 
 pytestmark = pytest.mark.e2e
 
@@ -27,11 +27,7 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture
 def worker_host(tmp_path: Path, docker_client, test_images) -> Iterator[RemoteHost]:
     """The worker's server; kit runs with its HOME (key, known_hosts) and no ssh-agent."""
-    images = [test_images["vllm"], test_images["nginx"]]
-    with remote_host(tmp_path / "worker", docker_client, images) as host, \
-            pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HOME", str(host.home))
-        patch.delenv("SSH_AUTH_SOCK", raising=False)
+    with operated_host(tmp_path / "worker", docker_client, test_images) as host:
         yield host
 
 

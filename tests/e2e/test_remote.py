@@ -37,7 +37,7 @@ from tests.support.remote_host import (
     REMOTE_IP,
     SSH_PORT,
     RemoteHost,
-    remote_host,
+    operated_host,
     write_sshd_config,
 )
 from tests.support.sites import LLAMA_8B
@@ -56,11 +56,7 @@ TOKEN_INTERVAL_MS = 100
 @pytest.fixture(scope="module")
 def remote(tmp_path_factory, docker_client, test_images) -> Iterator[RemoteHost]:
     """The second host; kit runs with its HOME (key, known_hosts) and no ssh-agent."""
-    images = [test_images["vllm"], test_images["nginx"]]
-    with remote_host(tmp_path_factory.mktemp("remote"), docker_client, images) as host, \
-            pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HOME", str(host.home))
-        patch.delenv("SSH_AUTH_SOCK", raising=False)
+    with operated_host(tmp_path_factory.mktemp("remote"), docker_client, test_images) as host:
         yield host
 
 

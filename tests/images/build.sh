@@ -207,6 +207,29 @@ cp "$REPO/tests/standin/vllm" "$REPO/tests/standin/README.md" \
 mkdir "$work/vllm/standin/vllm_standin"
 cp "$REPO"/tests/standin/vllm_standin/*.py "$work/vllm/standin/vllm_standin/"
 ln -s /opt/vllm-standin/vllm "$work/vllm/bin/vllm"
+# huggingface_hub, as the real vLLM image carries it (pip-installed into its Python's
+# dist-packages; vLLM downloads models with it): `kit pull` through a remote engine runs kit's
+# fetcher (templates/weights_fetch.py) with the image's python3 and this library. The
+# wheels of the version kit itself uses, for the image's Python (Debian bookworm: 3.11) and
+# this machine, come from PyPI once and are cached; they are unpacked into the image's
+# dist-packages, which is what pip's install of a wheel does.
+HF_HUB_VERSION="2.4.0"
+arch="$(uname -m)"
+hf_wheels="$CACHE/huggingface-hub-$HF_HUB_VERSION-py311-$arch"
+if [ ! -d "$hf_wheels" ]; then
+    log "downloading huggingface_hub $HF_HUB_VERSION for the vLLM stand-in (once)"
+    rm -rf "$hf_wheels.part"
+    python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
+        --python-version 3.11 --implementation cp --abi cp311 --abi abi3 --abi none \
+        --platform "manylinux_2_28_$arch" --platform "manylinux_2_17_$arch" \
+        --platform "manylinux2014_$arch" --dest "$hf_wheels.part" \
+        "huggingface_hub==$HF_HUB_VERSION" >&2
+    mv "$hf_wheels.part" "$hf_wheels"
+fi
+mkdir -p "$work/vllm/site-packages"
+for wheel in "$hf_wheels"/*.whl; do
+    python3 -m zipfile -e "$wheel" "$work/vllm/site-packages/"
+done
 STANDIN_BASE="$(rootfs_image standin-base "$STANDIN_PACKAGES" "${CUSTOMIZE[@]}")"
 BASE="$STANDIN_BASE" build vllm-standin "$HERE/vllm-standin.Dockerfile" "$work/vllm" \
     "$VLLM_IMAGE" "${vllm_tags[@]}"

@@ -17,6 +17,7 @@ import copy
 import io
 import itertools
 import json
+import os
 import shutil
 import subprocess
 import tarfile
@@ -69,6 +70,13 @@ class FakeEngine:
         self.helpers: dict[str, tuple[list[str], tuple[Mount, ...], bool]] = {}  # running ones
         self.helper_results: dict[str, tuple[int, str]] = {}  # helper name → (code, log)
         self.run_helpers = False  # True: an unscripted helper really runs here, binds rebased
+        # a helper's `files` unpacked (its scratch root), its environment, its running process
+        self.last_helper: dict[str, tuple[list[str], tuple[Mount, ...], bool]] = {}
+        self.helper_roots: dict[str, Path] = {}
+        self.helper_env: dict[str, dict[str, str]] = {}
+        self.helper_runs: dict[str, subprocess.Popen] = {}
+        # helper name → path → (mode, content) of its files
+        self.helper_files: dict[str, dict[str, tuple[int, bytes]]] = {}
         # host port → why it does not answer (the engine's forwarder died); others answer
         self.dead_ports: dict[int, PortProblem] = {}
         self.knocked: list[tuple[str, int, str | None]] = []  # (address, port, TLS name)
@@ -289,6 +297,7 @@ class FakeEngine:
 
     def remove(self, container: str) -> None:
         self._call("remove", container)
+        self._end_helper(container)
         found = self._find(container)
         if found is not None:
             del self._containers[found.attrs["Id"]]
@@ -352,6 +361,9 @@ class FakeEngine:
 
     def log_stream(self, container_id: str, *, follow: bool, tail: int | str) -> Iterator[bytes]:
         self._call("log_stream", container_id)
+        if container_id in self.helpers and self.run_helpers:
+            yield from self._run_helper(container_id)
+            return
         log = self._get(container_id).log
         shown = log if tail == "all" else log[len(log) - int(tail):]
         yield from (f"{line}\n".encode() for _, line in shown)
@@ -386,25 +398,71 @@ class FakeEngine:
             shutil.rmtree(root)
 
     def helper_start(self, name: str, image: str, argv: list[str], *,
-                     binds: tuple[Mount, ...] = (), host_network: bool = False) -> None:
+                     binds: tuple[Mount, ...] = (), host_network: bool = False,
+                     files: bytes | None = None, environment: dict[str, str] | None = None,
+                     ) -> None:
+        """Records the helper; its `files` (a tar) are kept by path with their modes
+        (`helper_files`) and unpacked into a scratch root its argv is rebased into."""
         self._call("helper_start", name)
         if image not in self.images:
             raise _api_error(f"creating container {name}", f"No such image: {image}")
-        self.helpers[name] = (argv, binds, host_network)
+        self.helpers[name] = self.last_helper[name] = (argv, binds, host_network)
+        self.helper_env[name] = dict(environment or {})
+        if files is not None:
+            root = Path(tempfile.mkdtemp(prefix="fake-helper-"))
+            with tarfile.open(fileobj=io.BytesIO(files)) as tar:
+                self.helper_files[name] = {
+                    m.name: (m.mode, (tar.extractfile(m) or io.BytesIO()).read())
+                    for m in tar.getmembers() if m.isfile()}
+                tar.extractall(root, filter="fully_trusted")
+            self.helper_roots[name] = root
 
     def helper_wait(self, name: str, timeout: float) -> tuple[int, str]:
         """The scripted result for this helper (`helper_results`); else, with `run_helpers`, its
         argv run on this host as the engine's host (each bind's target read as its source);
         else exit 0, no output."""
         self._call("helper_wait", name)
-        argv, binds, _ = self.helpers.pop(name)
-        if name in self.helper_results or not self.run_helpers:
-            return self.helper_results.get(name, (0, ""))
+        if name not in self.helpers:
+            raise _api_error(f"waiting for the helper container {name}",
+                             f"No such container: {name}")
+        try:
+            if name in self.helper_results or not self.run_helpers:
+                return self.helper_results.get(name, (0, ""))
+            running = self.helper_runs.get(name)
+            if running is None:
+                output = b"".join(self._run_helper(name)).decode()
+                return self.helper_runs[name].wait(timeout), output
+            return running.wait(timeout), ""
+        finally:
+            self._end_helper(name)
+
+    def _run_helper(self, name: str) -> Iterator[bytes]:
+        """The helper's argv run on this host, its output as it comes (stdout and stderr)."""
+        argv, binds, _ = self.helpers[name]
+        root = self.helper_roots.get(name)
+        tops = {"/" + p.name for p in root.iterdir()} if root else set()
         rebased = [next((m.source + arg.removeprefix(m.target) for m in binds
-                         if arg == m.target or arg.startswith(m.target + "/")), arg)
+                         if arg == m.target or arg.startswith(m.target + "/")),
+                        next((f"{root}{arg}" for top in tops
+                              if arg == top or arg.startswith(top + "/")), arg))
                    for arg in argv]
-        done = subprocess.run(rebased, capture_output=True, text=True, timeout=timeout)
-        return done.returncode, done.stdout + done.stderr
+        process = subprocess.Popen(rebased, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   env={**os.environ, **self.helper_env.get(name, {})})
+        self.helper_runs[name] = process
+        assert process.stdout is not None
+        yield from process.stdout
+        process.wait()
+
+    def _end_helper(self, name: str) -> None:
+        """A helper removed: its process killed, its scratch root deleted."""
+        self.helpers.pop(name, None)
+        process = self.helper_runs.pop(name, None)
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+        root = self.helper_roots.pop(name, None)
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
 
     def bind_source_missing(self, name: str, image: str, mount: Mount) -> bool:
         self._call("bind_source_missing", mount.source)

@@ -14,8 +14,8 @@ loopback.
 
 With `token` set, the Hub side answers 401 without `Authorization: Bearer <token>`, and every
 request is recorded (`requests`) so a test can prove the storage host never saw the token and
-that a re-run asked for a Range. `bytes_per_second` throttles the storage host so a test can
-interrupt a pull half-way.
+that a re-run asked for a Range; `served_bytes` counts the model bytes sent.
+`bytes_per_second` throttles the storage host so a test can interrupt a pull half-way.
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ class HubStandin:
     bytes_per_second: float | None = None
     requests: list[Seen] = field(default_factory=list)
     blobs: dict[str, bytes] = field(default_factory=dict)  # the storage host's, by sha256
+    served_bytes: int = 0  # bytes of model files sent (resolve bodies, storage bodies)
 
     def add(self, repo_id: str, files: dict[str, bytes], *, branch: str = "main") -> str:
         """A new commit of `repo_id` holding `files`, the branch moved to it; its id."""
@@ -116,18 +117,20 @@ class HubStandin:
         repo.refs[branch] = commit
         return commit
 
-    def start(self) -> HubStandin:
-        self.hub = _serve(self, "127.0.0.1", storage=False)
-        self.storage = _serve(self, "127.0.0.2", storage=True)
+    def start(self, host: str = "127.0.0.1", storage_host: str = "127.0.0.2") -> HubStandin:
+        """Listening on `host` (the Hub) and `storage_host` (its CDN; another address, or the
+        same one on another port, is another host to the client)."""
+        self.hub = _serve(self, host, storage=False)
+        self.storage = _serve(self, storage_host, storage=True)
         return self
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.hub.server_port}"
+        return f"http://{self.hub.server_address[0]}:{self.hub.server_port}"
 
     @property
     def storage_url(self) -> str:
-        return f"http://127.0.0.2:{self.storage.server_port}"
+        return f"http://{self.storage.server_address[0]}:{self.storage.server_port}"
 
     def stop(self) -> None:
         for server in (self.hub, self.storage):
@@ -142,6 +145,8 @@ def _serve(hub: HubStandin, host: str, *, storage: bool) -> ThreadingHTTPServer:
     handler = type("Handler", (_StorageHandler if storage else _HubHandler,), {"hub": hub})
     server = ThreadingHTTPServer((host, 0), handler)
     server.daemon_threads = True
+    # a client gone mid-request (an interrupted pull) is expected: no traceback on stderr
+    server.handle_error = lambda request, address: None  # type: ignore[method-assign]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -232,6 +237,8 @@ class _HubHandler(_Handler):
             self._error(404, "EntryNotFound", f"{path} does not exist", commit)
             return
         if len(content) < LFS_MIN_BYTES:
+            if self.command == "GET":
+                self.hub.served_bytes += len(content)
             self._send(200, content, {"X-Repo-Commit": commit,
                                       "ETag": f'"{git_blob_id(content)}"',
                                       "Content-Type": "application/octet-stream"})
@@ -274,6 +281,7 @@ class _StorageHandler(_Handler):
         for at in range(0, len(body), step):
             try:
                 self.wfile.write(body[at:at + step])
+                self.hub.served_bytes += len(body[at:at + step])
             except OSError:
                 return  # the client went away (an interrupted pull)
             if self.hub.bytes_per_second:

@@ -229,6 +229,20 @@ def remote_host(base: Path, local_client: docker.DockerClient,
             host.stop_sshd()
 
 
+@contextlib.contextmanager
+def operated_host(base: Path, local_client: docker.DockerClient,
+                  test_images: dict[str, str]) -> Iterator[RemoteHost]:
+    """The second host with the test vLLM and nginx images, kit run as its operator: HOME
+    holding the key and known_hosts, no ssh-agent."""
+    import pytest
+
+    with remote_host(base, local_client, [test_images["vllm"], test_images["nginx"]]) as host, \
+            pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HOME", str(host.home))
+        patch.delenv("SSH_AUTH_SOCK", raising=False)
+        yield host
+
+
 def _kill_processes_in(namespace: str) -> None:
     """SIGKILL every process still in the namespace (all of them started by this fixture)."""
     try:

@@ -1,6 +1,7 @@
 """`kit pull` against the Hub stand-in: the model lands in <models_root>/<org>/<name>@<rev>,
 verified, and vLLM is told to serve that folder; an interrupted pull resumes with a Range
-request; a damaged folder is repaired file by file; a remote engine is refused."""
+request; a damaged folder is repaired file by file (through a remote engine:
+test_remote_pull.py)."""
 
 import signal
 import time
@@ -112,10 +113,6 @@ def test_refusals(tmp_path: Path, hub: HubStandin) -> None:
     assert offline.exit_code == 2, offline.output
     assert "offline: true: kit pull would download from the Hub" in offline.output
     assert not (tmp_path / "models" / "acme").exists()
-    spec.write_text(online + "engine: ssh://ops@gpu1.example\n")
-    remote = run_kit("pull", spec)
-    assert remote.exit_code == 2 and "not supported yet" in remote.output
-    assert "docs/weights.md" in remote.output
 
 
 def test_a_revision_on_a_local_folder_is_a_spec_error(tmp_path: Path) -> None:

@@ -1,0 +1,272 @@
+"""kit's fetcher of a pinned model on the GPU server itself (`kit pull` through a remote engine,
+docs/weights.md): run by the python3 of the vLLM image, which carries `huggingface_hub`, in a
+throwaway container with models_root bound and the server's own network, so the bytes never
+cross the operator's machine.
+
+    python3 weights_fetch.py JOB.json MODELS_ROOT
+
+With `"check": true` in the job it fetches nothing and changes nothing: it reports what differs
+between the model's folder and the lock file (`kit up` through a remote engine).
+
+JOB.json (written by kit, kit/stack/remote_pull.py, which makes every decision): the Hub
+endpoint, the model, the locked commit, every locked file (path, size, sha256), and the final,
+staging and partial folders relative to MODELS_ROOT. A file `token` beside JOB.json (mode 0400,
+copied into the container before it started) holds HF_TOKEN when there is one.
+
+The mechanics are kit pull's (kit/weights/pull.py): files go to the staging folder, each into
+the partial folder first and resumed from the bytes already there with an HTTP Range request;
+a file joins the staging folder only when its sha256 is the lock file's; the staging folder
+becomes the model's folder (one rename) only when it holds exactly the locked files. Output:
+one line per event on stdout, `KIT-PULL <json>`: `start`, `progress` (every half second),
+`result`, or `error` with a kind (unreachable, unauthorized, not_found, entry_not_found,
+disk_full, mismatch, conflict, http) that kit turns into the message and the exit code.
+"""
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
+
+MARK = "KIT-PULL "
+CHUNK = 8 << 20
+PROGRESS_SECONDS = 0.5
+FAILED = 3  # exit code after an `error` line
+
+
+class Refused(Exception):
+    def __init__(self, kind, detail, path=""):
+        super().__init__(detail)
+        self.kind, self.detail, self.path = kind, detail, path
+
+
+SAYING = threading.Lock()  # the reporter thread and the main one write whole lines
+
+
+def say(event, **fields):
+    with SAYING:
+        sys.stdout.write(MARK + json.dumps({"event": event, **fields}) + "\n")
+        sys.stdout.flush()
+
+
+def sha256_of(path):
+    digest = hashlib.sha256()
+    buffer = bytearray(CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as stream:
+        while True:
+            count = stream.readinto(buffer)
+            if not count:
+                return digest.hexdigest()
+            digest.update(view[:count])
+
+
+def hash_all(paths):
+    """sha256 of each path, in threads (hashlib releases the GIL), the largest first."""
+    ordered = sorted(paths, key=lambda p: -os.path.getsize(p))
+    with ThreadPoolExecutor(max(2, min(16, os.cpu_count() or 2))) as pool:
+        return dict(zip(ordered, pool.map(sha256_of, ordered)))
+
+
+def files_under(folder, skip=None):
+    """Relative '/'-paths of every file under `folder` (`skip`: a top-level folder left out)."""
+    found = {}
+    for root, dirs, names in os.walk(folder):
+        dirs.sort()
+        if root == folder and skip in dirs:
+            dirs.remove(skip)
+        for name in names + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            path = os.path.join(root, name)
+            found[os.path.relpath(path, folder).replace(os.sep, "/")] = path
+    return found
+
+
+def differences(folder, files):
+    """What differs between `folder` and the locked files, one entry per file: absent (no
+    folder), missing, extra, not_a_file, size (with the size), sha256 (with the sha256)."""
+    if not os.path.isdir(folder):
+        return [{"path": ".", "kind": "absent"}]
+    present = files_under(folder)
+    found = [{"path": p, "kind": "missing"} for p in sorted(files) if p not in present]
+    found += [{"path": p, "kind": "extra"} for p in sorted(present) if p not in files]
+    same_size = []
+    for path in sorted(p for p in files if p in present):
+        if not os.path.isfile(present[path]) or os.path.islink(present[path]):
+            found.append({"path": path, "kind": "not_a_file"})
+        elif os.path.getsize(present[path]) != files[path]["size"]:
+            found.append({"path": path, "kind": "size", "size": os.path.getsize(present[path])})
+        else:
+            same_size.append(path)
+    hashes = hash_all([present[p] for p in same_size])
+    found += [{"path": p, "kind": "sha256", "sha256": hashes[present[p]]} for p in same_size
+              if hashes[present[p]] != files[p]["sha256"]]
+    return found
+
+
+def matches(folder, files):
+    return not differences(folder, files)
+
+
+def size_of(path):
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+class Reporter(threading.Thread):
+    """The bytes on disk of the files being fetched, every half second."""
+
+    def __init__(self, paths):
+        super().__init__(daemon=True)
+        self.paths, self.stop = paths, threading.Event()
+
+    def current(self):
+        return sum(size_of(partial) + size_of(final) for partial, final in self.paths)
+
+    def run(self):
+        while not self.stop.wait(PROGRESS_SECONDS):
+            say("progress", done=self.current())
+
+
+def fetch(job, item, partial, token):
+    """One file at the locked commit into `partial`, resumed; its sha256 when complete."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers
+
+    endpoint = job["endpoint"]
+    url = hf_hub_url(job["model"], item["path"], revision=job["commit"], endpoint=endpoint)
+    meta = get_hf_file_metadata(url, token=token or False, endpoint=endpoint)
+    if meta.commit_hash != job["commit"]:
+        raise Refused("mismatch", "the Hub served commit %s" % meta.commit_hash, item["path"])
+    if meta.size is not None and meta.size != item["size"]:
+        raise Refused("mismatch", "the Hub serves %d bytes, the lock file says %d"
+                      % (meta.size, item["size"]), item["path"])
+    headers = build_hf_headers(token=token or False)
+    headers["Accept-Encoding"] = "identity"  # the bytes as stored: sizes and ranges hold
+    if urlsplit(meta.location).netloc != urlsplit(url).netloc:
+        headers.pop("authorization", None)  # a storage host (CDN) gets no Hub token
+    os.makedirs(os.path.dirname(partial), exist_ok=True)
+    done = size_of(partial)
+    if done > item["size"]:
+        os.unlink(partial)
+        done = 0
+    with open(partial, "ab") as out:
+        http_get(meta.location, out, resume_size=done, headers=headers,
+                 expected_size=item["size"], displayed_filename=item["path"])
+    return sha256_of(partial)
+
+
+def pull(job, root, token):
+    folder = os.path.join(root, job["folder"])
+    staging = os.path.join(root, job["staging"])
+    partial_root = os.path.join(staging, job["partial"])
+    files = {f["path"]: f for f in job["files"]}
+    if os.path.isdir(folder):
+        if matches(folder, files):
+            say("start", total=0, start=0, kept=len(files), removed=[])
+            return {"fetched": 0, "kept": len(files), "removed": [], "downloaded": 0}
+        if os.path.exists(staging):
+            raise Refused("conflict", "both %s and %s exist" % (job["folder"], job["staging"]))
+        os.rename(folder, staging)  # repaired in staging, renamed back when verified
+    os.makedirs(staging, exist_ok=True)
+    removed = []
+    for path, local in files_under(staging, skip=job["partial"]).items():
+        if path not in files:
+            os.unlink(local)
+            removed.append(path)
+    present = {p: os.path.join(staging, p) for p in files
+               if os.path.isfile(os.path.join(staging, p))
+               and os.path.getsize(os.path.join(staging, p)) == files[p]["size"]}
+    hashes = hash_all(list(present.values()))
+    good = {p for p, local in present.items() if hashes[local] == files[p]["sha256"]}
+    todo = sorted((f for p, f in files.items() if p not in good), key=lambda f: -f["size"])
+    for item in todo:
+        if os.path.lexists(os.path.join(staging, item["path"])):
+            os.unlink(os.path.join(staging, item["path"]))
+    paths = [(os.path.join(partial_root, f["path"]), os.path.join(staging, f["path"]))
+             for f in todo]
+    reporter = Reporter(paths)
+    start = reporter.current()
+    say("start", total=sum(f["size"] for f in todo), start=start, kept=len(good),
+        removed=removed)
+    reporter.start()
+    try:
+        for item, (partial, final) in zip(todo, paths):
+            sha = fetch(job, item, partial, token)
+            if sha != item["sha256"]:
+                os.unlink(partial)
+                raise Refused("mismatch", "the Hub served sha256 %s..., the lock file says %s..."
+                              % (sha[:12], item["sha256"][:12]), item["path"])
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            os.replace(partial, final)
+    finally:
+        reporter.stop.set()
+    downloaded = max(0, reporter.current() - start)
+    say("progress", done=reporter.current())
+    shutil.rmtree(partial_root, ignore_errors=True)
+    if not matches(staging, files):
+        raise Refused("mismatch", "the pulled folder does not match the lock file")
+    os.rename(staging, folder)
+    return {"fetched": len(todo), "kept": len(good), "removed": removed,
+            "downloaded": downloaded}
+
+
+def kind_of(error):
+    """What went wrong, in kit's words, from the client's exception and its causes."""
+    seen, todo = set(), [error]
+    while todo:
+        current = todo.pop(0)
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        name = type(current).__name__
+        status = getattr(getattr(current, "response", None), "status_code", None)
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return "disk_full"
+        if status in (401, 403) or name == "GatedRepoError":
+            return "unauthorized"  # the Hub answers 401 for a private model too
+        if name in ("RepositoryNotFoundError", "RevisionNotFoundError"):
+            return "not_found"
+        if name in ("EntryNotFoundError", "RemoteEntryNotFoundError"):
+            return "entry_not_found"
+        if "Connect" in name or "Timeout" in name or name in ("ProxyError", "NameResolutionError"):
+            return "unreachable"
+        todo += [current.__cause__, current.__context__]
+    if isinstance(error, OSError):
+        return "unreachable" if error.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH,
+                                                errno.ENETUNREACH) else "io"
+    return "http" if "HTTP" in type(error).__name__ else "other"
+
+
+def main():
+    job_path, root = sys.argv[1], sys.argv[2]
+    with open(job_path) as stream:
+        job = json.load(stream)
+    token_path = os.path.join(os.path.dirname(job_path), "token")
+    token = None
+    if os.path.exists(token_path):
+        with open(token_path) as stream:
+            token = stream.read().strip() or None
+    try:
+        if job.get("check"):  # kit up: only what differs, nothing fetched or changed
+            files = {f["path"]: f for f in job["files"]}
+            say("result", problems=differences(os.path.join(root, job["folder"]), files))
+        else:
+            say("result", **pull(job, root, token))
+    except Refused as refused:
+        say("error", kind=refused.kind, detail=refused.detail, path=refused.path)
+        sys.exit(FAILED)
+    except Exception as error:  # the client's own, named for kit by kind_of
+        say("error", kind=kind_of(error), detail="%s: %s" % (type(error).__name__, error),
+            path="")
+        sys.exit(FAILED)
+
+
+if __name__ == "__main__":
+    main()
