@@ -18,6 +18,8 @@ command -v docker-compose >/dev/null || missing+=(docker-compose)
 command -v curl >/dev/null || missing+=(curl)
 command -v openssl >/dev/null || missing+=(openssl)   # build.sh: the test ACME server's CA
 command -v ip >/dev/null || missing+=(iproute2)        # tests/support/acme_ca.py: pebble's address
+# tests/support/nginx_ns.py shifted_clock: a door whose minute ends in seconds, not a minute
+compgen -G '/usr/lib/*/faketime/libfaketime.so.1' >/dev/null || missing+=(libfaketime)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "test.sh: installing ${missing[*]}"
   apt-get update -q
