@@ -140,6 +140,7 @@ class AcmeStatus:
     cert: Installed | None
     last_run: LastRun | None
     cause: Cause | None  # of the last run, when it failed
+    retry_first: int  # tls.acme_retry_s: certbot's first wait after a failed run
 
     @property
     def waiting(self) -> bool:
@@ -188,12 +189,11 @@ class AcmeStatus:
             lines.append(f"  {self._retry(run)}")
         return lines
 
-    @staticmethod
-    def _retry(run: LastRun) -> str:
+    def _retry(self, run: LastRun) -> str:
         if run.next_at is None:
             return "certbot retries within minutes"
         return (f"next attempt: certbot runs again at {_at(run.next_at)} ({run.next_in}s after "
-                f"this run; after a failed run it waits {AcmePlan.retry_first}s, doubling up to "
+                f"this run; after a failed run it waits {self.retry_first}s, doubling up to "
                 f"{AcmePlan.retry_max}s, or until the time the CA named)")
 
     def to_json(self) -> dict:
@@ -234,7 +234,7 @@ def acme_status(site: Site) -> AcmeStatus:
     run = parse_last_run(raw.decode(errors="replace")) if raw is not None else None
     server = acme_server(site)
     cause = None if run is None or run.ok else classify(run.output, site.spec.domain, server)
-    return AcmeStatus(server, installed(site.layout), run, cause)
+    return AcmeStatus(server, installed(site.layout), run, cause, site.spec.tls.acme_retry_s)
 
 
 def served_certificate(site: Site, timeout: float = 5) -> bytes | None:

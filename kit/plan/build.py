@@ -193,8 +193,8 @@ class AcmePlan:
     domain: str
     server: str | None
     staging: bool
+    retry_first: int  # a failed run is retried this soon (tls.acme_retry_s), doubling to retry_max
     renew_every: int = 43200  # seconds between `certbot certonly --keep-until-expiring` runs
-    retry_first: int = 60  # after a failed run: retry this soon, doubling up to retry_max
     retry_max: int = 3600
     watch_every: int = 5  # nginx checks its certificate file this often and reloads on change
     webroot: str = "/var/www/acme"
@@ -365,6 +365,7 @@ def build_plan(spec: Spec, *, priority_scheduling: bool = False) -> Plan:
             domain=spec.domain,
             server=spec.tls.acme_server,
             staging=spec.tls.staging,
+            retry_first=spec.tls.acme_retry_s,
             trusts_bundle=spec.tls.ca_bundle is not None,
         ) if spec.tls.mode == "acme" else None,
         warnings=warnings,

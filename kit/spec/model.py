@@ -153,6 +153,10 @@ class TLS(StrictModel):
     email: Annotated[str, Field(pattern=EMAIL, max_length=254)] | None = None  # the ACME account
     acme_server: Annotated[str, Field(pattern=ACME_SERVER, max_length=1024)] | None = None
     staging: bool = False  # acme mode: Let's Encrypt's staging CA (untrusted certs, high limits)
+    # acme mode: after a failed certbot run, the first retry this many seconds later (doubling up
+    # to 1 h, or later when the CA names a time). Sooner suits a private CA you control; Let's
+    # Encrypt counts failed validations (5 an hour per name): keep the default there.
+    acme_retry_s: Annotated[int, Field(ge=10, le=3600)] = 60
     # A private CA's PEM certificate(s), relative to the spec: the CA of a private ACME server
     # (step-ca, pebble, …; certbot trusts it for the directory) and of the certificate the site
     # serves (the gate trusts it instead of the system store). acme and files modes.
@@ -166,10 +170,10 @@ class TLS(StrictModel):
             raise ValueError("tls.mode acme needs tls.email (the ACME account address)")
         if self.mode != "files" and (self.cert or self.key):
             raise ValueError(f"tls.cert/tls.key are only read in mode files, not {self.mode}")
-        if self.mode != "acme" and (self.acme_server or self.staging):
-            raise ValueError(
-                f"tls.acme_server/tls.staging are only read in mode acme, not {self.mode}"
-            )
+        if self.mode != "acme" and (self.acme_server or self.staging
+                                    or "acme_retry_s" in self.model_fields_set):
+            raise ValueError(f"tls.acme_server/tls.staging/tls.acme_retry_s are only read in "
+                             f"mode acme, not {self.mode}")
         if self.mode == "self-signed" and self.ca_bundle:
             raise ValueError("tls.ca_bundle is read in modes acme and files; self-signed sites "
                              "are trusted through kit's own CA (nginx/tls/ca.crt)")

@@ -45,15 +45,19 @@ def test_a_rotation_under_200_streams_drops_none_and_refuses_the_old_password(
         site.passwords["ops"] = new  # the next test meets the site with this password
     old_status = site.status(credentials=basic_header("ops", old))
     old_refused_after = time.monotonic() - returned
+    asked = time.monotonic()
     new_status = site.status(credentials=basic_header("ops", new))
+    new_let_in_s = time.monotonic() - asked  # the same login's time now: the baseline
     streams_still_running = load.poll() is None
     figures = finished(load)
 
     assert rotated.returncode == 0, rotated.stdout + rotated.stderr
     assert "reloaded" in rotated.stdout and "in place" in rotated.stdout
     assert "proven through the front door: old password: 401" in rotated.stdout
-    assert old_status == 401 and old_refused_after < OLD_REFUSED_WITHIN_S, (
-        old_status, old_refused_after)
+    # within 1 s, or, on a machine loaded enough that a login takes longer, twice a login's time
+    assert old_status == 401 and old_refused_after < max(OLD_REFUSED_WITHIN_S,
+                                                         2 * new_let_in_s), (
+        old_status, old_refused_after, new_let_in_s)
     assert new_status == 200
     assert streams_still_running, "the streams ended before the rotation did: make them longer"
     assert figures["ok"] == STREAMS, figures  # each: 200, every token, then [DONE]

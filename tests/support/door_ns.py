@@ -64,6 +64,11 @@ class Door:
     ca_file: Path
     new_standin: Callable[[], subprocess.Popen]
     verifier: subprocess.Popen | None = None  # serving_door(verifier=True): its nginx's shell
+    clock_offset_s: int = 0  # serving_door(clock_offset_s=…): how far nginx's clock is ahead
+
+    def now(self) -> float:
+        """nginx's wall clock now (time.time() unless its clock was shifted)."""
+        return time.time() + self.clock_offset_s
 
     def restart_standin(self) -> None:
         """A new stand-in after the last one was killed."""
@@ -345,18 +350,22 @@ def _verifier(netns_pid: int, nginx_dir: Path, work: Path) -> subprocess.Popen:
 @contextmanager
 def serving_door(nginx_dir: Path, work: Path, hostnames: list[str], model: Path,
                  served_name: str, server_name: str, *, verifier: bool = False,
-                 standin_args: tuple[str, ...] = (), **standin: str) -> Iterator[Door]:
+                 clock_offset_s: int = 0, standin_args: tuple[str, ...] = (),
+                 **standin: str) -> Iterator[Door]:
     """nginx on the rendered `nginx_dir` and a stand-in serving `model` as `served_name`
     (with `standin_args`, e.g. ("--runner", "pooling")), in a namespace of their own, until
     the block ends; with `verifier`, the rendered verifier too (Basic passwords are checked;
-    without it a credential that is not a Bearer key of the site gets a 500)."""
+    without it a credential that is not a Bearer key of the site gets a 500); with
+    `clock_offset_s`, nginx's wall clock that far ahead (a window's end comes sooner)."""
     root = nginx_ns.nginx_root()
     assert root is not None, nginx_ns.available()
     (work / "spool").mkdir(exist_ok=True)  # kept: a restart of nginx on the same volume
+    setup, prefix, keep_env = (nginx_ns.shifted_clock(clock_offset_s) if clock_offset_s
+                               else ("", "", ""))
     script = nginx_ns.namespace_script(
         {NGINX_MOUNT: nginx_dir.resolve(), nginx_ns.USAGE_SPOOL_DIR: (work / "spool").resolve()},
-        hostnames if verifier else [VERIFIER_SERVICE, *hostnames], "ip link set lo up",
-        f"-c {NGINX_MOUNT}/nginx.conf -g 'daemon off;'", work)
+        hostnames if verifier else [VERIFIER_SERVICE, *hostnames], f"ip link set lo up\n{setup}",
+        f"-c {NGINX_MOUNT}/nginx.conf -g 'daemon off; {keep_env}'", work, prefix=prefix)
     if verifier:
         with open(work / "hosts", "a") as hosts:
             hosts.write(f"{VERIFIER_ADDRESS} {VERIFIER_SERVICE}\n")
@@ -366,7 +375,8 @@ def serving_door(nginx_dir: Path, work: Path, hostnames: list[str], model: Path,
     netns = _own_namespace(nginx)
     standin_proc = _standin(netns, work, model, served_name, standin, standin_args)
     door = Door(work, nginx, standin_proc, netns, server_name, nginx_dir / "tls" / "ca.crt",
-                lambda: _standin(netns, work, model, served_name, standin, standin_args))
+                lambda: _standin(netns, work, model, served_name, standin, standin_args),
+                clock_offset_s=clock_offset_s)
     checker = door.verifier = _verifier(nginx.pid, nginx_dir, work) if verifier else None
     try:
         _wait_port(door, 443, nginx)

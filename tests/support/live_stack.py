@@ -87,6 +87,14 @@ def kit(*args: str, stdin: str | None = None, timeout: float = 300,
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
+def timed_kit(*args: str) -> tuple[subprocess.CompletedProcess, float]:
+    """`kit(*args)` and the seconds it took: a baseline measured beside the command a test times,
+    so a bound can hold on a machine other tests load (docs/testing.md)."""
+    started = time.monotonic()
+    result = kit(*args)
+    return result, time.monotonic() - started
+
+
 def checked(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     if result.returncode != 0:
         raise AssertionError(f"{result.args[3:]} exited {result.returncode}:\n"

@@ -27,6 +27,7 @@ LISTEN_ADDRESS = re.compile(r"^\s*listen (\d+\.\d+\.\d+\.\d+):\d+", re.MULTILINE
 CACHE = Path(os.environ.get("KIT_TEST_CACHE", "/var/cache/kit-test"))
 ROOTFS_TARBALLS = "nginx-trixie-rootfs-*.tar"  # tests/images/build.sh's nginx root filesystem
 USAGE_SPOOL_DIR = "/var/log/kit-usage"  # the usage-spool volume in the front door's container
+FAKETIME_LIBRARY = "/usr/lib/*/faketime/libfaketime.so.1"  # Debian's libfaketime, any arch
 
 
 def nginx_root() -> Path | None:
@@ -68,14 +69,29 @@ def available() -> str | None:
     return None
 
 
+def shifted_clock(offset_s: int) -> tuple[str, str, str]:
+    """nginx with its wall clock `offset_s` seconds ahead, by Debian's libfaketime (installed by
+    scripts/test.sh; kit.js reads the time as Date.now(), the system's clock): (the setup that
+    copies the host's library into the namespace's /run, the `env` prefix of the chrooted nginx,
+    the `-g` directive that keeps FAKETIME for its workers, which drop the environment). Timers
+    keep the real monotonic clock."""
+    libraries = sorted(Path("/").glob(FAKETIME_LIBRARY.lstrip("/")))
+    assert libraries, (f"no {FAKETIME_LIBRARY}: install Debian's libfaketime "
+                       "(scripts/test.sh does)")
+    root = nginx_root()
+    return (f"cp {libraries[0]} {root}/run/libfaketime.so.1",
+            f"env LD_PRELOAD=/run/libfaketime.so.1 FAKETIME={offset_s:+d} DONT_FAKE_MONOTONIC=1 ",
+            "env FAKETIME;")
+
+
 def namespace_script(
     mounts: dict[str, Path], hostnames: list[str], setup: str, nginx_args: str, work: Path,
-    after: str = "",
+    after: str = "", prefix: str = "",
 ) -> str:
     """A shell script that binds each source at its target (under /etc/nginx) in the nginx root
     filesystem (whose passwd has the image's `nginx` user), runs `setup` (host commands, e.g.
-    `ip`, in the same namespaces), then `nginx <nginx_args>` chrooted there, then `after` (host
-    commands again, e.g. a client of the nginx that daemonized)."""
+    `ip`, in the same namespaces), then `<prefix>nginx <nginx_args>` chrooted there, then `after`
+    (host commands again, e.g. a client of the nginx that daemonized)."""
     root = nginx_root()
     assert root is not None, available()
     hosts = "127.0.0.1 localhost\n" + "".join(f"127.0.0.1 {h}\n" for h in hostnames)
@@ -99,7 +115,7 @@ mkdir -p {root}/var/cache/nginx
 mount --bind /dev {root}/dev
 mount --bind /proc {root}/proc
 {setup}
-chroot {root} nginx {nginx_args}
+chroot {root} {prefix}nginx {nginx_args}
 {after}"""
 
 

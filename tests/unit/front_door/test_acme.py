@@ -85,9 +85,9 @@ def test_the_outcome_file_is_read_and_anything_else_is_unknown() -> None:
     assert parse_last_run("garbage\n") is None and parse_last_run("") is None
 
 
-def acme_site(tmp_path: Path) -> Site:
+def acme_site(tmp_path: Path, more_tls: str = "") -> Site:
     spec = write_site(tmp_path)
-    spec.write_text(spec.read_text() + "tls: {mode: acme, email: ops@test.example}\n")
+    spec.write_text(spec.read_text() + f"tls: {{mode: acme, email: ops@test.example{more_tls}}}\n")
     site = Site.load(spec)
     render_site(site)
     return site
@@ -140,12 +140,13 @@ def test_status_facts_issuer_expiry_next_renewal_last_result(tmp_path: Path) -> 
 def test_next_renewal_is_certbots_first_12_hourly_run_from_the_due_date() -> None:
     at = dt.datetime(2027, 1, 1, tzinfo=dt.UTC)
     cert = Installed(b"", "CA", at + dt.timedelta(days=90), placeholder=False)
-    status = AcmeStatus("x", cert, LastRun(0, at, ""), None)
+    status = AcmeStatus("x", cert, LastRun(0, at, ""), None, 60)
     assert status.renewal_due == at + dt.timedelta(days=60)
     assert status.next_renewal == at + dt.timedelta(days=60)  # a whole number of 12 h runs
-    late = AcmeStatus("x", cert, LastRun(0, at + dt.timedelta(hours=1), ""), None)
+    late = AcmeStatus("x", cert, LastRun(0, at + dt.timedelta(hours=1), ""), None, 60)
     assert late.next_renewal == at + dt.timedelta(days=60, hours=1)
-    due_now = AcmeStatus("x", Installed(b"", "CA", at, False), LastRun(0, at, ""), None)
+    due_now = AcmeStatus("x", Installed(b"", "CA", at, False), LastRun(0, at, ""), None,
+                         60)
     assert due_now.next_renewal == at + dt.timedelta(hours=12)  # the next run renews
 
 
@@ -272,9 +273,21 @@ def test_a_failed_run_says_when_certbot_tries_again(tmp_path: Path) -> None:
     assert acme_status(site).to_json()["next_attempt"] is None
 
 
-def run_certbot_loop(tmp_path: Path, ca_problem: str) -> tuple[int, str]:
-    """The rendered certbot loop under /bin/sh for one failed run: `certbot` fails and logs
-    `ca_problem` as certbot does, `sleep` records how long the loop waits and ends it."""
+def test_tls_acme_retry_s_sets_the_first_retry_of_the_loop_and_of_status(tmp_path: Path) -> None:
+    """A private CA may be retried sooner than certbot's default minute: the rendered loop
+    starts its backoff there, and `kit status` says so."""
+    site = acme_site(tmp_path, ", acme_retry_s: 20")
+    compose = site.layout.compose_file.read_text()
+    assert "delay=20; while :" in compose and "delay=60" not in compose
+    site.layout.acme_last_run.write_text(f"exit=1 at=1800000000 next=20\n"
+                                         f"{CERTBOT_21_RATE_LIMITED}")
+    assert "after a failed run it waits 20s, doubling up to 3600s" in acme_status(site).lines()[3]
+
+
+def run_certbot_loop(tmp_path: Path, ca_problem: str, retry_first: int = 60) -> tuple[int, str]:
+    """The rendered certbot loop (first retry after `retry_first` s) under /bin/sh for one
+    failed run: `certbot` fails and logs `ca_problem` as certbot does, `sleep` records how long
+    the loop waits and ends it."""
     tls, stubs = tmp_path / "tls", tmp_path / "bin"
     tls.mkdir(parents=True)
     stubs.mkdir()
@@ -284,8 +297,8 @@ def run_certbot_loop(tmp_path: Path, ca_problem: str) -> tuple[int, str]:
     (stubs / "sleep").write_text(f"#!/bin/sh\necho $1 > {tmp_path}/slept\nkill -TERM $PPID\n")
     for stub in stubs.iterdir():
         stub.chmod(0o755)
-    plan = AcmePlan("certbot", "ops@test.example", DOMAIN, None, False, tls_mount=str(tls),
-                    certbot_log=str(log))
+    plan = AcmePlan("certbot", "ops@test.example", DOMAIN, None, False, retry_first,
+                    tls_mount=str(tls), certbot_log=str(log))
     subprocess.run(["/bin/sh", "-c", plan.loop], env={**os.environ, "PATH": f"{stubs}:"
                    f"{os.environ['PATH']}"}, timeout=20, check=False)
     return int((tmp_path / "slept").read_text()), (tls / "acme-last-run").read_text()
@@ -304,5 +317,5 @@ def test_a_failed_run_waits_until_the_time_the_ca_names(tmp_path: Path) -> None:
     assert record.startswith("exit=1 ") and f" next={slept}\n" in record.splitlines()[0] + "\n"
     assert problem in record
     other = "acme.messages.Error: urn:ietf:params:acme:error:connection :: Timeout"
-    slept, _ = run_certbot_loop(tmp_path / "other", other)
-    assert slept == AcmePlan.retry_first  # no time named: the loop's own backoff
+    slept, _ = run_certbot_loop(tmp_path / "other", other, retry_first=25)
+    assert slept == 25  # no time named: the loop's own backoff (tls.acme_retry_s)

@@ -278,6 +278,13 @@ CASES = [
     ("22.8-email-an-option", replace(
         "tls: {mode: self-signed}", 'tls: {mode: acme, email: "--staging@x.zz"}'),
      ["site.yaml:4:", "tls.email", "not starting with - or ."]),
+    # issue 29: certbot's first retry is the spec's, within bounds that do not hammer a CA
+    ("29-acme-retry-too-soon", replace(
+        "tls: {mode: self-signed}", "tls: {mode: acme, email: ops@test.example, acme_retry_s: 5}"),
+     ["site.yaml:4:", "tls.acme_retry_s", "greater than or equal to 10"]),
+    ("29-acme-retry-in-self-signed-mode", replace(
+        "tls: {mode: self-signed}", "tls: {mode: self-signed, acme_retry_s: 60}"),
+     ["tls", "tls.acme_server/tls.staging/tls.acme_retry_s are only read in mode acme"]),
     ("8.10-pipeline-parallel-beyond-gpus",
      replace('"--enable-prefix-caching"', '"--pipeline-parallel-size", "2"'),
      ["services[0].extra_args[0]", "needs 2 GPUs but gpus lists 1"]),

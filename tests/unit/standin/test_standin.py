@@ -241,10 +241,11 @@ def test_sigterm_while_loading_exits_at_once(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, str(STANDIN / "vllm"), "serve", str(model_dir(tmp_path, "m", LLAMA_8B)),
          "--port", str(pick_free_port()), "--max-model-len", "4096"],
-        env=standin_env(STANDIN_LOAD_SECONDS="30"), stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        env=standin_env(STANDIN_LOAD_SECONDS="30"), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
-    time.sleep(0.5)
+    assert proc.stdout is not None and proc.stdout.readline()  # its banner: the handler is set
+    time.sleep(0.5)  # and it is loading
     start = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=2) == 0
