@@ -281,7 +281,6 @@ class Plan:
     nginx_image: str
     models_root: str
     hf_cache: str | None
-    backend_internal: bool  # no egress for vLLM when every model is local, or the site offline
     healthcheck_interval: int
     services: list[ServicePlan]
     nginx: NginxPlan
@@ -301,6 +300,17 @@ class Plan:
         """Compose's `pull_policy` of every container: an offline site's engine never pulls
         (`kit load` brings the images; `kit up` refuses a missing one before any change)."""
         return NEVER_PULL if self.offline else None
+
+    def egress(self, service: ServicePlan) -> bool:
+        """Whether the service's own network goes out: only for a service whose vLLM downloads
+        (a Hub model or adapter) on a site not offline; a replica of any other service gets no
+        route out, whatever its neighbours download (model code: hostile)."""
+        return not self.offline and not (service.model_is_local and not service.hub_adapters)
+
+    @property
+    def backend_internal(self) -> bool:
+        """No vLLM of the site goes out (what a cluster's one egress policy can say)."""
+        return not any(self.egress(service) for service in self.services)
 
     @property
     def url_host(self) -> str:
@@ -333,8 +343,6 @@ def build_plan(spec: Spec, *, priority_scheduling: bool = False) -> Plan:
         models_root=str(spec.models_root),
         hf_cache=str(spec.hf_cache) if spec.hf_cache else None,
         offline=spec.offline,
-        backend_internal=spec.offline or all(s.model_is_local and not s.hub_adapters
-                                             for s in services),
         healthcheck_interval=spec.healthcheck_interval,
         services=services,
         nginx=NginxPlan(

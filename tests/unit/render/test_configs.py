@@ -181,7 +181,11 @@ def test_compose_structure(rendered: dict[str, Path]) -> None:
     assert compose["networks"]["auth"] == {"internal": True} and "auth" in nginx["networks"]
     assert verifier["image"] == nginx["image"] and verifier["read_only"] is True
     assert all(m["read_only"] for m in verifier["volumes"])
-    assert compose["networks"]["backend-qwen"]["internal"] is False  # qwen downloads from the Hub
+    # only qwen downloads (a Hub id): only its network goes out; the others' replicas get no
+    # route out, whatever their neighbour downloads
+    assert {name: compose["networks"][f"backend-{name}"]["internal"]
+            for name in expected_gpus} == {"big70b": True, "qwen": False, "small-a": True,
+                                           "small-b": True}
 
 
 def test_nginx_conf_has_the_streaming_and_security_essentials(rendered: dict[str, Path]) -> None:
