@@ -233,7 +233,7 @@ def check_summary(service: str, folder: str, host: str, result: dict, seconds: f
     there = there if isinstance(there, int | float) and there >= 0 else 0.0
     return (f"service {service}: {folder} checked on {host}: {_count(result, 'hashed')} "
             f"file(s) hashed ({_count(result, 'hashed_bytes')} bytes), "
-            f"{_count(result, 'reused')} unchanged in its hash cache; {there:.2f} s there, "
+            f"{_count(result, 'reused')} unchanged in its hash cache; {there:.3f} s there, "
             f"{seconds:.1f} s in all")
 
 

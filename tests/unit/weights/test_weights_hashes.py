@@ -18,7 +18,7 @@ from kit.templates.weights_hashes import HashCache, hash_files
 def cached_file(tmp_path: Path) -> tuple[Path, Path, str]:
     """A file hashed once and its cache saved: (the file, the cache, its sha256)."""
     shard = tmp_path / "model" / "shard.safetensors"
-    shard.parent.mkdir()
+    shard.parent.mkdir(parents=True)
     shard.write_bytes(os.urandom(4096))
     cache_file = tmp_path / "state" / "weights-hashes.json"
     cache = HashCache(cache_file)
