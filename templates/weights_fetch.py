@@ -3,10 +3,18 @@ docs/weights.md): run by the python3 of the vLLM image, which carries `huggingfa
 throwaway container with models_root bound and the server's own network, so the bytes never
 cross the operator's machine.
 
-    python3 weights_fetch.py JOB.json MODELS_ROOT
+    python3 weights_fetch.py JOB.json MODELS_ROOT [HASHES]
 
-With `"check": true` in the job it fetches nothing and changes nothing: it reports what differs
-between the model's folder and the lock file (`kit up` through a remote engine).
+With `"check": true` in the job it fetches nothing and changes nothing in MODELS_ROOT: it
+reports what differs between the model's folder and the lock file (`kit up` through a remote
+engine).
+
+HASHES: the server's hash cache (a file in the site's `kit-weights-hashes` volume, which only
+kit's own throwaway containers mount), read and written by the rules of weights_hashes.py
+(copied in beside this script; kit's own check uses the same module): a file whose stat is
+unchanged since it was hashed is not read again, by a check or by a pull, and a pull leaves the
+hashes of the files it fetched there for the next check. The result event says how many files
+were hashed (and their bytes) and how many came from the cache.
 
 JOB.json (written by kit, kit/stack/remote_pull.py, which makes every decision): the Hub
 endpoint, the model, the locked commit, every locked file (path, size, sha256), and the final,
@@ -23,17 +31,20 @@ disk_full, mismatch, conflict, http) that kit turns into the message and the exi
 """
 
 import errno
-import hashlib
 import json
 import os
 import shutil
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import time
 from urllib.parse import urlsplit
 
+try:  # in the container: copied in beside this script
+    from weights_hashes import HashCache, file_sha256, hash_files
+except ImportError:  # imported by kit itself, as kit.templates.weights_fetch
+    from kit.templates.weights_hashes import HashCache, file_sha256, hash_files
+
 MARK = "KIT-PULL "
-CHUNK = 8 << 20
 PROGRESS_SECONDS = 0.5
 FAILED = 3  # exit code after an `error` line
 
@@ -53,25 +64,6 @@ def say(event, **fields):
         sys.stdout.flush()
 
 
-def sha256_of(path):
-    digest = hashlib.sha256()
-    buffer = bytearray(CHUNK)
-    view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as stream:
-        while True:
-            count = stream.readinto(buffer)
-            if not count:
-                return digest.hexdigest()
-            digest.update(view[:count])
-
-
-def hash_all(paths):
-    """sha256 of each path, in threads (hashlib releases the GIL), the largest first."""
-    ordered = sorted(paths, key=lambda p: -os.path.getsize(p))
-    with ThreadPoolExecutor(max(2, min(16, os.cpu_count() or 2))) as pool:
-        return dict(zip(ordered, pool.map(sha256_of, ordered)))
-
-
 def files_under(folder, skip=None):
     """Relative '/'-paths of every file under `folder` (`skip`: a top-level folder left out)."""
     found = {}
@@ -85,9 +77,10 @@ def files_under(folder, skip=None):
     return found
 
 
-def differences(folder, files):
+def differences(folder, files, cache):
     """What differs between `folder` and the locked files, one entry per file: absent (no
-    folder), missing, extra, not_a_file, size (with the size), sha256 (with the sha256)."""
+    folder), missing, extra, not_a_file, size (with the size), sha256 (with the sha256); a file
+    whose stat `cache` knows is not read again."""
     if not os.path.isdir(folder):
         return [{"path": ".", "kind": "absent"}]
     present = files_under(folder)
@@ -101,14 +94,14 @@ def differences(folder, files):
             found.append({"path": path, "kind": "size", "size": os.path.getsize(present[path])})
         else:
             same_size.append(path)
-    hashes = hash_all([present[p] for p in same_size])
+    hashes = hash_files([present[p] for p in same_size], cache)
     found += [{"path": p, "kind": "sha256", "sha256": hashes[present[p]]} for p in same_size
               if hashes[present[p]] != files[p]["sha256"]]
     return found
 
 
-def matches(folder, files):
-    return not differences(folder, files)
+def matches(folder, files, cache):
+    return not differences(folder, files, cache)
 
 
 def size_of(path):
@@ -159,21 +152,22 @@ def fetch(job, item, partial, token):
     with open(partial, "ab") as out:
         http_get(meta.location, out, resume_size=done, headers=headers,
                  expected_size=item["size"], displayed_filename=item["path"])
-    return sha256_of(partial)
+    return file_sha256(partial)
 
 
-def pull(job, root, token):
+def pull(job, root, token, cache):
     folder = os.path.join(root, job["folder"])
     staging = os.path.join(root, job["staging"])
     partial_root = os.path.join(staging, job["partial"])
     files = {f["path"]: f for f in job["files"]}
     if os.path.isdir(folder):
-        if matches(folder, files):
+        if matches(folder, files, cache):
             say("start", total=0, start=0, kept=len(files), removed=[])
             return {"fetched": 0, "kept": len(files), "removed": [], "downloaded": 0}
         if os.path.exists(staging):
             raise Refused("conflict", "both %s and %s exist" % (job["folder"], job["staging"]))
         os.rename(folder, staging)  # repaired in staging, renamed back when verified
+        cache.moved(folder, staging)
     os.makedirs(staging, exist_ok=True)
     removed = []
     for path, local in files_under(staging, skip=job["partial"]).items():
@@ -183,7 +177,7 @@ def pull(job, root, token):
     present = {p: os.path.join(staging, p) for p in files
                if os.path.isfile(os.path.join(staging, p))
                and os.path.getsize(os.path.join(staging, p)) == files[p]["size"]}
-    hashes = hash_all(list(present.values()))
+    hashes = hash_files(list(present.values()), cache)
     good = {p for p, local in present.items() if hashes[local] == files[p]["sha256"]}
     todo = sorted((f for p, f in files.items() if p not in good), key=lambda f: -f["size"])
     for item in todo:
@@ -205,14 +199,16 @@ def pull(job, root, token):
                               % (sha[:12], item["sha256"][:12]), item["path"])
             os.makedirs(os.path.dirname(final), exist_ok=True)
             os.replace(partial, final)
+            cache.put(final, os.stat(final), sha)  # the next check reads it no more
     finally:
         reporter.stop.set()
     downloaded = max(0, reporter.current() - start)
     say("progress", done=reporter.current())
     shutil.rmtree(partial_root, ignore_errors=True)
-    if not matches(staging, files):
+    if not matches(staging, files, cache):
         raise Refused("mismatch", "the pulled folder does not match the lock file")
     os.rename(staging, folder)
+    cache.moved(staging, folder)
     return {"fetched": len(todo), "kept": len(good), "removed": removed,
             "downloaded": downloaded}
 
@@ -246,6 +242,8 @@ def kind_of(error):
 
 def main():
     job_path, root = sys.argv[1], sys.argv[2]
+    cache = HashCache(sys.argv[3] if len(sys.argv) > 3 else None)
+    started = time.monotonic()
     with open(job_path) as stream:
         job = json.load(stream)
     token_path = os.path.join(os.path.dirname(job_path), "token")
@@ -254,11 +252,17 @@ def main():
         with open(token_path) as stream:
             token = stream.read().strip() or None
     try:
-        if job.get("check"):  # kit up: only what differs, nothing fetched or changed
-            files = {f["path"]: f for f in job["files"]}
-            say("result", problems=differences(os.path.join(root, job["folder"]), files))
-        else:
-            say("result", **pull(job, root, token))
+        try:
+            if job.get("check"):  # kit up: only what differs, nothing fetched or changed
+                files = {f["path"]: f for f in job["files"]}
+                outcome = {"problems": differences(os.path.join(root, job["folder"]), files,
+                                                   cache)}
+            else:
+                outcome = pull(job, root, token, cache)
+        finally:
+            cache.save()  # what was hashed is kept, a failed pull's good files too
+        say("result", **outcome, hashed=cache.hashed, hashed_bytes=cache.hashed_bytes,
+            reused=cache.reused, seconds=round(time.monotonic() - started, 3))
     except Refused as refused:
         say("error", kind=refused.kind, detail=refused.detail, path=refused.path)
         sys.exit(FAILED)

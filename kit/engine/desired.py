@@ -219,6 +219,14 @@ def project_filter(project: str) -> list[str]:
     return [f"{PROJECT_LABEL}={project}"]
 
 
+def project_volume(project: str, key: str) -> VolumeState:
+    """A project's named volume as Compose names and labels it (`kit down --volumes` removes
+    it): the compose file's volumes, and kit's own outside it (the server's weights hashes)."""
+    return VolumeState(key, f"{project}_{key}", {PROJECT_LABEL: project,
+                                                  VERSION_LABEL: COMPOSE_VERSION,
+                                                  VOLUME_LABEL: key})
+
+
 def load_desired(layout: SiteLayout, project: str, path: Path | None = None) -> DesiredState:
     """Parse the rendered compose file of a site (or `path`, a worker node's compose file in
     its compose folder) into its desired state."""
@@ -251,10 +259,7 @@ def parse_compose(
         )
         for key, body in (document.get("networks") or {}).items()
     )
-    volumes = tuple(
-        VolumeState(key, f"{project}_{key}", {**owner, VOLUME_LABEL: key})
-        for key in (document.get("volumes") or {})
-    )
+    volumes = tuple(project_volume(project, key) for key in (document.get("volumes") or {}))
     context = _Context(project, config_file, working_dir, site_root, networks, volumes)
     services = [_service(name, body or {}, context) for name, body in document["services"].items()]
     return DesiredState(

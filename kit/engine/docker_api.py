@@ -461,7 +461,8 @@ class Engine:
                      files: bytes | None = None, environment: dict[str, str] | None = None,
                      ) -> None:
         """Start `argv` in a throwaway container (a fixed name: a leftover is replaced) with
-        `binds` (read-only unless a bind says otherwise), on the host's network or none, with
+        `binds` (host folders, or named volumes the engine makes when missing; read-only unless
+        a mount says otherwise), on the host's network or none, with
         the tar `files` unpacked at / before it starts (secrets go this way: `docker inspect`
         shows the environment, not the files); `helper_wait` collects it."""
         self.remove(name)
@@ -471,7 +472,7 @@ class Engine:
                 environment=[f"{key}={value}" for key, value in (environment or {}).items()],
                 host_config=self._api.create_host_config(
                     network_mode="host" if host_network else "none",
-                    mounts=[Mount(m.target, m.source, type="bind", read_only=m.read_only)
+                    mounts=[Mount(m.target, m.source, type=m.type, read_only=m.read_only)
                             for m in binds],
                 ),
             )

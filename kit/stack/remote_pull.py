@@ -11,6 +11,12 @@ token in a file of mode 0400, so `docker inspect` (which shows the environment) 
 it. The fetcher's events stream back through the container's log into kit pull's own
 progress line and summary; the container is removed afterwards whatever happens (Ctrl-C
 too: the partial bytes stay on the server and the next run resumes them).
+
+The server keeps its own hash cache (the rules of templates/weights_hashes.py, which the fetcher
+shares with kit.weights.verify) in the site's `kit-weights-hashes` volume, mounted writable in
+these throwaway containers only (never in a vLLM replica, whose model code may be hostile): a
+pull leaves the hashes of what it fetched and verified there, and `kit up`'s check reads only
+the files whose stat changed since.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from importlib import resources
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, TextIO
 
-from kit.engine.desired import Mount, ServiceState
+from kit.engine.desired import Mount, ServiceState, project_volume
 from kit.errors import BadInput, KitError
 from kit.layout import SiteLayout
 from kit.plan.build import MODELS_MOUNT
@@ -36,13 +42,19 @@ from kit.weights.lock import STAGING_NAME, LockedModel, locked_for, pinned_relat
 from kit.weights.pull import Progress, PullResult, models_to_pull, staging_folder
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from kit.engine.docker_api import Engine
 
 SCRIPT = "weights_fetch.py"
+HASHING = "weights_hashes.py"  # the hash cache's rules, imported by the fetcher beside it
 JOB_FOLDER = "kit-pull"  # in the container: /kit-pull/{weights_fetch.py,job.json,token}
+HASHES_VOLUME = "kit-weights-hashes"  # per site (<site>_kit-weights-hashes): the server's cache
+HASHES_MOUNT = "/kit-hashes"  # where the fetcher's containers mount it, writable
 MARK = "KIT-PULL "  # the fetcher's event lines (templates/weights_fetch.py)
 WAIT_S = 60  # for the container's exit once its log has ended
-FETCHER_ARGV = ["python3", f"/{JOB_FOLDER}/{SCRIPT}", f"/{JOB_FOLDER}/job.json", MODELS_MOUNT]
+FETCHER_ARGV = ["python3", f"/{JOB_FOLDER}/{SCRIPT}", f"/{JOB_FOLDER}/job.json", MODELS_MOUNT,
+                f"{HASHES_MOUNT}/weights-hashes.json"]
 # what may reach the container: a token of the Hub's alphabet, an http(s) endpoint URL
 TOKEN = re.compile(r"[A-Za-z0-9_.\-]{1,512}")
 ENDPOINT = re.compile(r"https?://[A-Za-z0-9.\-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~\-/]*)?")
@@ -87,9 +99,11 @@ def job(locked: LockedModel, folder: PurePosixPath, staging: PurePosixPath,
 
 
 def job_archive(job_text: str, hub_token: str | None) -> bytes:
-    """The tar copied into the container: the fetcher, its job and the token (0400, root's)."""
-    script = resources.files("kit.templates").joinpath(SCRIPT).read_bytes()
-    members = [(SCRIPT, script, 0o444), ("job.json", job_text.encode(), 0o444)]
+    """The tar copied into the container: the fetcher (and the hashing it imports), its job and
+    the token (0400, root's)."""
+    templates = resources.files("kit.templates")
+    members = [(name, templates.joinpath(name).read_bytes(), 0o444) for name in (SCRIPT, HASHING)]
+    members.append(("job.json", job_text.encode(), 0o444))
     if hub_token is not None:
         members.append(("token", hub_token.encode(), 0o400))
     buffer = io.BytesIO()
@@ -125,8 +139,8 @@ def pull_remote(engine: Engine, image: str, site: str, locked: LockedModel, mode
     environment = {"HF_ENDPOINT": hub_endpoint, "HF_HUB_DISABLE_TELEMETRY": "1",
                    "HF_HUB_DISABLE_PROGRESS_BARS": "1", "PYTHONUNBUFFERED": "1"}
     events = _Events(locked.key, out)
-    code = _run_fetcher(engine, helper_name(site), image, models_root, archive, events,
-                        fetching=True, environment=environment)
+    code = _run_fetcher(engine, site, image, models_root, archive, events, fetching=True,
+                        environment=environment)
     result = events.result
     if events.error is not None or result is None or code != 0:
         raise _failure(events, code, locked, models_root, engine.address, image, hub_endpoint)
@@ -138,16 +152,20 @@ def pull_remote(engine: Engine, image: str, site: str, locked: LockedModel, mode
                       seconds=time.monotonic() - started)
 
 
-def _run_fetcher(engine: Engine, name: str, image: str, models_root: Path, archive: bytes,
+def _run_fetcher(engine: Engine, site: str, image: str, models_root: Path, archive: bytes,
                  events: _Events, *, fetching: bool, environment: dict[str, str]) -> int | None:
     """The fetcher run once in a throwaway container (removed whatever happens), its events
     fed to `events`; its exit code, None when the container was removed under it. Fetching:
-    the host's network and models_root writable; checking: no network, read-only."""
+    the host's network and models_root writable; checking: no network, read-only. Both: the
+    site's hash cache volume writable (made when missing)."""
+    name, hashes = helper_name(site), project_volume(site, HASHES_VOLUME)
     try:
         try:
+            engine.create_volume(hashes)
             engine.helper_start(name, image, FETCHER_ARGV, host_network=fetching, files=archive,
                                 environment=environment, binds=(
-                                    Mount("bind", str(models_root), MODELS_MOUNT, not fetching),))
+                                    Mount("bind", str(models_root), MODELS_MOUNT, not fetching),
+                                    Mount("volume", hashes.name, HASHES_MOUNT, False)))
         except KitError as error:
             if "bind source path does not exist" in error.message:
                 raise BadInput(f"models_root {models_root} does not exist on the engine's host "
@@ -168,11 +186,13 @@ def _run_fetcher(engine: Engine, name: str, image: str, models_root: Path, archi
         engine.remove(name)
 
 
-def check_pinned_remote(engine: Engine, site: Site, services: list[ServiceState]) -> None:
+def check_pinned_remote(engine: Engine, site: Site, services: list[ServiceState],
+                        report: Callable[[str], None]) -> None:
     """`kit up` through a remote engine, before anything starts: each pinned folder a starting
     service serves checked against site.lock on the engine's host (the fetcher, without network,
-    models_root read-only: nothing is fetched or changed); BadInput naming every file that
-    differs, with `kit pull SERVICE` as the fix."""
+    models_root read-only: nothing is fetched or changed; only the files whose stat changed since
+    they were hashed there are read), what it read told to `report`; BadInput naming every file
+    that differs, with `kit pull SERVICE` as the fix."""
     pinned = {str(pinned_relative(s)): s for s in site.spec.services if s.revision is not None}
     serving = sorted({str(model_below(s, MODELS_MOUNT)) for s in services} & pinned.keys())
     if not serving:
@@ -185,14 +205,18 @@ def check_pinned_remote(engine: Engine, site: Site, services: list[ServiceState]
         folder = PurePosixPath(relative)
         check = {**job(locked, folder, folder, ""), "check": True}
         events = _Events(locked.key, io.StringIO())
-        code = _run_fetcher(engine, helper_name(site.spec.site), site.spec.images.vllm,
+        started = time.monotonic()
+        code = _run_fetcher(engine, site.spec.site, site.spec.images.vllm,
                             site.spec.models_root, job_archive(json.dumps(check), None), events,
                             fetching=False, environment={})
-        found = (events.result or {}).get("problems")
+        result = events.result or {}
+        found = result.get("problems")
         if code != 0 or not isinstance(found, list):
             raise _failure(events, code, locked, site.spec.models_root, engine.address,
                            site.spec.images.vllm, "")
         where = f"{site.spec.models_root}/{relative}"
+        report(check_summary(service.name, where, engine.address, result,
+                             time.monotonic() - started))
         problems += [f"service {service.name}: {_difference(where, item, locked)}"
                      for item in found if isinstance(item, dict)]
     if problems:
@@ -200,6 +224,17 @@ def check_pinned_remote(engine: Engine, site: Site, services: list[ServiceState]
                        "match site.lock:\n  " + "\n  ".join(problems),
                        fix="run `kit pull` (it fetches missing and changed files again on that "
                        "host and removes extra ones), then `kit up`")
+
+
+def check_summary(service: str, folder: str, host: str, result: dict, seconds: float) -> str:
+    """What a check on the server read: the files hashed (their bytes) and those its hash
+    cache vouched for unchanged, the fetcher's own time there and the whole check's."""
+    there = result.get("seconds")
+    there = there if isinstance(there, int | float) and there >= 0 else 0.0
+    return (f"service {service}: {folder} checked on {host}: {_count(result, 'hashed')} "
+            f"file(s) hashed ({_count(result, 'hashed_bytes')} bytes), "
+            f"{_count(result, 'reused')} unchanged in its hash cache; {there:.3f} s there, "
+            f"{seconds:.1f} s in all")
 
 
 def _difference(folder: str, item: dict, locked: LockedModel) -> str:

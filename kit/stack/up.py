@@ -133,7 +133,7 @@ def converge(
     if actions or node_actions:
         preflight(engine, site, observed, actions, report)
         if not engine.is_local:  # a local engine's folders are checked with the spec
-            check_pinned_remote(engine, site, starting_services(actions))
+            check_pinned_remote(engine, site, starting_services(actions), report)
         if nodes:
             nodes.preflight(plans, engine, actions, report)
         if site_volumes(site.desired):

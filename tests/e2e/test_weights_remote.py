@@ -8,8 +8,11 @@ One walk through: no route to the Hub and a full disk are named; a pull stopped 
 about half-way leaves no container and resumes (the bytes not sent twice, counted by the Hub
 stand-in) and verifies; the token sits only in a 0400 file of the container, never in its
 `docker inspect` environment; `kit fleet DIR pull` with this machine's engine and the remote one
-is green; then `kit up` there serves the pulled folder through its front door, and after a
-flipped byte in that host's folder refuses to start it, naming the file (checked there).
+is green; then `kit up` there serves the pulled folder through its front door. The server's
+hash cache (the site's volume there): after the pull, `kit up`'s check there reads no file;
+without the cache (`kit down --volumes`) it reads every file, with it (`kit down`, `kit up`)
+none, timed (the fetcher's own time there and the whole check's); a byte flipped with the
+mtime set back (`touch -d`) is read again (the ctime moved) and refused, naming the file.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from kit.stack.remote_pull import helper_name
 from kit.weights.lock import read_lock
 from tests.support.hub_standin import HubStandin, small_model
 from tests.support.live_stack import SERVICE, LiveSite, checked, kit, write_spec
-from tests.support.pinned_site import MODEL, kit_process
+from tests.support.pinned_site import MODEL, hashed_on_server, kit_process
 from tests.support.remote_host import LOCAL_IP, REMOTE_IP, RemoteHost, operated_host
 
 pytestmark = pytest.mark.e2e
@@ -41,6 +44,7 @@ SHARD_BYTES = 12 << 20
 PIECE = 10 << 20  # huggingface_hub's DOWNLOAD_CHUNK_SIZE (a write may be seen half-done)
 SLOW = 1 << 20
 NO_ROUTE = "http://192.0.2.1:8080"  # TEST-NET-1: the second host has no route to it
+HASHES = "rpull1_kit-weights-hashes"  # the site's hash cache volume on the second host
 
 
 @pytest.fixture(scope="module")
@@ -179,21 +183,49 @@ def test_the_remote_host_pulls_resumes_verifies_and_serves(
     try:
         up = checked(site.kit("up")).stdout
         assert "all checks passed" in up, up
+        assert hashed_on_server(up) == (0, 0, 9), up  # the pulls left their hashes there
         served = remote.client.containers.get(f"rpull1-{SERVICE}-1")
         assert served.attrs["Config"]["Cmd"][0] == f"/models/{MODEL}@{commit}"
+        assert HASHES not in {m.get("Name") for m in served.attrs["Mounts"]}  # kit's alone
         assert site.status(credentials=site.basic("ops")) == 200
-        # a flipped byte there: the next start is refused on that host's evidence, by name
+        # the check's cost without the server's cache (kit down --volumes removes it), then
+        # with it, in turns
+        checks = {"cold": [], "cached": []}
+        for _ in range(2):
+            checked(site.kit("down", "--volumes"))
+            assert HASHES not in {v.name for v in remote.client.volumes.list()}
+            cold = checked(site.kit("up")).stdout
+            assert hashed_on_server(cold) == (9, total, 0), cold
+            checked(site.kit("down"))
+            cached = checked(site.kit("up")).stdout
+            assert hashed_on_server(cached) == (0, 0, 9), cached
+            checks["cold"].append(_check_line(cold))
+            checks["cached"].append(_check_line(cached))
+        print("\n".join(f"{kind}: {line}" for kind, lines in checks.items() for line in lines))
+        # a flipped byte there, the mtime set back with touch -d: the ctime moved, so the file
+        # is read again and the next start is refused on that host's evidence, by name
         checked(site.kit("down"))
         shard = folder / "model-00002-of-00002.safetensors"
+        before = shard.stat()
         data = bytearray(shard.read_bytes())
         data[100] ^= 1
         shard.write_bytes(bytes(data))
+        stamp = f"@{before.st_mtime_ns // 10**9}.{before.st_mtime_ns % 10**9:09d}"
+        subprocess.run(["touch", "-m", "-d", stamp, str(shard)], check=True)
+        assert (shard.stat().st_size, shard.stat().st_mtime_ns) == (
+            before.st_size, before.st_mtime_ns)
         refused = site.kit("up")
         assert refused.returncode == 2, refused.stdout + refused.stderr
         assert f"service {SERVICE}: {shard} has sha256" in refused.stderr, refused.stderr
+        assert hashed_on_server(refused.stdout) == (1, before.st_size, 8), refused.stdout
         assert f"rpull1-{SERVICE}-1" not in {c.name for c in remote.client.containers.list()}
+        print(_check_line(refused.stdout))
     finally:
         site.kit("down")
+
+
+def _check_line(output: str) -> str:
+    return next(line for line in output.splitlines() if " checked on " in line)
 
 
 def _size(folder: Path) -> int:

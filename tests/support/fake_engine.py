@@ -419,7 +419,7 @@ class FakeEngine:
 
     def helper_wait(self, name: str, timeout: float) -> tuple[int, str]:
         """The scripted result for this helper (`helper_results`); else, with `run_helpers`, its
-        argv run on this host as the engine's host (each bind's target read as its source);
+        argv run on this host as the engine's host (each mount's target read as its source);
         else exit 0, no output."""
         self._call("helper_wait", name)
         if name not in self.helpers:
@@ -441,7 +441,7 @@ class FakeEngine:
         argv, binds, _ = self.helpers[name]
         root = self.helper_roots.get(name)
         tops = {"/" + p.name for p in root.iterdir()} if root else set()
-        rebased = [next((m.source + arg.removeprefix(m.target) for m in binds
+        rebased = [next((self._host_source(m) + arg.removeprefix(m.target) for m in binds
                          if arg == m.target or arg.startswith(m.target + "/")),
                         next((f"{root}{arg}" for top in tops
                               if arg == top or arg.startswith(top + "/")), arg))
@@ -452,6 +452,10 @@ class FakeEngine:
         assert process.stdout is not None
         yield from process.stdout
         process.wait()
+
+    def _host_source(self, mount: Mount) -> str:
+        """Where a helper's mount is on this host: a bind's folder, a volume's files."""
+        return str(self.volume_path(mount.source)) if mount.type == "volume" else mount.source
 
     def _end_helper(self, name: str) -> None:
         """A helper removed: its process killed, its scratch root deleted."""

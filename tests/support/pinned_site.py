@@ -4,6 +4,7 @@ spec, its lock file, the pulled folder, and the files a corruption test breaks."
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -81,3 +82,14 @@ def pinned_on_disk(models: Path, site: Path, revision: str = "main") -> None:
     write_lock(site / "site.lock", [LockedModel(MODEL, revision, "c" * 40, tuple(
         LockedFile(path, len(content), hashlib.sha256(content).hexdigest())
         for path, content in files.items()))])
+
+
+def hashed_on_server(reported: str) -> tuple[int, int, int]:
+    """(files hashed, their bytes, files the server's hash cache vouched for) from the line
+    `kit up` reports for a pinned folder it checked through a remote engine
+    (kit.stack.remote_pull.check_summary); AssertionError when there is none."""
+    found = re.search(r"checked on \S+: (\d+) file\(s\) hashed \((\d+) bytes\), (\d+) "
+                      r"unchanged in its hash cache", reported)
+    assert found, f"no check of a pinned folder reported in: {reported}"
+    hashed, hashed_bytes, reused = map(int, found.groups())
+    return hashed, hashed_bytes, reused

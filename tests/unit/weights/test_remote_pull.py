@@ -10,6 +10,7 @@ import errno
 import hashlib
 import io
 import json
+import os
 import threading
 import time
 from importlib import import_module
@@ -19,17 +20,26 @@ import pytest
 
 from kit.errors import BadInput
 from kit.site import Site
-from kit.stack.remote_pull import _Events, _failure, helper_name
+from kit.stack.down import down_site
+from kit.stack.remote_pull import _Events, _failure, check_pinned_remote, helper_name
 from kit.stack.remote_pull import token as hub_token
 from kit.weights.lock import LockedFile, LockedModel, read_lock, write_lock
+from kit.weights.verify import HashCache
 from tests.support.cli import run_kit
 from tests.support.fake_engine import FakeEngine, engine_with_images
 from tests.support.fake_stack import REMOTE_ENGINE, up
 from tests.support.hub_standin import HubStandin, small_model
-from tests.support.pinned_site import MODEL, pinned_on_disk, pinned_spec, pulled_folder
+from tests.support.pinned_site import (
+    MODEL,
+    hashed_on_server,
+    pinned_on_disk,
+    pinned_spec,
+    pulled_folder,
+)
 
 IMAGE = "vllm/vllm-openai:v0.33.0"
 HELPER = helper_name("pin01")
+HASHES = "pin01_kit-weights-hashes"  # the site's hash cache volume on the server
 BIG = "acme/big"
 SECRET = "hf_remotePullSecret123"
 SHARD_BYTES = 21 << 19  # 10.5 MiB
@@ -67,11 +77,14 @@ def test_the_server_downloads_verifies_and_the_helper_is_gone(
     assert "(100 %)" in pulled.output and "/s, ETA" in pulled.output  # the same progress line
     assert run_kit("validate", _local(spec)).exit_code == 0  # the folder matches the lock
     argv, binds, host_network = _started(remote)
-    assert argv == ["python3", "/kit-pull/weights_fetch.py", "/kit-pull/job.json", "/models"]
+    assert argv == ["python3", "/kit-pull/weights_fetch.py", "/kit-pull/job.json", "/models",
+                    "/kit-hashes/weights-hashes.json"]
     assert host_network  # the server's own network: its route to the Hub, not this machine's
-    assert [(b.source, b.target, b.read_only) for b in binds] == [
-        (str(tmp_path / "models"), "/models", False)]
+    assert [(b.type, b.source, b.target, b.read_only) for b in binds] == [
+        ("bind", str(tmp_path / "models"), "/models", False),
+        ("volume", HASHES, "/kit-hashes", False)]
     files = remote.helper_files[HELPER]
+    assert files["kit-pull/weights_hashes.py"][0] == 0o444  # the cache's rules, beside it
     assert files["kit-pull/token"] == (0o400, SECRET.encode())
     job = json.loads(files["kit-pull/job.json"][1])
     assert job["folder"] == f"{MODEL}@main" and job["staging"] == "acme/.tiny@main.partial"
@@ -205,7 +218,8 @@ def test_up_through_a_remote_engine_checks_the_pinned_folder_there(tmp_path: Pat
     up(Site.load(spec), engine)
     check = helper_name("pin01")
     argv, binds, host_network = engine.last_helper[check]
-    assert not host_network and [(b.target, b.read_only) for b in binds] == [("/models", True)]
+    assert not host_network and [(b.target, b.read_only) for b in binds] == [
+        ("/models", True), ("/kit-hashes", False)]
     assert "kit-pull/token" not in engine.helper_files[check]
     assert json.loads(engine.helper_files[check]["kit-pull/job.json"][1])["check"] is True
     shard = pulled_folder(tmp_path) / "model-00002-of-00002.safetensors"
@@ -220,3 +234,94 @@ def test_up_through_a_remote_engine_checks_the_pinned_folder_there(tmp_path: Pat
         "sha256" in refused.value.message
     assert "run `kit pull`" in str(refused.value.fix)
     assert [n for n in engine.names() if not n.endswith("kit-pull")] == []  # nothing created
+
+
+@pytest.fixture
+def server(monkeypatch: pytest.MonkeyPatch) -> FakeEngine:
+    """One remote engine for kit pull, kit up and kit down, its helpers run here: the hash
+    cache volume it keeps outlives each throwaway container."""
+    engine = engine_with_images()
+    engine.run_helpers = True
+    monkeypatch.setattr("kit.commands.pull.connect", lambda url: engine)
+    monkeypatch.setattr("kit.stack.down.connect", lambda url: engine)
+    return engine
+
+
+def _recheck(spec: Path, engine: FakeEngine, reported: list[str]) -> tuple[int, int, int]:
+    """kit up's check of the pinned folder on the server once more (as after `kit down`):
+    (files hashed, their bytes, files the server's cache vouched for)."""
+    site = Site.load(spec)
+    check_pinned_remote(engine, site, list(site.desired.services), reported.append)
+    return hashed_on_server(reported[-1])
+
+
+def _flip_keeping_mtime(shard: Path) -> None:
+    """One byte flipped, the size kept and the mtime set back (`touch -d`): only the ctime
+    (and a hash) can tell."""
+    before = shard.stat()
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 1
+    shard.write_bytes(bytes(data))
+    os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = shard.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+
+
+def test_the_servers_hash_cache_spares_a_recheck_and_sees_a_rewritten_file(
+        tmp_path: Path, hub: HubStandin, server: FakeEngine) -> None:
+    """kit pull on the server leaves the hashes of what it fetched in the site's cache volume
+    there, by the rules kit's own check reads; kit up's check then reads no file again, only
+    one whose stat changed, and a byte flipped with the mtime set back is read and refused."""
+    spec = remote_spec(tmp_path)
+    assert run_kit("pull", spec).exit_code == 0
+    locked = read_lock(spec.parent / "site.lock")[f"{MODEL}@main"]
+    folder = pulled_folder(tmp_path)
+    cache_file = server.volume_path(HASHES) / "weights-hashes.json"
+    cache = HashCache(cache_file)  # kit.weights.verify's reading of what the fetcher wrote
+    assert {f.path: cache.get(folder / f.path, (folder / f.path).stat())
+            for f in locked.files} == {f.path: f.sha256 for f in locked.files}
+    assert oct(cache_file.stat().st_mode & 0o777) == "0o600"
+    assert [p.name for p in cache_file.parent.iterdir()] == [cache_file.name]  # no staged file
+    reported = up(Site.load(spec), server)
+    assert hashed_on_server("\n".join(reported)) == (0, 0, 9)  # the pull's hashes: none read
+    touched = folder / "model-00001-of-00002.safetensors"
+    os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns + 1))
+    assert _recheck(spec, server, reported) == (1, touched.stat().st_size, 8)
+    assert _recheck(spec, server, reported) == (0, 0, 9)
+    flipped = folder / "model-00002-of-00002.safetensors"
+    time.sleep(0.05)  # a later clock tick than the pull's: the write moves the ctime
+    _flip_keeping_mtime(flipped)
+    with pytest.raises(BadInput) as refused:
+        _recheck(spec, server, reported)
+    assert hashed_on_server(reported[-1]) == (1, flipped.stat().st_size, 8)
+    assert f"service tiny: {flipped} has sha256" in refused.value.message
+
+
+def test_a_server_cache_kit_cannot_trust_costs_a_rehash_and_is_kits_alone(
+        tmp_path: Path, hub: HubStandin, server: FakeEngine) -> None:
+    """A cache that is not JSON, of another version or with entries of the wrong shape is read
+    as empty: every file hashed again, the check still right, the cache rewritten whole. The
+    volume is the site's (kit down keeps it, --volumes removes it) and no service mounts it."""
+    spec = remote_spec(tmp_path)
+    assert run_kit("pull", spec).exit_code == 0
+    reported = up(Site.load(spec), server)
+    cache_file = server.volume_path(HASHES) / "weights-hashes.json"
+    good = json.loads(cache_file.read_text())
+    total = read_lock(spec.parent / "site.lock")[f"{MODEL}@main"].total_bytes
+    wrong_shapes = {path: [*entry[:-1], "Z" * 64] if n % 3 == 0 else
+                    entry[1:] if n % 3 == 1 else [str(v) for v in entry]
+                    for n, (path, entry) in enumerate(good["files"].items())}
+    for broken in (b"{not json", b"[]", json.dumps({**good, "version": 2}).encode(),
+                   json.dumps({"version": 1, "files": list(good["files"])}).encode(),
+                   json.dumps({"version": 1, "files": wrong_shapes}).encode()):
+        cache_file.write_bytes(broken)
+        assert _recheck(spec, server, reported) == (9, total, 0), broken
+        assert json.loads(cache_file.read_text()) == good  # rewritten whole, as it was
+    site = Site.load(spec)
+    assert not [m for s in site.desired.services for m in s.config.mounts if m.source == HASHES]
+    assert [v["Name"] for v in server.volumes(["com.docker.compose.project=pin01"])
+            if v["Name"] == HASHES] == [HASHES]
+    down_site(site, False, reported.append)
+    assert HASHES in [v["Name"] for v in server.volumes([])]
+    down_site(site, True, reported.append)
+    assert HASHES not in [v["Name"] for v in server.volumes([])]
