@@ -100,6 +100,51 @@ def _requests(metrics: str) -> int | None:
     return round(sum(values)) if values else None
 
 
+# How kit waits for the requests already inside a replica's vLLM before it takes something away
+# (the replica itself in a rolling update, an adapter from it in a removal), the door no longer
+# sending it new ones: at most DRAIN_SECONDS, polled every DRAIN_POLL_SECONDS, and idle for
+# DRAIN_QUIET_SECONDS before it counts (nginx's old workers still pass on requests that arrived
+# on connections they accepted before the reload).
+DRAIN_SECONDS = 300
+DRAIN_POLL_SECONDS = 0.5
+DRAIN_QUIET_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class Quiet:
+    """How a wait for quiet replicas ended."""
+
+    left: dict[str, int | bool | None]  # replica → its last reading, for those not quiet in time
+    busy_s: dict[str, float]  # replica → seconds from the start to its last busy reading
+
+
+def wait_quiet(readings: dict[str, Callable[[], int | bool | None]],
+               seconds: float = DRAIN_SECONDS) -> Quiet:
+    """Polls each replica's reading (requests in flight: a count or a yes/no, None when it
+    cannot tell) until each read 0/False for DRAIN_QUIET_SECONDS, at most `seconds`; a replica
+    that cannot tell is waited for until the deadline."""
+    started = time.monotonic()
+    deadline = started + seconds
+    idle_since: dict[str, float] = {}
+    busy_s: dict[str, float] = {}
+    pending = dict(readings)
+    last: dict[str, int | bool | None] = {}
+    while pending:
+        now = time.monotonic()
+        for host, read in list(pending.items()):
+            last[host] = read()
+            if last[host]:
+                busy_s[host] = now - started
+            if last[host] is None or last[host]:
+                idle_since.pop(host, None)
+            elif now - idle_since.setdefault(host, now) >= DRAIN_QUIET_SECONDS:
+                del pending[host]
+        if not pending or time.monotonic() > deadline:
+            break
+        time.sleep(DRAIN_POLL_SECONDS)
+    return Quiet({host: last[host] for host in pending}, busy_s)
+
+
 LORA_INFO = "vllm:lora_requests_info"  # vLLM's gauge of the adapters requests run or wait on
 LORA_INFO_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 

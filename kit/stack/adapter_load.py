@@ -10,6 +10,7 @@ proves a new replica serves every adapter its command declares before nginx send
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +20,13 @@ from kit.engine.docker_api import Engine
 from kit.engine.observe import ContainerState, ObservedState
 from kit.errors import KitError
 from kit.front_door.replica_check import (
+    DRAIN_SECONDS,
+    Quiet,
     adapter_in_flight,
     prove_replica,
     request_in_container,
     served_adapters,
+    wait_quiet,
 )
 from kit.plan.adapters import declared_modules
 from kit.site import Site
@@ -36,13 +40,7 @@ UNLOAD_ROUTE = "/v1/unload_lora_adapter"
 # generous, a slow disk is not a failure.
 LOAD_TIMEOUT_S = 120
 ALREADY_LOADED = "has already been loaded"  # vLLM's refusal of a second load of one name
-# Before an unload, the requests on the adapter already inside vLLM finish (the door no longer
-# sends it new ones): as long as a rolling update waits for a replica's requests.
-ADAPTER_DRAIN_S = 300
-DRAIN_POLL_S = 0.5
-# Idle this long before the unload: a request nginx's old workers accepted just before the
-# reload has reached vLLM by then.
-DRAIN_QUIET_S = 2.0
+ADAPTER_DRAIN_S = DRAIN_SECONDS  # as long as a rolling update waits for a replica's requests
 
 
 @dataclass(frozen=True)
@@ -103,41 +101,15 @@ def load_and_gate(engine: Engine, host: str, container: ContainerState, name: st
                        time.monotonic() - started)
 
 
-@dataclass(frozen=True)
-class Drain:
-    """Where requests on an adapter still ran when the wait ended, and for how long each
-    replica was seen running some."""
-
-    left: dict[str, bool | None]  # host → True (requests on it run) or None (cannot tell)
-    busy_s: dict[str, float]  # host → seconds from the wait's start to its last busy reading
-
-
 def wait_idle(engine: Engine, replicas: list[tuple[str, ContainerState]], name: str,
-              timeout: float = ADAPTER_DRAIN_S) -> Drain:
-    """Wait until no request on adapter `name` runs or waits in any of these replicas (each
-    idle for DRAIN_QUIET_S: vllm:lora_requests_info, kit.front_door.replica_check), at most
-    `timeout` seconds."""
-    started = time.monotonic()
-    deadline = started + timeout
-    idle_since: dict[str, float] = {}
-    busy_s: dict[str, float] = {}
-    pending = dict(replicas)
-    state: dict[str, bool | None] = {}
-    while pending:
-        now = time.monotonic()
-        for host, container in list(pending.items()):
-            state[host] = adapter_in_flight(engine, container, name)
-            if state[host] is True:
-                busy_s[host] = now - started
-            if state[host] is not False:
-                idle_since.pop(host, None)
-            elif now - idle_since.setdefault(host, now) >= DRAIN_QUIET_S:
-                del pending[host]
-        if pending and time.monotonic() > deadline:
-            break
-        if pending:
-            time.sleep(DRAIN_POLL_S)
-    return Drain({host: state[host] for host in pending}, busy_s)
+              timeout: float = ADAPTER_DRAIN_S) -> Quiet:
+    """Wait until no request on adapter `name` runs or waits in any of these replicas
+    (vllm:lora_requests_info, kit.front_door.replica_check.wait_quiet), at most `timeout`
+    seconds."""
+    def reading(container: ContainerState) -> Callable[[], bool | None]:
+        return lambda: adapter_in_flight(engine, container, name)
+
+    return wait_quiet({host: reading(container) for host, container in replicas}, timeout)
 
 
 def unload(engine: Engine, container: ContainerState, name: str) -> str:

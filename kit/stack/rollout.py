@@ -14,7 +14,6 @@ replica again.
 """
 
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,18 +24,13 @@ from kit.engine.observe import ContainerState, container_state
 from kit.errors import KitError
 from kit.files import atomic_write
 from kit.front_door.reload import reload, running_proxy
-from kit.front_door.replica_check import in_flight, prove_replica
+from kit.front_door.replica_check import DRAIN_SECONDS, in_flight, prove_replica, wait_quiet
 from kit.layout import SiteLayout
 from kit.spec.vllm_flags import serving_task
 from kit.stack.adapter_load import serve_declared
 from kit.stack.reconcile import Action, RecreateContainer, RollReplicas
 from kit.state import json_object, read_state
 
-DRAIN_SECONDS = 300  # longest wait for a replica's running and queued requests to finish
-DRAIN_POLL_SECONDS = 0.5
-# Idle this long before it counts as drained: nginx's old workers still pass on requests that
-# arrived on connections they accepted before the reload.
-DRAIN_QUIET_SECONDS = 2.0
 DOWN = " down;"
 OUT_OF_SERVICE = "# out of service: "  # a replica's server line while kit up replaces it
 
@@ -113,17 +107,8 @@ def drain(engine: Engine, old: ContainerState, seconds: float = DRAIN_SECONDS) -
     current = container_state(engine.inspect(old.id))
     if not current.running or current.health not in (None, "healthy"):
         return 0
-    now = time.monotonic()
-    deadline, idle_since = now + seconds, None
-    while True:
-        left = in_flight(engine, current)
-        now = time.monotonic()
-        idle_since = (idle_since or now) if left == 0 else None
-        if idle_since is not None and now - idle_since >= DRAIN_QUIET_SECONDS:
-            return 0
-        if now > deadline:
-            return left or 0
-        time.sleep(DRAIN_POLL_SECONDS)
+    return wait_quiet({old.service: lambda: in_flight(engine, current)}, seconds).left.get(
+        old.service) or 0
 
 
 def mark(pool: str, host: str, *, serving: bool) -> str:
