@@ -318,15 +318,7 @@ class Ledger:
         return state, None
 
     def write_state(self, state: dict) -> None:
-        text = json.dumps(state, sort_keys=True, separators=(",", ":")).encode()
-        temporary = self.state_file + ".tmp"
-        try:
-            _write_all(temporary, text, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-            os.rename(temporary, self.state_file)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
+        _replace_json(self.state_file, state)
         _fsync_folder(self.folder)
 
     def cut_torn_tail(self, name: str) -> bool:
@@ -389,6 +381,22 @@ class Ledger:
         _write_all(self.pruned_file, line, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         os.unlink(self.path(name))
         _fsync_folder(self.segments)
+
+
+def _replace_json(path: str, value: dict, mode: int | None = None) -> None:
+    """`path` replaced whole by `value` as compact JSON (a temporary file, fsynced, renamed over
+    it; `mode` set before the rename); on failure the old file stands and OSError is raised."""
+    temporary = path + ".tmp"
+    try:
+        _write_all(temporary, json.dumps(value, sort_keys=True, separators=(",", ":")).encode(),
+                   os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        if mode is not None:
+            os.chmod(temporary, mode)
+        os.rename(temporary, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def _write_all(path: str, data: bytes, flags: int) -> None:
@@ -832,18 +840,11 @@ class Collector:
                            for who, (window_day, spent_day, _, spent_month)
                            in self.windows.items()}
             through = self.last_seq
-        text = json.dumps({"v": 1, "day": day, "month": month, "through_seq": through,
-                           "credentials": credentials}, sort_keys=True,
-                          separators=(",", ":")).encode()
-        temporary = path + ".tmp"
         try:
-            _write_all(temporary, text, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-            os.chmod(temporary, 0o644)
-            os.rename(temporary, path)
+            _replace_json(path, {"v": 1, "day": day, "month": month, "through_seq": through,
+                                 "credentials": credentials}, mode=0o644)
             error = None
         except OSError as failure:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
             error = f"{_now_iso()} {failure!r}"
         with self.lock:
             self.seed_error = error
