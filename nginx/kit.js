@@ -452,6 +452,17 @@ var SEND_LAST = {last: true, flush: true};
 // starts; its figures are read once, when the request is logged (or when a budget counts them).
 var filtering = null;
 
+// What the filter reads or sets for every token event, kept as variables of the request's VM
+// rather than properties of its state (njs finds a variable by its slot, a property by a hash
+// lookup): the buffer holding the last usage object the door saw and where that object starts,
+// and which quick path (below) the next buffer may take.
+var usageBytes = NOTHING;
+var usageAt = 0;
+var NOT_QUICK = 0;
+var QUICK_CHAT = 1;
+var QUICK_COMPLETIONS = 2;
+var quick = NOT_QUICK;
+
 // The end of the usage object that starts at `at` (-1 when it is cut short): it holds only
 // numbers, null and objects of those, so no strings to skip.
 function usageObjectEnd(bytes, at) {
@@ -465,11 +476,11 @@ function usageObjectEnd(bytes, at) {
 }
 
 // Notes the last usage object of `bytes` for the log.
-function noteUsage(state, bytes) {
+function noteUsage(bytes) {
     var at = bytes.lastIndexOf(USAGE_KEY);
     if (at !== -1) {
-        state.usage = bytes;
-        state.usageAt = at;
+        usageBytes = bytes;
+        usageAt = at;
     }
 }
 
@@ -498,8 +509,8 @@ function sendAsAsked(r, events, state) {
         if (end === -1) {
             break;
         }
-        state.usage = events;
-        state.usageAt = at;
+        usageBytes = events;
+        usageAt = at;
         if (!finalUsage(events, at)) {
             send(r, events.slice(from, state.completions ? at : at - 1));
             if (state.completions) {  // completions chunks carry "usage":null when not continuous
@@ -522,8 +533,7 @@ function sendAsAsked(r, events, state) {
     send(r, from === 0 ? events : events.slice(from));
 }
 
-// What the quick path of usageFilter sends after the part of an event before its usage.
-var EVENT_OBJECT_END = Buffer.from('}\n\n');
+// What the quick path of usageFilter sends after a completions event's part before its usage.
 var NULL_USAGE_END = Buffer.from('"usage":null}\n\n');
 
 // Sends the complete events of a buffer on, as the client asked for them; the partial event at
@@ -533,7 +543,7 @@ function sendStreamed(r, data, state) {
     var cut = buffer.lastIndexOf(EVENT_END);
     if (cut === -1) {
         state.pending = buffer;
-        state.quick = false;
+        quick = NOT_QUICK;
         return;
     }
     cut += 2;
@@ -547,13 +557,14 @@ function sendStreamed(r, data, state) {
                               || events.indexOf(state.firstToken) !== -1)) {
         state.ttft = r.variables.request_time;  // the first token event the door passes on
     }
-    state.quick = state.rewrite && state.ttft !== '' && state.pending.length === 0;
+    quick = !state.rewrite || state.ttft === '' || state.pending.length ? NOT_QUICK
+        : state.completions ? QUICK_COMPLETIONS : QUICK_CHAT;
     if (state.rewrite) {
         sendAsAsked(r, events, state);
         return;
     }
-    noteUsage(state, events);  // the client asked for all of it (or it is not a chat)
-    if (state.budget && state.usage === events && finalUsage(events, state.usageAt)) {
+    noteUsage(events);  // the client asked for all of it (or it is not a chat)
+    if (state.budget && usageBytes === events && finalUsage(events, usageAt)) {
         spendOnce(r, state);  // before the stream's last bytes go out
     }
     r.sendBuffer(events, SEND);
@@ -566,28 +577,37 @@ function usageFilter(r, data, flags) {
     var state = filtering;
     if (state === null) {
         state = filtering = filterState(r);
-    } else if (state.quick && !flags.last) {
+    } else if (quick !== NOT_QUICK && !flags.last) {
         // The common buffer of a stream whose client did not ask for every usage, once its
         // first token passed: one whole event (its only newlines end it) whose usage object —
         // not the stream's last (`"choices":[],` before it) — is its last key and holds no
-        // object, taken out with byte reads and searches for one byte (njs's searches for a
-        // sequence cost several times more) and no call of ours (njs pays for each).
+        // object (its `{` the event's last `{`, the event ending `}}`: in valid JSON the first
+        // of those two closes the usage, whose values are numbers). Each property read, method
+        // call and sendBuffer option costs njs hash lookups (a Buffer's methods and length:
+        // several, up its prototypes), so: bytes read by index, one one-byte search each way,
+        // sends without options (the upstream buffer's own flush flag, which nginx sets when it
+        // proxies unbuffered, carries over).
         var n = data.length;
-        var brace = data[n - 3] === 125 && data[n - 4] === 125 ? data.lastIndexOf(123) : -1;
+        var brace = data.lastIndexOf(123);
         var at = brace - 8;  // where `"usage":{` would start
-        if (at > 2 && data[at - 1] === 44 && data[at - 3] !== 91 && data[brace - 1] === 58
+        if (at > 2 && data[n - 1] === 10 && data[n - 2] === 10 && data[n - 3] === 125
+            && data[n - 4] === 125 && data[at - 1] === 44 && data[at - 3] !== 91
             && data[at] === 34 && data[at + 1] === 117 && data[at + 2] === 115
             && data[at + 3] === 97 && data[at + 4] === 103 && data[at + 5] === 101
-            && data[at + 6] === 34 && data.indexOf(125, brace) === n - 4
-            && data.indexOf(10) === n - 2 && data[n - 1] === 10) {
-            state.usage = data;
-            state.usageAt = at;
-            if (state.completions) {  // "usage":null, as vLLM sends it when not continuous
-                r.sendBuffer(data.slice(0, at), SEND);
-                r.sendBuffer(NULL_USAGE_END, SEND);
-            } else {
-                r.sendBuffer(data.slice(0, at - 1), SEND);
-                r.sendBuffer(EVENT_OBJECT_END, SEND);
+            && data[at + 6] === 34 && data[brace - 1] === 58 && data.indexOf(10) === n - 2) {
+            usageBytes = data;
+            usageAt = at;
+            if (quick === QUICK_CHAT) {
+                // `,"u` becomes `}\n\n` in place (the filter gets its own copy of nginx's
+                // buffer), so the event without its usage is one slice, and the usage's figures
+                // stay readable for the log from its `"prompt_tokens"` on.
+                data[at - 1] = 125;
+                data[at] = 10;
+                data[at + 1] = 10;
+                r.sendBuffer(data.slice(0, at + 2));
+            } else {  // "usage":null, as vLLM sends it when not continuous
+                r.sendBuffer(data.slice(0, at));
+                r.sendBuffer(NULL_USAGE_END);
             }
             return;
         }
@@ -598,10 +618,10 @@ function usageFilter(r, data, flags) {
     if (!state.stream) {
         state.tail = Buffer.concat([state.tail, data]).slice(-NON_STREAM_TAIL);
         if (flags.last || state.budget) {
-            noteUsage(state, state.tail);
+            noteUsage(state.tail);
         }
-        if (state.budget && (flags.last || (state.usage.length
-                && usageObjectEnd(state.usage, state.usageAt) !== -1))) {
+        if (state.budget && (flags.last || (usageBytes.length
+                && usageObjectEnd(usageBytes, usageAt) !== -1))) {
             spendOnce(r, state);  // before the answer's last bytes go out
         }
         r.sendBuffer(data, flags.last ? SEND_LAST : SEND);
@@ -628,11 +648,8 @@ function filterState(r) {
         completions: uri === '/v1/completions',
         firstToken: uri === '/v1/responses' ? RESPONSE_DELTA : null,
         budget: budgeted(policyOf(r)),  // counted by the filter, before the answer's end
-        quick: false,
         pending: NOTHING,
         tail: NOTHING,
-        usage: NOTHING,
-        usageAt: 0,
         ttft: '',
         done: false,
         spent: false,
@@ -642,12 +659,11 @@ function filterState(r) {
 // The figures of the last usage the door saw, for the log ('' when it saw none or it was cut
 // short; an embedding's usage has no completion tokens).
 function usageFigure(pattern) {
-    if (filtering === null || filtering.usage.length === 0) {
+    if (usageBytes.length === 0) {
         return '';
     }
-    var text = filtering.usage;
-    var end = usageObjectEnd(text, filtering.usageAt);
-    var found = end === -1 ? null : pattern.exec(text.slice(filtering.usageAt, end).toString());
+    var end = usageObjectEnd(usageBytes, usageAt);
+    var found = end === -1 ? null : pattern.exec(usageBytes.slice(usageAt, end).toString());
     return found ? found[1] : '';
 }
 
