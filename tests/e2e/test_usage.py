@@ -34,7 +34,13 @@ from tests.support.live_stack import (
     wait_for,
     write_spec,
 )
-from tests.support.usage_stack import assert_once, caught_up, door_ids, ledger_with
+from tests.support.usage_stack import (
+    assert_once,
+    caught_up,
+    door_ids,
+    ledger_with,
+    quiet_start,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -71,7 +77,7 @@ def test_every_request_is_recorded_once_with_the_engines_own_counts(site: LiveSi
     key = site.add_key("app")
     basic = site.basic("ops")
     sdk = site.openai(key)
-    started = time.time()
+    started = quiet_start()
     before = engine_counts(site)
 
     streamed = sdk.chat.completions.create(
@@ -143,7 +149,7 @@ def test_records_survive_a_rolling_update_a_collector_kill_and_an_nginx_reload(
     spec = yaml.safe_load(site.spec_path.read_text())
     spec["services"][0]["max_num_seqs"] = 128
     write_spec(site.spec_path, spec)
-    started = time.time()
+    started = quiet_start()
     batches: list[dict] = []
     done = threading.Event()
 

@@ -35,7 +35,14 @@ from tests.support.live_stack import (
     running,
     wait_for,
 )
-from tests.support.usage_stack import assert_once, caught_up, door_ids, ledger, ledger_with
+from tests.support.usage_stack import (
+    assert_once,
+    caught_up,
+    door_ids,
+    ledger,
+    ledger_with,
+    quiet_start,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -96,7 +103,7 @@ def test_a_full_ledger_disk_keeps_the_door_serving_and_loses_nothing(site: LiveS
     caught_up(site)
     collector = site.container("usage-ledger")
     assert fill_disk(collector, LEDGER_MOUNT) == 0
-    started = time.time()
+    started = quiet_start()
     try:
         streams = served(site, key)
         full = status_until(site, "kit status to show the ledger's full disk",
@@ -135,7 +142,7 @@ def test_a_full_spool_disk_keeps_the_door_serving_and_counts_the_loss(site: Live
     before = caught_up(site)
     collector = site.container("usage-ledger")
     assert fill_disk(collector, COLLECTOR_SPOOL_MOUNT) == 0
-    started = time.time()
+    started = quiet_start()
     try:
         streams = served(site, key)
         time.sleep(1.5)  # nginx tries to write its buffer
