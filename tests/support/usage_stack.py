@@ -13,6 +13,7 @@ from datetime import datetime
 from tests.support.live_stack import LiveSite, checked, wait_for
 
 REQUEST_ID = re.compile(r" id=([0-9a-f]{32})$", re.MULTILINE)
+LOG_FLUSHED_S = 1.5  # nginx writes its buffered access logs (flush=1s) within this
 
 
 def ledger(site: LiveSite, since: float) -> list[dict]:
@@ -36,7 +37,7 @@ def caught_up(site: LiveSite) -> dict:
         seen.append(report)
         return bool(report.get("ok")) and report.get("spool_pending_bytes") == 0
 
-    time.sleep(1.5)
+    time.sleep(LOG_FLUSHED_S)
     wait_for("the ledger to catch up with the door", settled, 30)
     return seen[-1]
 
@@ -48,7 +49,7 @@ def quiet_start() -> float:
     after that flush. A request just before (kit's own probes after `kit keys add`, the knocks
     of `kit status`) is then in neither, where its line, written out after the start, used to
     put its id in `door_ids` while its record, older than a second, was not in `ledger`."""
-    time.sleep(1.5)
+    time.sleep(LOG_FLUSHED_S)
     time.sleep(1 - time.time() % 1)
     return time.time()
 
