@@ -102,8 +102,8 @@ def test_a_full_ledger_disk_keeps_the_door_serving_and_loses_nothing(site: LiveS
     key = site.add_key("ledgerfull")
     caught_up(site)
     collector = site.container("usage-ledger")
+    started = quiet_start()  # then the disk filled right before the requests, not seconds before
     assert fill_disk(collector, LEDGER_MOUNT) == 0
-    started = quiet_start()
     try:
         streams = served(site, key)
         full = status_until(site, "kit status to show the ledger's full disk",
@@ -141,8 +141,8 @@ def test_a_full_spool_disk_keeps_the_door_serving_and_counts_the_loss(site: Live
     time.sleep(1.5)  # nginx's buffer of spool lines is written out (flush=1s)
     before = caught_up(site)
     collector = site.container("usage-ledger")
+    started = quiet_start()  # then the disk filled right before the requests, not seconds before
     assert fill_disk(collector, COLLECTOR_SPOOL_MOUNT) == 0
-    started = quiet_start()
     try:
         streams = served(site, key)
         time.sleep(1.5)  # nginx tries to write its buffer
