@@ -535,6 +535,12 @@ function sendAsAsked(r, events, state) {
 
 // What the quick path of usageFilter sends after a completions event's part before its usage.
 var NULL_USAGE_END = Buffer.from('"usage":null}\n\n');
+// The key it looks for before the event's last `{`, compared in one call (its length read once).
+var USAGE_MEMBER = Buffer.from(',"usage":{');
+var USAGE_MEMBER_BYTES = USAGE_MEMBER.length;
+// A view of the first bytes of the filter's Buffer, which njs makes over exactly the upstream
+// buffer's bytes (offset 0): the constructor kept in a variable, not looked up as a global.
+var ByteView = Uint8Array;
 
 // Sends the complete events of a buffer on, as the client asked for them; the partial event at
 // its end is held back until its end arrives.
@@ -584,17 +590,17 @@ function usageFilter(r, data, flags) {
         // object (its `{` the event's last `{`, the event ending `}}`: in valid JSON the first
         // of those two closes the usage, whose values are numbers). Each property read, method
         // call and sendBuffer option costs njs hash lookups (a Buffer's methods and length:
-        // several, up its prototypes), so: bytes read by index, one one-byte search each way,
-        // sends without options (the upstream buffer's own flush flag, which nginx sets when it
-        // proxies unbuffered, carries over).
+        // several, up its prototypes), so: the key compared in one call, the other bytes read
+        // by index, one one-byte search each way, the part kept sent as a view of the event's
+        // memory (`slice` also looks up a species constructor), sends without options (the
+        // upstream buffer's own flush flag, which nginx sets when it proxies unbuffered,
+        // carries over). docs/benchmarks.md has what each costs.
         var n = data.length;
         var brace = data.lastIndexOf(123);
         var at = brace - 8;  // where `"usage":{` would start
-        if (at > 2 && data[n - 1] === 10 && data[n - 2] === 10 && data[n - 3] === 125
-            && data[n - 4] === 125 && data[at - 1] === 44 && data[at - 3] !== 91
-            && data[at] === 34 && data[at + 1] === 117 && data[at + 2] === 115
-            && data[at + 3] === 97 && data[at + 4] === 103 && data[at + 5] === 101
-            && data[at + 6] === 34 && data[brace - 1] === 58 && data.indexOf(10) === n - 2) {
+        if (at > 2 && data.compare(USAGE_MEMBER, 0, USAGE_MEMBER_BYTES, at - 1, brace + 1) === 0
+            && data[at - 3] !== 91 && data[n - 1] === 10 && data[n - 3] === 125
+            && data[n - 4] === 125 && data.indexOf(10) === n - 2) {
             usageBytes = data;
             usageAt = at;
             if (quick === QUICK_CHAT) {
@@ -604,9 +610,9 @@ function usageFilter(r, data, flags) {
                 data[at - 1] = 125;
                 data[at] = 10;
                 data[at + 1] = 10;
-                r.sendBuffer(data.slice(0, at + 2));
+                r.sendBuffer(new ByteView(data.buffer, 0, at + 2));
             } else {  // "usage":null, as vLLM sends it when not continuous
-                r.sendBuffer(data.slice(0, at));
+                r.sendBuffer(new ByteView(data.buffer, 0, at));
                 r.sendBuffer(NULL_USAGE_END);
             }
             return;
