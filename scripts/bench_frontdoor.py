@@ -9,7 +9,7 @@ comparison with the bars, and tears everything down. Needs a Docker engine
 (scripts/dockerd.sh start); builds the test images when needed.
 
     python3 scripts/bench_frontdoor.py [--streams 200] [--tokens 64] [--interval-ms 20]
-                                       [--rounds 3] [--h2]
+                                       [--rounds N] [--h2 | --ledger | --policy]
 
 Two load shapes, both with --streams connections opened before the clock starts:
   sustained  connection i sends its first request at i/N of one stream's duration, then two
@@ -41,6 +41,10 @@ both: budgets count its tokens) with nginx/auth/door-policy.json holding 1,000 k
 (tokens a day and a month, requests a minute; the bench key's among them, set too high to
 refuse) vs no policy, loaded alternately (a reload, then a warm-up run) in one run, the
 sustained shape. Bars: tokens/s on/off ≥ 0.99; TTFT p50 added ≤ 1 ms.
+
+Rounds: 3 by default; 11 for --ledger and --policy, whose TTFT bar (+1 ms) is within one
+round's spread (a configuration's TTFT p50 varies by 1-4 ms round to round on a quiet machine):
+their verdict compares the medians of 11 rounds each (docs/benchmarks.md).
 
 CPUs, --h2, --ledger and --policy (tests/support/cpus.py DoorSplit, printed at the start):
 nginx (the door's and its verifier's masters and workers) alone on one CPU, the client and the
@@ -90,6 +94,8 @@ from tests.support.live_stack import (  # noqa: E402
 )
 from tests.support.sites import base_site  # noqa: E402
 
+# Rounds of --ledger and --policy by default: enough that the medians resolve their 1-ms bar.
+FINE_ROUNDS = 11
 NGINX_URL = "https://nginx:443"  # nginx's name on the backend network; the domain goes in SNI
 UNLIMITED = {"rate_limit_per_ip": 100000, "rate_limit_per_credential": 100000}
 
@@ -176,7 +182,7 @@ class Bar:
                 f"(bar {bar}) {verdict}")
 
 
-def arguments(description: str, rounds: int) -> argparse.ArgumentParser:
+def arguments(description: str, rounds: int | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--streams", type=int, default=200)
     parser.add_argument("--tokens", type=int, default=64)
@@ -459,7 +465,7 @@ def edit(text: str) -> tuple[str, str]:
 
 
 def main() -> None:
-    parser = arguments(__doc__.splitlines()[0], rounds=3)
+    parser = arguments(__doc__.splitlines()[0], rounds=None)
     parser.add_argument(
         "--variant", type=edit, action="append", default=[], metavar="OLD=>NEW",
         help="also measure nginx with this edit of the rendered nginx.conf (repeatable; \\n for "
@@ -475,6 +481,8 @@ def main() -> None:
     parser.add_argument("--policy", action="store_true",
                         help="compare 1,000 keys' budgets with no policy instead (no Docker)")
     args = parser.parse_args()
+    if args.rounds is None:
+        args.rounds = FINE_ROUNDS if args.ledger or args.policy else 3
     if args.policy:
         sys.exit(0 if compare_policy(args) else 1)
     if args.h2:
