@@ -45,12 +45,17 @@ from tests.support.usage_stack import (
 pytestmark = pytest.mark.e2e
 
 ABORTED = 4  # streams the client closes after a few events
+# The stand-in's pace, ms a token: an engine counts a token it sent before the door closed the
+# stream, so "within one chunk" of an abort needs the door to see its client leave within one
+# step. At 5 ms a door slowed by the suite's other stacks once took two (CI of 3 Dec: 5 tokens
+# over 4 aborts); a GPU's pace is 10-50 ms.
+TOKEN_INTERVAL_MS = 10
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
     with running(tmp_path_factory.mktemp("usage") / "site", docker_client, prefix="use",
-                 env={"STANDIN_TOKEN_INTERVAL_MS": "5"},
+                 env={"STANDIN_TOKEN_INTERVAL_MS": str(TOKEN_INTERVAL_MS)},
                  overrides={"tiny": {"gpus": [0, 1], "tensor_parallel": 1}}) as live:
         yield live
 
