@@ -548,7 +548,7 @@ def _collector(plan: Plan, usage: dict) -> dict:
     privilege escalation; its port only on the pod's loopback."""
     return {
         "name": ledger.USAGE_SERVICE, "image": usage["image"], "restartPolicy": "Always",
-        "command": ["python3", *usage["command"], "--host", "127.0.0.1"],
+        "command": ["python3", *usage["pod_command"]],
         "volumeMounts": [
             {"name": "usage-script", "mountPath": ledger.SCRIPT_MOUNT, "readOnly": True},
             {"name": ledger.SPOOL_VOLUME, "mountPath": ledger.COLLECTOR_SPOOL_MOUNT},

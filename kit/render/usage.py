@@ -30,9 +30,15 @@ if TYPE_CHECKING:
 
 
 def ledger_routes() -> list[str]:
-    """The paths a record may name (any other is recorded as "other"): the door's routes, with
-    `/v1/models/{model}` as the prefix the collector matches."""
-    return sorted({*OPENAI_ROUTES, *(path.split("{")[0] for path in DOOR_ROUTES)})
+    """The paths a record may name (any other is recorded as "other"): the door's routes; one
+    with a `{name}` part (`/v1/models/{model}`) is recorded as written, whatever stood there."""
+    return sorted({*OPENAI_ROUTES, *DOOR_ROUTES})
+
+
+def ledger_models(plan: Plan) -> list[str]:
+    """The model names a record may name (any other is null): every name the door routes, a
+    LoRA adapter's too (docs/adapters.md)."""
+    return sorted(name for svc in plan.services for name in svc.routed_names)
 
 
 def usage_facts(plan: Plan) -> dict | None:
@@ -40,6 +46,17 @@ def usage_facts(plan: Plan) -> dict | None:
     usage = plan.usage
     if usage is None:
         return None
+    argv = [
+        f"{SCRIPT_MOUNT}/{SCRIPT}",
+        "--spool", f"{COLLECTOR_SPOOL_MOUNT}/{SPOOL_FILE}",
+        "--ledger", LEDGER_MOUNT,
+        "--retention-days", str(usage.retention_days),
+        "--max-bytes", str(usage.max_bytes),
+        "--port", str(USAGE_PORT),
+        "--models", json.dumps(ledger_models(plan)),
+        "--routes", json.dumps(ledger_routes()),
+        "--budget-seed", f"{COLLECTOR_SPOOL_MOUNT}/{BUDGET_SEED_FILE}",
+    ]
     return {
         "service": USAGE_SERVICE,
         "spool_volume": SPOOL_VOLUME,
@@ -52,17 +69,11 @@ def usage_facts(plan: Plan) -> dict | None:
         "script_mount": SCRIPT_MOUNT,
         "port": USAGE_PORT,
         "image": plan.services[0].image,
-        "command": [
-            f"{SCRIPT_MOUNT}/{SCRIPT}",
-            "--spool", f"{COLLECTOR_SPOOL_MOUNT}/{SPOOL_FILE}",
-            "--ledger", LEDGER_MOUNT,
-            "--retention-days", str(usage.retention_days),
-            "--max-bytes", str(usage.max_bytes),
-            "--port", str(USAGE_PORT),
-            "--models", json.dumps(sorted(svc.api_name for svc in plan.services)),
-            "--routes", json.dumps(ledger_routes()),
-            "--budget-seed", f"{COLLECTOR_SPOOL_MOUNT}/{BUDGET_SEED_FILE}",
-        ],
+        # Who may ask it (as the waker): on compose, its metrics address answers the front
+        # door's only (Prometheus scrapes it through the door), loopback kit's; in a pod, the
+        # door is on the pod's loopback, the only address it listens on.
+        "command": [*argv, "--host", plan.metrics.usage, "--door", plan.metrics.door],
+        "pod_command": [*argv, "--host", "127.0.0.1"],
         "health": ["CMD", *HEALTH_ARGV],
     }
 

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 BY_KEYS = ("who", "model", "day")
 NOT_ROUTED = "-"  # a record no model served (refused at the door, unknown route)
 REFUSED = "refused_"
+REJECTED = "rejected"  # the service's own 4xx: a bad request, refused by the engine
 FIGURES = ("requests", "completed", "aborted", "failed", "refused", "prompt_tokens",
            "completion_tokens", "tokens")
 COST = ("gpu_hours", "cost", "cost_per_million_tokens")
@@ -50,7 +51,7 @@ class Figures:
     completed: int = 0
     aborted: int = 0  # the client went away
     failed: int = 0  # the engine failed it
-    refused: int = 0  # the door refused it (auth, limits, body size, request)
+    refused: int = 0  # the door (auth, limits, body size, request) or the service refused it
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
@@ -59,14 +60,16 @@ class Figures:
         return self.prompt_tokens + self.completion_tokens
 
     def count(self, record: dict) -> None:
+        """One record: one request, or an aggregate's `requests` (docs/usage.md)."""
         ended = str(record.get("ended", ""))
-        self.requests += 1
-        self.completed += ended == "completed"
-        self.aborted += ended == "client_abort"
-        self.failed += ended == "upstream_error"
-        self.refused += ended.startswith(REFUSED)
-        self.prompt_tokens += _tokens(record.get("prompt_tokens"))
-        self.completion_tokens += _tokens(record.get("completion_tokens"))
+        requests = _positive(record.get("requests", 1))
+        self.requests += requests
+        self.completed += requests * (ended == "completed")
+        self.aborted += requests * (ended == "client_abort")
+        self.failed += requests * (ended == "upstream_error")
+        self.refused += requests * (ended.startswith(REFUSED) or ended == REJECTED)
+        self.prompt_tokens += _positive(record.get("prompt_tokens"))
+        self.completion_tokens += _positive(record.get("completion_tokens"))
 
     def add(self, other: Figures) -> None:
         for name, value in asdict(other).items():
@@ -76,7 +79,8 @@ class Figures:
         return {name: getattr(self, name) for name in FIGURES}
 
 
-def _tokens(value: object) -> int:
+def _positive(value: object) -> int:
+    """A count as a record holds it (0 when it is none)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 

@@ -563,7 +563,9 @@ def test_the_usage_ledger_rides_in_the_door_pod() -> None:
     facts = usage_facts(CASES["example"]())
     assert facts is not None
     assert collector["image"] == facts["image"] == "vllm/vllm-openai:v0.33.0"
-    assert collector["command"] == ["python3", *facts["command"], "--host", "127.0.0.1"]
+    assert collector["command"] == ["python3", *facts["pod_command"]]
+    assert facts["pod_command"][-2:] == ["--host", "127.0.0.1"] and "--door" not in collector[
+        "command"]
     nginx = pod["containers"][0]
     mounts = {m["name"]: m["mountPath"] for m in nginx["volumeMounts"]}
     theirs = {m["name"]: m["mountPath"] for m in collector["volumeMounts"]}

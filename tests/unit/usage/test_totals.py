@@ -151,3 +151,21 @@ def test_a_bad_by_names_the_keys(text_: str, named: str) -> None:
         parse_by(text_)
     assert named in raised.value.message and "who, model, day" in str(raised.value.fix)
     assert parse_by("day,who") == ("day", "who")
+
+
+def test_an_aggregate_counts_its_requests_and_a_services_refusal_is_refused() -> None:
+    """Issue 42 items 6 and 8: a record of requests nobody authenticated counted per address
+    and minute is as many requests as it holds; the service's own 4xx (`rejected`) is REFUSED,
+    never COMPLETED."""
+    flood = {**record("2026-11-30T10:00:00.000Z", who="-", model=None, prompt=None,
+                      completion=None, ended="refused_auth", status=401),
+             "requests": 6990, "door_seqs": [[1, 6990]]}
+    rejected = record("2026-11-30T10:01:00.000Z", who="key:b", prompt=None, completion=None,
+                      ended="rejected", status=400)
+    engine = FakeEngine()
+    ledger = Ledger(engine, ledger_container(engine, "unit01", ledger_files(chained(
+        {"2026-11-30": [flood, rejected]}))))
+    found = gather(ledger, period("2026-11-30", "2026-11-30", NOW, default_since=None), None,
+                   NOW)
+    assert figures(found, "who") == {("-",): (6990, 0, 0, 0, 6990, 0, 0),
+                                     ("key:b",): (1, 0, 0, 0, 1, 0, 0)}
