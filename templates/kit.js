@@ -51,9 +51,21 @@ function principal(r) {
 
 // For the usage ledger: the credential a request presented but the door did not accept (a
 // Basic user's name whatever its password, a real key expired or refused before its check);
-// '' when it presented none or was accepted.
+// '' when it presented none or was accepted. kit's gate makes requests to be refused on
+// purpose: they carry its mark, an HMAC of 'kit-gate' under $kit_auth_epoch (which only kit and
+// the door hold; kit/credentials/material.py `gate_mark`), and are claimed by 'kit:gate'.
 function claimed(r) {
-    return authenticated(r) ? '' : credentialName(r);
+    if (authenticated(r)) {
+        return '';
+    }
+    var mark = r.headersIn['X-Kit-Gate'];
+    return mark && gateMark(r, mark) === gateMark(r, gateMark(r, 'kit-gate')) ? 'kit:gate'
+        : credentialName(r);
+}
+
+// An HMAC under the auth epoch (a mark compared by its own HMAC: in time that tells nothing).
+function gateMark(r, text) {
+    return crypto.createHmac('sha256', r.variables.kit_auth_epoch).update(text).digest('hex');
 }
 
 // ---- per-credential policy (docs/policy.md) ----------------------------------------------

@@ -84,6 +84,8 @@ _STATUS = re.compile(r"[1-5][0-9]{2}|000")  # 000: nginx ended the request witho
 _REQUEST_ID = re.compile(r"[0-9a-f]{32}")
 _SEQ_PREFIX = re.compile(rb'\{"seq":([0-9]{1,18}),')  # how the collector writes a record
 _PRINCIPAL = re.compile(r"(key|user):(" + PRINCIPAL_NAME[1:-1] + r")|-")
+GATE_CLAIM = "kit:gate"  # what kit's gate claims on the requests it makes to be refused
+_CLAIMED = re.compile(_PRINCIPAL.pattern + "|" + GATE_CLAIM)
 
 
 class Unreadable(ValueError):
@@ -170,7 +172,7 @@ class Checker:
             # the credential a request nobody authenticated presented (a Basic user's name, a
             # key's name when the key is real but refused): never its `who`
             "claimed": None if line["claimed"] in ("", "-") else allowed(
-                "claimed", line["claimed"] if _PRINCIPAL.fullmatch(line["claimed"]) else None,
+                "claimed", line["claimed"] if _CLAIMED.fullmatch(line["claimed"]) else None,
                 None),
         }
         return record, replaced

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from kit.credentials.material import GATE_CLAIM
 from kit.errors import BadInput
 from kit.plan.usage import usage_plan
 from kit.spec.model import Spec
@@ -111,6 +112,7 @@ class Usage:
     cells: dict[Cell, Figures]
     chargeback: Chargeback | None = None
     now: datetime | None = None  # when it was read (the period's hours stop there)
+    gate_checks: int = 0  # requests kit's gate made to be refused: not usage, not in the cells
 
     def model_costs(self) -> dict[str, float]:
         """Each service's cost over the period: GPUs × hours × the GPU-hour's price."""
@@ -139,14 +141,18 @@ def gather(ledger: Ledger, period: Period, chargeback: Chargeback | None,
            now: datetime) -> Usage:
     """The period's records summed into cells, read from the ledger once."""
     cells: dict[Cell, Figures] = {}
+    gate_checks = Figures()
     for _, record, moment in records(ledger, period.first_day):
         if not period.holds(moment):
+            continue
+        if record.get("claimed") == GATE_CLAIM:
+            gate_checks.count(record)
             continue
         model = record.get("model")
         cell = (str(record.get("who") or NOT_ROUTED), str(model) if model else NOT_ROUTED,
                 moment.date().isoformat())
         cells.setdefault(cell, Figures()).count(record)
-    return Usage(period, cells, chargeback, now)
+    return Usage(period, cells, chargeback, now, gate_checks.requests)
 
 
 def site_usage(site: Site, engine: Engine, period: Period, now: datetime) -> Usage:
@@ -256,6 +262,10 @@ def text(sections: Sequence[Section], by: Sequence[str]) -> str:
     table += [[*row.key, *_cells(row, charged)] for row in found]
     table.append(["TOTAL", *[""] * (len(columns) - 1), *_cells(total(found), charged)])
     lines.append(text_table(table, len(columns)))
+    checks = sum(usage.gate_checks for _, usage in sections)
+    if checks:
+        lines.append(f"not counted above: {checks:,} requests kit's gate made to be refused "
+                     "(its checks of the door at kit up)")
     for server, usage in sections:
         lines += [f"{server}: {note}" if server is not None else note
                   for note in _charge_notes(usage)]
@@ -292,7 +302,8 @@ def to_json(sections: Sequence[Section], by: Sequence[str]) -> dict:
     columns = _columns(sections, by)
     document: dict = {"period": sections[0][1].period.to_json(), "by": list(by),
                       "rows": [row.to_json(columns) for row in found],
-                      "total": total(found).to_json(())}
+                      "total": total(found).to_json(()),
+                      "gate_checks": sum(usage.gate_checks for _, usage in sections)}
     charges = {server or "": _charge_json(usage) for server, usage in sections
                if usage.chargeback is not None}
     if charges:

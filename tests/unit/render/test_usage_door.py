@@ -24,7 +24,9 @@ import httpx2
 import openai
 import pytest
 
+from kit.credentials.material import gate_mark
 from kit.front_door.client import basic_header
+from kit.layout import SiteLayout
 from kit.render.site_files import render_site
 from kit.render.usage import ledger_routes
 from kit.site import Site
@@ -229,6 +231,25 @@ def test_a_refused_login_names_nobody(door: tuple[Door, dict[str, str]]) -> None
     log = running.access_log.read_text()
     assert re.search(r' - \[[^]]+\] "POST /v1/chat/completions HTTP/1.1" 401 .*"login-wrong"',
                      log)
+
+
+def test_kits_gate_refused_on_purpose_is_claimed_by_kit(
+        door: tuple[Door, dict[str, str]]) -> None:
+    """The requests kit's gate makes to be refused carry its mark (an HMAC under the site's
+    auth epoch): recorded as claimed by `kit:gate`, so `kit usage` does not show them as
+    refusals a person caused. A wrong mark claims nothing."""
+    running, _ = door
+    path, body = ROUTES["chat"]
+    mark = gate_mark(SiteLayout(running.work.parent / "site"))
+    assert mark is not None
+    for agent, value, claimed in (("gate-mark", mark, "kit:gate"),
+                                  ("gate-forged", "0" * 64, ""),
+                                  ("gate-replayed-epoch", mark[:-1] + "0", "")):
+        request = post(path, body, None, agent).replace(
+            b"\r\n\r\n", f"\r\nX-Kit-Gate: {value}\r\n\r\n".encode(), 1)
+        assert running.exchange(request).status == 401
+        record = running.record_of(agent)
+        assert (record["who"], record["claimed"]) == ("-", claimed), agent
 
 
 def test_reads_and_answers_are_recorded_as_what_they_were(

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from kit import names
+from kit.credentials import material
 from kit.templates import usage_ledger
 from tests.support import nginx_ns
 from tests.support.usage_collector import (
@@ -52,6 +53,7 @@ def run(tmp_path: Path):
 def test_principal_names_are_kits_user_names() -> None:
     """The collector runs alone in its container, so it carries its own copy of the pattern."""
     assert usage_ledger.PRINCIPAL_NAME == names.USER_NAME
+    assert usage_ledger.GATE_CLAIM == material.GATE_CLAIM
 
 
 def test_records_appear_in_order_with_a_valid_chain_and_are_served(run, tmp_path) -> None:
@@ -672,6 +674,7 @@ def test_fields_of_the_door_are_recorded_as_what_they_are() -> None:
     hostile, replaced = checker.record(spool_line(7, who="-", claimed='user:"x'))
     assert hostile["claimed"] is None and replaced == ["claimed"]
     assert checker.record(spool_line(8))[0]["claimed"] is None  # a door without the key
+    assert checker.record(spool_line(9, who="-", claimed="kit:gate"))[0]["claimed"] == "kit:gate"
 
 
 def test_only_the_door_and_loopback_are_answered(tmp_path) -> None:

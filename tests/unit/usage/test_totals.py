@@ -162,10 +162,19 @@ def test_an_aggregate_counts_its_requests_and_a_services_refusal_is_refused() ->
              "requests": 6990, "door_seqs": [[1, 6990]]}
     rejected = record("2026-11-30T10:01:00.000Z", who="key:b", prompt=None, completion=None,
                       ended="rejected", status=400)
+    gate = {**record("2026-11-30T10:02:00.000Z", who="-", model=None, prompt=None,
+                     completion=None, ended="refused_auth", status=401),
+            "claimed": "kit:gate", "requests": 6, "door_seqs": [[7000, 7005]]}
     engine = FakeEngine()
     ledger = Ledger(engine, ledger_container(engine, "unit01", ledger_files(chained(
-        {"2026-11-30": [flood, rejected]}))))
+        {"2026-11-30": [flood, rejected, gate]}))))
     found = gather(ledger, period("2026-11-30", "2026-11-30", NOW, default_since=None), None,
                    NOW)
     assert figures(found, "who") == {("-",): (6990, 0, 0, 0, 6990, 0, 0),
                                      ("key:b",): (1, 0, 0, 0, 1, 0, 0)}
+    # kit's gate refusing itself on purpose is not usage: said below the table, not in it
+    assert found.gate_checks == 6
+    assert text([(None, found)], ("who",)).splitlines()[-1] == (
+        "not counted above: 6 requests kit's gate made to be refused (its checks of the door "
+        "at kit up)")
+    assert json.loads(json_text([(None, found)], ("who",)))["gate_checks"] == 6
