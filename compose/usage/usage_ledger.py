@@ -598,7 +598,8 @@ class Collector:
 
     def __init__(self, options: argparse.Namespace) -> None:
         self.options = options
-        self.checker = Checker(options.models, options.routes)
+        self.checker = Checker(options.models or [], options.routes)
+        self.models_seen: tuple | str | None = None  # --models-file read: (inode, mtime, size)
         self.ledger = Ledger(options.ledger)
         self.puncher = HolePuncher()
         self.lock = threading.Lock()
@@ -768,6 +769,7 @@ class Collector:
         prune. Whether more is waiting (call again at once)."""
         if not self.recovered:
             self.recover()
+        self._read_models()
         more = False
         if self._open_spool():
             assert self.spool_fd is not None
@@ -788,6 +790,28 @@ class Collector:
                 self.save()
             self.puncher.punch(self.options.spool, self.inode, self.saved_offset)
         return more
+
+    def _read_models(self) -> None:
+        """--models-file read again once it changed; one that cannot be read keeps the names
+        read before, and says so."""
+        path = self.options.models_file
+        if path is None:
+            return
+        try:
+            info = os.stat(path)
+            seen = (info.st_ino, info.st_mtime_ns, info.st_size)
+            if seen == self.models_seen:
+                return
+            with open(path, encoding="utf-8") as file:
+                models = _json_names(file.read())
+        except (OSError, ValueError) as error:
+            if self.models_seen != "unreadable":
+                self._problem(f"{_now_iso()} the model names in {path} are unreadable "
+                              f"({error}): the names read before stay")
+            self.models_seen = "unreadable"
+            return
+        self.checker.models = frozenset(models)
+        self.models_seen = seen
 
     def _open_spool(self) -> bool:
         """The spool open at the checkpoint; a new file at the path (a recreated volume) or a
@@ -1271,8 +1295,12 @@ def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--door", action="append", default=[],
                         help="the front door's address: the one peer answered besides "
                              "loopback (repeatable)")
-    parser.add_argument("--models", type=_json_names, required=True,
-                        help="JSON list of the served model names")
+    names = parser.add_mutually_exclusive_group(required=True)
+    names.add_argument("--models", type=_json_names,
+                       help="JSON list of the model names the door routes")
+    names.add_argument("--models-file",
+                       help="a file holding that JSON list, read again when it changes (an "
+                            "adapter added changes it, and recreates nothing)")
     parser.add_argument("--routes", type=_json_names, required=True,
                         help="JSON list of the door's routes")
     parser.add_argument("--grace", type=float, default=30.0,

@@ -8,6 +8,7 @@ from importlib import resources
 from typing import TYPE_CHECKING
 
 from kit.files import Output
+from kit.layout import USAGE_MODELS_MOUNT
 from kit.names import DOOR_ROUTES, OPENAI_ROUTES
 from kit.plan.usage import (
     BUDGET_SEED_FILE,
@@ -16,6 +17,7 @@ from kit.plan.usage import (
     HEALTH_ARGV,
     LEDGER_MOUNT,
     LEDGER_VOLUME,
+    MODELS_FILE,
     SCRIPT,
     SCRIPT_MOUNT,
     SPOOL_FILE,
@@ -35,10 +37,11 @@ def ledger_routes() -> list[str]:
     return sorted({*OPENAI_ROUTES, *DOOR_ROUTES})
 
 
-def ledger_models(plan: Plan) -> list[str]:
+def ledger_models(plan: Plan) -> bytes:
     """The model names a record may name (any other is null): every name the door routes, a
-    LoRA adapter's too (docs/adapters.md)."""
-    return sorted(name for svc in plan.services for name in svc.routed_names)
+    LoRA adapter's too (docs/adapters.md); the collector's --models-file."""
+    names = sorted(name for svc in plan.services for name in svc.routed_names)
+    return (json.dumps(names, indent=1) + "\n").encode()
 
 
 def usage_facts(plan: Plan) -> dict | None:
@@ -53,7 +56,7 @@ def usage_facts(plan: Plan) -> dict | None:
         "--retention-days", str(usage.retention_days),
         "--max-bytes", str(usage.max_bytes),
         "--port", str(USAGE_PORT),
-        "--models", json.dumps(ledger_models(plan)),
+        "--models-file", f"{USAGE_MODELS_MOUNT}/{MODELS_FILE}",
         "--routes", json.dumps(ledger_routes()),
         "--budget-seed", f"{COLLECTOR_SPOOL_MOUNT}/{BUDGET_SEED_FILE}",
     ]
@@ -67,6 +70,7 @@ def usage_facts(plan: Plan) -> dict | None:
         "collector_spool_mount": COLLECTOR_SPOOL_MOUNT,
         "ledger_mount": LEDGER_MOUNT,
         "script_mount": SCRIPT_MOUNT,
+        "models_mount": USAGE_MODELS_MOUNT,
         "port": USAGE_PORT,
         "image": plan.services[0].image,
         # Who may ask it (as the waker): on compose, its metrics address answers the front
@@ -84,7 +88,9 @@ def collector_script() -> bytes:
 
 
 def usage_files(plan: Plan, layout: SiteLayout) -> list[Output]:
-    """The collector's script, beside the spec (none when the ledger is off)."""
+    """The collector's script and the model names it records, beside the spec (none when the
+    ledger is off)."""
     if plan.usage is None:
         return []
-    return [Output(layout.usage_dir / SCRIPT, collector_script())]
+    return [Output(layout.usage_dir / SCRIPT, collector_script()),
+            Output(layout.usage_models_dir / MODELS_FILE, ledger_models(plan))]

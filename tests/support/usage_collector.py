@@ -63,13 +63,14 @@ class CollectorProcess:
     def __init__(self, spool: Path, ledger: Path, *, grace: float = 30.0,
                  retention_days: int = 400, max_bytes: int = 1 << 30,
                  state_interval: float = 0.2, extra: Sequence[str] = (),
-                 wrap: Sequence[str] = ()) -> None:
+                 wrap: Sequence[str] = (), models_file: Path | None = None) -> None:
         self.spool, self.ledger = spool, ledger
         self.port = pick_free_port()
         self.argv = [*wrap, sys.executable, str(SCRIPT), "--spool", str(spool), "--ledger",
                      str(ledger), "--retention-days", str(retention_days), "--max-bytes",
                      str(max_bytes), "--port", str(self.port), "--host", "127.0.0.1",
-                     "--models", json.dumps(MODELS), "--routes", json.dumps(ROUTES),
+                     *(("--models-file", str(models_file)) if models_file else
+                       ("--models", json.dumps(MODELS))), "--routes", json.dumps(ROUTES),
                      "--grace", str(grace), "--aggregate-seconds", "1",
                      "--poll-interval", "0.05", "--state-interval",
                      str(state_interval), "--retry-max", "0.2", *extra]

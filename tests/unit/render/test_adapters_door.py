@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kit.layout import USAGE_MODELS_MOUNT
 from kit.plan.usage import USAGE_SERVICE
 from kit.templates import usage_ledger
 from tests.support import nginx_ns
@@ -131,11 +132,13 @@ def test_a_request_for_an_adapter_is_recorded_with_its_name(door) -> None:
     reply = running.exchange(raw_request("POST", "/v1/completions", HOST, headers,
                                          json.dumps(body).encode()))
     assert reply.status == 200, reply.body
-    compose = yaml.safe_load((running.work.parent / "site" / "compose" / "docker-compose.yml")
-                             .read_text())
-    command = compose["services"][USAGE_SERVICE]["command"]
+    compose = running.work.parent / "site" / "compose"
+    command = yaml.safe_load((compose / "docker-compose.yml").read_text())["services"][
+        USAGE_SERVICE]["command"]
     arguments = dict(zip(command[1::2], command[2::2], strict=False))
-    checker = usage_ledger.Checker(json.loads(arguments["--models"]),
+    models = compose / "usage-models" / Path(arguments["--models-file"]).relative_to(
+        USAGE_MODELS_MOUNT)
+    checker = usage_ledger.Checker(json.loads(models.read_text()),
                                    json.loads(arguments["--routes"]))
     record, replaced = checker.record(running.record_of("adapter-recorded"))
     assert (record["model"], record["who"], replaced) == ("legal", "key:client", [])

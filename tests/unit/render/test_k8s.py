@@ -571,7 +571,8 @@ def test_the_usage_ledger_rides_in_the_door_pod() -> None:
     theirs = {m["name"]: m["mountPath"] for m in collector["volumeMounts"]}
     assert mounts["usage-spool"] == "/var/log/kit-usage"
     assert theirs == {"usage-script": "/opt/kit-usage", "usage-spool": "/var/lib/kit-usage/spool",
-                      "usage-ledger": "/var/lib/kit-usage/ledger"}
+                      "usage-ledger": "/var/lib/kit-usage/ledger",
+                      "usage-models": "/etc/kit/usage-models"}
     assert "usage-ledger" not in mounts and "usage-script" not in mounts
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["usage-spool"] == {"name": "usage-spool", "emptyDir": {}}

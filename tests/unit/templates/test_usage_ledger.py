@@ -677,6 +677,28 @@ def test_fields_of_the_door_are_recorded_as_what_they_are() -> None:
     assert checker.record(spool_line(9, who="-", claimed="kit:gate"))[0]["claimed"] == "kit:gate"
 
 
+def test_the_model_names_file_is_read_again_when_it_changes(run, tmp_path) -> None:
+    """Issue 43 item 3: an adapter's name is a model the ledger records. The names are a file
+    (an adapter added recreates no container): a request for a name added to it is recorded
+    with that name once the file says so; an unreadable file keeps the names read before."""
+    names = tmp_path / "models.json"
+    names.write_text(json.dumps(["tiny"]))
+    spool = tmp_path / "door.jsonl"
+    append_spool(spool, [spool_line(1, model="legal")])
+    collector = run(models_file=names)
+    collector.wait_for(lambda h: h["records"] == 1, "1 record")
+    names.write_text(json.dumps(["tiny", "legal"]))
+    time.sleep(0.2)
+    append_spool(spool, [spool_line(2, model="legal")])
+    collector.wait_for(lambda h: h["records"] == 2, "2 records")
+    names.write_text("not json")
+    time.sleep(0.2)
+    append_spool(spool, [spool_line(3, model="legal")])
+    health = collector.wait_for(lambda h: h["records"] == 3, "3 records")
+    assert [r["model"] for r in ledger_records(tmp_path / "ledger")] == [None, "legal", "legal"]
+    assert any("models.json are unreadable" in problem for problem in health["problems"])
+
+
 def test_only_the_door_and_loopback_are_answered(tmp_path) -> None:
     """Issue 42 item 14: like the waker, the collector answers the front door's address and
     its own loopback only; any other peer (a replica, on an engine without iptables) gets a
