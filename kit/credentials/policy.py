@@ -55,8 +55,8 @@ def parse_models(text: str, served: Iterable[str]) -> list[str]:
 # the forms --expires takes, in ASCII digits: a date, or a date and time (seconds and a
 # fraction optional) with an optional offset; Python's fromisoformat takes more (2027-W01,
 # 20270131, full-width digits), which a reader of the command would not read as one instant
-EXPIRY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}"
-                    r"([T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?(Z|[+-][0-9]{2}:[0-9]{2})?)?")
+EXPIRY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9]{2}:[0-9]{2}"
+                    r"(:[0-9]{2}(\.[0-9]{1,6})?)?(Z|[+-][0-9]{2}:[0-9]{2})?)?")
 LIMIT = re.compile(r"-?[0-9]{1,20}")  # ASCII digits only: no １０, 1_000, +10 or spaces
 
 
