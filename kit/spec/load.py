@@ -206,15 +206,16 @@ CONFLICT_FIX = ("resolve the git merge conflict: keep the lines you want and rem
                 "<<<<<<<, ======= and >>>>>>> lines")
 
 
-def read_yaml(text: str, source: Path | str, *, fix: str) -> Located:
+def read_yaml(text: str, source: Path | str, *, remake: str | None = None) -> Located:
     """`parse_yaml` of a kit file (the spec, site.lock), every YAML error turned into BadInput
-    at `source:line:col`; a git merge conflict left in the file is named as one (`fix` says
-    how to recover this file from it)."""
+    at `source:line:col`; a git merge conflict left in the file is named as one. `remake`: how
+    to write the file again instead (added to each fix)."""
+    also = f"; or {remake}" if remake else ""
     if conflict := CONFLICT_MARKER.search(text):
         line, column = _line_column(text, conflict.start())
         raise BadInput(f"{source}:{line}:{column}: a git merge conflict marker "
                        f"({conflict.group(1)}): the file is half one version, half another",
-                       fix=fix)
+                       fix=CONFLICT_FIX + also)
     try:
         return parse_yaml(text)
     except yaml.MarkedYAMLError as error:
@@ -222,24 +223,26 @@ def read_yaml(text: str, source: Path | str, *, fix: str) -> Located:
         line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         raise BadInput(
             f"{source}:{line}:{column}: invalid YAML: {error.problem or error}",
-            fix=getattr(error, "fix", None)
-            or "fix the YAML at that position (indentation, a missing ':' or quote, a tag)",
+            fix=(getattr(error, "fix", None)
+                 or "fix the YAML at that position (indentation, a missing ':' or quote, a tag)")
+            + also,
         ) from None
     except yaml.reader.ReaderError as error:
         line, column = _line_column(text, error.position)
         raise BadInput(
             f"{source}:{line}:{column}: invalid YAML: character {error.character!r} is not "
             "allowed in YAML text",
-            fix="remove that character (control characters and NUL cannot appear in the file)",
+            fix="remove that character (control characters and NUL cannot appear in the file)"
+            + also,
         ) from None
     except yaml.YAMLError as error:
-        raise BadInput(f"{source}:1:1: invalid YAML: {error}") from None
+        raise BadInput(f"{source}:1:1: invalid YAML: {error}", fix=remake) from None
 
 
 def parse_spec(text: str, source: Path, *, host: HostChecks | None = None) -> Spec:
     if len(text) > MAX_SPEC_BYTES:
         raise BadInput(f"{source}: larger than {MAX_SPEC_BYTES >> 20} MiB")
-    located = read_yaml(text, source, fix=CONFLICT_FIX)
+    located = read_yaml(text, source)
     problems = list(located.problems)
     if not isinstance(located.data, dict):
         problems.append(SpecProblem((), "the spec must be a mapping (site:, domain:, services:)"))

@@ -31,7 +31,8 @@ class Located:
 class SpecError(BadInput):
     """All problems of one spec, each as `file:line:col: key.path: message`."""
 
-    def __init__(self, source: Path | str, located: Located | None, problems: list[SpecProblem]):
+    def __init__(self, source: Path | str, located: Located | None, problems: list[SpecProblem],
+                 *, fix: str | None = None):
         self.problems = problems
         lines = []
         where_in = located.position if located else lambda path: (1, 1)
@@ -44,7 +45,7 @@ class SpecError(BadInput):
                 text += f"\n    fix: {problem.fix}"
             lines.append(text)
         noun = "problem" if len(problems) == 1 else "problems"
-        super().__init__(f"{source}: {len(problems)} {noun}:\n" + "\n".join(lines))
+        super().__init__(f"{source}: {len(problems)} {noun}:\n" + "\n".join(lines), fix=fix)
 
 
 def dotted(path: tuple) -> str:
