@@ -235,7 +235,7 @@ def _model_dirs(parts: Parts, spec_dir: Path, check_capacity: bool) -> list[Spec
         model_dir = weights_lock.model_dir(models_root, service)
         problems += _adapter_problems(parts, i, service, models_root)
         if service.revision is not None:
-            found = pinned.problems(i, service, model_dir)
+            found = pinned.problems(i, service, models_root)
             if found:
                 problems += found
                 continue
@@ -288,7 +288,7 @@ class PinnedCheck:
         except BadInput as error:
             return error
 
-    def problems(self, i: int, service: Service, model_dir: Path) -> list[SpecProblem]:
+    def problems(self, i: int, service: Service, models_root: Path) -> list[SpecProblem]:
         try:
             if isinstance(self.lock, BadInput):
                 raise self.lock
@@ -298,7 +298,8 @@ class PinnedCheck:
         fix = (f"run `kit pull {service.name}`: it fetches missing and changed files again and "
                "removes extra ones")
         return [SpecProblem(("services", i, "model"), problem.message, fix)
-                for problem in check_folder(model_dir, locked, self.cache)]
+                for problem in check_folder(weights_lock.model_dir(models_root, service), locked,
+                                            self.cache, models_root)]
 
 
 def _model_problems(

@@ -216,7 +216,7 @@ def _verified_models(spec: Spec, layout: SiteLayout) -> dict[LockedModel, Servic
             continue
         models[locked] = service
         problems += [p.message for p in check_folder(model_dir(spec.models_root, service),
-                                                     locked, cache)]
+                                                     locked, cache, spec.models_root)]
     if problems:
         raise BadInput("the pinned models here do not match site.lock:\n  " +
                        "\n  ".join(problems),
@@ -685,7 +685,7 @@ class _Staging:
 
     def check(self, lock: dict[str, LockedModel], bundle: Path) -> None:
         for key, entry in lock.items():
-            problems = check_folder(self.folder(key), entry, self.cache)
+            problems = check_folder(self.folder(key), entry, self.cache, self.root)
             if problems:
                 raise _bad(bundle, f"{WEIGHTS}/{key}", "does not match its site.lock entry: " +
                            "; ".join(p.message for p in problems))
@@ -695,7 +695,7 @@ class _Staging:
         placed, kept = [], []
         for key, entry in lock.items():
             final, staged = self._final(key), self.folders[key]
-            if final.is_dir() and not check_folder(final, entry, cache):
+            if final.is_dir() and not check_folder(final, entry, cache, self.root):
                 kept.append(key)
                 continue
             old = None
