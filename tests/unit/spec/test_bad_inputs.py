@@ -261,6 +261,10 @@ CASES = [
      ["services[0].max_model_len: 8_192 is a number with '_' separators", "fix: write 8192"]),
     ("42.13-base-60-float", replace("max_model_len: 8192", "max_model_len: 1:20.5"),
      ["services[0].max_model_len: 1:20.5 is a base-60 number"]),
+    # issue 42 item 11: a merge conflict left in the file is named as one, at its line
+    ("42.11-merge-conflict", replace("    gpus: [0]\n", "<<<<<<< HEAD\n    gpus: [0]\n=======\n"
+                                     "    gpus: [1]\n>>>>>>> other\n"),
+     ["a git merge conflict marker (<<<<<<<)", "fix: resolve the git merge conflict"]),
     # issue 8 item 10: validate refuses what render would
     ("8.10-cert-for-another-domain", replace("tls: {mode: self-signed}", FILES_TLS),
      ["site.yaml:4:", "tls.cert", "does not name llm.test.internal", "fix:"],
