@@ -119,7 +119,8 @@ def adapter_site(root: Path) -> Path:
 
 def declared(spec: Path, path: str) -> Path:
     spec.write_text(spec.read_text().replace(
-        "    gpus: [1, 2]\n", f"    gpus: [1, 2]\n    adapters:\n      - {{name: x, path: {path}}}\n"))
+        "    gpus: [1, 2]\n",
+        f"    gpus: [1, 2]\n    adapters:\n      - {{name: x, path: {path}}}\n"))
     return spec
 
 
