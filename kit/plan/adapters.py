@@ -7,7 +7,6 @@ file is found by the first client, on every replica. Here it is found before any
 """
 
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cache
@@ -19,7 +18,7 @@ from kit.plan.capacity import LoraSlots
 from kit.plan.modelinfo import read_safetensors_header
 from kit.spec.model import Adapter, Service
 from kit.spec.vllm_flags import choices, flag_table, flag_uses
-from kit.weights.verify import file_sha256, links_out
+from kit.weights.verify import file_sha256, tree_links_out
 
 ADAPTER_CONFIG = "adapter_config.json"
 SAFETENSORS_WEIGHTS = "adapter_model.safetensors"
@@ -197,21 +196,9 @@ def service_adapters(service: Service, models_root: Path,
         info = read_adapter(folder, adapter.sha256) if folder else AdapterInfo(None)
         local = folder == models_root / adapter.path
         mounted = models_root if local else hf_cache
-        infos.append(replace(info, local=local, outside=_outside(folder, mounted)
+        infos.append(replace(info, local=local, outside=tree_links_out(mounted, folder)
                              if folder and mounted else None))
     return infos
-
-
-def _outside(folder: Path, root: Path) -> str | None:
-    """The first of the adapter's paths that vLLM's container, which mounts `root`, would not
-    read as kit does here (reached through a link out of `root`), in words; None when none."""
-    if problem := links_out(root, folder):
-        return problem
-    for current, folders, files in os.walk(folder):  # a linked folder is listed, not walked
-        for name in sorted(files + folders):
-            if problem := links_out(root, Path(current, name)):
-                return problem
-    return None
 
 
 def adapter_problems(service: Service, infos: list[AdapterInfo],

@@ -27,7 +27,7 @@ from kit.spec.model import BIND_FIX, Service, Spec, gpu_memory_for
 from kit.spec.problems import SpecProblem
 from kit.spec.vllm_flags import GENERATE, SHIPPED_VERSION, image_version, last_values
 from kit.weights import lock as weights_lock
-from kit.weights.verify import HashCache, check_folder
+from kit.weights.verify import HashCache, check_folder, tree_links_out
 
 
 def load_spec(path: Path, *, check_host: bool = True, check_capacity: bool = True) -> Spec:
@@ -249,6 +249,12 @@ def _model_dirs(parts: Parts, spec_dir: Path, check_capacity: bool) -> list[Spec
                 f"model directory {model_dir} does not exist",
                 f"put the model under {models_root} or set model to an org/name Hub id",
             ))
+            continue
+        if outside := tree_links_out(models_root, model_dir):
+            problems.append(SpecProblem(
+                ("services", i, "model"), outside,
+                f"move or copy the model into {models_root} (a link there may point only "
+                "inside it: vLLM's container sees models_root alone)"))
             continue
         if (model_dir / "config.json").is_file():
             problems += _model_problems(parts, i, service, model_dir, check_capacity)

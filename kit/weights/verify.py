@@ -23,7 +23,8 @@ from kit.templates.weights_hashes import (
 from kit.weights.lock import LockedFile, LockedModel
 
 __all__ = ["CHUNK", "FileProblem", "HashCache", "check_folder", "file_sha256", "folder_files",
-           "hash_files", "hash_workers", "link_out_of", "link_problem", "links_out"]
+           "hash_files", "hash_workers", "link_out_of", "link_problem", "links_out",
+           "tree_links_out"]
 LFS_POINTER = b"version https://git-lfs.github.com/spec/"
 MAX_POINTER_BYTES = 1024
 
@@ -52,6 +53,19 @@ def links_out(root: Path, path: Path) -> str | None:
     rule, which kit's fetcher applies on a GPU server too); None when it is not."""
     link = link_out_of(root, path.relative_to(root).as_posix())
     return None if link is None else link_problem(path, link, os.readlink(link), root)
+
+
+def tree_links_out(root: Path, folder: Path) -> str | None:
+    """`links_out` of `folder` and of everything under it (a linked folder is listed, not
+    walked): the first path vLLM's container, which mounts `root`, would not read as kit does
+    here; None when there is none."""
+    if problem := links_out(root, folder):
+        return problem
+    for current, folders, files in os.walk(folder):
+        for name in sorted(files + folders):
+            if problem := links_out(root, Path(current, name)):
+                return problem
+    return None
 
 
 def link_problem(path: object, link: object, target: str, root: object) -> str:

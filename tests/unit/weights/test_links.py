@@ -24,7 +24,7 @@ from tests.support.fake_stack import up
 from tests.support.hub_standin import HubStandin
 from tests.support.lora_engine import LoraEngine
 from tests.support.pinned_site import MODEL, locked_and_pulled, pulled_folder
-from tests.support.sites import write_site
+from tests.support.sites import base_site, write_site
 
 SHARD = "model-00001-of-00002.safetensors"
 
@@ -194,3 +194,34 @@ def test_links_inside_the_mounted_trees_pass(tmp_path: Path) -> None:
         f"      - {{name: hub, path: org/support, revision: {commit}}}\n"))
     result = run_kit("validate", spec)
     assert result.exit_code == 0, result.output
+
+
+# ----------------------------------------------------------------------------- unpinned folders
+
+
+@pytest.mark.parametrize("how", ["folder absolute", "folder relative", "a file"])
+def test_an_unpinned_model_folder_linked_out_is_refused(tmp_path: Path, how: str) -> None:
+    """vLLM reads a plain model folder under /models too: the same rule for it and its files."""
+    site = base_site(tmp_path)
+    folder = tmp_path / "models" / "llama-8b"
+    assert run_kit("validate", site / "site.yaml").exit_code == 0
+    if how == "a file":
+        (tmp_path / "elsewhere").mkdir()
+        os.rename(folder / "config.json", tmp_path / "elsewhere" / "config.json")
+        link = folder / "config.json"
+        link.symlink_to(tmp_path / "elsewhere" / "config.json")
+    else:
+        os.rename(folder, tmp_path / "elsewhere")
+        link = folder
+        link.symlink_to("../elsewhere" if how == "folder relative" else tmp_path / "elsewhere")
+    result = run_kit("validate", site / "site.yaml")
+    assert result.exit_code == 2, result.output
+    assert f"services[0].model: {link} is reached through the link {link}" in result.output
+    assert "move or copy the model into" in result.output
+    link.unlink()  # a link that stays inside models_root is what the container reads
+    os.rename(tmp_path / "elsewhere", tmp_path / "models" / "real")
+    if how == "a file":
+        link.symlink_to("../real/config.json")
+    else:
+        link.symlink_to("real")
+    assert run_kit("validate", site / "site.yaml").exit_code == 0
