@@ -148,12 +148,12 @@ policy_options: list[Callable] = [
                  "ISO time."),
     click.option("--class", "klass", type=click.Choice(["interactive", "batch"]),
                  help="interactive (default) or batch: batch yields to interactive."),
-    click.option("--tokens-per-day", type=int,
+    click.option("--tokens-per-day", metavar="N",
                  help="Prompt + completion tokens a UTC day, as the usage ledger counts "
                  "them (docs/policy.md)."),
-    click.option("--tokens-per-month", type=int,
+    click.option("--tokens-per-month", metavar="N",
                  help="Prompt + completion tokens a UTC month (docs/policy.md)."),
-    click.option("--requests-per-minute", type=int,
+    click.option("--requests-per-minute", metavar="N",
                  help="Requests a UTC minute (docs/policy.md)."),
 ]
 clear_option = click.option(

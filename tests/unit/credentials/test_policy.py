@@ -44,6 +44,13 @@ def test_an_expiry_is_an_instant_in_utc(text: str, instant: str) -> None:
     (["--expires", "next tuesday"], "is not a date or time"),
     (["--tokens-per-day", "0"], "--tokens-per-day 0 is out of range"),
     (["--requests-per-minute", "-5"], "--requests-per-minute -5 is out of range"),
+    # Python's int() and fromisoformat() take these; a reader would not (issue 42, item 13)
+    (["--tokens-per-day", "\uff11\uff10"], "is not a whole number in ASCII digits"),
+    (["--tokens-per-day", "1_000"], "is not a whole number in ASCII digits"),
+    (["--tokens-per-month", " 10"], "is not a whole number in ASCII digits"),
+    (["--expires", "2027-W01"], "is not a date or time"),
+    (["--expires", "20270131"], "is not a date or time"),
+    (["--expires", "2027-01-31T18"], "is not a date or time"),
 ])
 @pytest.mark.parametrize("verb", ["add", "set"])
 def test_bad_input_is_refused_and_writes_nothing(spec: Path, args: list[str], says: str,
