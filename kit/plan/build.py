@@ -15,6 +15,7 @@ from kit.plan.adapters import (
     CONFIG_FLAG,
     DERIVED_FLAGS,
     FILE_FLAGS,
+    HUB_CACHE,
     MODULES_FLAG,
     RUNTIME_LORA_ENV,
     AdapterInfo,
@@ -45,7 +46,13 @@ VLLM_PORT = 8000
 # older `python3 -m vllm.entrypoints.openai.api_server` (no positional model) still serves.
 VLLM_ENTRYPOINT = ("vllm", "serve")
 MODELS_MOUNT = "/models"
+# HF_HOME: each service's own writable cache (a volume of its own: Hub downloads, transformers'
+# remote-code modules), never another service's — a replica runs a model's code (hostile).
 HF_CACHE_MOUNT = "/root/.cache/huggingface"
+HF_CACHE_VOLUME = "hf-cache"  # + "-<service>": the compose key of that volume
+# The site's `hf_cache` folder (pinned Hub snapshots kit verifies; an offline site's Hub models):
+# bound read-only into every replica, so no container can change what kit verified.
+SITE_HF_CACHE_MOUNT = "/kit/hf-cache"
 DEFAULT_ENGINE_READY_TIMEOUT = 600  # vLLM's VLLM_ENGINE_READY_TIMEOUT_S default
 WEIGHT_LOAD_ALLOWANCE = 300  # seconds beyond the engine-ready timeout for download + load
 STREAMS_WHEN_UNKNOWN = 256  # vLLM's max_num_seqs default on A100-class GPUs
@@ -114,6 +121,12 @@ class ServicePlan:
         idle_sleep) the waker only, so a replica (model code: hostile) reaches no other
         service's vLLM, dev routes included. None for a multi-node service (host network)."""
         return None if self.multinode else f"{BACKEND_NETWORK}-{self.name}"
+
+    @property
+    def cache_volume(self) -> str:
+        """The compose key of its own Hugging Face cache (HF_HOME): its replicas (and a
+        multi-node service's worker nodes) alone write it."""
+        return f"{HF_CACHE_VOLUME}-{self.name}"
 
     @property
     def affinity_hash(self) -> str | None:
@@ -440,6 +453,8 @@ def _service_plan(spec: Spec, service, priority_scheduling: bool = False) -> Ser
     command += ["--port", str(VLLM_PORT), *histogram_args(service_slo(service)), *lora,
                 *service.extra_args]
     env = {"HF_HOME": HF_CACHE_MOUNT, **service.env, **(OFFLINE_ENV if spec.offline else {})}
+    if spec.offline and spec.hf_cache is not None:  # a Hub id is served from the site's cache
+        env.setdefault("HF_HUB_CACHE", f"{SITE_HF_CACHE_MOUNT}/{HUB_CACHE}")
     if service.idle_sleep is not None:
         env[DEV_MODE_ENV] = "1"
     if service.adapters:  # kit adapters add|remove: the runtime routes, kept inside the stack
@@ -521,7 +536,8 @@ def _lora_args(spec: Spec, service: Service
 def adapter_paths(spec: Spec, service: Service,
                   infos: list[AdapterInfo] | None = None) -> dict[str, str]:
     """{adapter name: the path its replica's vLLM loads it from}: under the models mount, a
-    pinned Hub snapshot under the cache mount, or (unpinned) the Hub id vLLM downloads."""
+    pinned Hub snapshot under the site cache's read-only mount, or (unpinned) the Hub id vLLM
+    downloads."""
     if infos is None:
         infos = service_adapters(service, spec.models_root, spec.hf_cache)
     paths = {}
@@ -530,7 +546,7 @@ def adapter_paths(spec: Spec, service: Service,
         if info.folder is not None and info.folder.is_relative_to(spec.models_root):
             path = f"{MODELS_MOUNT}/{info.folder.relative_to(spec.models_root)}"
         elif info.folder is not None and spec.hf_cache is not None:
-            path = f"{HF_CACHE_MOUNT}/{info.folder.relative_to(spec.hf_cache)}"
+            path = f"{SITE_HF_CACHE_MOUNT}/{info.folder.relative_to(spec.hf_cache)}"
         paths[adapter.name] = path
     return paths
 

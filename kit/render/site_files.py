@@ -66,6 +66,7 @@ from kit.plan.build import (
     MODELS_MOUNT,
     PREFIX_KEY,
     REPLICA_FAIL_TIMEOUT,
+    SITE_HF_CACHE_MOUNT,
     UNAVAILABLE_RETRY_AFTER,
     VLLM_ENTRYPOINT,
     VLLM_PORT,
@@ -193,6 +194,7 @@ def template_context(plan: Plan, spec_name: str) -> dict:
         "vllm_entrypoint": list(VLLM_ENTRYPOINT),
         "models_mount": MODELS_MOUNT,
         "hf_cache_mount": HF_CACHE_MOUNT,
+        "site_hf_cache_mount": SITE_HF_CACHE_MOUNT,
         "lora_mount": LORA_MOUNT,
         # a service's adapters folder, relative to the compose file (compose/)
         "lora_sources": {service.name: f"../{SiteLayout(Path('.')).lora_dir(service.name)}"

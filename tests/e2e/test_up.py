@@ -30,6 +30,7 @@ from click.testing import CliRunner
 from kit.cli import cli
 from kit.engine.desired import CONFIG_HASH_LABEL, PROJECT_LABEL, SERVICE_LABEL, load_desired
 from kit.layout import SiteLayout
+from kit.plan.build import HF_CACHE_MOUNT
 from tests.support.docker_engine import pick_free_port, remove_project
 from tests.support.live_stack import kill_port_forwarder, kit, write_spec
 
@@ -390,11 +391,26 @@ def test_down_removes_containers_and_networks_and_volumes_only_when_asked(make_s
     assert site.client.containers.list(all=True, filters=label) == []
     assert site.client.networks.list(filters=label) == []
     assert {v.name for v in site.client.volumes.list(filters=label)} == {
-        f"{site.name}_hf-cache", f"{site.name}_door-figures",  # nginx's, always
+        f"{site.name}_hf-cache-alpha", f"{site.name}_door-figures",  # nginx's, always
         f"{site.name}_usage-spool", f"{site.name}_usage-ledger"}  # kept: who used what
 
     assert site.kit("down", "--volumes").returncode == 0
     assert site.client.volumes.list(filters=label) == []
+
+
+def test_a_file_one_service_writes_in_its_cache_is_not_in_anothers(make_site) -> None:
+    """Issue 42, item 3: model code in alpha's container (hostile) leaves a Python module in its
+    Hugging Face cache; beta's container, on the same engine and site, does not see it."""
+    site = make_site(backends=2)
+    site.up("--no-probe")
+    alpha, beta = (site.containers()[name] for name in ("alpha", "beta"))
+    planted = f"{HF_CACHE_MOUNT}/modules/transformers_modules/planted.py"
+    wrote = alpha.exec_run(["sh", "-c", f"mkdir -p {planted.rsplit('/', 1)[0]} && "
+                            f"echo 'import os' > {planted} && cat {planted}"])
+    assert wrote.exit_code == 0 and wrote.output == b"import os\n", wrote.output
+    seen = beta.exec_run(["sh", "-c", f"ls -la {HF_CACHE_MOUNT} {planted}"])
+    assert seen.exit_code != 0 and b"No such file" in seen.output, seen.output
+    assert alpha.exec_run(["test", "-f", planted]).exit_code == 0  # still there: not a fluke
 
 
 def test_a_failing_start_is_reported_at_once_with_the_log_and_its_cause(make_site) -> None:
