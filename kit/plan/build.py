@@ -149,7 +149,10 @@ class ServicePlan:
 
 
 MAX_WORKER_CONNECTIONS = 65536
-SCHEDULING_POLICY = "--scheduling-policy"  # vLLM 0.33: fcfs (its default) or priority
+# vLLM 0.33: fcfs (its default) or priority. kit renders priority for every service from the
+# start: with every request at the same priority it serves in arrival order, as fcfs does, and
+# the first batch credential (docs/policy.md) then changes no vLLM command, so restarts nothing.
+SCHEDULING_POLICY = "--scheduling-policy"
 
 
 @dataclass(frozen=True)
@@ -339,10 +342,8 @@ class Plan:
         return ["/bin/sh", "-c", f"{self.acme.watch} & exec {shlex.join(run)}"]
 
 
-def build_plan(spec: Spec, *, priority_scheduling: bool = False) -> Plan:
-    """`priority_scheduling`: some credential is batch (docs/policy.md), so every service runs
-    vLLM's priority scheduler, which orders waiting requests by the priority the door sets."""
-    services = [_service_plan(spec, service, priority_scheduling) for service in spec.services]
+def build_plan(spec: Spec) -> Plan:
+    services = [_service_plan(spec, service) for service in spec.services]
     streams = sum(s.streams for s in services)
     # Each stream holds a client and an upstream connection; leave room for queued clients.
     worker_connections = min(MAX_WORKER_CONNECTIONS, max(4096, _next_power_of_two(streams * 4)))
@@ -410,7 +411,7 @@ def model_is_local(spec: Spec, model: str) -> bool:
     return "/" not in model or (spec.models_root / model).is_dir()
 
 
-def _service_plan(spec: Spec, service, priority_scheduling: bool = False) -> ServicePlan:
+def _service_plan(spec: Spec, service) -> ServicePlan:
     pinned = pinned_relative(service)  # a pinned model is served from its pulled folder
     is_local = pinned is not None or model_is_local(spec, service.model)
     # The capacity model covers one tensor-parallel group on one server.
@@ -446,8 +447,8 @@ def _service_plan(spec: Spec, service, priority_scheduling: bool = False) -> Ser
     if len(replicas) > 1:
         command += ["--shutdown-timeout", str(REPLICA_SHUTDOWN_TIMEOUT)]
         grace = REPLICA_SHUTDOWN_TIMEOUT + 10
-    if priority_scheduling and not any(arg.startswith(SCHEDULING_POLICY)
-                                       for arg in service.extra_args):  # the operator's wins
+    if not any(arg.startswith(SCHEDULING_POLICY)
+               for arg in service.extra_args):  # the operator's wins
         command += [SCHEDULING_POLICY, "priority"]
     lora, lora_config, downloads = _lora_args(spec, service)
     command += ["--port", str(VLLM_PORT), *histogram_args(service_slo(service)), *lora,

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from kit.credentials.material import NGINX_GID
-from kit.credentials.policy import batch_in_use, door_policy
+from kit.credentials.policy import door_policy
 from kit.engine.desired import PROXY_SERVICE as NGINX_SERVICE
 from kit.engine.desired import VERIFIER_SERVICE
 from kit.errors import BadInput
@@ -851,7 +851,7 @@ def export_site(site: Site, out: Path, *, namespace: str | None, force: bool) ->
     """`kit export k8s`: the manifests written into `out` as one transaction, hand edits kept
     unless `force` (the same rules as `kit render`, with the state in out/.kit-export)."""
     spec = site.spec
-    plan = build_plan(spec, priority_scheduling=batch_in_use(site.layout))
+    plan = build_plan(spec)
     result = export(plan, Credentials.read(site.layout), namespace=namespace or spec.site,
                     service_type=spec.kubernetes.service_type, spec_name=site.spec_path.name)
     state_dir = out / STATE_DIR

@@ -29,7 +29,7 @@ from kit.credentials.material import (
     unshown_passwords,
     unshown_passwords_output,
 )
-from kit.credentials.policy import batch_in_use, check_budgets_counted, read_policies
+from kit.credentials.policy import check_budgets_counted, read_policies
 from kit.credentials.tls import acme_files, self_signed_files, tls_outputs, user_files
 from kit.engine.desired import (
     ACME_SERVICE,
@@ -359,7 +359,7 @@ def site_outputs(
 ) -> tuple[Plan, list[Output], AuthFiles]:
     """Every file of the site: generated config plus credential material."""
     check_budgets_counted(read_policies(layout), spec.usage.enabled)
-    plan = build_plan(spec, priority_scheduling=batch_in_use(layout))
+    plan = build_plan(spec)
     outputs = generated_files(plan, spec_name)
     if spec.tls.mode == "self-signed":
         tls = self_signed_files(layout, spec.site, spec.domain)
