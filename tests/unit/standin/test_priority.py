@@ -24,19 +24,31 @@ sys.path.insert(0, str(STANDIN))
 from vllm_standin.engine import Engine, Request  # noqa: E402
 
 
+def small_engine(priority_scheduling: bool, kv_tokens: int | None = None) -> Engine:
+    """4 slots, a 2 ms step; with `kv_tokens`, a KV cache that small, which preempts."""
+    return Engine(model_name="m", interval_s=0.002, max_num_seqs=4, kv_tokens=kv_tokens,
+                  block_size=16, cache_info={}, preempt=kv_tokens is not None,
+                  priority_scheduling=priority_scheduling)
+
+
+def tracker(events: list[str], *, first: bool, last: bool):
+    """A request's token callback factory: `name` on its first token, `name.` on its last."""
+    def tracked(name: str):
+        def on_token(index: int, text: str, is_last: bool) -> None:
+            if first and index == 0:
+                events.append(name)
+            if last and is_last:
+                events.append(name + ".")
+        return on_token
+    return tracked
+
+
 def first_tokens(priority_scheduling: bool, kv_tokens: int | None = None) -> list[str]:
     """The order in which the 16 requests got their first token (b0…b11 at priority 10, sent
     first, then i0…i3 at priority 0)."""
-    engine = Engine(model_name="m", interval_s=0.002, max_num_seqs=4, kv_tokens=kv_tokens,
-                    block_size=16, cache_info={}, preempt=kv_tokens is not None,
-                    priority_scheduling=priority_scheduling)
+    engine = small_engine(priority_scheduling, kv_tokens)
     order: list[str] = []
-
-    def tracked(name: str):
-        def on_token(index: int, text: str, last: bool) -> None:
-            if index == 0:
-                order.append(name)
-        return on_token
+    tracked = tracker(order, first=True, last=False)
 
     async def run() -> None:
         for n in range(12):
@@ -70,16 +82,9 @@ def test_a_full_cache_preempts_the_lowest_priority_request(priority_scheduling: 
     """With a KV cache that cannot hold every running request's growth, vLLM's priority
     scheduler preempts the running request with the highest (priority, arrival) — never an
     interactive one while a batch one runs; fcfs preempts the newest."""
-    engine = Engine(model_name="m", interval_s=0.002, max_num_seqs=4, kv_tokens=64,
-                    block_size=16, cache_info={}, preempt=True,
-                    priority_scheduling=priority_scheduling)
+    engine = small_engine(priority_scheduling, kv_tokens=64)
     done: list[str] = []
-
-    def tracked(name: str):
-        def on_token(index: int, text: str, last: bool) -> None:
-            if last:
-                done.append(name)
-        return on_token
+    tracked = tracker(done, first=False, last=True)
 
     async def run() -> None:
         engine.add(Request(14, 20, tracked("interactive-old"), time.monotonic(), priority=0))
@@ -92,7 +97,7 @@ def test_a_full_cache_preempts_the_lowest_priority_request(priority_scheduling: 
     asyncio.run(run())
     assert engine.preemptions > 0
     last = "batch" if priority_scheduling else "interactive-new"
-    assert done[-1] == last, done
+    assert done[-1] == last + ".", done
 
 
 def test_at_one_priority_it_serves_and_preempts_as_first_come_first_served() -> None:
@@ -100,16 +105,9 @@ def test_at_one_priority_it_serves_and_preempts_as_first_come_first_served() -> 
     scheduler's order, (priority, arrival), is arrival order, so it serves as fcfs does — the
     same first tokens, the same preemptions — and kit can render it from the start."""
     def run(priority_scheduling: bool) -> tuple[list[str], int]:
-        engine = Engine(model_name="m", interval_s=0.002, max_num_seqs=4, kv_tokens=96,
-                        block_size=16, cache_info={}, preempt=True,
-                        priority_scheduling=priority_scheduling)
+        engine = small_engine(priority_scheduling, kv_tokens=96)
         order: list[str] = []
-
-        def tracked(name: str):
-            def on_token(index: int, text: str, last: bool) -> None:
-                if index == 0 or last:
-                    order.append(f"{name}{'.' if last else ''}")
-            return on_token
+        tracked = tracker(order, first=True, last=True)
 
         async def drive() -> None:
             start = time.monotonic()
