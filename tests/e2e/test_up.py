@@ -426,6 +426,20 @@ def test_a_file_one_service_writes_in_its_cache_is_not_in_anothers(make_site) ->
     assert models.exit_code == 0 and b'"org/tiny"' in models.output, models.output
 
 
+def test_the_first_batch_key_restarts_nothing(make_site) -> None:
+    """Issue 42: every service runs vLLM's priority scheduler from the start, so the first
+    `--class batch` key is live at once and the next `kit up` recreates no container (a
+    single-replica service would otherwise be down while it restarts)."""
+    site = make_site()
+    site.up("--no-probe")
+    before = site.ids()
+    added = kit("keys", "add", str(site.spec_path), "nightly", "--class", "batch")
+    assert added.returncode == 0, added.stdout + added.stderr
+    again = site.up("--no-probe")
+    assert site.ids() == before, again.stdout
+    assert "recreate" not in again.stdout, again.stdout
+
+
 def test_a_failing_start_is_reported_at_once_with_the_log_and_its_cause(make_site) -> None:
     site = make_site()
     site.service("alpha")["env"]["STANDIN_GPU_MEMORY_GIB"] = "2"  # the weights do not fit
