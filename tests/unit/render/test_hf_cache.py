@@ -13,7 +13,7 @@ from kit.engine.desired import DesiredState
 from kit.plan.build import HF_CACHE_MOUNT, SITE_HF_CACHE_MOUNT, build_plan
 from kit.plan.host import load_spec
 from kit.render.k8s import Credentials, export
-from tests.support.fake_stack import rendered
+from tests.support.fake_stack import REMOTE_ENGINE, rendered
 from tests.support.sites import MULTI_NODE, base_site, write_site
 
 CREDENTIALS = Credentials(htpasswd=b"", keys_map=b"", auth_state=b"", door_policy=b"{}\n",
@@ -43,10 +43,16 @@ def _with_host_cache(spec: Path) -> Path:
     return cache
 
 
+@pytest.mark.parametrize("remote", [False, True], ids=["local", "remote-engine"])
 @pytest.mark.parametrize("host_cache", [False, True], ids=["volume", "host-folder"])
-def test_no_writable_mount_is_shared_between_services(tmp_path: Path, host_cache: bool) -> None:
+def test_no_writable_mount_is_shared_between_services(tmp_path: Path, host_cache: bool,
+                                                      remote: bool) -> None:
+    """Through a remote engine too (kit.engine.remote_files: site folders become volumes; the
+    caches stay the server's own volume and path)."""
     spec = write_site(tmp_path)
     cache = _with_host_cache(spec) if host_cache else None
+    if remote:
+        spec.write_text(spec.read_text() + f"engine: {REMOTE_ENGINE}\n")
     desired = rendered(spec)
     writers = _writable_sources(spec, desired)
     assert set().union(*writers.values()) == {"alpha", "beta"}
