@@ -58,8 +58,8 @@ function allowed(r, model) {
     return models === undefined || Object.prototype.hasOwnProperty.call(models, model);
 }
 
-// Whether any credential is batch: then every generation says its class to vLLM's priority
-// scheduler (kit computes it with the file).
+// Whether any credential is batch: only then is a batch cap counted (kit computes it with the
+// file).
 function batchSite() {
     return kit_policy.batch === true;
 }
@@ -334,8 +334,10 @@ function forward(r, request, model, service) {
         r.variables.kit_model = model;
         added = askUsage(r, request);
     }
+    // Every request that takes a priority says its class, batch credential or not: the services run vLLM's
+    // priority scheduler from the start, so a client's own "priority" must never reach it.
     // (`{}` asks for nothing vLLM would run, and would not stay JSON with a key put after it)
-    if (batchSite() && isObject(request) && Object.keys(request).length
+    if (isObject(request) && Object.keys(request).length
         && PRIORITY_ROUTES.indexOf(r.variables.uri) !== -1) {
         added.push(PRIORITY[policyOf(r).batch === true ? 1 : 0]);
     }

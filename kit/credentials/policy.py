@@ -204,11 +204,6 @@ def check_budgets_counted(policies: dict[str, dict], usage_on: bool) -> None:
                        "tokens-per-day / tokens-per-month")
 
 
-def batch_in_use(layout: SiteLayout) -> bool:
-    """Whether any credential is batch: the services then run vLLM's priority scheduler."""
-    return any(entry.get("class") == "batch" for entry in read_policies(layout).values())
-
-
 def present_principals(users: Iterable[str], keys: Iterable[str]) -> set[str]:
     return ({principal("user", user) for user in users}
             | {principal("key", name) for name in keys})

@@ -141,7 +141,8 @@ def spec_warnings(spec: Spec, spec_path: Path) -> list[str]:
             if spec.hf_cache is None:
                 warnings.append(
                     f"OFFLINE: services[{i}] ({service.name}) model {service.model!r} is a Hub "
-                    "id, which vLLM serves offline from the hf-cache volume only: kit cannot "
+                    f"id, which vLLM serves offline from its own volume hf-cache-{service.name} "
+                    "only: kit cannot "
                     "look into a volume, so make sure the model is there (or set hf_cache to a "
                     "host folder kit can check)"
                 )
