@@ -85,8 +85,8 @@ function allowed(r, model) {
     return models === undefined || Object.prototype.hasOwnProperty.call(models, model);
 }
 
-// Whether any credential is batch: then every generation says its class to vLLM's priority
-// scheduler (kit computes it with the file).
+// Whether any credential is batch: only then is a batch cap counted (kit computes it with the
+// file).
 function batchSite() {
     return kit_policy.batch === true;
 }
@@ -353,14 +353,19 @@ function servedNames(service) {
 }
 
 function forward(r, request, model, service) {
+    if (uncountable(r, request)) {
+        return;
+    }
     var added = [];
     if (r.variables.kit_usage_on) {
         r.variables.kit_model = model;
         added = askUsage(r, request);
     }
+    // Every request that takes a priority says its class, batch credential or not: the services run vLLM's
+    // priority scheduler from the start, so a client's own "priority" must never reach it.
     // (`{}` asks for nothing vLLM would run, and would not stay JSON with a key put after it)
-    if (batchSite() && isObject(request) && Object.keys(request).length
-        && GENERATIONS.indexOf(r.variables.uri) !== -1) {
+    if (isObject(request) && Object.keys(request).length
+        && PRIORITY_ROUTES.indexOf(r.variables.uri) !== -1) {
         added.push(PRIORITY[policyOf(r).batch === true ? 1 : 0]);
     }
     r.variables.kit_request_body = appended(r.requestBuffer || Buffer.alloc(0), added);
@@ -403,8 +408,11 @@ function isObject(value) {
 }
 
 // vLLM's priority (lower first among waiting requests): interactive 0, batch 1. Appended last,
-// so a client's own "priority" is replaced (Python's json keeps the last of duplicate keys).
-var GENERATIONS = ['/v1/chat/completions', '/v1/completions'];
+// so a client's own "priority" is replaced (Python's json keeps the last of duplicate keys), on
+// every route the door passes whose vLLM 0.33 request takes one (chat, completions, responses,
+// embeddings: the door's OPENAI_ROUTES, all of them): a client never picks its own place.
+var PRIORITY_ROUTES = ['/v1/chat/completions', '/v1/completions', '/v1/responses',
+                       '/v1/embeddings'];
 var PRIORITY = [Buffer.from(',"priority":0'), Buffer.from(',"priority":1')];
 
 // The client's bytes with `added` inserted before the object's closing brace: never
@@ -418,10 +426,15 @@ function appended(original, added) {
 }
 
 // ---- the usage ledger (docs/usage.md) ----------------------------------------------------
-// A stream tells its token counts only when asked (stream_options). The door asks vLLM for
-// them on every chunk, remembers what the client asked ($kit_stream_usage), and the body filter
-// below takes back out what the client did not ask for: its stream stays byte for byte the one
-// vLLM would have sent it.
+// A stream tells its token counts only when asked (stream_options). The door asks vLLM for the
+// final usage (include_usage: exact for a stream that ends), remembers what the client asked
+// ($kit_stream_usage), and the body filter below counts the token events it passes (an aborted
+// stream's completion, within one chunk: vLLM 0.33 sends one token a chunk at its default
+// --stream-interval 1, which kit never changes) and takes back out what the client did not ask
+// for: its stream stays byte for byte the one vLLM would have sent it. Usage on every chunk
+// (continuous_usage_stats) costs vLLM's API server throughput (issue 43: x0.87 on an H100), so
+// the door asks for it only where an abort's prompt must be known: a credential with a token
+// budget (its streams are charged exactly, prompt included), or a client that asked for it.
 
 // pydantic's lax booleans, as vLLM's request models read `stream` and `stream_options`.
 var TRUE_WORDS = ['1', 'on', 't', 'true', 'y', 'yes'];
@@ -447,9 +460,16 @@ function usageAsked(options) {
 
 var USAGE_ROUTES = ['/v1/chat/completions', '/v1/completions'];
 var ASK_ALL = Buffer.from(',"stream_options":{"include_usage":true,"continuous_usage_stats":true}');
+var ASK_FINAL = Buffer.from(',"stream_options":{"include_usage":true}');
 
-// What vLLM gets added to the client's own bytes: for a stream, the key above. vLLM reads the
-// body with Python's json, where the last of two equal keys wins, so the appended
+// What the door asks vLLM of a stream's usage: 'all' for a budgeted credential or a client that
+// asked for all of it, else 'final'.
+function doorAsks(asked, budget) {
+    return budget || asked === 'all' ? 'all' : 'final';
+}
+
+// What vLLM gets added to the client's own bytes: for a stream, one of the keys above. vLLM
+// reads the body with Python's json, where the last of two equal keys wins, so the appended
 // stream_options replaces any the client sent.
 function askUsage(r, request) {
     r.variables.kit_stream_usage = '';
@@ -457,8 +477,25 @@ function askUsage(r, request) {
         || USAGE_ROUTES.indexOf(r.variables.uri) === -1) {
         return [];
     }
-    r.variables.kit_stream_usage = usageAsked(request.stream_options);
-    return [ASK_ALL];
+    var asked = usageAsked(request.stream_options);
+    r.variables.kit_stream_usage = asked;
+    return [doorAsks(asked, budgeted(policyOf(r))) === 'all' ? ASK_ALL : ASK_FINAL];
+}
+
+// Refuses (and answers true) a streamed /v1/responses of a credential with a token budget:
+// vLLM 0.33 tells a streamed response's usage only in its last event (no per-event usage on
+// that route), so the prompt of one its client leaves early could not be charged.
+function uncountable(r, request) {
+    if (r.variables.uri !== '/v1/responses' || !isObject(request) || !laxTrue(request.stream)
+        || !budgeted(policyOf(r))) {
+        return false;
+    }
+    sendError(r, 400, 'BadRequestError', 'A credential with a token budget cannot stream '
+              + '/v1/responses: vLLM tells a streamed response\'s prompt tokens only in its last '
+              + 'event, so a stream left early could not be charged. Send it without "stream", '
+              + 'or stream /v1/chat/completions (its streams are counted as they pass).',
+              'stream');
+    return true;
 }
 
 var USAGE_KEY = Buffer.from('"usage":{');
@@ -469,7 +506,14 @@ var EVENT_END = Buffer.from('\n\n');
 // A /v1/responses stream opens with events that carry no token (response.created, …): its
 // first token is the first `response.….delta` event.
 var RESPONSE_DELTA = Buffer.from('.delta\ndata: ');
-var NON_STREAM_TAIL = 4096;  // a JSON answer's usage is in its last few hundred bytes
+// A chat or completions event that carries a choice (the usage chunk's choices are empty), and
+// a chat stream's opening role chunk, which carries none of the tokens.
+var CHOICE = Buffer.from('"choices":[{');
+var ROLE = Buffer.from('"delta":{"role"');
+// What a JSON answer's filter holds between buffers: at most the bytes of a usage object begun
+// (vLLM's are a few hundred bytes), else the few where its key may begin.
+var USAGE_HELD = 4096;
+var KEY_CARRY = USAGE_KEY.length - 1;
 var NOTHING = Buffer.alloc(0);
 var SEND = {last: false, flush: true};
 var SEND_LAST = {last: true, flush: true};
@@ -488,7 +532,11 @@ var usageAt = 0;
 var NOT_QUICK = 0;
 var QUICK_CHAT = 1;
 var QUICK_COMPLETIONS = 2;
+var QUICK_COUNT = 3;
 var quick = NOT_QUICK;
+// The token events of a stream the door passed on, for a stream whose usage comes only at its
+// end (an aborted one's completion tokens, docs/usage.md).
+var tokens = 0;
 
 // The end of the usage object that starts at `at` (-1 when it is cut short): it holds only
 // numbers, null and objects of those, so no strings to skip.
@@ -509,6 +557,40 @@ function noteUsage(bytes) {
         usageBytes = bytes;
         usageAt = at;
     }
+}
+
+// Notes the last usage object of a JSON answer's buffer, wherever the answer has it (vLLM puts
+// `prompt_token_ids` and `prompt_logprobs`, which can be megabytes, after it): searched with the
+// bytes the previous buffers left unresolved (where the key may begin, or a usage object begun);
+// a whole one kept as a copy of its own bytes, so nothing else of the answer is held.
+function noteAnswerUsage(data, state) {
+    var bytes = state.tail.length ? Buffer.concat([state.tail, data]) : data;
+    var at = bytes.lastIndexOf(USAGE_KEY);
+    var end = at === -1 ? -1 : usageObjectEnd(bytes, at);
+    if (end !== -1) {
+        usageBytes = Buffer.from(bytes.slice(at, end));
+        usageAt = 0;
+    }
+    var keep = end === -1 && at !== -1 && bytes.length - at <= USAGE_HELD ? at
+        : Math.max(end, bytes.length - KEY_CARRY, 0);
+    state.tail = Buffer.from(bytes.slice(keep));
+}
+
+// The token events among complete events: chat and completions events with a choice (a chat
+// stream's role chunk aside), a response's `….delta` events.
+function tokenEvents(events, state) {
+    var found = 0;
+    var at = events.indexOf(state.tokenMark);
+    while (at !== -1) {
+        found += 1;
+        at = events.indexOf(state.tokenMark, at + state.tokenMark.length);
+    }
+    at = state.chat ? events.indexOf(ROLE) : -1;
+    while (at !== -1) {
+        found -= 1;
+        at = events.indexOf(ROLE, at + ROLE.length);
+    }
+    return found;
 }
 
 // `"choices":[],"usage":{` at `at`: the usage chunk that ends a stream, its totals.
@@ -590,7 +672,11 @@ function sendStreamed(r, data, state) {
                               || events.indexOf(state.firstToken) !== -1)) {
         state.ttft = r.variables.request_time;  // the first token event the door passes on
     }
-    quick = !state.rewrite || state.ttft === '' || state.pending.length ? NOT_QUICK
+    if (state.counting) {
+        tokens += tokenEvents(events, state);
+    }
+    quick = state.ttft === '' || state.pending.length || state.responses ? NOT_QUICK
+        : state.counting ? QUICK_COUNT : !state.rewrite ? NOT_QUICK
         : state.completions ? QUICK_COMPLETIONS : QUICK_CHAT;
     if (state.rewrite) {
         sendAsAsked(r, events, state);
@@ -610,6 +696,18 @@ function usageFilter(r, data, flags) {
     var state = filtering;
     if (state === null) {
         state = filtering = filterState(r);
+    } else if (quick === QUICK_COUNT && !flags.last) {
+        // The common buffer of a stream the door asked only the final usage of, once its first
+        // token passed: one whole event (its only newlines end it) that ends `}` but not `}}`
+        // (the usage chunk's end), so not `data: [DONE]`: a token event, counted and sent on
+        // as it came. Anything else takes the whole path below.
+        var size = data.length;
+        if (data[size - 1] === 10 && data[size - 3] === 125 && data[size - 4] !== 125
+            && data.indexOf(10) === size - 2) {
+            tokens += 1;
+            r.sendBuffer(data);
+            return;
+        }
     } else if (quick !== NOT_QUICK && !flags.last) {
         // The common buffer of a stream whose client did not ask for every usage, once its
         // first token passed: one whole event (its only newlines end it) whose usage object —
@@ -649,12 +747,8 @@ function usageFilter(r, data, flags) {
         state.done = true;
     }
     if (!state.stream) {
-        state.tail = Buffer.concat([state.tail, data]).slice(-NON_STREAM_TAIL);
-        if (flags.last || state.budget) {
-            noteUsage(state.tail);
-        }
-        if (state.budget && (flags.last || (usageBytes.length
-                && usageObjectEnd(usageBytes, usageAt) !== -1))) {
+        noteAnswerUsage(data, state);
+        if (state.budget && (flags.last || usageBytes.length)) {
             spendOnce(r, state);  // before the answer's last bytes go out
         }
         r.sendBuffer(data, flags.last ? SEND_LAST : SEND);
@@ -674,13 +768,22 @@ function filterState(r) {
     var type = r.headersOut['Content-Type'] || '';
     var asked = r.variables.kit_stream_usage || '';
     var uri = r.variables.uri;
+    var stream = type.indexOf('text/event-stream') === 0;
+    var budget = budgeted(policyOf(r));  // counted by the filter, before the answer's end
+    var responses = uri === '/v1/responses';
+    var asks = asked === '' ? '' : doorAsks(asked, budget);
     return {
-        stream: type.indexOf('text/event-stream') === 0,
+        stream: stream,
         asked: asked,
-        rewrite: asked === 'none' || asked === 'final',
+        rewrite: asked !== asks,  // what the door asked is more than what the client did
+        // its usage comes at its end only: the token events passed are counted
+        counting: stream && (responses || asks === 'final'),
+        tokenMark: responses ? RESPONSE_DELTA : CHOICE,
+        chat: uri === '/v1/chat/completions',
+        responses: responses,
         completions: uri === '/v1/completions',
-        firstToken: uri === '/v1/responses' ? RESPONSE_DELTA : null,
-        budget: budgeted(policyOf(r)),  // counted by the filter, before the answer's end
+        firstToken: responses ? RESPONSE_DELTA : null,
+        budget: budget,
         pending: NOTHING,
         tail: NOTHING,
         ttft: '',
@@ -704,8 +807,11 @@ function promptTokens(r) {
     return usageFigure(PROMPT);
 }
 
+// The engine's figure; for a stream whose usage comes only at its end and that ended before
+// it (an abort), the token events the door passed on.
 function completionTokens(r) {
-    return usageFigure(COMPLETION);
+    var figure = usageFigure(COMPLETION);
+    return figure === '' && filtering !== null && filtering.counting ? String(tokens) : figure;
 }
 
 function ttft(r) {

@@ -40,9 +40,9 @@ import time
 from urllib.parse import urlsplit
 
 try:  # in the container: copied in beside this script
-    from weights_hashes import HashCache, file_sha256, hash_files
+    from weights_hashes import HashCache, file_sha256, hash_files, link_out_of
 except ImportError:  # imported by kit itself, as kit.templates.weights_fetch
-    from kit.templates.weights_hashes import HashCache, file_sha256, hash_files
+    from kit.templates.weights_hashes import HashCache, file_sha256, hash_files, link_out_of
 
 MARK = "KIT-PULL "
 PROGRESS_SECONDS = 0.5
@@ -77,10 +77,24 @@ def files_under(folder, skip=None):
     return found
 
 
-def differences(folder, files, cache):
-    """What differs between `folder` and the locked files, one entry per file: absent (no
-    folder), missing, extra, not_a_file, size (with the size), sha256 (with the sha256); a file
-    whose stat `cache` knows is not read again."""
+def outside(root, relative):
+    """`link_out` when `root/relative` is reached through a link out of `root` (the rule of
+    weights_hashes.link_out_of: what vLLM's container would not read), with the link (relative
+    to `root`) and its target; None when it is not."""
+    link = link_out_of(root, relative)
+    if link is None:
+        return None
+    return {"kind": "link_out", "link": os.path.relpath(link, root), "target": os.readlink(link)}
+
+
+def differences(root, relative, files, cache):
+    """What differs between `root/relative` and the locked files, one entry per file: absent
+    (no folder), link_out (reached through a link out of `root`), missing, extra, not_a_file,
+    size (with the size), sha256 (with the sha256); a file whose stat `cache` knows is not read
+    again."""
+    folder = os.path.join(root, relative)
+    if (linked := outside(root, relative)) is not None:
+        return [{"path": ".", **linked}]
     if not os.path.isdir(folder):
         return [{"path": ".", "kind": "absent"}]
     present = files_under(folder)
@@ -88,7 +102,9 @@ def differences(folder, files, cache):
     found += [{"path": p, "kind": "extra"} for p in sorted(present) if p not in files]
     same_size = []
     for path in sorted(p for p in files if p in present):
-        if not os.path.isfile(present[path]) or os.path.islink(present[path]):
+        if (linked := outside(root, relative + "/" + path)) is not None:
+            found.append({"path": path, **linked})
+        elif not os.path.isfile(present[path]):
             found.append({"path": path, "kind": "not_a_file"})
         elif os.path.getsize(present[path]) != files[path]["size"]:
             found.append({"path": path, "kind": "size", "size": os.path.getsize(present[path])})
@@ -100,8 +116,8 @@ def differences(folder, files, cache):
     return found
 
 
-def matches(folder, files, cache):
-    return not differences(folder, files, cache)
+def matches(root, relative, files, cache):
+    return not differences(root, relative, files, cache)
 
 
 def size_of(path):
@@ -160,8 +176,12 @@ def pull(job, root, token, cache):
     staging = os.path.join(root, job["staging"])
     partial_root = os.path.join(staging, job["partial"])
     files = {f["path"]: f for f in job["files"]}
+    for relative in (job["folder"], job["staging"]):
+        if (linked := outside(root, relative)) is not None:
+            raise Refused("conflict", "%s is the link %s (to %s), which leads out of "
+                          "models_root" % (relative, linked["link"], linked["target"]))
     if os.path.isdir(folder):
-        if matches(folder, files, cache):
+        if matches(root, job["folder"], files, cache):
             say("start", total=0, start=0, kept=len(files), removed=[])
             return {"fetched": 0, "kept": len(files), "removed": [], "downloaded": 0}
         if os.path.exists(staging):
@@ -175,7 +195,8 @@ def pull(job, root, token, cache):
             os.unlink(local)
             removed.append(path)
     present = {p: os.path.join(staging, p) for p in files
-               if os.path.isfile(os.path.join(staging, p))
+               if outside(root, job["staging"] + "/" + p) is None
+               and os.path.isfile(os.path.join(staging, p))
                and os.path.getsize(os.path.join(staging, p)) == files[p]["size"]}
     hashes = hash_files(list(present.values()), cache)
     good = {p for p, local in present.items() if hashes[local] == files[p]["sha256"]}
@@ -205,7 +226,7 @@ def pull(job, root, token, cache):
     downloaded = max(0, reporter.current() - start)
     say("progress", done=reporter.current())
     shutil.rmtree(partial_root, ignore_errors=True)
-    if not matches(staging, files, cache):
+    if not matches(root, job["staging"], files, cache):
         raise Refused("mismatch", "the pulled folder does not match the lock file")
     os.rename(staging, folder)
     cache.moved(staging, folder)
@@ -255,8 +276,7 @@ def main():
         try:
             if job.get("check"):  # kit up: only what differs, nothing fetched or changed
                 files = {f["path"]: f for f in job["files"]}
-                outcome = {"problems": differences(os.path.join(root, job["folder"]), files,
-                                                   cache)}
+                outcome = {"problems": differences(root, job["folder"], files, cache)}
             else:
                 outcome = pull(job, root, token, cache)
         finally:

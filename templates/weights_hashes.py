@@ -4,6 +4,14 @@ one definition of the hash cache's format and rules, for kit's own check of a pi
 (templates/weights_fetch.py, copied into its container beside it: the cache lives in the
 site's `kit-weights-hashes` volume there, docs/weights.md), so both trust and write it alike.
 
+Also the one rule for symbolic links in what a container reads (`link_out_of`): kit verifies
+on the host a tree the container sees mounted elsewhere (models_root at /models, hf_cache at its
+own mount), so a link is followed only if the container would reach the same file through it:
+its target relative and staying inside that tree. An absolute target, or one that climbs out
+with `..`, reads another file on the host than in the container (where it dangles, or names
+what the container has there), and is refused naming the link. Hugging Face cache snapshots
+(`snapshots/<commit>/<file>` → `../../blobs/<sha256>`) stay inside and pass.
+
 Standard library only: it runs with the python3 of the vLLM image.
 
 The cache maps a file's path to its stat (size, mtime, ctime, inode) and sha256. An entry is
@@ -29,6 +37,37 @@ CHUNK = 8 << 20  # large reads: the hash, not the system calls, sets the pace
 CACHE_VERSION = 1
 SHA256 = re.compile(r"[0-9a-f]{64}")
 StrPath = TypeVar("StrPath", bound="str | os.PathLike[str]")  # str in the fetcher, Path in kit
+
+
+MAX_LINKS = 40  # as Linux: more links on one path is a loop
+
+
+def link_out_of(root: str | os.PathLike[str], relative: str) -> str | None:
+    """The first symbolic link on the way from `root` to `root/relative` that a container
+    mounting `root` elsewhere would not follow to the same file (an absolute target, one that
+    leaves `root`, a loop), as its host path; None when the whole way stays inside `root`."""
+    pending = [part for part in relative.split("/") if part not in ("", ".")]
+    inside: list[str] = []  # the components resolved so far, none of them a link
+    followed = 0
+    link = None
+    while pending:
+        part = pending.pop(0)
+        if part == "..":
+            if not inside:
+                return link or os.path.join(root, relative)
+            inside.pop()
+            continue
+        here = os.path.join(root, *inside, part)
+        if not os.path.islink(here):
+            inside.append(part)
+            continue
+        followed += 1
+        target = os.readlink(here)
+        if followed > MAX_LINKS or os.path.isabs(target):
+            return here
+        link = here
+        pending = [p for p in target.split("/") if p not in ("", ".")] + pending
+    return None
 
 
 def hash_workers() -> int:

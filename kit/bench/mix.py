@@ -22,7 +22,7 @@ from kit.bench import client as bench_client
 from kit.bench.analysis import median, percentile, tpots_ms
 from kit.bench.client import Endpoint, Outcome, Stream
 from kit.credentials.material import key_digest, read_keys
-from kit.credentials.policy import batch_in_use, principal, read_policies
+from kit.credentials.policy import principal, read_policies
 from kit.errors import BadInput
 from kit.plan.build import build_plan
 from kit.site import Site
@@ -185,7 +185,7 @@ async def _phase(loads: list[tuple[Endpoint, int, ClassLoad]], seconds: float,
 def run_mix(site: Site, service_name: str, interactive: Endpoint, options: MixOptions,
             say: Callable[[str], None]) -> MixResult:
     """The three phases; the batch credential at twice the service's slots."""
-    plan = build_plan(site.spec, priority_scheduling=batch_in_use(site.layout))
+    plan = build_plan(site.spec)
     service = next(s for s in plan.services if s.name == service_name)
     batch = Endpoint(**{**interactive.__dict__, "authorization": batch_authorization(site)})
     streams = 2 * service.streams

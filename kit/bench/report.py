@@ -2,8 +2,9 @@
 (throughput and p95 latencies against concurrency, SLO lines, the boundary) and
 DIR/bench-pareto.png (tokens/s per user against tokens/s per GPU). Every file is written
 atomically; matplotlib (the optional extra kit[plot]) draws off-screen (Agg), loaded through
-kit.usage.plot.pyplot: `kit bench` asks for it before it measures (`drawing`), so a missing
-matplotlib is exit 2 naming the extra before any request, not after the run.
+kit.usage.plot.pyplot. Without it `kit bench` still measures and writes the table, JSON and
+CSV; it says before the run and after it that the charts were skipped and how to get them
+(`charts_missing`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 from kit.bench.run import BenchRun
+from kit.errors import BadInput
 from kit.files import atomic_write
 from kit.usage.plot import figure_png, pyplot
 
@@ -91,14 +93,17 @@ def _value(value: float | None) -> str:
     return "-" if value is None else f"{value:g}"
 
 
-def write_outputs(run: BenchRun, out: Path) -> list[Path]:
-    """bench.json, bench.csv, bench.png and bench-pareto.png in `out` (created if needed)."""
+def write_outputs(run: BenchRun, out: Path, *, charts: bool = True) -> list[Path]:
+    """bench.json, bench.csv and (with `charts`: matplotlib is there) bench.png and
+    bench-pareto.png in `out` (created if needed)."""
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "bench.json", out / "bench.csv", out / "bench.png", out / "bench-pareto.png"]
+    paths = [out / "bench.json", out / "bench.csv"]
     atomic_write(paths[0], (json.dumps(run.to_json(), indent=1) + "\n").encode())
     atomic_write(paths[1], csv_text(run).encode())
-    atomic_write(paths[2], curve_png(run))
-    atomic_write(paths[3], pareto_png(run))
+    if charts:
+        paths += [out / "bench.png", out / "bench-pareto.png"]
+        atomic_write(paths[2], curve_png(run))
+        atomic_write(paths[3], pareto_png(run))
     return paths
 
 
@@ -117,10 +122,24 @@ def csv_text(run: BenchRun) -> str:
     return buffer.getvalue()
 
 
+CHARTS = "kit bench (bench.png, bench-pareto.png)"
+
+
+def charts_missing() -> str | None:
+    """None when matplotlib can draw the charts; else what the user is told: the charts are
+    skipped, the figures are not, and how to get them."""
+    try:
+        drawing()
+    except BadInput as missing:
+        return (f"charts skipped: {missing.message}; the table, bench.json and bench.csv are "
+                f"written all the same. For the charts: {missing.fix}")
+    return None
+
+
 def drawing() -> ModuleType:
     """matplotlib's pyplot for bench.png and bench-pareto.png; BadInput naming the extra when
-    it is missing (kit bench asks first, before it measures anything)."""
-    return pyplot("kit bench (bench.png, bench-pareto.png)")
+    it is missing."""
+    return pyplot(CHARTS)
 
 
 def _figure(rows: int):

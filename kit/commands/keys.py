@@ -9,7 +9,6 @@ from kit.commands.options import (
     policy_change,
     policy_set_command,
     report,
-    scheduler_note,
     spec_argument,
     wait_lock_option,
     with_policy_options,
@@ -39,7 +38,6 @@ def add(args: tuple[str, ...], offline: bool, wait_lock: float, **policy: object
         click.echo("warning: auth.api_keys is false: nginx ignores keys until it is true", err=True)
     with credential_holding(spec, layout, "keys add", wait_lock, offline):
         key, outcome = add_key(spec, layout, name, connection, change)
-    scheduler_note(change)
     click.echo(f"key {name}: {key}\n  (shown once; only its SHA-256 is stored)")
     report(outcome)
 

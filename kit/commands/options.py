@@ -148,12 +148,12 @@ policy_options: list[Callable] = [
                  "ISO time."),
     click.option("--class", "klass", type=click.Choice(["interactive", "batch"]),
                  help="interactive (default) or batch: batch yields to interactive."),
-    click.option("--tokens-per-day", type=int,
+    click.option("--tokens-per-day", metavar="N",
                  help="Prompt + completion tokens a UTC day, as the usage ledger counts "
                  "them (docs/policy.md)."),
-    click.option("--tokens-per-month", type=int,
+    click.option("--tokens-per-month", metavar="N",
                  help="Prompt + completion tokens a UTC month (docs/policy.md)."),
-    click.option("--requests-per-minute", type=int,
+    click.option("--requests-per-minute", metavar="N",
                  help="Requests a UTC minute (docs/policy.md)."),
 ]
 clear_option = click.option(
@@ -199,15 +199,6 @@ def policy_change(spec: "Spec", values: dict,
     return PolicyChange(chosen, tuple(field.replace("-", "_") for field in clear or ()))
 
 
-def scheduler_note(change: "PolicyChange") -> None:
-    """The engine's half of a class change is not live: say when it takes effect."""
-    if "class" in change.set or "class" in change.clear:
-        click.echo("note: the door caps batch requests in flight and sends each request's "
-                   "priority now; the services order their queue by it once they run vLLM's "
-                   "priority scheduler: `kit up` renders --scheduling-policy priority (while any "
-                   "credential is batch) and restarts them", err=True)
-
-
 def policy_set_command(group: click.Group, kind: str, what: str) -> None:
     """`kit keys set` / `kit users set`: change a credential's policy, live."""
     from kit.credentials.policy import principal, read_policies, shown_policy
@@ -226,6 +217,5 @@ def policy_set_command(group: click.Group, kind: str, what: str) -> None:
         change = policy_change(spec, policy, clear)
         with credential_holding(spec, layout, f"{kind}s set", wait_lock, offline):
             outcome = set_policy(spec, layout, kind, name, change, connection)
-        scheduler_note(change)
         click.echo(f"{kind} {name}: {shown_policy(read_policies(layout), principal(kind, name))}")
         report(outcome)

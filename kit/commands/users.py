@@ -10,7 +10,6 @@ from kit.commands.options import (
     policy_set_command,
     read_passwords,
     report,
-    scheduler_note,
     spec_argument,
     wait_lock_option,
     with_password_options,
@@ -46,7 +45,6 @@ def add(args: tuple[str, ...], password_stdin: bool, generate: bool, offline: bo
     password, _, generated = read_passwords(password_stdin, generate, ask_current=False)
     with credential_holding(spec, layout, "users add", wait_lock, offline):
         outcome = add_user(spec, layout, user, password, connection, change)
-    scheduler_note(change)
     click.echo(f"added {user}")
     if generated:
         click.echo(f"password for {user}: {password}  (shown once)")

@@ -10,6 +10,7 @@ reload as a credential change). A credential is named as the door's access log n
 
 import datetime as dt
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -51,10 +52,20 @@ def parse_models(text: str, served: Iterable[str]) -> list[str]:
     return sorted(set(names))
 
 
+# the forms --expires takes, in ASCII digits: a date, or a date and time (seconds and a
+# fraction optional) with an optional offset; Python's fromisoformat takes more (2027-W01,
+# 20270131, full-width digits), which a reader of the command would not read as one instant
+EXPIRY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9]{2}:[0-9]{2}"
+                    r"(:[0-9]{2}(\.[0-9]{1,6})?)?(Z|[+-][0-9]{2}:[0-9]{2})?)?")
+LIMIT = re.compile(r"-?[0-9]{1,20}")  # ASCII digits only: no １０, 1_000, +10 or spaces
+
+
 def parse_expiry(text: str, now: dt.datetime | None = None) -> str:
     """A date (the credential is refused from 00:00 UTC that day) or an ISO time (UTC when it
     names no offset) → the instant as `YYYY-MM-DDTHH:MM:SSZ`; refused when already past."""
     try:
+        if not EXPIRY.fullmatch(text):
+            raise ValueError(text)
         if len(text) == len("2027-01-31"):
             when = dt.datetime.combine(dt.date.fromisoformat(text), dt.time(), dt.UTC)
         else:
@@ -63,16 +74,23 @@ def parse_expiry(text: str, now: dt.datetime | None = None) -> str:
     except ValueError:
         raise BadInput(f"--expires {text!r} is not a date or time",
                        fix="give a date (2027-01-31: refused from 00:00 UTC that day) or an ISO "
-                       "time (2027-01-31T18:00:00+01:00)") from None
+                       "time (2027-01-31T18:00:00+01:00), in ASCII digits") from None
     if when <= (now or dt.datetime.now(dt.UTC)):
         raise BadInput(f"--expires {text!r} is in the past",
                        fix="give a later time; to stop a credential now, revoke or remove it")
     return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def parse_limit(option: str, value: int) -> int:
+def parse_limit(option: str, text: str) -> int:
+    """A limit option's text as a whole number in ASCII digits, from 1 to MAX_LIMIT."""
+    flag = f"--{option.replace('_', '-')}"
+    if not LIMIT.fullmatch(text):
+        raise BadInput(f"{flag} {text!r} is not a whole number in ASCII digits",
+                       fix=f"give a whole number from 1 to {MAX_LIMIT} written 0-9 only (no "
+                       "separators, signs or other scripts' digits)")
+    value = int(text)
     if not 1 <= value <= MAX_LIMIT:
-        raise BadInput(f"--{option.replace('_', '-')} {value} is out of range",
+        raise BadInput(f"{flag} {value} is out of range",
                        fix=f"give a whole number from 1 to {MAX_LIMIT}, or --clear "
                        f"{option.replace('_', '-')} for no limit")
     return value
@@ -184,11 +202,6 @@ def check_budgets_counted(policies: dict[str, dict], usage_on: bool) -> None:
                        f"({', '.join(budgeted)})",
                        fix="turn it on in the spec (usage: {enabled: true}), or --clear "
                        "tokens-per-day / tokens-per-month")
-
-
-def batch_in_use(layout: SiteLayout) -> bool:
-    """Whether any credential is batch: the services then run vLLM's priority scheduler."""
-    return any(entry.get("class") == "batch" for entry in read_policies(layout).values())
 
 
 def present_principals(users: Iterable[str], keys: Iterable[str]) -> set[str]:

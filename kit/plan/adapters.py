@@ -18,7 +18,7 @@ from kit.plan.capacity import LoraSlots
 from kit.plan.modelinfo import read_safetensors_header
 from kit.spec.model import Adapter, Service
 from kit.spec.vllm_flags import choices, flag_table, flag_uses
-from kit.weights.verify import file_sha256
+from kit.weights.verify import file_sha256, tree_links_out
 
 ADAPTER_CONFIG = "adapter_config.json"
 SAFETENSORS_WEIGHTS = "adapter_model.safetensors"
@@ -48,6 +48,7 @@ class AdapterInfo:
     target_modules: tuple[str, ...] = ()
     problems: list[str] = field(default_factory=list)
     local: bool = False  # a folder under models_root (not a Hub id's snapshot or download)
+    outside: str | None = None  # a file reached through a link out of the mounted tree
 
 
 def source_folder(adapter: Adapter, models_root: Path, hf_cache: Path | None) -> Path | None:
@@ -193,7 +194,10 @@ def service_adapters(service: Service, models_root: Path,
     for adapter in service.adapters:
         folder = source_folder(adapter, models_root, hf_cache)
         info = read_adapter(folder, adapter.sha256) if folder else AdapterInfo(None)
-        infos.append(replace(info, local=folder == models_root / adapter.path))
+        local = folder == models_root / adapter.path
+        mounted = models_root if local else hf_cache
+        infos.append(replace(info, local=local, outside=tree_links_out(mounted, folder)
+                             if folder and mounted else None))
     return infos
 
 
@@ -206,6 +210,11 @@ def adapter_problems(service: Service, infos: list[AdapterInfo],
                                                    choices("--max-lora-rank"))
     found = []
     for j, (adapter, info) in enumerate(zip(service.adapters, infos, strict=True)):
+        if info.outside:
+            found.append((j, f"adapter {adapter.name}: {info.outside}",
+                          "copy the adapter's files into its folder (a link may point only "
+                          "inside the tree vLLM's container mounts)"))
+            continue
         found += [(j, problem, "replace the adapter's files (re-download or re-export it)")
                   for problem in info.problems]
         if not same_base(info.base, service.model, model_name_or_path):

@@ -15,6 +15,7 @@ from kit.plan.adapters import (
     CONFIG_FLAG,
     DERIVED_FLAGS,
     FILE_FLAGS,
+    HUB_CACHE,
     MODULES_FLAG,
     RUNTIME_LORA_ENV,
     AdapterInfo,
@@ -45,7 +46,13 @@ VLLM_PORT = 8000
 # older `python3 -m vllm.entrypoints.openai.api_server` (no positional model) still serves.
 VLLM_ENTRYPOINT = ("vllm", "serve")
 MODELS_MOUNT = "/models"
+# HF_HOME: each service's own writable cache (a volume of its own: Hub downloads, transformers'
+# remote-code modules), never another service's — a replica runs a model's code (hostile).
 HF_CACHE_MOUNT = "/root/.cache/huggingface"
+HF_CACHE_VOLUME = "hf-cache"  # + "-<service>": the compose key of that volume
+# The site's `hf_cache` folder (pinned Hub snapshots kit verifies; an offline site's Hub models):
+# bound read-only into every replica, so no container can change what kit verified.
+SITE_HF_CACHE_MOUNT = "/kit/hf-cache"
 DEFAULT_ENGINE_READY_TIMEOUT = 600  # vLLM's VLLM_ENGINE_READY_TIMEOUT_S default
 WEIGHT_LOAD_ALLOWANCE = 300  # seconds beyond the engine-ready timeout for download + load
 STREAMS_WHEN_UNKNOWN = 256  # vLLM's max_num_seqs default on A100-class GPUs
@@ -121,6 +128,12 @@ class ServicePlan:
         return None if self.multinode else f"{BACKEND_NETWORK}-{self.name}"
 
     @property
+    def cache_volume(self) -> str:
+        """The compose key of its own Hugging Face cache (HF_HOME): its replicas (and a
+        multi-node service's worker nodes) alone write it."""
+        return f"{HF_CACHE_VOLUME}-{self.name}"
+
+    @property
     def affinity_hash(self) -> str | None:
         """What the affinity upstream hashes: the key, with the adapter a request names when the
         service has adapters (vLLM's prefix cache is per adapter; kit.js's prefix key holds it)."""
@@ -141,7 +154,10 @@ class ServicePlan:
 
 
 MAX_WORKER_CONNECTIONS = 65536
-SCHEDULING_POLICY = "--scheduling-policy"  # vLLM 0.33: fcfs (its default) or priority
+# vLLM 0.33: fcfs (its default) or priority. kit renders priority for every service from the
+# start: with every request at the same priority it serves in arrival order, as fcfs does, and
+# the first batch credential (docs/policy.md) then changes no vLLM command, so restarts nothing.
+SCHEDULING_POLICY = "--scheduling-policy"
 
 
 @dataclass(frozen=True)
@@ -331,10 +347,8 @@ class Plan:
         return ["/bin/sh", "-c", f"{self.acme.watch} & exec {shlex.join(run)}"]
 
 
-def build_plan(spec: Spec, *, priority_scheduling: bool = False) -> Plan:
-    """`priority_scheduling`: some credential is batch (docs/policy.md), so every service runs
-    vLLM's priority scheduler, which orders waiting requests by the priority the door sets."""
-    services = [_service_plan(spec, service, priority_scheduling) for service in spec.services]
+def build_plan(spec: Spec) -> Plan:
+    services = [_service_plan(spec, service) for service in spec.services]
     streams = sum(s.streams for s in services)
     # Each stream holds a client and an upstream connection; leave room for queued clients.
     worker_connections = min(MAX_WORKER_CONNECTIONS, max(4096, _next_power_of_two(streams * 4)))
@@ -402,7 +416,7 @@ def model_is_local(spec: Spec, model: str) -> bool:
     return "/" not in model or (spec.models_root / model).is_dir()
 
 
-def _service_plan(spec: Spec, service, priority_scheduling: bool = False) -> ServicePlan:
+def _service_plan(spec: Spec, service) -> ServicePlan:
     pinned = pinned_relative(service)  # a pinned model is served from its pulled folder
     is_local = pinned is not None or model_is_local(spec, service.model)
     # The capacity model covers one tensor-parallel group on one server.
@@ -438,13 +452,15 @@ def _service_plan(spec: Spec, service, priority_scheduling: bool = False) -> Ser
     if len(replicas) > 1:
         command += ["--shutdown-timeout", str(REPLICA_SHUTDOWN_TIMEOUT)]
         grace = REPLICA_SHUTDOWN_TIMEOUT + 10
-    if priority_scheduling and not any(arg.startswith(SCHEDULING_POLICY)
-                                       for arg in service.extra_args):  # the operator's wins
+    if not any(arg.startswith(SCHEDULING_POLICY)
+               for arg in service.extra_args):  # the operator's wins
         command += [SCHEDULING_POLICY, "priority"]
     lora, lora_config, downloads = _lora_args(spec, service)
     command += ["--port", str(VLLM_PORT), *histogram_args(service_slo(service)), *lora,
                 *service.extra_args]
     env = {"HF_HOME": HF_CACHE_MOUNT, **service.env, **(OFFLINE_ENV if spec.offline else {})}
+    if spec.offline and spec.hf_cache is not None:  # a Hub id is served from the site's cache
+        env.setdefault("HF_HUB_CACHE", f"{SITE_HF_CACHE_MOUNT}/{HUB_CACHE}")
     if service.idle_sleep is not None:
         env[DEV_MODE_ENV] = "1"
     if service.adapters:  # kit adapters add|remove: the runtime routes, kept inside the stack
@@ -526,7 +542,8 @@ def _lora_args(spec: Spec, service: Service
 def adapter_paths(spec: Spec, service: Service,
                   infos: list[AdapterInfo] | None = None) -> dict[str, str]:
     """{adapter name: the path its replica's vLLM loads it from}: under the models mount, a
-    pinned Hub snapshot under the cache mount, or (unpinned) the Hub id vLLM downloads."""
+    pinned Hub snapshot under the site cache's read-only mount, or (unpinned) the Hub id vLLM
+    downloads."""
     if infos is None:
         infos = service_adapters(service, spec.models_root, spec.hf_cache)
     paths = {}
@@ -535,7 +552,7 @@ def adapter_paths(spec: Spec, service: Service,
         if info.folder is not None and info.folder.is_relative_to(spec.models_root):
             path = f"{MODELS_MOUNT}/{info.folder.relative_to(spec.models_root)}"
         elif info.folder is not None and spec.hf_cache is not None:
-            path = f"{HF_CACHE_MOUNT}/{info.folder.relative_to(spec.hf_cache)}"
+            path = f"{SITE_HF_CACHE_MOUNT}/{info.folder.relative_to(spec.hf_cache)}"
         paths[adapter.name] = path
     return paths
 

@@ -27,7 +27,7 @@ from kit.spec.model import BIND_FIX, Service, Spec, gpu_memory_for
 from kit.spec.problems import SpecProblem
 from kit.spec.vllm_flags import GENERATE, SHIPPED_VERSION, image_version, last_values
 from kit.weights import lock as weights_lock
-from kit.weights.verify import HashCache, check_folder
+from kit.weights.verify import HashCache, check_folder, tree_links_out
 
 
 def load_spec(path: Path, *, check_host: bool = True, check_capacity: bool = True) -> Spec:
@@ -141,7 +141,8 @@ def spec_warnings(spec: Spec, spec_path: Path) -> list[str]:
             if spec.hf_cache is None:
                 warnings.append(
                     f"OFFLINE: services[{i}] ({service.name}) model {service.model!r} is a Hub "
-                    "id, which vLLM serves offline from the hf-cache volume only: kit cannot "
+                    f"id, which vLLM serves offline from its own volume hf-cache-{service.name} "
+                    "only: kit cannot "
                     "look into a volume, so make sure the model is there (or set hf_cache to a "
                     "host folder kit can check)"
                 )
@@ -235,7 +236,7 @@ def _model_dirs(parts: Parts, spec_dir: Path, check_capacity: bool) -> list[Spec
         model_dir = weights_lock.model_dir(models_root, service)
         problems += _adapter_problems(parts, i, service, models_root)
         if service.revision is not None:
-            found = pinned.problems(i, service, model_dir)
+            found = pinned.problems(i, service, models_root)
             if found:
                 problems += found
                 continue
@@ -249,6 +250,12 @@ def _model_dirs(parts: Parts, spec_dir: Path, check_capacity: bool) -> list[Spec
                 f"model directory {model_dir} does not exist",
                 f"put the model under {models_root} or set model to an org/name Hub id",
             ))
+            continue
+        if outside := tree_links_out(models_root, model_dir):
+            problems.append(SpecProblem(
+                ("services", i, "model"), outside,
+                f"move or copy the model into {models_root} (a link there may point only "
+                "inside it: vLLM's container sees models_root alone)"))
             continue
         if (model_dir / "config.json").is_file():
             problems += _model_problems(parts, i, service, model_dir, check_capacity)
@@ -288,7 +295,7 @@ class PinnedCheck:
         except BadInput as error:
             return error
 
-    def problems(self, i: int, service: Service, model_dir: Path) -> list[SpecProblem]:
+    def problems(self, i: int, service: Service, models_root: Path) -> list[SpecProblem]:
         try:
             if isinstance(self.lock, BadInput):
                 raise self.lock
@@ -298,7 +305,8 @@ class PinnedCheck:
         fix = (f"run `kit pull {service.name}`: it fetches missing and changed files again and "
                "removes extra ones")
         return [SpecProblem(("services", i, "model"), problem.message, fix)
-                for problem in check_folder(model_dir, locked, self.cache)]
+                for problem in check_folder(weights_lock.model_dir(models_root, service), locked,
+                                            self.cache, models_root)]
 
 
 def _model_problems(

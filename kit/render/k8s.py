@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from kit.credentials.material import NGINX_GID
-from kit.credentials.policy import batch_in_use, door_policy
+from kit.credentials.policy import door_policy
 from kit.engine.desired import PROXY_SERVICE as NGINX_SERVICE
 from kit.engine.desired import VERIFIER_SERVICE
 from kit.errors import BadInput
@@ -49,6 +49,7 @@ from kit.plan.build import (
     HF_CACHE_MOUNT,
     MODELS_MOUNT,
     NGINX_CONF,
+    SITE_HF_CACHE_MOUNT,
     VLLM_ENTRYPOINT,
     VLLM_PORT,
     Plan,
@@ -274,10 +275,16 @@ def _vllm_pod(plan: Plan, service: ServicePlan, args: list[str], gpus: int, *,
         "resources": {"limits": {GPU_RESOURCE: gpus}},
         "volumeMounts": [
             {"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True},
-            {"name": "hf-cache", "mountPath": HF_CACHE_MOUNT},
+            {"name": "hf-cache", "mountPath": HF_CACHE_MOUNT},  # its own: an emptyDir
             {"name": "dshm", "mountPath": "/dev/shm"},
         ],
     }
+    site_cache = []
+    if plan.hf_cache:  # kit's verified snapshots, written by no pod
+        container["volumeMounts"].insert(2, {"name": "site-hf-cache",
+                                             "mountPath": SITE_HF_CACHE_MOUNT, "readOnly": True})
+        site_cache = [{"name": "site-hf-cache",
+                       "hostPath": {"path": plan.hf_cache, "type": "DirectoryOrCreate"}}]
     if extra_env:
         container["env"] = extra_env
     if serves:
@@ -286,14 +293,13 @@ def _vllm_pod(plan: Plan, service: ServicePlan, args: list[str], gpus: int, *,
             interval, max(1, math.ceil(service.start_period / interval)))
         container["readinessProbe"] = _http_probe(interval, PROBE_FAILURES)
         container["livenessProbe"] = _http_probe(interval, PROBE_FAILURES)
-    hf_cache = ({"hostPath": {"path": plan.hf_cache, "type": "DirectoryOrCreate"}}
-                if plan.hf_cache else {"emptyDir": {}})
     return {
         "terminationGracePeriodSeconds": shutdown_timeout(service) + STOP_GRACE,
         "containers": [container],
         "volumes": [
             {"name": "models", "hostPath": {"path": plan.models_root, "type": "Directory"}},
-            {"name": "hf-cache", **hf_cache},
+            {"name": "hf-cache", "emptyDir": {}},
+            *site_cache,
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
         ],
     }
@@ -850,7 +856,7 @@ def export_site(site: Site, out: Path, *, namespace: str | None, force: bool) ->
     """`kit export k8s`: the manifests written into `out` as one transaction, hand edits kept
     unless `force` (the same rules as `kit render`, with the state in out/.kit-export)."""
     spec = site.spec
-    plan = build_plan(spec, priority_scheduling=batch_in_use(site.layout))
+    plan = build_plan(spec)
     result = export(plan, Credentials.read(site.layout), namespace=namespace or spec.site,
                     service_type=spec.kubernetes.service_type, spec_name=site.spec_path.name)
     state_dir = out / STATE_DIR

@@ -19,6 +19,7 @@ from kit.layout import SiteLayout
 from kit.plan.build import (
     HF_CACHE_MOUNT,
     MODELS_MOUNT,
+    SITE_HF_CACHE_MOUNT,
     VLLM_ENTRYPOINT,
     Plan,
     ServicePlan,
@@ -52,9 +53,8 @@ def worker_outputs(plan: Plan, spec_name: str) -> list[Output]:
 def _worker_compose(plan: Plan, service: ServicePlan, nodes: MultiNodePlan, node: NodePlan,
                     env_file: str) -> dict:
     """One headless vLLM on host networking with the same GPUs, models and image as the head."""
-    hf_cache = ({"type": "bind", "source": plan.hf_cache, "target": HF_CACHE_MOUNT}
-                if plan.hf_cache else
-                {"type": "volume", "source": "hf-cache", "target": HF_CACHE_MOUNT})
+    site_cache = ([{"type": "bind", "source": plan.hf_cache, "target": SITE_HF_CACHE_MOUNT,
+                    "read_only": True}] if plan.hf_cache else [])
     body = {
         "image": service.image,
         "entrypoint": list(VLLM_ENTRYPOINT),
@@ -63,7 +63,8 @@ def _worker_compose(plan: Plan, service: ServicePlan, nodes: MultiNodePlan, node
         "volumes": [
             {"type": "bind", "source": plan.models_root, "target": MODELS_MOUNT,
              "read_only": True},
-            hf_cache,
+            {"type": "volume", "source": service.cache_volume, "target": HF_CACHE_MOUNT},
+            *site_cache,
         ],
         "network_mode": "host",
         "ipc": "host",
@@ -74,7 +75,4 @@ def _worker_compose(plan: Plan, service: ServicePlan, nodes: MultiNodePlan, node
         "stop_grace_period": "30s",
         "logging": {"driver": "json-file", "options": {"max-size": "50m", "max-file": "5"}},
     }
-    document: dict = {"services": {service.name: body}}
-    if not plan.hf_cache:
-        document["volumes"] = {"hf-cache": {}}
-    return document
+    return {"services": {service.name: body}, "volumes": {service.cache_volume: {}}}

@@ -29,7 +29,7 @@ from kit.credentials.material import (
     unshown_passwords,
     unshown_passwords_output,
 )
-from kit.credentials.policy import batch_in_use, check_budgets_counted, read_policies
+from kit.credentials.policy import check_budgets_counted, read_policies
 from kit.credentials.tls import acme_files, self_signed_files, tls_outputs, user_files
 from kit.engine.desired import (
     ACME_SERVICE,
@@ -66,6 +66,7 @@ from kit.plan.build import (
     MODELS_MOUNT,
     PREFIX_KEY,
     REPLICA_FAIL_TIMEOUT,
+    SITE_HF_CACHE_MOUNT,
     UNAVAILABLE_RETRY_AFTER,
     VLLM_ENTRYPOINT,
     VLLM_PORT,
@@ -193,6 +194,7 @@ def template_context(plan: Plan, spec_name: str) -> dict:
         "vllm_entrypoint": list(VLLM_ENTRYPOINT),
         "models_mount": MODELS_MOUNT,
         "hf_cache_mount": HF_CACHE_MOUNT,
+        "site_hf_cache_mount": SITE_HF_CACHE_MOUNT,
         "lora_mount": LORA_MOUNT,
         # a service's adapters folder, relative to the compose file (compose/)
         "lora_sources": {service.name: f"../{SiteLayout(Path('.')).lora_dir(service.name)}"
@@ -357,7 +359,7 @@ def site_outputs(
 ) -> tuple[Plan, list[Output], AuthFiles]:
     """Every file of the site: generated config plus credential material."""
     check_budgets_counted(read_policies(layout), spec.usage.enabled)
-    plan = build_plan(spec, priority_scheduling=batch_in_use(layout))
+    plan = build_plan(spec)
     outputs = generated_files(plan, spec_name)
     if spec.tls.mode == "self-signed":
         tls = self_signed_files(layout, spec.site, spec.domain)

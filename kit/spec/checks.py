@@ -367,9 +367,13 @@ def _multi_node(parts: Parts) -> list[SpecProblem]:
 # extra_args flags that would undo what the observability and usage keys ask of vLLM:
 # key → flag → why.
 METRICS_FLAGS = {
-    "usage.enabled": {"--enable-force-include-usage": "the usage ledger already has vLLM report "
-                      "usage on every stream and gives each client only the usage it asked "
-                      "for, so forcing it would only cost vLLM work"},
+    "usage.enabled": {"--enable-force-include-usage": "the usage ledger asks vLLM for the usage "
+                      "each stream needs and gives each client only the usage it asked for; "
+                      "usage on every chunk costs vLLM's API server throughput (x0.87 on an "
+                      "H100: docs/usage.md)",
+                      "--stream-interval": "the usage ledger counts an aborted stream's "
+                      "completion tokens from its chunks, one token each at vLLM's default "
+                      "interval of 1; a larger one would undercount them (docs/usage.md)"},
     "slo": {"--custom-histogram-buckets": "kit writes the histogram bounds from slo (vLLM's "
             "defaults plus the SLO, so the SLO line is exact) and vLLM would keep only one"},
     "observability.enabled": {"--disable-log-stats": "it removes every vllm:* metric "

@@ -11,6 +11,7 @@ Every problem is reported with file:line:col, not only the first.
 """
 
 import difflib
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -57,13 +58,14 @@ class _SpecLoader(yaml.SafeLoader):
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
             raise Refused(
-                "anchors and aliases (&name, *name) are not allowed in a site spec",
+                "anchors and aliases (&name, *name) are not allowed in a kit file",
                 "write the value out where it is used", event.start_mark,
             )
         if self.depth >= MAX_DEPTH:
             raise Refused(
                 f"nested deeper than {MAX_DEPTH} levels",
-                "a site spec nests four levels at most (services[].env.NAME)", event.start_mark,
+                "a site spec nests four levels at most (services[].env.NAME), site.lock six",
+                event.start_mark,
             )
         self.depth += 1
         try:
@@ -92,19 +94,19 @@ COLLECTION_TAGS: dict[type[yaml.Node], str] = {
 def _walk(node: yaml.Node, path: tuple, located: Located, loader: yaml.SafeLoader) -> Any:
     located.marks.setdefault(path, _mark(node))
     if COLLECTION_TAGS.get(type(node), node.tag) != node.tag:
-        raise Refused(f"the tag {node.tag} is not allowed in a site spec", "remove the tag",
+        raise Refused(f"the tag {node.tag} is not allowed in a kit file", "remove the tag",
                       node.start_mark)
     if isinstance(node, yaml.MappingNode):
         result: dict = {}
         for key_node, value_node in node.value:
             key = _scalar(key_node, path, located, loader)
             if not isinstance(key, str | int | float | bool) or key is None:
-                located.problems.append((path, "keys must be plain scalars"))
+                located.problems.append(SpecProblem(path, "keys must be plain scalars"))
                 continue
             child = (*path, key)
             located.marks[child] = _mark(key_node)
             if key in result:
-                located.problems.append((child, f"duplicate key {key!r}"))
+                located.problems.append(SpecProblem(child, f"duplicate key {key!r}"))
                 continue
             result[key] = _walk(value_node, child, located, loader)
         return result
@@ -115,17 +117,45 @@ def _walk(node: yaml.Node, path: tuple, located: Located, loader: yaml.SafeLoade
 
 def _scalar(node: yaml.Node, path: tuple, located: Located, loader: yaml.SafeLoader) -> Any:
     """One scalar (or a key) built by YAML's rules; a value Python cannot build is a problem at
-    its position (a 5,000-digit number, a 30 February timestamp), never a traceback."""
+    its position (a 5,000-digit number, a 30 February timestamp), never a traceback; a number
+    YAML 1.1 reads in another base than the decimal one written is refused (_odd_number)."""
     if node.tag in NUMBER_TAGS and len(str(node.value)) > MAX_NUMBER_CHARS:
         located.marks.setdefault(path, _mark(node))
-        located.problems.append((path, f"a number of {len(node.value)} characters"))
+        located.problems.append(SpecProblem(path, f"a number of {len(node.value)} characters"))
         return None
     try:
-        return loader.construct_object(node, deep=True)
+        value = loader.construct_object(node, deep=True)
     except (ValueError, OverflowError) as error:
         located.marks.setdefault(path, _mark(node))
-        located.problems.append((path, f"{node.value!r} cannot be read: {error}"))
+        located.problems.append(SpecProblem(path, f"{node.value!r} cannot be read: {error}"))
         return None
+    if node.tag in NUMBER_TAGS and (odd := _odd_number(str(node.value), value)) is not None:
+        located.marks.setdefault(path, _mark(node))
+        located.problems.append(odd(path))
+        return None
+    return value
+
+
+def _odd_number(text: str, value: Any) -> Callable[[tuple], SpecProblem] | None:
+    """A YAML 1.1 number that is not written as the plain decimal it is read as: `010443` is
+    octal (4387), `1:20` base 60 (80), `0x10`, `0b11`, `1_000`. None for a plain number."""
+    digits = text.lstrip("+-")
+    if ":" in digits:
+        kind, meant = "a base-60 number", str(value)
+    elif digits[:2].lower() in ("0x", "0b"):
+        kind = "a hexadecimal number" if digits[1] in "xX" else "a binary number"
+        meant = str(value)
+    elif re.fullmatch(r"0[0-7_]+", digits):
+        sign = text[:len(text) - len(digits)]
+        kind, meant = "an octal number", sign + (digits.replace("_", "").lstrip("0") or "0")
+    elif "_" in digits:
+        kind, meant = "a number with '_' separators", text.replace("_", "")
+    else:
+        return None
+    message = (f"{text} is {kind} in YAML 1.1 (it reads as {value}): kit reads numbers written "
+               "in plain decimal only")
+    fix = f"write {meant}, or quote the value if it is text ('{text}')"
+    return lambda path: SpecProblem(path, message, fix)
 
 
 def _mark(node: yaml.Node) -> tuple[int, int]:
@@ -171,29 +201,49 @@ def _line_column(text: str | bytes, offset: int) -> tuple[int, int]:
     return before.count(b"\n") + 1, offset - (before.rfind(b"\n") + 1) + 1
 
 
-def parse_spec(text: str, source: Path, *, host: HostChecks | None = None) -> Spec:
-    if len(text) > MAX_SPEC_BYTES:
-        raise BadInput(f"{source}: larger than {MAX_SPEC_BYTES >> 20} MiB")
+CONFLICT_MARKER = re.compile(r"^(<{7}|={7}|>{7})(?: |$)", re.MULTILINE)
+CONFLICT_FIX = ("resolve the git merge conflict: keep the lines you want and remove the "
+                "<<<<<<<, ======= and >>>>>>> lines")
+
+
+def read_yaml(text: str, source: Path | str, *, remake: str | None = None) -> Located:
+    """`parse_yaml` of a kit file (the spec, site.lock), every YAML error turned into BadInput
+    at `source:line:col`; a git merge conflict left in the file is named as one. `remake`: how
+    to write the file again instead (added to each fix)."""
+    also = f"; or {remake}" if remake else ""
+    if conflict := CONFLICT_MARKER.search(text):
+        line, column = _line_column(text, conflict.start())
+        raise BadInput(f"{source}:{line}:{column}: a git merge conflict marker "
+                       f"({conflict.group(1)}): the file is half one version, half another",
+                       fix=CONFLICT_FIX + also)
     try:
-        located = parse_yaml(text)
+        return parse_yaml(text)
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         raise BadInput(
             f"{source}:{line}:{column}: invalid YAML: {error.problem or error}",
-            fix=getattr(error, "fix", None)
-            or "fix the YAML at that position (indentation, a missing ':' or quote, a tag)",
+            fix=(getattr(error, "fix", None)
+                 or "fix the YAML at that position (indentation, a missing ':' or quote, a tag)")
+            + also,
         ) from None
     except yaml.reader.ReaderError as error:
         line, column = _line_column(text, error.position)
         raise BadInput(
             f"{source}:{line}:{column}: invalid YAML: character {error.character!r} is not "
             "allowed in YAML text",
-            fix="remove that character (control characters and NUL cannot appear in a spec)",
+            fix="remove that character (control characters and NUL cannot appear in the file)"
+            + also,
         ) from None
     except yaml.YAMLError as error:
-        raise BadInput(f"{source}:1:1: invalid YAML: {error}") from None
-    problems = [SpecProblem(path, message) for path, message in located.problems]
+        raise BadInput(f"{source}:1:1: invalid YAML: {error}", fix=remake) from None
+
+
+def parse_spec(text: str, source: Path, *, host: HostChecks | None = None) -> Spec:
+    if len(text) > MAX_SPEC_BYTES:
+        raise BadInput(f"{source}: larger than {MAX_SPEC_BYTES >> 20} MiB")
+    located = read_yaml(text, source)
+    problems = list(located.problems)
     if not isinstance(located.data, dict):
         problems.append(SpecProblem((), "the spec must be a mapping (site:, domain:, services:)"))
         raise SpecError(source, located, problems)

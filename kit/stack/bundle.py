@@ -20,6 +20,7 @@ import hashlib
 import io
 import json
 import os
+import posixpath
 import re
 import shutil
 import tarfile
@@ -45,6 +46,7 @@ from kit.weights.lock import (
     locked_for,
     model_dir,
     parse_lock,
+    pinned,
     read_lock,
     write_lock,
 )
@@ -214,7 +216,7 @@ def _verified_models(spec: Spec, layout: SiteLayout) -> dict[LockedModel, Servic
             continue
         models[locked] = service
         problems += [p.message for p in check_folder(model_dir(spec.models_root, service),
-                                                     locked, cache)]
+                                                     locked, cache, spec.models_root)]
     if problems:
         raise BadInput("the pinned models here do not match site.lock:\n  " +
                        "\n  ".join(problems),
@@ -270,6 +272,7 @@ class LoadResult:
     images: list[str] = field(default_factory=list)
     placed: list[str] = field(default_factory=list)  # model folders renamed into place
     kept: list[str] = field(default_factory=list)  # already there and verified
+    skipped: list[str] = field(default_factory=list)  # bundled, but the spec does not pin them
     lock_written: bool = False
     wheels: Path | None = None
 
@@ -277,6 +280,8 @@ class LoadResult:
         lines = [f"loaded image {ref}" for ref in self.images]
         lines += [f"placed {key} (verified against site.lock)" for key in self.placed]
         lines += [f"kept {key} (already there and verified)" for key in self.kept]
+        lines += [f"skipped {key} (the spec does not pin it: no folder, no lock entry)"
+                  for key in self.skipped]
         if self.lock_written:
             lines.append(f"wrote {layout.lock_file}")
         if self.wheels is not None:
@@ -299,6 +304,9 @@ def read_manifest(stream: IO[bytes] | None, size: int, bundle: Path,
     try:
         document = json.loads(raw)
         return _manifest(document)
+    except RecursionError:
+        raise _bad(bundle, MANIFEST, "is not a kit bundle manifest (nested deeper than Python "
+                   "reads)") from None
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise _bad(bundle, MANIFEST, f"is not a kit bundle manifest ({error})") from None
 
@@ -379,17 +387,20 @@ def load_bundle(bundle: Path, spec: Spec, layout: SiteLayout, engine: Engine,
         if first is None or first.name != MANIFEST or not first.isreg():
             raise _bad(bundle, MANIFEST, "is not the archive's first member")
         manifest = read_manifest(tar.extractfile(first), first.size, bundle, expected_sha256)
-        if manifest.models and not engine.is_local:
+        wanted = set(manifest.models) & set(pinned(spec.services))
+        _check_room(bundle, manifest, wanted, Path(spec.models_root))
+        if wanted and not engine.is_local:
             raise BadInput(f"the bundle holds model weights and {engine.address} is a remote "
                            "engine: kit places weights in models_root on this machine only",
                            fix="copy the bundle to the server and run `kit load` there")
         cache = HashCache(layout.weights_hashes)
-        staging = _Staging(spec, manifest, cache, cleanup)
+        staging = _Staging(spec, manifest, wanted, cache, cleanup)
         lock, wheels, image_members = _verify_members(tar, bundle, manifest, staging, report)
-        bundled_lock = _bundled_lock(lock, bundle, manifest)
+        bundled_lock = {key: entry for key, entry in _bundled_lock(lock, bundle, manifest).items()
+                        if key in wanted}
         merged = _merged_lock(layout, bundled_lock)
         staging.check(bundled_lock, bundle)
-        result = LoadResult()
+        result = LoadResult(skipped=sorted(set(manifest.models) - wanted))
         member_sha = {m.name: m.sha256 for m in manifest.members}
         for image in manifest.images:
             report(f"loading image {image.ref}")
@@ -406,7 +417,7 @@ def load_bundle(bundle: Path, spec: Spec, layout: SiteLayout, engine: Engine,
                                fix=BAD_BUNDLE_FIX)
             result.images.append(image.ref)
         result.placed, result.kept = staging.place(bundled_lock)
-        if manifest.models:
+        if bundled_lock:
             write_lock(layout.lock_file, list(merged.values()))
             result.lock_written = True
         if wheels is not None:
@@ -425,6 +436,7 @@ def _verify_members(tar: tarfile.TarFile, bundle: Path, manifest: Manifest,
     lock = b""
     wheels: Path | None = None
     images: dict[str, tarfile.TarInfo] = {}
+    refs = {image.member: image.ref for image in manifest.images}
     report(f"verifying {bundle} ({len(expected)} member(s))")
     try:
         while (info := tar.next()) is not None:  # after the manifest
@@ -432,14 +444,15 @@ def _verify_members(tar: tarfile.TarFile, bundle: Path, manifest: Manifest,
             if member is None or info.name in seen:
                 raise _bad(bundle, info.name, "is not in the manifest" if member is None
                            else "appears twice")
-            if not info.isreg() or info.size != member.size:
+            if info.type not in (tarfile.REGTYPE, tarfile.AREGTYPE) or info.issparse() \
+                    or info.size != member.size:
                 raise _bad(bundle, info.name, f"is not a regular file of {member.size} bytes")
             seen.add(info.name)
             stream = tar.extractfile(info)
             assert stream is not None
             target: IO[bytes] | None = None
             with ExitStack() as files:
-                if info.name.startswith(f"{WEIGHTS}/"):
+                if staging.unpacks(info.name):
                     target = files.enter_context(staging.open(info.name))
                 elif info.name.startswith(f"{WHEELS}/"):
                     wheels = wheels or staging.scratch(WHEELS)
@@ -452,9 +465,10 @@ def _verify_members(tar: tarfile.TarFile, bundle: Path, manifest: Manifest,
             if sha != member.sha256:
                 raise _bad(bundle, info.name, f"has sha256 {sha[:12]}…, the manifest says "
                            f"{member.sha256[:12]}… (changed or damaged)")
-            if info.name.startswith(f"{WEIGHTS}/"):
+            if staging.unpacks(info.name):
                 staging.hashed(info.name, sha)  # check_folder then only stats it
             if info.name.startswith(f"{IMAGES}/"):
+                _check_tags(bundle, info.name, tar.extractfile(info), refs[info.name])
                 images[info.name] = info
     except (tarfile.TarError, EOFError) as error:
         raise _bad(bundle, "the archive", f"is damaged ({error})") from None
@@ -478,13 +492,119 @@ def _copy(stream: IO[bytes], target: IO[bytes] | None) -> str:
     return digest.hexdigest()
 
 
+def _check_room(bundle: Path, manifest: Manifest, wanted: set[str], models_root: Path) -> None:
+    """Before anything is written: the members the manifest declares must fit in the archive
+    (a tar holds each one's bytes, so a manifest claiming more than the file's size lies), and
+    the weights kit will unpack must fit in models_root's free space, the wheels in /tmp's."""
+    declared = sum(BLOCK + m.size + len(_padding(m.size)) for m in manifest.members)
+    size = bundle.stat().st_size
+    if declared > size:
+        raise _bad(bundle, MANIFEST, f"declares {declared:,} bytes of members; the archive is "
+                   f"{size:,} bytes (damaged, truncated or forged)")
+    needs = {models_root: sum(m.size for m in manifest.members
+                              if any(m.name.startswith(f"{WEIGHTS}/{k}/") for k in wanted)),
+             Path(tempfile.gettempdir()): sum(m.size for m in manifest.members
+                                               if m.name.startswith(f"{WHEELS}/"))}
+    for folder, needed in needs.items():
+        existing = next(p for p in (folder, *folder.parents) if p.exists())
+        free = shutil.disk_usage(existing).free
+        if needed > free:
+            raise BadInput(f"{bundle}: unpacking needs {needed:,} bytes under {folder}, which "
+                           f"has {free:,} free; nothing was loaded",
+                           fix=f"free space under {existing} (or point models_root at a larger "
+                           "disk) and run `kit load` again")
+
+
+# an image archive's files that name tags: `docker load` applies them (manifest.json's RepoTags;
+# `repositories`, the legacy format's; index.json's annotations, the OCI layout's)
+NAMING_FILES = ("manifest.json", "repositories", "index.json")
+IMAGE_NAME_ANNOTATIONS = ("io.containerd.image.name", "org.opencontainers.image.ref.name")
+
+
+def _image_names(stream: IO[bytes]) -> set[str]:
+    """Every tag a `docker save` archive's files would give `docker load` (ValueError when a
+    reader could see another archive than this one: a naming file that is a link or written
+    through one, a PAX global header, anything but zeros after the end Python reads)."""
+    names: set[str] = set()
+    with tarfile.open(fileobj=stream, mode="r:") as image:  # seeks: reads headers, not layers
+        links: set[str] = set()
+        for info in image:
+            path = posixpath.normpath(info.name.lstrip("/"))
+            if any(parent in links for parent in _parents(path)):
+                raise ValueError(f"{info.name} is written through a link")
+            if info.issym() or info.islnk():
+                links.add(path)
+            if path in NAMING_FILES:
+                if not info.isreg() or info.size > MAX_MANIFEST_BYTES:
+                    raise ValueError(f"{info.name} is not a regular file of at most 16 MB")
+                names |= _tags_in(path, image.extractfile(info).read())  # type: ignore
+        if image.pax_headers:  # Python applies a global header to what follows, Go does not
+            raise ValueError("it holds a PAX global header")
+        stream.seek(image.offset)
+        while chunk := stream.read(CHUNK):  # Python stopped here; Go reads on past non-zeros
+            if chunk.count(0) != len(chunk):
+                raise ValueError(f"it holds data after its end (at byte {image.offset})")
+    if not names:
+        raise ValueError("it names no image (no manifest.json): not a `docker save` archive")
+    return names
+
+
+def _parents(path: str) -> list[str]:
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _tags_in(name: str, text: bytes) -> set[str]:
+    document = json.loads(text)
+    if name == "manifest.json":
+        return {str(tag) for image in document for tag in image.get("RepoTags") or ()}
+    if name == "repositories":
+        return {f"{repo}:{tag}" for repo, tags in document.items() for tag in tags}
+    found = set()
+    for descriptor in document["manifests"]:  # containerd's import: the first name there is
+        annotations = descriptor.get("annotations") or {}
+        names = [annotations[key] for key in IMAGE_NAME_ANNOTATIONS if annotations.get(key)]
+        found |= {str(names[0])} if names else set()
+    return found
+
+
+def _check_tags(bundle: Path, member: str, stream: IO[bytes] | None, ref: str) -> None:
+    """Refuses an image member that would tag anything but its own reference."""
+    try:
+        tags = _image_names(stream)  # type: ignore[arg-type]
+    except (tarfile.TarError, ValueError, KeyError, TypeError, AttributeError,
+            RecursionError) as error:
+        raise _bad(bundle, member, f"is not an image archive kit can check ({error})") from None
+    own = _canonical(ref)
+    foreign = sorted(t for t in tags if _canonical(t) != own)
+    if foreign:
+        raise _bad(bundle, member, f"would tag {', '.join(foreign)} on the engine; the "
+                   f"manifest names it {ref} only (a bundle re-points no other image)")
+
+
+def _canonical(ref: str) -> str:
+    """An image reference in the engine's full form: `nginx:1.27` is
+    `docker.io/library/nginx:1.27`, a reference without a tag is `:latest`."""
+    name = ref.partition("@")[0]
+    first, _, rest = name.partition("/")
+    if not rest or ("." not in first and ":" not in first and first != "localhost"):
+        name = f"docker.io/{name}"
+    if name.count("/") == 1 and name.startswith("docker.io/"):
+        name = name.replace("docker.io/", "docker.io/library/", 1)
+    if ":" not in name.rpartition("/")[2]:
+        name += ":latest"
+    return name
+
+
 def _bundled_lock(text: bytes, bundle: Path, manifest: Manifest) -> dict[str, LockedModel]:
     if not manifest.models:
         return {}
     try:
-        lock = parse_lock(text.decode())
-    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as error:
+        lock = parse_lock(text.decode(), f"{bundle}: {LOCK_MEMBER}")
+    except UnicodeDecodeError as error:
         raise _bad(bundle, LOCK_MEMBER, f"is not a kit lock file ({error})") from None
+    except BadInput as error:
+        raise BadInput(f"{error.message}\nnothing was loaded", fix=BAD_BUNDLE_FIX) from None
     for key in manifest.models:
         entry = lock.get(key)
         files = {_weights_member(key, f.path): f for f in entry.files} if entry else {}
@@ -515,9 +635,11 @@ class _Staging:
     """The bundle's weights unpacked beside their final folders (same file system, so each
     becomes its folder by one rename), removed again unless placed."""
 
-    def __init__(self, spec: Spec, manifest: Manifest, cache: HashCache, cleanup: ExitStack):
+    def __init__(self, spec: Spec, manifest: Manifest, wanted: set[str], cache: HashCache,
+                 cleanup: ExitStack):
         self.root = Path(spec.models_root)
         self.manifest = manifest
+        self.wanted = wanted
         self.cache = cache
         self.folders: dict[str, Path] = {}
         self.scratches: list[Path] = []
@@ -526,8 +648,17 @@ class _Staging:
     def _final(self, key: str) -> Path:
         return self.root / key  # a lock key is the pinned folder's path (kit.weights.lock)
 
+    def _key(self, member: str) -> str | None:
+        return next((k for k in self.manifest.models if member.startswith(f"{WEIGHTS}/{k}/")),
+                    None)
+
+    def unpacks(self, member: str) -> bool:
+        """A weights member of a model the spec pins (the others are only hashed)."""
+        return self._key(member) in self.wanted
+
     def _path(self, member: str) -> Path:
-        key = next(k for k in self.manifest.models if member.startswith(f"{WEIGHTS}/{k}/"))
+        key = self._key(member)
+        assert key is not None
         return self.folder(key) / member[len(f"{WEIGHTS}/{key}/"):]
 
     def folder(self, key: str) -> Path:
@@ -554,7 +685,7 @@ class _Staging:
 
     def check(self, lock: dict[str, LockedModel], bundle: Path) -> None:
         for key, entry in lock.items():
-            problems = check_folder(self.folder(key), entry, self.cache)
+            problems = check_folder(self.folder(key), entry, self.cache, self.root)
             if problems:
                 raise _bad(bundle, f"{WEIGHTS}/{key}", "does not match its site.lock entry: " +
                            "; ".join(p.message for p in problems))
@@ -564,7 +695,7 @@ class _Staging:
         placed, kept = [], []
         for key, entry in lock.items():
             final, staged = self._final(key), self.folders[key]
-            if final.is_dir() and not check_folder(final, entry, cache):
+            if final.is_dir() and not check_folder(final, entry, cache, self.root):
                 kept.append(key)
                 continue
             old = None

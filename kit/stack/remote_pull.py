@@ -40,6 +40,7 @@ from kit.stack.preflight import model_below, show_pull
 from kit.weights import hub
 from kit.weights.lock import STAGING_NAME, LockedModel, locked_for, pinned_relative, read_lock
 from kit.weights.pull import Progress, PullResult, models_to_pull, staging_folder
+from kit.weights.verify import link_problem
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -217,7 +218,8 @@ def check_pinned_remote(engine: Engine, site: Site, services: list[ServiceState]
         where = f"{site.spec.models_root}/{relative}"
         report(check_summary(service.name, where, engine.address, result,
                              time.monotonic() - started))
-        problems += [f"service {service.name}: {_difference(where, item, locked)}"
+        problems += [f"service {service.name}: "
+                     f"{_difference(where, item, locked, site.spec.models_root)}"
                      for item in found if isinstance(item, dict)]
     if problems:
         raise BadInput(f"pinned model folders on the engine's host {engine.address} do not "
@@ -237,7 +239,7 @@ def check_summary(service: str, folder: str, host: str, result: dict, seconds: f
             f"{seconds:.1f} s in all")
 
 
-def _difference(folder: str, item: dict, locked: LockedModel) -> str:
+def _difference(folder: str, item: dict, locked: LockedModel, models_root: Path) -> str:
     """One difference the fetcher reported, in the words of kit.weights.verify."""
     path = PRINTABLE.sub(" ", str(item.get("path", "")))[:300]
     expected = {f.path: f for f in locked.files}.get(path)
@@ -255,6 +257,11 @@ def _difference(folder: str, item: dict, locked: LockedModel) -> str:
         return f"{folder}/{path} has sha256 {str(item.get('sha256'))[:12]}…{says}"
     if kind == "not_a_file":
         return f"{folder}/{path} is not a regular file"
+    if kind == "link_out":
+        link = PRINTABLE.sub(" ", str(item.get("link", "")))[:300]
+        target = PRINTABLE.sub(" ", str(item.get("target", "")))[:300]
+        return link_problem(f"{folder}/{path}".removesuffix("/."), f"{models_root}/{link}",
+                            target, models_root)
     return f"{folder}/{path} is missing{says}"
 
 

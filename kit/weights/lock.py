@@ -17,7 +17,9 @@ import yaml
 from kit.errors import BadInput
 from kit.files import atomic_write
 from kit.names import COMMIT, MODEL_REF, REVISION, SHA256
+from kit.spec.load import read_yaml
 from kit.spec.model import Service
+from kit.spec.problems import SpecError, SpecProblem
 from kit.state import read_state
 
 LOCK_VERSION = 1
@@ -94,20 +96,33 @@ def write_lock(path: Path, models: list[LockedModel]) -> None:
 
 
 def read_lock(path: Path) -> dict[str, LockedModel] | None:
-    """key → the locked model; None when there is no lock file; BadInput naming the file and
-    the entry when it is broken (a hand edit, a merge gone wrong, a hostile file)."""
-    return read_state(path, parse_lock, fix=LOCK_FIX)
+    """key → the locked model; None when there is no lock file; BadInput at `site.lock:line:col`
+    naming the entry when it is broken (a hand edit, a merge gone wrong, a hostile file)."""
+    return read_state(path, lambda text: parse_lock(text, path), fix=LOCK_FIX)
 
 
-def parse_lock(text: str) -> dict[str, LockedModel]:
-    """A lock file's text, read strictly (ValueError naming the entry): also a bundle's copy."""
-    document = yaml.safe_load(text)
+def parse_lock(text: str, source: Path | str) -> dict[str, LockedModel]:
+    """A lock file's text read strictly, as a spec is (kit.spec.load.read_yaml: no duplicate
+    key, tag, anchor, deep nesting or number in another base); also a bundle's copy. BadInput
+    listing every problem at `source:line:col`."""
+    located = read_yaml(text, source, remake=LOCK_FIX)
+    problems = list(located.problems)
+    document = located.data
+    models: dict = {}
     if not isinstance(document, dict) or document.get("version") != LOCK_VERSION:
-        raise ValueError(f"not a kit lock file of version {LOCK_VERSION}")
-    models = document.get("models") or {}
-    if not isinstance(models, dict):
-        raise ValueError("models must be a mapping")
-    return {key: _model(key, entry) for key, entry in models.items()}
+        problems.append(SpecProblem((), f"not a kit lock file of version {LOCK_VERSION}"))
+    elif not isinstance(models := document.get("models") or {}, dict):
+        problems.append(SpecProblem(("models",), "models must be a mapping"))
+        models = {}
+    locked = {}
+    for key, entry in models.items():
+        try:
+            locked[key] = _model(key, entry)
+        except ValueError as error:
+            problems.append(SpecProblem(("models", key), str(error)))
+    if problems:
+        raise SpecError(source, located, problems, fix=LOCK_FIX)
+    return locked
 
 
 def _model(key: object, entry: object) -> LockedModel:

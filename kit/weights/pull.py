@@ -26,7 +26,7 @@ from kit.layout import SiteLayout
 from kit.spec.model import Service, Spec
 from kit.weights import hub
 from kit.weights.lock import STAGING_NAME, LockedFile, LockedModel, locked_for, model_dir, read_lock
-from kit.weights.verify import HashCache, check_folder, folder_files, hash_files
+from kit.weights.verify import HashCache, check_folder, folder_files, hash_files, links_out
 
 REPORT_SECONDS = 5.0  # a progress line this often when the output is no terminal
 
@@ -53,16 +53,21 @@ def staging_folder(folder: Path) -> Path:
     return folder.with_name(f".{folder.name}.partial")
 
 
-def pull_model(locked: LockedModel, folder: Path, cache: HashCache, out: TextIO) -> PullResult:
-    """Make `folder` hold exactly the locked files; KitError naming the file when the Hub
-    serves something else."""
+def pull_model(locked: LockedModel, folder: Path, cache: HashCache, out: TextIO,
+               root: Path) -> PullResult:
+    """Make `folder` (under `root`, models_root) hold exactly the locked files; KitError naming
+    the file when the Hub serves something else."""
     started = time.monotonic()
     result = PullResult(locked.key, folder)
-    if folder.is_dir() and not check_folder(folder, locked, cache):
+    staging = staging_folder(folder)
+    for where in (folder, staging):
+        if outside := links_out(root, where):
+            raise BadInput(outside, fix=f"replace the link with a folder under {root} (or "
+                           "remove it), then run `kit pull` again")
+    if folder.is_dir() and not check_folder(folder, locked, cache, root):
         result.kept = len(locked.files)
         result.seconds = time.monotonic() - started
         return result
-    staging = staging_folder(folder)
     if folder.is_dir():
         if staging.exists():
             raise KitError(f"both {folder} and {staging} exist",
@@ -75,7 +80,8 @@ def pull_model(locked: LockedModel, folder: Path, cache: HashCache, out: TextIO)
         if path.split("/")[0] != STAGING_NAME and path not in expected:
             local.unlink()
             result.removed.append(path)
-    present = {p: staging / p for p in expected if (staging / p).is_file()
+    present = {p: staging / p for p in expected if not links_out(root, staging / p)
+               and (staging / p).is_file()
                and (staging / p).stat().st_size == expected[p].size}
     good = {Path(local) for local, sha in hash_files(present.values(), cache).items()
             if sha == expected[Path(local).relative_to(staging).as_posix()].sha256}
@@ -93,7 +99,7 @@ def pull_model(locked: LockedModel, folder: Path, cache: HashCache, out: TextIO)
     result.fetched = len(todo)
     result.downloaded = max(0, progress.current() - start_bytes)
     shutil.rmtree(partial_root, ignore_errors=True)
-    problems = check_folder(staging, locked, cache)
+    problems = check_folder(staging, locked, cache, root)
     if problems:
         raise KitError(f"{locked.key}: the pulled files do not match the lock file: "
                        + "; ".join(p.message for p in problems),
@@ -216,5 +222,5 @@ def pull_site(spec: Spec, layout: SiteLayout, service: str | None,
     """`kit pull` on this host: the pinned models of the spec (or of one service), each pulled
     once (through a remote engine: kit/stack/remote_pull.py)."""
     cache = HashCache(layout.weights_hashes)
-    return [pull_model(locked, model_dir(spec.models_root, s), cache, out)
+    return [pull_model(locked, model_dir(spec.models_root, s), cache, out, spec.models_root)
             for s, locked in models_to_pull(spec, layout, service).values()]

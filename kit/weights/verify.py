@@ -12,11 +12,19 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from kit.templates.weights_hashes import CHUNK, HashCache, file_sha256, hash_files, hash_workers
+from kit.templates.weights_hashes import (
+    CHUNK,
+    HashCache,
+    file_sha256,
+    hash_files,
+    hash_workers,
+    link_out_of,
+)
 from kit.weights.lock import LockedFile, LockedModel
 
 __all__ = ["CHUNK", "FileProblem", "HashCache", "check_folder", "file_sha256", "folder_files",
-           "hash_files", "hash_workers"]
+           "hash_files", "hash_workers", "link_out_of", "link_problem", "links_out",
+           "tree_links_out"]
 LFS_POINTER = b"version https://git-lfs.github.com/spec/"
 MAX_POINTER_BYTES = 1024
 
@@ -39,8 +47,40 @@ def folder_files(folder: Path) -> dict[str, Path]:
     return found
 
 
-def check_folder(folder: Path, locked: LockedModel, cache: HashCache) -> list[FileProblem]:
-    """What differs between `folder` and the lock entry, one problem per file, by path."""
+def links_out(root: Path, path: Path) -> str | None:
+    """A problem when `path` (under `root`, the tree a container mounts) is reached through a
+    link the container would not follow to the same file (kit.templates.weights_hashes'
+    rule, which kit's fetcher applies on a GPU server too); None when it is not."""
+    link = link_out_of(root, path.relative_to(root).as_posix())
+    return None if link is None else link_problem(path, link, os.readlink(link), root)
+
+
+def tree_links_out(root: Path, folder: Path) -> str | None:
+    """`links_out` of `folder` and of everything under it (a linked folder is listed, not
+    walked): the first path vLLM's container, which mounts `root`, would not read as kit does
+    here; None when there is none."""
+    if problem := links_out(root, folder):
+        return problem
+    for current, folders, files in os.walk(folder):
+        for name in sorted(files + folders):
+            if problem := links_out(root, Path(current, name)):
+                return problem
+    return None
+
+
+def link_problem(path: object, link: object, target: str, root: object) -> str:
+    """A file reached through a link out of the tree its container mounts, in words."""
+    return (f"{path} is reached through the link {link} (to {target}), which leads out of "
+            f"{root}: vLLM's container sees only what is inside it, so it would not read the "
+            "file kit checks here")
+
+
+def check_folder(folder: Path, locked: LockedModel, cache: HashCache,
+                 root: Path) -> list[FileProblem]:
+    """What differs between `folder` (under `root`, models_root) and the lock entry, one
+    problem per file, by path; a file reached through a link out of `root` is one."""
+    if outside := links_out(root, folder):
+        return [FileProblem(".", outside)]
     if not folder.is_dir():
         return [FileProblem(".", f"{folder} does not exist (the model is not pulled)")]
     present = folder_files(folder)
@@ -55,6 +95,9 @@ def check_folder(folder: Path, locked: LockedModel, cache: HashCache) -> list[Fi
         if path not in present:
             continue
         local = present[path]
+        if outside := links_out(root, local):
+            problems.append(FileProblem(path, outside))
+            continue
         if not local.is_file():
             problems.append(FileProblem(path, f"{local} is not a regular file"))
             continue

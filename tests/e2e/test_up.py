@@ -30,6 +30,7 @@ from click.testing import CliRunner
 from kit.cli import cli
 from kit.engine.desired import CONFIG_HASH_LABEL, PROJECT_LABEL, SERVICE_LABEL, load_desired
 from kit.layout import SiteLayout
+from kit.plan.build import HF_CACHE_MOUNT, SITE_HF_CACHE_MOUNT
 from tests.support.docker_engine import pick_free_port, remove_project
 from tests.support.live_stack import kill_port_forwarder, kit, write_spec
 
@@ -390,11 +391,53 @@ def test_down_removes_containers_and_networks_and_volumes_only_when_asked(make_s
     assert site.client.containers.list(all=True, filters=label) == []
     assert site.client.networks.list(filters=label) == []
     assert {v.name for v in site.client.volumes.list(filters=label)} == {
-        f"{site.name}_hf-cache", f"{site.name}_door-figures",  # nginx's, always
+        f"{site.name}_hf-cache-alpha", f"{site.name}_door-figures",  # nginx's, always
         f"{site.name}_usage-spool", f"{site.name}_usage-ledger"}  # kept: who used what
 
     assert site.kit("down", "--volumes").returncode == 0
     assert site.client.volumes.list(filters=label) == []
+
+
+def test_a_file_one_service_writes_in_its_cache_is_not_in_anothers(make_site) -> None:
+    """Issue 42, item 3: model code in alpha's container (hostile) leaves a Python module in its
+    Hugging Face cache; beta's container, on the same engine and site, does not see it. The
+    site's hf_cache folder (an offline site: beta serves a Hub id from it) is read-only to both."""
+    site = make_site(backends=2)
+    snapshot = site.root / "hf" / "hub" / "models--org--tiny" / "snapshots" / ("c" * 40)
+    snapshot.mkdir(parents=True)
+    shutil.copy(MODEL_CONFIG, snapshot / "config.json")
+    site.spec.update(hf_cache=str(site.root / "hf"), offline=True)
+    site.service("beta")["model"] = "org/tiny"
+    site.write()
+    site.up("--no-probe")
+    alpha, beta = (site.containers()[name] for name in ("alpha", "beta"))
+    planted = f"{HF_CACHE_MOUNT}/modules/transformers_modules/planted.py"
+    wrote = alpha.exec_run(["sh", "-c", f"mkdir -p {planted.rsplit('/', 1)[0]} && "
+                            f"echo 'import os' > {planted} && cat {planted}"])
+    assert wrote.exit_code == 0 and wrote.output == b"import os\n", wrote.output
+    seen = beta.exec_run(["sh", "-c", f"ls -la {HF_CACHE_MOUNT} {planted}"])
+    assert seen.exit_code != 0 and b"No such file" in seen.output, seen.output
+    assert alpha.exec_run(["test", "-f", planted]).exit_code == 0  # still there: not a fluke
+    for container in (alpha, beta):  # the site's cache: read, never written
+        touched = container.exec_run(["touch", f"{SITE_HF_CACHE_MOUNT}/hub/planted"])
+        assert touched.exit_code != 0 and b"Read-only file system" in touched.output
+    assert sorted(p.name for p in (site.root / "hf" / "hub").iterdir()) == ["models--org--tiny"]
+    models = beta.exec_run(["curl", "-fsS", "http://127.0.0.1:8000/v1/models"])
+    assert models.exit_code == 0 and b'"org/tiny"' in models.output, models.output
+
+
+def test_the_first_batch_key_restarts_nothing(make_site) -> None:
+    """Issue 42: every service runs vLLM's priority scheduler from the start, so the first
+    `--class batch` key is live at once and the next `kit up` recreates no container (a
+    single-replica service would otherwise be down while it restarts)."""
+    site = make_site()
+    site.up("--no-probe")
+    before = site.ids()
+    added = kit("keys", "add", str(site.spec_path), "nightly", "--class", "batch")
+    assert added.returncode == 0, added.stdout + added.stderr
+    again = site.up("--no-probe")
+    assert site.ids() == before, again.stdout
+    assert "recreate" not in again.stdout, again.stdout
 
 
 def test_a_failing_start_is_reported_at_once_with_the_log_and_its_cause(make_site) -> None:

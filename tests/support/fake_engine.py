@@ -169,21 +169,28 @@ class FakeEngine:
         self.images[ref] = self.pullable[ref]
 
     def save_image(self, ref: str) -> Iterator[bytes]:
-        """A saved image as this fake reads it back: its reference and id, in small chunks."""
+        """A saved image shaped as `docker save` writes it: its config (named by the image's id)
+        and manifest.json with the reference in RepoTags, in small chunks."""
         self._call("save_image", ref)
         if ref not in self.images:
             raise KitError(f"saving image {ref} failed: No such image: {ref}")
-        saved = json.dumps({"ref": ref, "id": self.images[ref]}).encode()
-        return iter([saved[i:i + 7] for i in range(0, len(saved), 7)])
+        saved = saved_image(self.images[ref], [ref])
+        return iter([saved[i:i + 700] for i in range(0, len(saved), 700)])
 
     def load_images(self, stream: BinaryIO) -> list[str]:
+        """As `docker load`: every tag of the archive's manifest.json points at its image."""
         self._call("load_images", "")
         try:
-            saved = json.loads(stream.read())
-        except ValueError:
+            with tarfile.open(fileobj=io.BytesIO(stream.read())) as archive:
+                manifest = json.load(archive.extractfile("manifest.json"))  # type: ignore
+        except (tarfile.TarError, KeyError, ValueError):
             raise KitError("loading images failed: unexpected EOF") from None
-        self.images[saved["ref"]] = saved["id"]
-        return [saved["ref"]]
+        loaded = []
+        for image in manifest:
+            for tag in image["RepoTags"] or ():
+                self.images[tag] = "sha256:" + image["Config"].removesuffix(".json")
+                loaded.append(tag)
+        return loaded
 
     # ----------------------------------------------------------------- networks, volumes
 
@@ -623,3 +630,22 @@ class ExecOnlyEngine(FakeEngine):
             raise _api_error(f"running {argv[0]} in container {container_id}",
                              f"No such container: {container_id}")
         return self._scripted_exec(argv)
+
+
+def saved_image(image_id: str, tags: list[str],
+                extra: dict[str, bytes] | None = None) -> bytes:
+    """A `docker save` archive as the engine writes it (the legacy layout of Docker 20.10: a
+    config named by the image's id, one layer, manifest.json with RepoTags, last) and `extra`
+    files added before manifest.json (a hostile repositories or index.json)."""
+    config = f"{image_id.removeprefix('sha256:')}.json"
+    files = {config: json.dumps({"id": image_id}).encode(), "layer/layer.tar": bytes(1024),
+             **(extra or {}),
+             "manifest.json": json.dumps([{"Config": config, "RepoTags": tags,
+                                           "Layers": ["layer/layer.tar"]}]).encode()}
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 0
+            tar.addfile(info, io.BytesIO(data))
+    return archive.getvalue()

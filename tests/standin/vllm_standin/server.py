@@ -18,6 +18,7 @@ import socket
 import sys
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 
@@ -646,9 +647,11 @@ class App:
         if not isinstance(body.get("messages"), list):
             self._missing(conn, request, body, "messages")
             return
-        self._generate(
-            conn, request, body, chat=True, prompt_tokens=len(self._chat_tokens(body["messages"]))
-        )
+        tokens = self._chat_tokens(body["messages"])
+        # vLLM's `return_token_ids` (a non-streamed chat's ids: the prompt's after the usage)
+        ids = [self._token_id(t) for t in tokens] if lax_bool(body.get("return_token_ids")) \
+            else None
+        self._generate(conn, request, body, chat=True, prompt_tokens=len(tokens), prompt_ids=ids)
 
     def completions(
         self, conn: Connection, request: HttpRequest, handler: str = "create_completion"
@@ -778,7 +781,8 @@ class App:
         )
 
     def _generate(
-        self, conn: Connection, request: HttpRequest, body: dict, *, chat: bool, prompt_tokens: int
+        self, conn: Connection, request: HttpRequest, body: dict, *, chat: bool,
+        prompt_tokens: int, prompt_ids: list[int] | None = None
     ) -> None:
         model = self._model(conn, request, body)
         if model is None:
@@ -813,6 +817,7 @@ class App:
                 created=created,
                 model=model,
                 prompt_tokens=prompt_tokens,
+                token_ids=None if prompt_ids is None else (prompt_ids, self._token_id),
             )
         job = Request(prompt_tokens, max_tokens, sink.on_token, conn.received, priority)
         job.lora = model if self.adapters and model in self.adapters.loaded else None
@@ -905,7 +910,8 @@ class StreamSink:
 class CollectSink:
     """Gathers the tokens of a non-streamed request and answers once with the whole body."""
 
-    __slots__ = ("conn", "request", "chat", "rid", "created", "model", "prompt_tokens", "parts")
+    __slots__ = ("conn", "request", "chat", "rid", "created", "model", "prompt_tokens", "parts",
+                 "token_ids")
 
     def __init__(
         self,
@@ -917,9 +923,11 @@ class CollectSink:
         created: int,
         model: str,
         prompt_tokens: int,
+        token_ids: tuple[list[int], Callable[[str], int]] | None = None,
     ):
         self.conn, self.request, self.chat, self.rid = conn, request, chat, rid
         self.created, self.model, self.prompt_tokens = created, model, prompt_tokens
+        self.token_ids = token_ids  # (the prompt's ids, a token's id) when the client asked
         self.parts: list[str] = []
 
     def on_token(self, index: int, text: str, last: bool) -> None:
@@ -956,14 +964,15 @@ class CollectSink:
                         "logprobs": None,
                         "finish_reason": "length",
                         "stop_reason": None,
-                        "token_ids": None,
+                        "token_ids": None if self.token_ids is None
+                        else [self.token_ids[1](part) for part in self.parts],
                     }
                 ],
                 "service_tier": None,
                 "system_fingerprint": None,
                 "usage": usage,
                 "prompt_logprobs": None,
-                "prompt_token_ids": None,
+                "prompt_token_ids": None if self.token_ids is None else self.token_ids[0],
                 "kv_transfer_params": None,
             }
         else:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kit.credentials.policy import door_policy, parse_expiry, read_policies, shown_policy
+from kit.engine.desired import load_desired
 from kit.errors import BadInput
 from kit.layout import SiteLayout
 from tests.support.adapters import write_adapter
@@ -44,6 +45,13 @@ def test_an_expiry_is_an_instant_in_utc(text: str, instant: str) -> None:
     (["--expires", "next tuesday"], "is not a date or time"),
     (["--tokens-per-day", "0"], "--tokens-per-day 0 is out of range"),
     (["--requests-per-minute", "-5"], "--requests-per-minute -5 is out of range"),
+    # Python's int() and fromisoformat() take these; a reader would not (issue 42, item 13)
+    (["--tokens-per-day", "\uff11\uff10"], "is not a whole number in ASCII digits"),
+    (["--tokens-per-day", "1_000"], "is not a whole number in ASCII digits"),
+    (["--tokens-per-month", " 10"], "is not a whole number in ASCII digits"),
+    (["--expires", "2027-W01"], "is not a date or time"),
+    (["--expires", "20270131"], "is not a date or time"),
+    (["--expires", "2027-01-31T18"], "is not a date or time"),
 ])
 @pytest.mark.parametrize("verb", ["add", "set"])
 def test_bad_input_is_refused_and_writes_nothing(spec: Path, args: list[str], says: str,
@@ -164,17 +172,35 @@ def test_a_corrupt_policy_file_is_named_with_its_way_out(spec: Path) -> None:
     assert "backup" in refused.value.fix
 
 
-def test_a_batch_credential_renders_the_priority_scheduler(spec: Path) -> None:
-    """While any credential is batch, every service runs vLLM's priority scheduler (at the next
-    render and `kit up`, as the command says); and the door caps batch at half the slots."""
+def test_a_batch_credential_restarts_no_service(spec: Path) -> None:
+    """Every service runs vLLM's priority scheduler from the start (issue 42): the first batch
+    credential changes no byte of the compose file, so `kit up` recreates nothing (a
+    single-replica service would be down meanwhile); the door caps batch at half the slots."""
     compose = spec.parent / "compose" / "docker-compose.yml"
-    assert "--scheduling-policy" not in compose.read_text()
+    before = compose.read_bytes()
+    assert b'"--scheduling-policy", "priority"' in before
+    desired = load_desired(SiteLayout(spec.parent), "unit")
     made_batch = run_kit("keys", "set", spec, "bot", "--offline", "--class", "batch")
-    assert "`kit up` renders --scheduling-policy priority" in made_batch.output
+    assert made_batch.exit_code == 0, made_batch.output
+    assert "restart" not in made_batch.output
     assert run_kit("render", spec).exit_code == 0
-    assert '"--scheduling-policy", "priority"' in compose.read_text()
+    assert compose.read_bytes() == before
+    after = load_desired(SiteLayout(spec.parent), "unit")
+    assert [s.config_hash for s in after.services] == [s.config_hash for s in desired.services]
     nginx_conf = (spec.parent / "nginx" / "nginx.conf").read_text()
     assert "limit_conn kit_batch_in_flight 32;" in nginx_conf
     assert run_kit("keys", "set", spec, "bot", "--offline", "--clear", "class").exit_code == 0
     assert run_kit("render", spec).exit_code == 0
-    assert "--scheduling-policy" not in compose.read_text()
+    assert compose.read_bytes() == before
+
+
+def test_the_operators_scheduling_policy_wins(site: Path) -> None:
+    spec = site / "site.yaml"
+    text = spec.read_text()
+    spec.write_text(text.replace('extra_args: ["--enable-prefix-caching"]',
+                                 'extra_args: ["--enable-prefix-caching", '
+                                 '"--scheduling-policy=fcfs"]'))
+    assert spec.read_text() != text
+    assert run_kit("render", spec).exit_code == 0
+    command = (site / "compose" / "docker-compose.yml").read_text()
+    assert "--scheduling-policy=fcfs" in command and '"priority"' not in command

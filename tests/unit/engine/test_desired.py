@@ -51,7 +51,8 @@ def test_names_order_and_networks_follow_compose_v2(site: Path) -> None:
         ("unit01_metrics", True),  # the front door and the usage ledger while observability is off
     ]
     assert [v.name for v in desired.volumes] == [
-        "unit01_hf-cache", "unit01_door-figures", "unit01_usage-spool", "unit01_usage-ledger"]
+        "unit01_hf-cache-alpha", "unit01_hf-cache-beta", "unit01_door-figures",
+        "unit01_usage-spool", "unit01_usage-ledger"]
     assert desired.service("nginx").depends_on == (
         ("alpha", "service_healthy"), ("beta", "service_healthy"),
         ("kit-auth", "service_healthy"),
@@ -65,7 +66,7 @@ def test_engine_config_is_what_the_file_says(site: Path) -> None:
     assert beta.gpus[0].driver == "nvidia" and beta.gpus[0].capabilities == ("gpu",)
     models = str(site.parent.parent / "models")
     assert Mount("bind", models, "/models", read_only=True) in beta.mounts
-    assert Mount("volume", "unit01_hf-cache", "/root/.cache/huggingface", False) in beta.mounts
+    assert Mount("volume", "unit01_hf-cache-beta", "/root/.cache/huggingface", False) in beta.mounts
     assert beta.ipc_mode == "host"  # tensor parallel 2
     assert beta.restart == "unless-stopped" and beta.stop_timeout == 30
     assert beta.log_driver == "json-file" and dict(beta.log_options) == {

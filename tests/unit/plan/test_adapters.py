@@ -216,7 +216,8 @@ def test_hub_adapter_pinned_from_hf_cache(site: Path, tmp_path: Path) -> None:
     result = run_kit("render", spec)
     assert result.exit_code == 0, result.output
     argv = command(site)
-    assert (f"support=/root/.cache/huggingface/hub/models--org--support/snapshots/{commit}"
+    # the site's cache, read-only in every replica (each service writes only its own)
+    assert (f"support=/kit/hf-cache/hub/models--org--support/snapshots/{commit}"
             in (site / "lora" / "llama8b" / "adapters.yaml").read_text())
     assert argv[argv.index("--max-lora-rank") + 1] == "8"
     spec.write_text(spec.read_text().replace('"revision": "v3"', '"revision": "v4"'))

@@ -42,6 +42,7 @@ def test_off_plans_nothing_and_allows_forced_usage(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("usage", "extra_args", "message"), [
     ("", '"--enable-force-include-usage"',
      "--enable-force-include-usage conflicts with usage.enabled"),
+    ("", '"--stream-interval", "8"', "--stream-interval conflicts with usage.enabled"),
     ("usage: {max_disk: 1m}\n", None, "too small for the usage ledger: give it at least 64m"),
     ("usage: {max_disk: 2t}\n", None, "usage.max_disk"),
     ("usage: {retention_days: 0}\n", None, "usage.retention_days"),

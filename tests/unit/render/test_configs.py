@@ -228,7 +228,7 @@ def test_acme_mode_renders_certbot_and_the_challenge(rendered: dict[str, Path]) 
     nginx = compose["services"]["nginx"]
     assert nginx["command"][:2] == ["/bin/sh", "-c"]
     assert "nginx -c /etc/nginx/kit/nginx.conf -s reload" in nginx["command"][2]
-    assert {"acme-webroot", "letsencrypt", "hf-cache"} <= set(compose["volumes"])
+    assert {"acme-webroot", "letsencrypt", "hf-cache-llama8b"} <= set(compose["volumes"])
     conf = (folder / "nginx" / "nginx.conf").read_text()
     assert "location ^~ /.well-known/acme-challenge/ {" in conf
     assert "ssl_stapling on;" in conf

@@ -214,6 +214,50 @@ def test_with_a_batch_credential_every_generation_says_its_class(
     assert json.loads(upstream)["priority"] == priority
 
 
+@pytest.mark.parametrize(("who", "priority"), [("all", 0), ("listed", 1)])
+@pytest.mark.parametrize(("path", "stream"), [("/v1/responses", False),
+                                              ("/v1/responses", True),
+                                              ("/v1/embeddings", False)],
+                         ids=["responses", "responses-stream", "embeddings"])
+def test_no_route_lets_a_client_pick_its_own_priority(
+        door: PolicyDoor, who: str, priority: int, path: str, stream: bool) -> None:
+    """Issue 42: vLLM 0.33's responses and embeddings requests take `priority` too, so the
+    door says the class there as on the generations: a client's own -100 never reaches vLLM,
+    batch or interactive."""
+    body = {"model": SERVED, "input": "Hi", "priority": -100, **({"stream": True} if stream
+                                                                 else {})}
+    sent = json.dumps(body).encode()
+    with door.door.upstream_bodies() as bodies:
+        assert send(door, "POST", path, who, sent).status == 200
+    (upstream,) = bodies
+    assert upstream.startswith(sent[:-1]) and json.loads(upstream)["priority"] == priority
+
+
+@pytest.mark.parametrize(("path", "request_field"), [("/v1/completions", "prompt"),
+                                                    ("/v1/responses", "input"),
+                                                    ("/v1/embeddings", "input")],
+                         ids=["completions", "responses", "embeddings"])
+def test_without_a_batch_credential_the_door_still_owns_priority(
+        door: PolicyDoor, path: str, request_field: str) -> None:
+    """The services run vLLM's priority scheduler from the start (issue 42), so with no batch
+    credential on the site a client's own `priority` must not reach it either: 0 is appended."""
+    conf = door.layout.nginx_dir / "nginx.conf"
+    cleared = PolicyChange({}, ("class",))
+    write(door.layout, with_policy(door.layout, existing(door.layout, "key", "listed"), "key",
+                                   "listed", cleared, fresh=False))
+    door.door.reload(conf, conf.read_text())
+    try:
+        assert json.loads(door.layout.door_policy.read_text())["batch"] is False
+        sent = json.dumps({"model": SERVED, request_field: "Hi", "priority": -100}).encode()
+        with door.door.upstream_bodies() as bodies:
+            assert send(door, "POST", path, "listed", sent).status == 200
+        (upstream,) = bodies
+        assert upstream == sent[:-1] + b',"priority":0}'
+    finally:
+        set_policy(door.layout, "key", "listed", **{"class": "batch"})
+        door.door.reload(conf, conf.read_text())
+
+
 def test_an_empty_object_goes_upstream_as_it_came(door: PolicyDoor) -> None:
     """Nothing to run, nothing to say: `{}` is not made into `{,"priority":0}` (vLLM then
     answers its own 400 for the missing fields)."""

@@ -45,6 +45,7 @@ SERVED = "llama-3.1-8b"
 HOST = "llm.test.internal"
 KEYS = ("golden", "sdk", "counted", "refused", "limited", "aborts", "dies", "together")
 PASSWORD = "a-long-enough-password-41"  # the Basic user ann's
+BUDGETED = "charged"  # a key with a token budget (too large to be reached here)
 CHAT = {"model": SERVED, "messages": [{"role": "user", "content": "Say something long."}]}
 COMPLETION = {"model": SERVED, "prompt": "Once upon a time"}
 ROUTES = {"chat": ("/v1/chat/completions", CHAT), "completions": ("/v1/completions", COMPLETION)}
@@ -70,6 +71,9 @@ def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Door, dict[
     added = run_kit("users", "add", spec, "ann", "--password-stdin", "--offline",
                     stdin=PASSWORD + "\n")
     assert added.exit_code == 0, added.output
+    added = run_kit("keys", "add", spec, BUDGETED, "--offline", "--tokens-per-day", "10000000")
+    assert added.exit_code == 0, added.output
+    keys[BUDGETED] = added.output.split(f"key {BUDGETED}: ")[1].split()[0]
     (root / "work").mkdir()
     with serving_door(site / "nginx", root / "work", ["llama8b"], root / "models" / "llama-8b",
                       SERVED, HOST, verifier=True, STANDIN_TOKEN_INTERVAL_MS="5",
@@ -105,12 +109,14 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("who", ["golden", BUDGETED])
 @pytest.mark.parametrize(("route", "stream", "options", "wait"), CASES)
 def test_a_client_gets_the_bytes_vllm_would_have_sent_it(
         door: tuple[Door, dict[str, str]], route: str, stream: bool, options: dict | None,
-        wait: float) -> None:
+        wait: float, who: str) -> None:
     """Golden: through the door and straight from the stand-in, the same body byte for byte
-    (ids, times and the random text aside), whatever the client asked of usage. The slow
+    (ids, times and the random text aside), whatever the client asked of usage, whether the
+    door asked vLLM for the final usage (no budget) or for all of it (a budget). The slow
     reader's stream piles up in nginx: its events reach the body filter split across
     buffers."""
     running, keys = door
@@ -118,8 +124,8 @@ def test_a_client_gets_the_bytes_vllm_would_have_sent_it(
     body = {**body, "max_tokens": 100 if wait else 12, "stream": stream}
     if options is not None:
         body["stream_options"] = options
-    agent = re.sub(r"\W", "", f"golden-{route}-{stream}-{json.dumps(options)}-{wait}")
-    through = running.exchange(post(path, body, keys["golden"], agent), wait_s=wait)
+    agent = re.sub(r"\W", "", f"{who}-{route}-{stream}-{json.dumps(options)}-{wait}")
+    through = running.exchange(post(path, body, keys[who], agent), wait_s=wait)
     direct = running.exchange(post(path, body, None, agent), direct=True, wait_s=wait)
     assert through.status == direct.status == 200
     assert same_shape(through) == same_shape(direct)
@@ -180,6 +186,28 @@ def test_a_record_holds_the_engines_own_token_counts(
         after[0] - before[0], after[1] - before[1])
     assert record["who"] == "key:counted" and record["route"] == path
     assert float(record["ttft"]) <= float(record["duration"])
+
+
+@pytest.mark.parametrize("who", ["counted", BUDGETED])
+def test_a_whole_answer_is_counted_wherever_its_usage_is(
+        door: tuple[Door, dict[str, str]], who: str) -> None:
+    """`return_token_ids`: vLLM puts the prompt's ids after the usage, here ~20 KB of them,
+    so the usage is far from the answer's end; the record still holds the engine's counts."""
+    running, keys = door
+    before = running.settled_counters()
+    agent = f"token-ids-{who}"
+    words = " ".join(f"word{i}" for i in range(3000))
+    body = {"model": SERVED, "messages": [{"role": "user", "content": words}],
+            "max_tokens": 4, "return_token_ids": True}
+    reply = running.exchange(post("/v1/chat/completions", body, keys[who], agent))
+    after = running.settled_counters()
+    assert reply.status == 200
+    answer = reply.body
+    assert len(answer) - answer.index(b'"usage":{') > 16_384, "the usage is not near the end"
+    record = running.record_of(agent)
+    assert (record["prompt"], record["completion"]) == (
+        str(after[0] - before[0]), str(after[1] - before[1])), record
+    assert json.loads(answer)["usage"]["completion_tokens"] == 4
 
 
 def test_refusals_are_recorded_with_how_they_ended(door: tuple[Door, dict[str, str]]) -> None:
@@ -306,22 +334,54 @@ def test_a_request_nginx_ends_without_an_answer_is_recorded(
         assert (record["status"], record["ended"], record["who"]) == (0, "refused_request", "-")
 
 
+@pytest.mark.parametrize("who", ["aborts", BUDGETED])
 def test_an_aborted_stream_is_recorded_as_far_as_it_was_generated(
-        door: tuple[Door, dict[str, str]]) -> None:
+        door: tuple[Door, dict[str, str]], who: str) -> None:
     """A client that leaves mid-stream: its record is the tokens the engine generated until
-    it stopped, within one chunk, and it ended as client_abort."""
+    it stopped, within one chunk, and it ended as client_abort. Without a budget the door asked
+    vLLM only for the final usage, so the completion is the token events it passed and the
+    prompt is unknown (''); a budgeted key's streams carry the usage on every chunk, so its
+    prompt is the engine's too."""
     running, keys = door
     for route, (path, body) in ROUTES.items():
         before = running.settled_counters()
-        agent = f"aborts-{route}"
+        agent = f"aborts-{who}-{route}"
         running.abort_after(post(path, {**body, "max_tokens": 2000, "stream": True},
-                                 keys["aborts"], agent), events=15)
+                                 keys[who], agent), events=15)
         after = running.settled_counters()
         record = running.record_of(agent)
         generated = after[1] - before[1]
         assert record["end"] == "client_abort" and record["status"] == "200"
-        assert int(record["prompt"]) == after[0] - before[0]
+        if who == BUDGETED:
+            assert int(record["prompt"]) == after[0] - before[0]
+        else:
+            assert record["prompt"] == ""
         assert 13 <= int(record["completion"]) <= generated <= int(record["completion"]) + 1
+
+
+@pytest.mark.parametrize(("who", "options", "asked"), [
+    ("counted", None, {"include_usage": True}),
+    ("counted", {"include_usage": False}, {"include_usage": True}),
+    ("counted", {"include_usage": True, "continuous_usage_stats": True},
+     {"include_usage": True, "continuous_usage_stats": True}),
+    (BUDGETED, None, {"include_usage": True, "continuous_usage_stats": True}),
+], ids=["none", "include_usage-false", "client-asks-all", "budgeted"])
+@pytest.mark.parametrize("route", ROUTES)
+def test_the_door_asks_vllm_for_usage_on_every_chunk_only_where_it_must(
+        door: tuple[Door, dict[str, str]], route: str, who: str, options: dict | None,
+        asked: dict) -> None:
+    """Usage on every chunk costs vLLM's API server throughput (issue 43): the door asks for
+    the final usage only, but for a budgeted credential (an abort's prompt is charged) or a
+    client that asked for all of it itself."""
+    running, keys = door
+    path, body = ROUTES[route]
+    body = {**body, "max_tokens": 3, "stream": True}
+    if options is not None:
+        body["stream_options"] = options
+    with running.upstream_bodies() as bodies:
+        assert running.exchange(post(path, body, keys[who], f"asks-{who}")).status == 200
+    (upstream,) = bodies
+    assert json.loads(upstream)["stream_options"] == asked
 
 
 def test_an_http2_stream_the_client_cancels_is_a_client_abort(

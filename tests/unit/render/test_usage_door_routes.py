@@ -38,22 +38,27 @@ pytestmark = pytest.mark.skipif(nginx_ns.available() is not None,
 SERVED = "llama-3.1-8b"
 HOST = "llm.test.internal"
 FIRST_TOKEN_MS = 300
+BUDGETED: dict[Path, str] = {}  # each door's budgeted key, by its work folder
 # what differs between two answers to the same request: ids, times, the random text
 VARYING = re.compile(rb'("id":"|"item_id":"|"created_at":|"created":|"text":"|"delta":")'
                      rb'[^",}]*')
 
 
 def a_door(stack: ExitStack, root: Path, *args: str, **env: str) -> tuple[Door, str]:
-    """The base site's rendered door before a stand-in started with `args`, and a key."""
+    """The base site's rendered door before a stand-in started with `args`, and a key (one
+    with a token budget too, BUDGETED)."""
     site = base_site(root)
     spec = site / "site.yaml"
     render_site(Site.load(spec))
+    charged = run_kit("keys", "add", spec, "charged", "--offline", "--tokens-per-day", "1000000")
+    assert charged.exit_code == 0, charged.output
     added = run_kit("keys", "add", spec, "client", "--offline")
     assert added.exit_code == 0, added.output
     (root / "work").mkdir()
     door = stack.enter_context(serving_door(
         site / "nginx", root / "work", ["llama8b"], root / "models" / "llama-8b", SERVED, HOST,
         standin_args=args, STANDIN_TOKEN_INTERVAL_MS="5", STANDIN_LOAD_SECONDS="0.1", **env))
+    BUDGETED[door.work] = charged.output.split("key charged: ")[1].split()[0]
     return door, added.output.split("key client: ")[1].split()[0]
 
 
@@ -116,6 +121,45 @@ def test_a_responses_record_holds_the_engines_counts(
     else:
         assert json.loads(reply.body)["usage"]["output_tokens"] == 9
         assert record["ttft"] == ""
+
+
+def test_an_aborted_responses_stream_is_counted_to_within_one_event(
+        doors: dict[str, tuple[Door, str]]) -> None:
+    """Issue 42: a client that leaves a streamed response after the deltas it wanted. vLLM
+    tells a response's usage only in its last event, so the record's completion is the
+    `response.output_text.delta` events the door passed on — what the engine generated, within
+    one — and its prompt unknown ('')."""
+    door, key = doors["generate"]
+    before = door.settled_counters()
+    body = {"model": SERVED, "input": "Write a long story.", "max_output_tokens": 2000,
+            "stream": True}
+    seen = door.abort_after(post("/v1/responses", body, key, "responses-abort"), events=20)
+    assert seen.count(b"event: response.output_text.delta") >= 10
+    after = door.settled_counters()
+    record = door.record_of("responses-abort")
+    generated = after[1] - before[1]
+    assert (record["end"], record["status"], record["prompt"]) == ("client_abort", "200", "")
+    assert 15 <= int(record["completion"]) <= generated <= int(record["completion"]) + 1, (
+        record, generated)
+
+
+def test_a_budgeted_credential_streams_no_response(doors: dict[str, tuple[Door, str]]) -> None:
+    """A stream left early could not be charged its prompt (vLLM counts it only in the last
+    event), so a credential with a budget is refused a streamed /v1/responses, naming why and
+    the fix, before anything reaches vLLM; its whole responses are served and counted."""
+    door, _ = doors["generate"]
+    budgeted = BUDGETED[door.work]
+    body = {"model": SERVED, "input": "Hello", "max_output_tokens": 3}
+    refused = door.exchange(post("/v1/responses", {**body, "stream": "yes"}, budgeted,
+                                 "responses-budget-stream"))
+    assert refused.status == 400, refused.body
+    error = json.loads(refused.body)["error"]
+    assert (error["type"], error["param"]) == ("BadRequestError", "stream")
+    assert "token budget" in error["message"] and 'without "stream"' in error["message"]
+    whole = door.exchange(post("/v1/responses", body, budgeted, "responses-budget-whole"))
+    assert whole.status == 200
+    record = door.record_of("responses-budget-whole")
+    assert record["completion"] == "3" and int(record["prompt"]) > 0
 
 
 def test_the_openai_sdk_reads_responses_through_the_door(

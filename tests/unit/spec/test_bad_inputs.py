@@ -246,6 +246,25 @@ CASES = [
     ("8.9-bool-for-text", replace("site: test01", "site: yes"), ["site:", "got True"]),
     ("8.9-service-name-reads-as-bool", replace("name: llama8b", 'name: "off"'),
      ["services[0].name", "reads as False in YAML"]),
+    # issue 42 item 13: a YAML 1.1 number in another base than the decimal written
+    ("42.13-octal-port", replace("https_port: 8443", "https_port: 010443"),
+     ["site.yaml:6:26: proxy.https_port: 010443 is an octal number in YAML 1.1 (it reads as "
+      "4387)", "fix: write 10443, or quote the value if it is text ('010443')"]),
+    ("42.13-base-60", append("observability: {enabled: true, retention_days: 1:20}\n"),
+     ["observability.retention_days: 1:20 is a base-60 number in YAML 1.1 (it reads as 80)",
+      "fix: write 80"]),
+    ("42.13-hexadecimal", replace("max_num_seqs: 64", "max_num_seqs: 0x10"),
+     ["services[0].max_num_seqs: 0x10 is a hexadecimal number", "(it reads as 16)"]),
+    ("42.13-binary", replace("    gpus: [0]", "    gpus: [0b11]"),
+     ["services[0].gpus[0]: 0b11 is a binary number", "(it reads as 3)"]),
+    ("42.13-underscores", replace("max_model_len: 8192", "max_model_len: 8_192"),
+     ["services[0].max_model_len: 8_192 is a number with '_' separators", "fix: write 8192"]),
+    ("42.13-base-60-float", replace("max_model_len: 8192", "max_model_len: 1:20.5"),
+     ["services[0].max_model_len: 1:20.5 is a base-60 number"]),
+    # issue 42 item 11: a merge conflict left in the file is named as one, at its line
+    ("42.11-merge-conflict", replace("    gpus: [0]\n", "<<<<<<< HEAD\n    gpus: [0]\n=======\n"
+                                     "    gpus: [1]\n>>>>>>> other\n"),
+     ["a git merge conflict marker (<<<<<<<)", "fix: resolve the git merge conflict"]),
     # issue 8 item 10: validate refuses what render would
     ("8.10-cert-for-another-domain", replace("tls: {mode: self-signed}", FILES_TLS),
      ["site.yaml:4:", "tls.cert", "does not name llm.test.internal", "fix:"],

@@ -418,6 +418,20 @@ def test_chat_not_streamed_matches_the_trace(server):
     assert reply["choices"][0]["finish_reason"] == "length"
 
 
+def test_return_token_ids_puts_the_prompts_ids_after_the_usage(server):
+    """vLLM 0.33's `return_token_ids` on a whole chat: the choice's token ids, and the prompt's
+    after the usage (the door must find the usage away from the answer's end)."""
+    status, _, body = request(server, "POST", "/v1/chat/completions", {
+        "model": "tiny", "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": 3, "return_token_ids": True})
+    assert status == 200
+    reply = json.loads(body)
+    keys = list(reply)
+    assert keys.index("usage") < keys.index("prompt_token_ids")
+    assert len(reply["prompt_token_ids"]) == reply["usage"]["prompt_tokens"]
+    assert len(reply["choices"][0]["token_ids"]) == 3
+
+
 def test_chat_stream_bytes_match_the_trace(server):
     status, headers, body = request(server, "POST", "/v1/chat/completions", {
         "model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4,

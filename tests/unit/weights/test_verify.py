@@ -147,6 +147,7 @@ def test_a_broken_cache_is_rebuilt(tmp_path: Path, hub: HubStandin) -> None:
     lock = read_lock(layout.lock_file)
     assert lock is not None
     folder = pulled_folder(tmp_path)
-    assert check_folder(folder, lock[f"{MODEL}@main"], HashCache(layout.weights_hashes)) == []
+    assert check_folder(folder, lock[f"{MODEL}@main"], HashCache(layout.weights_hashes),
+                        tmp_path / "models") == []
     assert json.loads(layout.weights_hashes.read_text())["version"] == 1
     assert oct(layout.weights_hashes.stat().st_mode & 0o777) == "0o600"
