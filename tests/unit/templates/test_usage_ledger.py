@@ -17,6 +17,7 @@ import pytest
 
 from kit import names
 from kit.credentials import material
+from kit.stack.usage_health import LedgerHealth
 from kit.templates import usage_ledger
 from tests.support import nginx_ns
 from tests.support.usage_collector import (
@@ -650,6 +651,10 @@ def test_a_prune_for_space_of_credentials_records_is_loud(run, tmp_path) -> None
     assert "kit_usage_credential_requests_pruned_total 3\n" in collector.get("/metrics")
     entry = json.loads((ledger / "pruned.jsonl").read_text())
     assert (entry["reason"], entry["credential_requests"]) == ("max_bytes", 3)
+    # kit status, on this very document: PROBLEM, and the prune said
+    shown = LedgerHealth(health).lines()
+    assert shown[0].startswith("usage ledger: PROBLEM, ")
+    assert any("3 requests of credentials were pruned" in line for line in shown), shown
 
 
 def test_fields_of_the_door_are_recorded_as_what_they_are() -> None:
