@@ -17,6 +17,7 @@
                                         (prometheus.yml, rules.yml, web.yml: its API's
                                         bcrypt hash), grafana/provisioning/,
                                         grafana/dashboards/, door-figures/ (the door's counter)
+    <site>/compose/usage-models/        rendered: the model names the usage ledger records
     <site>/lora/<service>/adapters.yaml  rendered: a service's LoRA adapters as vLLM's --config
                                         file (mounted read-only at LORA_MOUNT in its replicas)
     <site>/site.lock                    the pinned models' commits and file hashes (`kit lock`)
@@ -35,6 +36,10 @@ ACME_LAST_RUN = "acme-last-run"  # in nginx/tls, beside the certificate certbot 
 # start (`--config`); kit rewrites it when the adapters change and applies the change to the
 # running replicas itself (kit adapters, kit up), so its content is not part of their identity.
 LORA_MOUNT = "/etc/kit/lora"
+# The model names the usage ledger's collector records (every name the door routes, adapters'
+# too), inside its container: it reads the file again when it changes, so an adapter added
+# recreates nothing and the folder's content is not part of the collector's identity.
+USAGE_MODELS_MOUNT = "/etc/kit/usage-models"
 LORA_CONFIG = "adapters.yaml"  # vLLM's --config takes .yaml / .yml only
 PROBE_USER = "kit-probe"  # the dedicated identity the gate authenticates as
 PROMETHEUS_WEB_CONFIG = "web.yml"  # in observability/prometheus/: its API's Basic auth (a hash)
@@ -187,6 +192,11 @@ class SiteLayout:
         """The waker's script (idle_sleep: docs/sleep.md), beside the compose file that binds it
         read-only."""
         return self.compose_dir / "waker"
+
+    @property
+    def usage_models_dir(self) -> Path:
+        """The model names the usage ledger records (models.json), bound at USAGE_MODELS_MOUNT."""
+        return self.compose_dir / "usage-models"
 
     @property
     def usage_dir(self) -> Path:

@@ -36,9 +36,36 @@ function credentialName(r) {
     return r.variables.remote_user ? 'user:' + r.variables.remote_user : '';
 }
 
-// Who made the request, for the access log.
+// Whether /_kit/auth accepted the request's credential ($kit_auth_status: its answer's
+// status, set by auth_request_set; none where no check ran).
+function authenticated(r) {
+    var status = r.variables.kit_auth_status || '';
+    return status.length === 3 && status[0] === '2';
+}
+
+// Who made the request, for the access log: the credential the door accepted, '-' for a
+// request nobody authenticated (a refused login names nobody, whatever name it claimed).
 function principal(r) {
-    return credentialName(r) || '-';
+    return authenticated(r) ? credentialName(r) || '-' : '-';
+}
+
+// For the usage ledger: the credential a request presented but the door did not accept (a
+// Basic user's name whatever its password, a real key expired or refused before its check);
+// '' when it presented none or was accepted. kit's gate makes requests to be refused on
+// purpose: they carry its mark, an HMAC of 'kit-gate' under $kit_auth_epoch (which only kit and
+// the door hold; kit/credentials/material.py `gate_mark`), and are claimed by 'kit:gate'.
+function claimed(r) {
+    if (authenticated(r)) {
+        return '';
+    }
+    var mark = r.headersIn['X-Kit-Gate'];
+    return mark && gateMark(r, mark) === gateMark(r, gateMark(r, 'kit-gate')) ? 'kit:gate'
+        : credentialName(r);
+}
+
+// An HMAC under the auth epoch (a mark compared by its own HMAC: in time that tells nothing).
+function gateMark(r, text) {
+    return crypto.createHmac('sha256', r.variables.kit_auth_epoch).update(text).digest('hex');
 }
 
 // ---- per-credential policy (docs/policy.md) ----------------------------------------------
@@ -812,6 +839,9 @@ function doorBoot(r) {
 // How a request ended, for its record.
 function usageEnd(r) {
     var status = Number(r.variables.status);
+    if (status === 0) {  // nginx ended it without an answer (e.g. HTTP/2 headers over its limit)
+        return 'refused_request';
+    }
     if (status === 401 || status === 403) {
         return 'refused_auth';
     }
@@ -825,13 +855,17 @@ function usageEnd(r) {
         return 'client_abort';
     }
     if (r.variables.upstream_status) {
-        if (filtering !== null && filtering.done) {
-            return 'completed';
+        // The service answered. Where the body filter runs (the API) it saw the answer's end;
+        // elsewhere (/metrics/<service>) nginx's own verdict says whether it was all sent.
+        var sentAll = r.variables.request_completion === 'OK';
+        if (filtering !== null ? !filtering.done : !sentAll) {
+            // Cut short after the answer began. nginx finalises a request whose service died
+            // (or timed out) mid-answer as complete after flushing what it had, and one whose
+            // client went away as incomplete.
+            return filtering !== null && sentAll ? 'upstream_error' : 'client_abort';
         }
-        // Cut short after the answer began. nginx finalises a request whose service died (or
-        // timed out) mid-answer as complete after flushing what it had ($request_completion
-        // "OK"), and one whose client went away as incomplete ("").
-        return r.variables.request_completion === 'OK' ? 'upstream_error' : 'client_abort';
+        // its own answer: a 4xx is the service refusing the request (not the door)
+        return status >= 500 ? 'upstream_error' : status >= 400 ? 'rejected' : 'completed';
     }
     if (status >= 500) {
         return 'upstream_error';
@@ -986,6 +1020,6 @@ function health(r) {
     });
 }
 
-export default {bearerDigest, credentialDigest, principal, expired, batchName, route, models, model,
+export default {bearerDigest, credentialDigest, principal, claimed, expired, batchName, route, models, model,
                 metrics, health, prefixKey, adapterName, usageFilter, promptTokens, completionTokens, ttft,
                 doorSeq, doorBoot, usageEnd, spend};

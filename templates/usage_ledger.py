@@ -32,10 +32,12 @@ FORMAT_VERSION = 1
 RECORD_FIELDS = (
     "seq", "time", "request_id", "who", "client", "model", "route", "method", "status",
     "prompt_tokens", "completion_tokens", "ttft_ms", "duration_ms", "bytes_in", "bytes_out",
-    "ended", "door_boot", "door_seq",
+    "ended", "door_boot", "door_seq", "claimed",
 )
-ENDINGS = ("completed", "client_abort", "upstream_error", "refused_auth", "refused_limit",
-           "refused_body", "refused_request")
+AGGREGATE_FIELDS = ("requests", "door_seqs")  # a record of requests aggregated, after the others
+ENDINGS = ("completed", "rejected", "client_abort", "upstream_error", "refused_auth",
+           "refused_limit", "refused_body", "refused_request")
+REFUSED = "refused_"  # the endings of a request the door itself refused
 
 
 def canonical(record: dict) -> str:
@@ -56,6 +58,8 @@ PRINCIPAL_NAME = r"^[a-z][a-z0-9._-]{0,31}$"
 METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "TRACE", "CONNECT")
 SPOOL_KEYS = ("v", "boot", "seq", "t", "id", "who", "addr", "model", "route", "method", "status",
               "prompt", "completion", "ttft", "duration", "bytes_in", "bytes_out", "end")
+# Keys a door rendered before them does not write: read as "" when absent.
+LATER_SPOOL_KEYS = ("claimed",)
 SEGMENT_NAME = re.compile(r"(\d{4}-\d{2}-\d{2})\.jsonl")
 MAX_LINE = 64 << 10  # a longer spool line is not nginx's: counted unreadable, skipped
 READ_CHUNK = 1 << 20  # bytes of spool read per batch: memory stays bounded whatever its size
@@ -68,6 +72,7 @@ CREDENTIALS = ("key:", "user:")  # a who the door's budgets count (not "-", nobo
 PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 SPOOL_ROOM = 64 << 10  # nginx writes its buffer of spool lines (buffer=64k) in one go
+SPACE_PRUNE_LOUD = 7 * 86400  # seconds /health is not ok after requests of credentials pruned
 
 UTC = datetime.timezone.utc  # noqa: UP017 - datetime.UTC is 3.11+; the image's python may be older
 _BOOT = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -75,10 +80,12 @@ _SEQ = re.compile(r"[1-9][0-9]{0,17}")
 _MSEC = re.compile(r"([0-9]{1,11})\.([0-9]{3})")
 _SECONDS = re.compile(r"[0-9]{1,9}(\.[0-9]{1,6})?")
 _COUNT = re.compile(r"0|[1-9][0-9]{0,14}")
-_STATUS = re.compile(r"[1-5][0-9]{2}")
+_STATUS = re.compile(r"[1-5][0-9]{2}|000")  # 000: nginx ended the request without an answer
 _REQUEST_ID = re.compile(r"[0-9a-f]{32}")
 _SEQ_PREFIX = re.compile(rb'\{"seq":([0-9]{1,18}),')  # how the collector writes a record
 _PRINCIPAL = re.compile(r"(key|user):(" + PRINCIPAL_NAME[1:-1] + r")|-")
+GATE_CLAIM = "kit:gate"  # what kit's gate claims on the requests it makes to be refused
+_CLAIMED = re.compile(_PRINCIPAL.pattern + "|" + GATE_CLAIM)
 
 
 class Unreadable(ValueError):
@@ -103,11 +110,24 @@ class Checker:
 
     def __init__(self, models: list[str], routes: list[str]) -> None:
         self.models = frozenset(models)
-        self.routes = frozenset(routes)
+        self.routes = frozenset(route for route in routes if "{" not in route)
+        # a route with a `{name}` part (`/v1/models/{model}`): that part is one path segment
+        # of anything, and the record names the route as written, never the client's text
+        self.templates = [(re.compile("[^/]+".join(re.escape(part) for part in
+                                                   re.split(r"\{[a-z_]+\}", route))), route)
+                          for route in routes if "{" in route]
+
+    def route(self, path: str) -> str | None:
+        """The door's route `path` was served as; None when it is none of them."""
+        if path in self.routes:
+            return path
+        return next((route for pattern, route in self.templates if pattern.fullmatch(path)),
+                    None)
 
     def record(self, line: dict) -> tuple[dict, list[str]]:
         """The ledger record (without seq and hash) and the names of the fields replaced."""
-        if any(not isinstance(line.get(key), str) for key in SPOOL_KEYS):
+        line = {**{key: "" for key in LATER_SPOOL_KEYS}, **line}
+        if any(not isinstance(line.get(key), str) for key in (*SPOOL_KEYS, *LATER_SPOOL_KEYS)):
             raise Unreadable("a field is missing or not text")
         if line["v"] != str(FORMAT_VERSION):
             raise Unreadable(f"format version {line['v'][:8]!r}")
@@ -133,10 +153,11 @@ class Checker:
             "model": (None if line["model"] == "" else
                       allowed("model", line["model"] if line["model"] in self.models else None,
                               None)),
-            "route": allowed("route", line["route"] if line["route"] in self.routes else None,
-                             "other"),
-            "method": allowed("method", line["method"] if line["method"] in METHODS else None,
-                              "OTHER"),
+            # a request nginx could not read has no path: "other", nothing replaced
+            "route": "other" if line["route"] == "" else allowed(
+                "route", self.route(line["route"]), "other"),
+            "method": "OTHER" if line["method"] == "" else allowed(
+                "method", line["method"] if line["method"] in METHODS else None, "OTHER"),
             "status": int(_exact(_STATUS, line["status"], "status")),
             "prompt_tokens": self._tokens(line["prompt"], replaced),
             "completion_tokens": self._tokens(line["completion"], replaced),
@@ -148,6 +169,11 @@ class Checker:
             "ended": line["end"],
             "door_boot": position[0],
             "door_seq": position[1],
+            # the credential a request nobody authenticated presented (a Basic user's name, a
+            # key's name when the key is real but refused): never its `who`
+            "claimed": None if line["claimed"] in ("", "-") else allowed(
+                "claimed", line["claimed"] if _CLAIMED.fullmatch(line["claimed"]) else None,
+                None),
         }
         return record, replaced
 
@@ -202,6 +228,25 @@ def _address(text: str) -> str | None:
         return None
 
 
+def join_run(runs: list[list], seq: int, fresh: list) -> None:
+    """`seq` added to sorted, disjoint runs [first, last, …] (not holding it): joined to the
+    run it extends (two it bridges become one, keeping the smaller of their other values), else
+    `fresh` inserted in its place."""
+    index = bisect.bisect_right(runs, [seq, math.inf])
+    joins_left = index > 0 and runs[index - 1][1] == seq - 1
+    joins_right = index < len(runs) and runs[index][0] == seq + 1
+    if joins_left and joins_right:
+        left = runs[index - 1]
+        right = runs.pop(index)
+        left[1:] = [right[1], *(min(a, b) for a, b in zip(left[2:], right[2:], strict=True))]
+    elif joins_left:
+        runs[index - 1][1] = seq
+    elif joins_right:
+        runs[index][0] = seq
+    else:
+        runs.insert(index, fresh)
+
+
 class DoorSequence:
     """One door boot's request counter as the collector has seen it: every seq up to `through`
     is accounted for (in the ledger, unreadable, or declared lost), `seen` holds the runs that
@@ -232,19 +277,7 @@ class DoorSequence:
                         pair for pair in ([first, seq - 1], [seq + 1, last]) if pair[0] <= pair[1]]
                     return
             return
-        index = bisect.bisect_right(self.seen, [seq, math.inf])
-        joins_left = index > 0 and self.seen[index - 1][1] == seq - 1
-        joins_right = index < len(self.seen) and self.seen[index][0] == seq + 1
-        if joins_left and joins_right:
-            left = self.seen[index - 1]
-            right = self.seen.pop(index)
-            left[1], left[2] = right[1], min(left[2], right[2])
-        elif joins_left:
-            self.seen[index - 1][1] = seq
-        elif joins_right:
-            self.seen[index][0] = seq
-        else:
-            self.seen.insert(index, [seq, seq, now])
+        join_run(self.seen, seq, [seq, seq, now])
         if self.seen[0][0] == self.through + 1:
             self.through = self.seen.pop(0)[1]
 
@@ -271,6 +304,64 @@ class DoorSequence:
     def from_json(cls, data: dict, now: float) -> "DoorSequence":
         return cls(int(data["through"]), tuple(tuple(pair) for pair in data["seen"]),
                    int(data["lost"]), tuple(tuple(pair) for pair in data["lost_ranges"]), now)
+
+
+# Requests nobody authenticated, and refusals, cost anyone nothing to send (one HTTP/2
+# connection made 7,427 in 7.6 s): written one record per address and minute (--aggregate-
+# seconds, of the door's time) with how many they were, so they cannot fill the ledger's disk
+# and push out the records of credentials (docs/usage.md, "Aggregated records").
+AGGREGATE_KEY = ("who", "claimed", "client", "model", "route", "method", "status", "ended",
+                 "door_boot")
+AGGREGATE_DELAY = 5.0  # seconds after its window ends (at most a window) before it is written
+MAX_AGGREGATES = 256  # keys of one window; past it, that window's others share one per who/end
+MAX_RUNS = 512  # door seq runs in one aggregate: more, and it is written and another begun
+
+
+def aggregated(record: dict) -> bool:
+    """Whether a request is counted per address and minute rather than recorded alone."""
+    return record["who"] == "-" or record["ended"].startswith(REFUSED)
+
+
+def aggregate_key(record: dict, window: int) -> tuple:
+    return (window, *(record[field] for field in AGGREGATE_KEY))
+
+
+def overflow_key(key: tuple) -> tuple:
+    """The key a window's requests past MAX_AGGREGATES share: its who, end and door only."""
+    window, who, _, _, _, _, _, _, ended, boot = key
+    return (window, who, None, None, None, "other", "OTHER", 0, ended, boot)
+
+
+def aggregate_record(aggregate: dict) -> dict:
+    """The ledger record (without seq and hash) of an aggregate: the fields its requests share,
+    their sums, how many they were, the door's seqs it stands for (runs); its time is its last
+    request's end, its door_seq its first."""
+    _, *values = aggregate["key"]
+    shared = dict(zip(AGGREGATE_KEY, values, strict=True))
+    return {
+        "time": aggregate["time"], "request_id": None, "who": shared["who"],
+        "client": shared["client"], "model": shared["model"], "route": shared["route"],
+        "method": shared["method"], "status": shared["status"],
+        "prompt_tokens": aggregate["prompt_tokens"],
+        "completion_tokens": aggregate["completion_tokens"], "ttft_ms": None,
+        "duration_ms": aggregate["duration_ms"], "bytes_in": aggregate["bytes_in"],
+        "bytes_out": aggregate["bytes_out"], "ended": shared["ended"],
+        "door_boot": shared["door_boot"], "door_seq": aggregate["door_seqs"][0][0],
+        "claimed": shared["claimed"], "requests": aggregate["requests"],
+        "door_seqs": aggregate["door_seqs"],
+    }
+
+
+def fold(aggregate: dict, record: dict) -> None:
+    """One more request in an aggregate."""
+    aggregate["requests"] += 1
+    aggregate["time"] = max(aggregate["time"], record["time"])
+    for field in ("duration_ms", "bytes_in", "bytes_out"):
+        aggregate[field] += record[field]
+    for field in ("prompt_tokens", "completion_tokens"):
+        if record[field] is not None:
+            aggregate[field] = (aggregate[field] or 0) + record[field]
+    join_run(aggregate["door_seqs"], record["door_seq"], [record["door_seq"]] * 2)
 
 
 @dataclasses.dataclass
@@ -371,16 +462,24 @@ class Ledger:
                         break
         return first, last
 
-    def prune(self, name: str, reason: str) -> None:
-        """Log the segment's place in the chain in pruned.jsonl, durably, then remove it."""
+    def credential_requests(self, name: str) -> int:
+        """The requests of credentials (a who not "-") a segment holds."""
+        return sum(int(record.get("requests", 1)) for record in self.records(name)
+                   if record is not None and str(record.get("who")).startswith(CREDENTIALS))
+
+    def prune(self, name: str, reason: str) -> dict:
+        """Log the segment's place in the chain in pruned.jsonl, durably, then remove it; its
+        entry (with the requests of credentials it held)."""
         first, last = self.first_and_last(name)
         entry = {"segment": name, "first_seq": first and first["seq"],
                  "last_seq": last and last["seq"], "last_hash": last and last.get("hash"),
-                 "reason": reason, "at": _now_iso()}
+                 "reason": reason, "at": _now_iso(),
+                 "credential_requests": self.credential_requests(name)}
         line = json.dumps(entry, sort_keys=True, separators=(",", ":")).encode() + b"\n"
         _write_all(self.pruned_file, line, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         os.unlink(self.path(name))
         _fsync_folder(self.segments)
+        return entry
 
 
 def _replace_json(path: str, value: dict, mode: int | None = None) -> None:
@@ -439,6 +538,15 @@ def _now_iso() -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
+def _age_seconds(moment: str) -> float:
+    """Seconds since an instant as _now_iso writes it (inf when it is not one)."""
+    try:
+        then = datetime.datetime.fromisoformat(moment.replace("Z", "+00:00"))
+    except (AttributeError, ValueError):
+        return math.inf
+    return (datetime.datetime.now(UTC) - then).total_seconds()
+
+
 def _today() -> datetime.date:
     return datetime.datetime.now(UTC).date()
 
@@ -490,7 +598,8 @@ class Collector:
 
     def __init__(self, options: argparse.Namespace) -> None:
         self.options = options
-        self.checker = Checker(options.models, options.routes)
+        self.checker = Checker(options.models or [], options.routes)
+        self.models_seen: tuple | str | None = None  # --models-file read: (inode, mtime, size)
         self.ledger = Ledger(options.ledger)
         self.puncher = HolePuncher()
         self.lock = threading.Lock()
@@ -522,7 +631,12 @@ class Collector:
         self.doors: dict[str, DoorSequence] = {}
         self.lost_total = 0
         self.counts = {"unreadable_lines": 0, "torn_lines": 0, "duplicates_skipped": 0,
-                       "late_lines": 0, "spool_resets": 0, "segments_pruned": 0}
+                       "late_lines": 0, "spool_resets": 0, "segments_pruned": 0,
+                       "credential_requests_pruned": 0}
+        # the last prune by --max-bytes that took requests of credentials: loud (docs/usage.md)
+        self.space_prune: dict | None = None
+        # (minute, *AGGREGATE_KEY) -> the requests counted so far, until its minute is over
+        self.aggregates: dict[tuple, dict] = {}
         self.replaced: dict[str, int] = {}
         self.series: dict[tuple[str, str, str], list[int]] = {}
         # who -> [UTC day, its tokens, UTC month, its tokens]: the budget windows the door counts
@@ -618,8 +732,13 @@ class Collector:
                            ("duplicates_skipped", state["duplicates_skipped"]),
                            ("late_lines", state["late_lines"]),
                            ("spool_resets", state["spool"]["resets"]),
-                           ("segments_pruned", state["disk"]["segments_pruned"])):
+                           ("segments_pruned", state["disk"]["segments_pruned"]),
+                           ("credential_requests_pruned",
+                            state["disk"].get("credential_requests_pruned", 0))):
             self.counts[key] = int(value)
+        self.space_prune = state["disk"].get("last_space_prune")
+        self.aggregates = {tuple(aggregate["key"]): aggregate
+                           for aggregate in state.get("aggregating", [])}
         self.replaced = dict(state.get("replaced_values", {}))
         self.series = {(who, model, ended): [n, p, c]
                        for who, model, ended, n, p, c in state["series"]}
@@ -632,7 +751,15 @@ class Collector:
         self.last_time = record.get("time")
         boot, seq = record.get("door_boot"), record.get("door_seq")
         if isinstance(boot, str) and isinstance(seq, int):
-            self._door(boot).admit(seq, time.monotonic())
+            door = self._door(boot)
+            for first, last in record.get("door_seqs") or [[seq, seq]]:
+                for each in range(first, last + 1):
+                    door.admit(each, time.monotonic())
+        if "requests" in record:  # written after the state: it holds what the state had open
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                ended = datetime.datetime.fromisoformat(record["time"].replace("Z", "+00:00"))
+                window = int(ended.timestamp()) // self.options.aggregate_seconds
+                self.aggregates.pop(aggregate_key(record, window), None)
         self._count(record)
 
     # -- the work ------------------------------------------------------------------------------
@@ -642,12 +769,13 @@ class Collector:
         prune. Whether more is waiting (call again at once)."""
         if not self.recovered:
             self.recover()
+        self._read_models()
         more = False
         if self._open_spool():
             assert self.spool_fd is not None
             chunk = os.pread(self.spool_fd, READ_CHUNK, self.offset)
             more = len(chunk) == READ_CHUNK
-            self._append(self._read(chunk))
+            self._append(self._read(chunk), caught_up=not more)
             self.caught_up = not more
         now = time.monotonic()
         if self.caught_up:
@@ -662,6 +790,28 @@ class Collector:
                 self.save()
             self.puncher.punch(self.options.spool, self.inode, self.saved_offset)
         return more
+
+    def _read_models(self) -> None:
+        """--models-file read again once it changed; one that cannot be read keeps the names
+        read before, and says so."""
+        path = self.options.models_file
+        if path is None:
+            return
+        try:
+            info = os.stat(path)
+            seen = (info.st_ino, info.st_mtime_ns, info.st_size)
+            if seen == self.models_seen:
+                return
+            with open(path, encoding="utf-8") as file:
+                models = _json_names(file.read())
+        except (OSError, ValueError) as error:
+            if self.models_seen != "unreadable":
+                self._problem(f"{_now_iso()} the model names in {path} are unreadable "
+                              f"({error}): the names read before stay")
+            self.models_seen = "unreadable"
+            return
+        self.checker.models = frozenset(models)
+        self.models_seen = seen
 
     def _open_spool(self) -> bool:
         """The spool open at the checkpoint; a new file at the path (a recreated volume) or a
@@ -731,16 +881,56 @@ class Collector:
             staged.append({"position": position, "record": record, "replaced": replaced})
         return batch
 
-    def _append(self, batch: "Batch") -> None:
-        """Chain and write the batch, fsync it, then count it. A failed write changes nothing:
-        the segment is cut back and the same lines are read again."""
-        if not batch.used:
+    def _aggregate(self, batch: "Batch", caught_up: bool
+                   ) -> tuple[list[dict], dict[tuple, dict], list[tuple]]:
+        """The batch's records to write alone, the aggregates it changed (copies: nothing is
+        changed before the write) and the keys of those now due, whose records are written
+        after the others: too many runs, or their window over by the door's time of the lines
+        read (by the clock once the spool is read to its end: the door may be quiet)."""
+        alone: list[dict] = []
+        changed: dict[tuple, dict] = {}
+        seconds = self.options.aggregate_seconds
+        for item in batch.staged:
+            record = item.get("record")
+            if record is None:
+                continue
+            if not aggregated(record):
+                alone.append(record)
+                continue
+            window = int(float(record["door_time"])) // seconds
+            key = aggregate_key(record, window)
+            if key not in changed and key not in self.aggregates and sum(
+                    1 for open_key in {*self.aggregates, *changed}
+                    if open_key[0] == window) >= MAX_AGGREGATES:
+                key = overflow_key(key)
+            aggregate = changed.get(key)
+            if aggregate is None:
+                known = self.aggregates.get(key)
+                aggregate = changed[key] = {
+                    "key": list(key), "requests": 0, "time": record["time"], "duration_ms": 0,
+                    "bytes_in": 0, "bytes_out": 0, "prompt_tokens": None,
+                    "completion_tokens": None, "door_seqs": []} if known is None else {
+                    **known, "door_seqs": [list(run) for run in known["door_seqs"]]}
+            fold(aggregate, record)
+        read = [float(item["record"]["door_time"]) for item in batch.staged if "record" in item]
+        over = max([*read, self.last_door_time or 0.0, *([time.time()] if caught_up else [])]
+                   ) - min(AGGREGATE_DELAY, seconds)
+        due = [key for key, aggregate in {**self.aggregates, **changed}.items()
+               if (key[0] + 1) * seconds <= over or len(aggregate["door_seqs"]) >= MAX_RUNS]
+        return alone, changed, due
+
+    def _append(self, batch: "Batch", caught_up: bool) -> None:
+        """Chain and write the batch (and the aggregates now due), fsync it, then count it. A
+        failed write changes nothing: the segment is cut back and the same lines are read
+        again."""
+        alone, changed, due = self._aggregate(batch, caught_up)
+        if not batch.used and not due:
             return
         previous, seq, lines, records = self.last_hash, self.last_seq, [], []
-        for item in batch.staged:
-            if "record" not in item:
-                continue
-            record = {key: item["record"][key] for key in RECORD_FIELDS if key != "seq"}
+        for written in [*alone, *(aggregate_record(changed.get(key) or self.aggregates[key])
+                                  for key in due)]:
+            record = {key: written[key] for key in (*RECORD_FIELDS, *AGGREGATE_FIELDS)
+                      if key in written}
             seq += 1
             record = {"seq": seq, **record}
             record["hash"] = previous = record_hash(previous, record)
@@ -753,16 +943,21 @@ class Collector:
             new_segment = None if os.path.exists(path) else name
             _write_all(path, ("\n".join(lines) + "\n").encode(),
                        os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        self._commit(batch, records)
+        self._commit(batch, records, changed, due)
         if new_segment:  # after the commit: the records are written, whatever this says
             _fsync_folder(self.ledger.segments)
 
-    def _commit(self, batch: "Batch", records: list[dict]) -> None:
+    def _commit(self, batch: "Batch", records: list[dict], changed: dict[tuple, dict],
+                due: list[tuple]) -> None:
         now = time.monotonic()
         staged, tally = batch.staged, batch.tally
         with self.lock:
-            self.offset += batch.used
-            self.discarding = batch.discarding
+            if batch.used:
+                self.offset += batch.used
+                self.discarding = batch.discarding
+            self.aggregates.update(changed)
+            for written in due:
+                del self.aggregates[written]
             for item in staged:
                 if item["position"] is not None:
                     self._door(item["position"][0]).admit(item["position"][1], now)
@@ -773,11 +968,12 @@ class Collector:
                 self.counts[key] += value
             for record in records:
                 self._count(record)
+            read = [item["record"]["door_time"] for item in staged if "record" in item]
+            if read:
+                self.last_door_time = float(read[-1])
             if records:
                 self.last_seq, self.last_hash = records[-1]["seq"], records[-1]["hash"]
                 self.last_time = records[-1]["time"]
-                self.last_door_time = float(
-                    [item for item in staged if "record" in item][-1]["record"]["door_time"])
                 second = int(time.time())
                 if self.per_second and self.per_second[-1][0] == second:
                     self.per_second[-1][1] += len(records)
@@ -800,7 +996,7 @@ class Collector:
         if key not in self.series and len(self.series) >= MAX_SERIES:
             key = (OVERFLOW_WHO, key[1], key[2])
         totals = self.series.setdefault(key, [0, 0, 0])
-        totals[0] += 1
+        totals[0] += int(record.get("requests", 1))
         totals[1] += record.get("prompt_tokens") or 0
         totals[2] += record.get("completion_tokens") or 0
         self._count_window(record)
@@ -871,13 +1067,16 @@ class Collector:
             else:
                 continue
             try:
-                self.ledger.prune(name, reason)
+                entry = self.ledger.prune(name, reason)
             except OSError as error:
                 self._problem(f"{_now_iso()} could not prune {name}: {error}")
                 break
             del sizes[name]
             with self.lock:
                 self.counts["segments_pruned"] += 1
+                if reason == "max_bytes" and entry["credential_requests"]:
+                    self.counts["credential_requests_pruned"] += entry["credential_requests"]
+                    self.space_prune = entry
                 self.dirty = True
         with self.lock:
             self.ledger_bytes = sum(sizes.values()) + others
@@ -941,13 +1140,24 @@ class Collector:
                                 "drops is counted lost once later ones arrive")
             if self.over_max_bytes:
                 problems.append("today's segment alone is over --max-bytes")
+            space_prune = self.space_prune
+            loud = space_prune is not None and _age_seconds(space_prune["at"]) < SPACE_PRUNE_LOUD
+            if space_prune is not None:
+                problems.append(
+                    f"{self.counts['credential_requests_pruned']} requests of credentials were "
+                    f"pruned to keep the ledger under --max-bytes (usage.max_disk), the last "
+                    f"{space_prune['credential_requests']} with {space_prune['segment']} (seqs "
+                    f"{space_prune['first_seq']}..{space_prune['last_seq']}) at "
+                    f"{space_prune['at']}: raise usage.max_disk (or lower "
+                    "usage.retention_days) to keep them; `kit audit verify` lists every "
+                    "pruned range")
             if self.puncher.error:
                 problems.append(f"the spool's disk is not given back: {self.puncher.error}")
             return {
                 "version": FORMAT_VERSION,
                 "updated": _now_iso(),
                 "ok": self.recovered and size is not None and not self.failing_since
-                and not self.over_max_bytes and not spool_full,
+                and not self.over_max_bytes and not spool_full and not loud,
                 "problems": problems,
                 "recovering": not self.recovered,
                 "records": self.last_seq,
@@ -973,7 +1183,11 @@ class Collector:
                          "max_bytes": self.options.max_bytes,
                          "retention_days": self.options.retention_days,
                          "over_max_bytes": self.over_max_bytes,
-                         "segments_pruned": self.counts["segments_pruned"]},
+                         "segments_pruned": self.counts["segments_pruned"],
+                         "credential_requests_pruned":
+                             self.counts["credential_requests_pruned"],
+                         "last_space_prune": space_prune},
+                "aggregating": list(self.aggregates.values()),
                 "hole_punching": {"supported": self.puncher.supported,
                                   "error": self.puncher.error},
                 "disk_full_since": self.disk_full_since,
@@ -1018,6 +1232,9 @@ class Collector:
                  "Segment lines cut after a kill mid-write.", lost["torn_lines"]),
                 ("kit_usage_duplicates_skipped_total", "counter",
                  "Spool lines already in the ledger.", health["duplicates_skipped"]),
+                ("kit_usage_credential_requests_pruned_total", "counter",
+                 "Requests of credentials pruned to keep the ledger under usage.max_disk.",
+                 health["disk"]["credential_requests_pruned"]),
                 ("kit_usage_ledger_bytes", "gauge", "Bytes of the ledger volume's files.",
                  health["disk"]["ledger_bytes"]),
                 ("kit_usage_spool_pending_bytes", "gauge", "Spool bytes not yet read.",
@@ -1073,13 +1290,24 @@ def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--retention-days", type=int, required=True)
     parser.add_argument("--max-bytes", type=int, required=True)
     parser.add_argument("--port", type=int, required=True, help="HTTP: /health and /metrics")
-    parser.add_argument("--host", default="0.0.0.0", help="the address to listen on")
-    parser.add_argument("--models", type=_json_names, required=True,
-                        help="JSON list of the served model names")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="the address to listen on (and always loopback)")
+    parser.add_argument("--door", action="append", default=[],
+                        help="the front door's address: the one peer answered besides "
+                             "loopback (repeatable)")
+    names = parser.add_mutually_exclusive_group(required=True)
+    names.add_argument("--models", type=_json_names,
+                       help="JSON list of the model names the door routes")
+    names.add_argument("--models-file",
+                       help="a file holding that JSON list, read again when it changes (an "
+                            "adapter added changes it, and recreates nothing)")
     parser.add_argument("--routes", type=_json_names, required=True,
                         help="JSON list of the door's routes")
     parser.add_argument("--grace", type=float, default=30.0,
                         help="seconds a missing door seq may wait before it counts as lost")
+    parser.add_argument("--aggregate-seconds", type=int, default=60,
+                        help="the window requests nobody authenticated, and refusals, are "
+                             "counted in, one record per address")
     parser.add_argument("--poll-interval", type=float, default=0.5)
     parser.add_argument("--state-interval", type=float, default=1.0)
     parser.add_argument("--retry-max", type=float, default=30.0,
@@ -1089,7 +1317,7 @@ def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
                              "and month for the door's budgets (none: not written)")
     options = parser.parse_args(argv)
     for name in ("retention_days", "max_bytes", "grace", "poll_interval", "state_interval",
-                 "retry_max"):
+                 "retry_max", "aggregate_seconds"):
         if getattr(options, name) <= 0 and name != "grace":
             parser.error(f"--{name.replace('_', '-')} must be more than 0")
     if options.grace < 0:
@@ -1102,18 +1330,25 @@ def main(argv: list[str] | None = None) -> None:
     collector = Collector(options)
     stop = threading.Event()
 
+    answered = {"127.0.0.1", "::1", *options.door}
+
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's API
-            if self.path == "/health":
+            status, kind = 200, "application/json"
+            if self.client_address[0] not in answered:
+                # who used what is for the door (Prometheus's scrape) and kit (inside this
+                # container) only: a replica that reaches this address (an engine without
+                # iptables forwards between networks) gets nothing
+                status = 403
+                body = b'{"error": "the usage collector answers the front door and kit only"}'
+            elif self.path == "/health":
                 body = json.dumps(collector.health(), sort_keys=True).encode()
-                kind = "application/json"
             elif self.path == "/metrics":
-                body = collector.metrics().encode()
-                kind = "text/plain; version=0.0.4"
+                body, kind = collector.metrics().encode(), "text/plain; version=0.0.4"
             else:
                 self.send_error(404)
                 return
-            self.send_response(200)
+            self.send_response(status)
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -1122,13 +1357,16 @@ def main(argv: list[str] | None = None) -> None:
         def log_message(self, *args) -> None:  # scrapes are not worth a log line each
             return
 
-    server = ThreadingHTTPServer((options.host, options.port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    servers = [ThreadingHTTPServer((host, options.port), Handler)
+               for host in dict.fromkeys((options.host, "127.0.0.1"))]
+    for server in servers:
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
     for signum in (signal.SIGTERM, signal.SIGINT):  # PID 1 ignores SIGTERM otherwise
         signal.signal(signum, lambda *_: stop.set())
     run(collector, stop)
-    server.server_close()
+    for server in servers:
+        server.server_close()
 
 
 if __name__ == "__main__":

@@ -45,6 +45,8 @@ def verify(spec: Path, as_json: bool) -> None:
     pruned = f", {verdict.pruned:,} more in pruned segments" if verdict.pruned else ""
     click.echo(f"ledger whole: {verdict.records:,} records in {verdict.segments} "
                f"segment(s){pruned}")
+    for pruned_range in verdict.pruned_ranges:
+        click.echo(f"  pruned: {pruned_range}")
     if verdict.head is None:
         click.echo("empty: no record yet")
         return

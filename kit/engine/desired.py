@@ -22,7 +22,7 @@ import yaml
 
 from kit.engine.envfile import parse_env_file
 from kit.errors import KitError
-from kit.layout import LORA_MOUNT, VERIFIER_AUTH_MOUNT, SiteLayout
+from kit.layout import LORA_MOUNT, USAGE_MODELS_MOUNT, VERIFIER_AUTH_MOUNT, SiteLayout
 
 # Compose's label names (docker/compose pkg/api/labels.go), all in one place.
 PROJECT_LABEL = "com.docker.compose.project"
@@ -72,8 +72,9 @@ KIT_SERVICES = {
 READ_PER_REQUEST = {VERIFIER_SERVICE: {VERIFIER_AUTH_MOUNT}}
 # Mounted site files whose changes kit applies to the running container itself, so they are no
 # part of its identity: a replica's LoRA adapters (kit adapters and kit up hot-load them; vLLM
-# reads the file again at its next start).
-APPLIED_LIVE = {LORA_MOUNT}
+# reads the file again at its next start), the model names the usage ledger's collector records
+# (it reads the file again when it changes).
+APPLIED_LIVE = {LORA_MOUNT, USAGE_MODELS_MOUNT}
 CONTAINER_NUMBER = 1  # kit runs one container per service
 
 SERVICE_KEYS = {

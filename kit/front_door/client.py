@@ -153,9 +153,11 @@ class DoorClient:
         body: dict | None = None,
         credentials: str | None = None,
         tls: bool = True,
+        extra: dict[str, str] | None = None,
     ) -> Reply:
         started = time.perf_counter()
-        with self.exchange(method, path, body=body, credentials=credentials, tls=tls) as response:
+        with self.exchange(method, path, body=body, credentials=credentials, tls=tls,
+                           extra=extra) as response:
             data = response.read()
         return Reply(response.status, response.headers, data, ms_since(started))
 
@@ -168,10 +170,13 @@ class DoorClient:
         body: dict | None = None,
         credentials: str | None = None,
         tls: bool = True,
+        extra: dict[str, str] | None = None,
     ) -> Iterator[http.client.HTTPResponse]:
-        """One request on a fresh connection; network and TLS errors become ProbeFailure."""
+        """One request on a fresh connection (with `extra` headers); network and TLS errors
+        become ProbeFailure."""
         connection = DoorConnection(self.target, self.context if tls else None)
-        headers = {"Accept": "application/json, text/event-stream", "User-Agent": "kit-probe"}
+        headers = {"Accept": "application/json, text/event-stream", "User-Agent": "kit-probe",
+                   **(extra or {})}
         if credentials:
             headers["Authorization"] = credentials
         payload = None

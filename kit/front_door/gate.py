@@ -23,11 +23,13 @@ from dataclasses import asdict, dataclass
 from typing import cast
 from urllib.parse import urlsplit
 
+from kit.credentials.material import GATE_HEADER, gate_mark
 from kit.files import atomic_write
 from kit.front_door.client import (
     DoorClient,
     DoorConnection,
     ProbeFailure,
+    Target,
     basic_header,
     ms_since,
     probe_password,
@@ -100,7 +102,7 @@ def run_probe(
     kit/front_door/replica_check.py); record the result in .kit/last-probe.json. The services
     in `asleep` (idle_sleep, docs/sleep.md) get no completion: vLLM would hold it until woken."""
     target = target_for(spec, layout, address, timeout)
-    gate = Gate(target, probe_password(layout))
+    gate = Gate(target, probe_password(layout), gate_mark(layout))
     checks = gate.run(spec.services, asleep) + replicas()
     result = ProbeResult(
         target=f"https://{target.https_authority} via {target.address}",
@@ -153,7 +155,13 @@ def proof_detail(task: str, answer: dict) -> str:
 
 
 class Gate(DoorClient):
-    """The checks, in order; each returns a Check and never raises for a network problem."""
+    """The checks, in order; each returns a Check and never raises for a network problem. The
+    requests it makes to be refused carry its mark (`gate_mark`), so the usage ledger records
+    them as kit's own checks, not refusals a person caused (docs/usage.md)."""
+
+    def __init__(self, target: Target, password: str, mark: str | None = None) -> None:
+        super().__init__(target, password)
+        self.refused_on_purpose = {GATE_HEADER: mark} if mark else {}
 
     def run(self, services: Sequence[Service],
             asleep: frozenset[str] = frozenset()) -> list[Check]:
@@ -296,7 +304,7 @@ class Gate(DoorClient):
     def auth_required(self) -> list[Check]:
         """No credentials → 401; and HSTS on that very answer (nginx adds it `always`)."""
         try:
-            reply = self.fetch("GET", "/v1/models")
+            reply = self.fetch("GET", "/v1/models", extra=self.refused_on_purpose)
         except ProbeFailure as failure:
             return [Check("auth-required", False, str(failure))]
         if reply.status == 401:
@@ -321,7 +329,8 @@ class Gate(DoorClient):
     def wrong_password_refused(self) -> Check:
         def run() -> Check:
             wrong = basic_header(PROBE_USER, secrets.token_urlsafe(18))
-            reply = self.fetch("GET", "/v1/models", credentials=wrong)
+            reply = self.fetch("GET", "/v1/models", credentials=wrong,
+                               extra=self.refused_on_purpose)
             ok = reply.status == 401
             detail = "wrong password: 401" if ok else (
                 f"a wrong password got {reply.status}, expected 401"
@@ -403,7 +412,7 @@ class Gate(DoorClient):
 
         def run() -> Check:
             path = f"/metrics/{service}"
-            anonymous = self.fetch("GET", path)
+            anonymous = self.fetch("GET", path, extra=self.refused_on_purpose)
             if anonymous.status == 200:
                 return Check(name, False, f"{path} answered 200 without credentials: metrics leak",
                              anonymous.latency_ms)
@@ -420,7 +429,7 @@ class Gate(DoorClient):
 
         def run() -> Check:
             body = {"model": "probe", "prompt": "x"} if method == "POST" else None
-            reply = self.fetch(method, path, body=body)
+            reply = self.fetch(method, path, body=body, extra=self.refused_on_purpose)
             ok = reply.status != 200
             detail = f"{method} {path} without credentials: {reply.status}" if ok else (
                 f"{method} {path} answered 200 without credentials: vLLM's {path} is exposed")

@@ -116,6 +116,11 @@ class ServicePlan:
     sleep_level: int = 1  # idle_sleep.level
 
     @property
+    def routed_names(self) -> tuple[str, ...]:
+        """Every model name the door routes to this service: its served name, its adapters'."""
+        return (self.api_name, *self.adapters)
+
+    @property
     def network(self) -> str | None:
         """The compose key of its own backend network: its replicas, the front door and (with
         idle_sleep) the waker only, so a replica (model code: hostile) reaches no other

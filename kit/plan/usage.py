@@ -34,6 +34,10 @@ PRUNED_FILE = "pruned.jsonl"
 STATE_FILE = "state.json"
 SCRIPT_MOUNT = "/opt/kit-usage"  # the site folder usage/ inside the collector
 SCRIPT = "usage_ledger.py"
+# Every model name the door routes, adapters' too, in the site's compose/usage-models/ (bound at
+# kit.layout.USAGE_MODELS_MOUNT): a file the collector re-reads when it changes, not an
+# argument, so `kit adapters add` recreates no container.
+MODELS_FILE = "models.json"
 USAGE_PORT = 9312  # the collector's /health and /metrics, on the metrics network only
 USAGE_JOB = "usage"  # Prometheus's job name of the collector's figures
 # The collector's /health asked inside its container and printed: its compose healthcheck (a

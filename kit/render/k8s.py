@@ -37,6 +37,7 @@ from kit.layout import (
     LORA_CONFIG,
     LORA_MOUNT,
     NGINX_MOUNT,
+    USAGE_MODELS_MOUNT,
     VERIFIER_AUTH_MOUNT,
     VERIFIER_MOUNT,
     SiteLayout,
@@ -57,7 +58,7 @@ from kit.plan.build import (
 )
 from kit.plan.multinode import HEAD_RANK, MultiNodePlan, node_flags
 from kit.render.site_files import generated_files, render_template, template_context
-from kit.render.usage import collector_script, usage_facts
+from kit.render.usage import collector_script, ledger_models, usage_facts
 from kit.site import Site
 from kit.spec.vllm_flags import DEV_MODE_ENV, SLEEP_MODE_FLAG, flag_table, flag_uses
 
@@ -554,9 +555,10 @@ def _collector(plan: Plan, usage: dict) -> dict:
     privilege escalation; its port only on the pod's loopback."""
     return {
         "name": ledger.USAGE_SERVICE, "image": usage["image"], "restartPolicy": "Always",
-        "command": ["python3", *usage["command"], "--host", "127.0.0.1"],
+        "command": ["python3", *usage["pod_command"]],
         "volumeMounts": [
             {"name": "usage-script", "mountPath": ledger.SCRIPT_MOUNT, "readOnly": True},
+            {"name": "usage-models", "mountPath": USAGE_MODELS_MOUNT, "readOnly": True},
             {"name": ledger.SPOOL_VOLUME, "mountPath": ledger.COLLECTOR_SPOOL_MOUNT},
             {"name": ledger.LEDGER_VOLUME, "mountPath": ledger.LEDGER_MOUNT},
         ],
@@ -586,13 +588,16 @@ def _with_ledger(plan: Plan, usage_plan: ledger.UsagePlan, namespace: str, pod: 
     assert usage is not None
     script = {ledger.SCRIPT: ledger.SCRIPT}
     config = _config_map(ledger.USAGE_SERVICE, namespace, labels,
-                         {ledger.SCRIPT: collector_script()})
+                         {ledger.SCRIPT: collector_script(),
+                          ledger.MODELS_FILE: ledger_models(plan)})
     pod = {
         **pod,
         "terminationGracePeriodSeconds": pod["terminationGracePeriodSeconds"] + USAGE_DRAIN,
         "initContainers": [_collector(plan, usage)],
         "volumes": [*pod["volumes"], {"name": ledger.SPOOL_VOLUME, "emptyDir": {}},
-                    _projected("usage-script", [("ConfigMap", ledger.USAGE_SERVICE, script)])],
+                    _projected("usage-script", [("ConfigMap", ledger.USAGE_SERVICE, script)]),
+                    _projected("usage-models", [("ConfigMap", ledger.USAGE_SERVICE,
+                                                 {ledger.MODELS_FILE: ledger.MODELS_FILE})])],
     }
     door = _deployment(plan, namespace, NGINX_SERVICE, FRONT_DOOR, pod)
     door["kind"] = "StatefulSet"

@@ -48,6 +48,9 @@ from kit.plan.waker import SLEEP_JOB
 if TYPE_CHECKING:
     from kit.plan.build import Plan, ServicePlan
 
+# A prune of credentials' records by the disk bound stays an alert this long (it happens once).
+PRUNE_ALERT_WINDOW = "1d"
+
 
 @dataclass(frozen=True)
 class Target:
@@ -185,6 +188,13 @@ def alert_rules(plan: Plan) -> list[AlertRule]:
                       "{{ $labels.service }}: a wake failed (kit status shows vLLM's cause); "
                       "it stays asleep and its requests get a 503"),
         ]
+    if plan.usage is not None:  # docs/usage.md: the disk bound took records of credentials
+        rules.append(AlertRule(
+            "KitUsagePrunedForSpace",
+            f'increase(kit_usage_credential_requests_pruned_total{{job="{USAGE_JOB}"}}'
+            f"[{PRUNE_ALERT_WINDOW}])", ">", 0, 0, "warning",
+            "the usage ledger pruned records of credentials to stay under usage.max_disk: "
+            "raise it (kit status and kit audit verify name the ranges)"))
     for slo in obs.slos:
         selector = f'{job},service="{slo.service}"'
         if slo.ttft_s is not None:

@@ -8,6 +8,7 @@ from importlib import resources
 from typing import TYPE_CHECKING
 
 from kit.files import Output
+from kit.layout import USAGE_MODELS_MOUNT
 from kit.names import DOOR_ROUTES, OPENAI_ROUTES
 from kit.plan.usage import (
     BUDGET_SEED_FILE,
@@ -16,6 +17,7 @@ from kit.plan.usage import (
     HEALTH_ARGV,
     LEDGER_MOUNT,
     LEDGER_VOLUME,
+    MODELS_FILE,
     SCRIPT,
     SCRIPT_MOUNT,
     SPOOL_FILE,
@@ -30,9 +32,16 @@ if TYPE_CHECKING:
 
 
 def ledger_routes() -> list[str]:
-    """The paths a record may name (any other is recorded as "other"): the door's routes, with
-    `/v1/models/{model}` as the prefix the collector matches."""
-    return sorted({*OPENAI_ROUTES, *(path.split("{")[0] for path in DOOR_ROUTES)})
+    """The paths a record may name (any other is recorded as "other"): the door's routes; one
+    with a `{name}` part (`/v1/models/{model}`) is recorded as written, whatever stood there."""
+    return sorted({*OPENAI_ROUTES, *DOOR_ROUTES})
+
+
+def ledger_models(plan: Plan) -> bytes:
+    """The model names a record may name (any other is null): every name the door routes, a
+    LoRA adapter's too (docs/adapters.md); the collector's --models-file."""
+    names = sorted(name for svc in plan.services for name in svc.routed_names)
+    return (json.dumps(names, indent=1) + "\n").encode()
 
 
 def usage_facts(plan: Plan) -> dict | None:
@@ -40,6 +49,17 @@ def usage_facts(plan: Plan) -> dict | None:
     usage = plan.usage
     if usage is None:
         return None
+    argv = [
+        f"{SCRIPT_MOUNT}/{SCRIPT}",
+        "--spool", f"{COLLECTOR_SPOOL_MOUNT}/{SPOOL_FILE}",
+        "--ledger", LEDGER_MOUNT,
+        "--retention-days", str(usage.retention_days),
+        "--max-bytes", str(usage.max_bytes),
+        "--port", str(USAGE_PORT),
+        "--models-file", f"{USAGE_MODELS_MOUNT}/{MODELS_FILE}",
+        "--routes", json.dumps(ledger_routes()),
+        "--budget-seed", f"{COLLECTOR_SPOOL_MOUNT}/{BUDGET_SEED_FILE}",
+    ]
     return {
         "service": USAGE_SERVICE,
         "spool_volume": SPOOL_VOLUME,
@@ -50,19 +70,14 @@ def usage_facts(plan: Plan) -> dict | None:
         "collector_spool_mount": COLLECTOR_SPOOL_MOUNT,
         "ledger_mount": LEDGER_MOUNT,
         "script_mount": SCRIPT_MOUNT,
+        "models_mount": USAGE_MODELS_MOUNT,
         "port": USAGE_PORT,
         "image": plan.services[0].image,
-        "command": [
-            f"{SCRIPT_MOUNT}/{SCRIPT}",
-            "--spool", f"{COLLECTOR_SPOOL_MOUNT}/{SPOOL_FILE}",
-            "--ledger", LEDGER_MOUNT,
-            "--retention-days", str(usage.retention_days),
-            "--max-bytes", str(usage.max_bytes),
-            "--port", str(USAGE_PORT),
-            "--models", json.dumps(sorted(svc.api_name for svc in plan.services)),
-            "--routes", json.dumps(ledger_routes()),
-            "--budget-seed", f"{COLLECTOR_SPOOL_MOUNT}/{BUDGET_SEED_FILE}",
-        ],
+        # Who may ask it (as the waker): on compose, its metrics address answers the front
+        # door's only (Prometheus scrapes it through the door), loopback kit's; in a pod, the
+        # door is on the pod's loopback, the only address it listens on.
+        "command": [*argv, "--host", plan.metrics.usage, "--door", plan.metrics.door],
+        "pod_command": [*argv, "--host", "127.0.0.1"],
         "health": ["CMD", *HEALTH_ARGV],
     }
 
@@ -73,7 +88,9 @@ def collector_script() -> bytes:
 
 
 def usage_files(plan: Plan, layout: SiteLayout) -> list[Output]:
-    """The collector's script, beside the spec (none when the ledger is off)."""
+    """The collector's script and the model names it records, beside the spec (none when the
+    ledger is off)."""
     if plan.usage is None:
         return []
-    return [Output(layout.usage_dir / SCRIPT, collector_script())]
+    return [Output(layout.usage_dir / SCRIPT, collector_script()),
+            Output(layout.usage_models_dir / MODELS_FILE, ledger_models(plan))]

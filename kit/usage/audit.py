@@ -86,6 +86,27 @@ class Finding:
 
 
 @dataclass(frozen=True)
+class PrunedRange:
+    """Records the collector removed, as its pruned.jsonl line says: which, when and why."""
+
+    first_seq: int
+    last_seq: int
+    segment: str
+    reason: str  # "retention" (usage.retention_days) or "max_bytes" (usage.max_disk)
+    at: str
+    credential_requests: int | None  # requests of credentials it held (None: not counted)
+
+    def __str__(self) -> str:
+        why = {"retention": "older than usage.retention_days",
+               "max_bytes": "to keep the ledger under usage.max_disk"}.get(self.reason,
+                                                                          self.reason)
+        held = "" if self.credential_requests is None else (
+            f", holding {self.credential_requests:,} requests of credentials")
+        return (f"seqs {self.first_seq}..{self.last_seq} (segments/{self.segment}) pruned at "
+                f"{self.at}, {why}{held}")
+
+
+@dataclass(frozen=True)
 class Verdict:
     records: int  # records read and chained
     pruned: int  # records accounted for by pruned.jsonl
@@ -93,6 +114,7 @@ class Verdict:
     head: Head | None  # the last record (None: an empty ledger)
     anchors: int  # earlier heads found still in the chain
     finding: Finding | None
+    pruned_ranges: tuple[PrunedRange, ...] = ()  # what was pruned, in the chain's order
 
     @property
     def ok(self) -> bool:
@@ -102,6 +124,7 @@ class Verdict:
         return {"ok": self.ok, "records": self.records, "pruned_records": self.pruned,
                 "segments": self.segments, "head": None if self.head is None else asdict(
                     self.head), "anchors_checked": self.anchors,
+                "pruned_ranges": [asdict(pruned) for pruned in self.pruned_ranges],
                 "problem": None if self.finding is None else {
                     **asdict(self.finding), "message": str(self.finding)}}
 
@@ -145,6 +168,7 @@ class _Walk:
     def __init__(self, anchors: list[Head]):
         self.expected, self.previous = 1, GENESIS
         self.records = self.pruned = self.segments = 0
+        self.pruned_ranges: list[PrunedRange] = []
         self.anchors: dict[int, list[Head]] = {}
         for anchor in anchors:
             self.anchors.setdefault(anchor.seq, []).append(anchor)
@@ -169,6 +193,11 @@ class _Walk:
                            f"{self.expected} there: "
                            + _gap(self.expected, entry["first_seq"]))
         self.pruned += entry["last_seq"] - entry["first_seq"] + 1
+        held = entry.get("credential_requests")
+        self.pruned_ranges.append(PrunedRange(
+            entry["first_seq"], entry["last_seq"], str(entry["segment"]),
+            str(entry.get("reason")), str(entry.get("at")),
+            held if isinstance(held, int) and not isinstance(held, bool) else None))
         self.expected, self.previous = entry["last_seq"] + 1, entry["last_hash"]
         return self.anchor(entry["last_seq"], entry["last_hash"], where, None)
 
@@ -250,7 +279,7 @@ def verify(ledger: Ledger, anchors: list[Head], now: datetime) -> Verdict:
         head = None if walk.expected == 1 else Head(walk.expected - 1, walk.previous,
                                                     now.isoformat())
         return Verdict(walk.records, walk.pruned, walk.segments, head, walk.anchors_seen,
-                       finding)
+                       finding, tuple(walk.pruned_ranges))
 
     if pruned.bad is not None:
         return verdict(pruned.bad)

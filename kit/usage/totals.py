@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from kit.credentials.material import GATE_CLAIM
 from kit.errors import BadInput
 from kit.plan.usage import usage_plan
 from kit.spec.model import Spec
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 BY_KEYS = ("who", "model", "day")
 NOT_ROUTED = "-"  # a record no model served (refused at the door, unknown route)
 REFUSED = "refused_"
+REJECTED = "rejected"  # the service's own 4xx: a bad request, refused by the engine
 FIGURES = ("requests", "completed", "aborted", "failed", "refused", "prompt_tokens",
            "completion_tokens", "tokens")
 COST = ("gpu_hours", "cost", "cost_per_million_tokens")
@@ -50,7 +52,7 @@ class Figures:
     completed: int = 0
     aborted: int = 0  # the client went away
     failed: int = 0  # the engine failed it
-    refused: int = 0  # the door refused it (auth, limits, body size, request)
+    refused: int = 0  # the door (auth, limits, body size, request) or the service refused it
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
@@ -59,14 +61,16 @@ class Figures:
         return self.prompt_tokens + self.completion_tokens
 
     def count(self, record: dict) -> None:
+        """One record: one request, or an aggregate's `requests` (docs/usage.md)."""
         ended = str(record.get("ended", ""))
-        self.requests += 1
-        self.completed += ended == "completed"
-        self.aborted += ended == "client_abort"
-        self.failed += ended == "upstream_error"
-        self.refused += ended.startswith(REFUSED)
-        self.prompt_tokens += _tokens(record.get("prompt_tokens"))
-        self.completion_tokens += _tokens(record.get("completion_tokens"))
+        requests = _positive(record.get("requests", 1))
+        self.requests += requests
+        self.completed += requests * (ended == "completed")
+        self.aborted += requests * (ended == "client_abort")
+        self.failed += requests * (ended == "upstream_error")
+        self.refused += requests * (ended.startswith(REFUSED) or ended == REJECTED)
+        self.prompt_tokens += _positive(record.get("prompt_tokens"))
+        self.completion_tokens += _positive(record.get("completion_tokens"))
 
     def add(self, other: Figures) -> None:
         for name, value in asdict(other).items():
@@ -76,7 +80,8 @@ class Figures:
         return {name: getattr(self, name) for name in FIGURES}
 
 
-def _tokens(value: object) -> int:
+def _positive(value: object) -> int:
+    """A count as a record holds it (0 when it is none)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
@@ -107,6 +112,7 @@ class Usage:
     cells: dict[Cell, Figures]
     chargeback: Chargeback | None = None
     now: datetime | None = None  # when it was read (the period's hours stop there)
+    gate_checks: int = 0  # requests kit's gate made to be refused: not usage, not in the cells
 
     def model_costs(self) -> dict[str, float]:
         """Each service's cost over the period: GPUs × hours × the GPU-hour's price."""
@@ -135,14 +141,18 @@ def gather(ledger: Ledger, period: Period, chargeback: Chargeback | None,
            now: datetime) -> Usage:
     """The period's records summed into cells, read from the ledger once."""
     cells: dict[Cell, Figures] = {}
+    gate_checks = Figures()
     for _, record, moment in records(ledger, period.first_day):
         if not period.holds(moment):
+            continue
+        if record.get("claimed") == GATE_CLAIM:
+            gate_checks.count(record)
             continue
         model = record.get("model")
         cell = (str(record.get("who") or NOT_ROUTED), str(model) if model else NOT_ROUTED,
                 moment.date().isoformat())
         cells.setdefault(cell, Figures()).count(record)
-    return Usage(period, cells, chargeback, now)
+    return Usage(period, cells, chargeback, now, gate_checks.requests)
 
 
 def site_usage(site: Site, engine: Engine, period: Period, now: datetime) -> Usage:
@@ -252,6 +262,10 @@ def text(sections: Sequence[Section], by: Sequence[str]) -> str:
     table += [[*row.key, *_cells(row, charged)] for row in found]
     table.append(["TOTAL", *[""] * (len(columns) - 1), *_cells(total(found), charged)])
     lines.append(text_table(table, len(columns)))
+    checks = sum(usage.gate_checks for _, usage in sections)
+    if checks:
+        lines.append(f"not counted above: {checks:,} requests kit's gate made to be refused "
+                     "(its checks of the door at kit up)")
     for server, usage in sections:
         lines += [f"{server}: {note}" if server is not None else note
                   for note in _charge_notes(usage)]
@@ -288,7 +302,8 @@ def to_json(sections: Sequence[Section], by: Sequence[str]) -> dict:
     columns = _columns(sections, by)
     document: dict = {"period": sections[0][1].period.to_json(), "by": list(by),
                       "rows": [row.to_json(columns) for row in found],
-                      "total": total(found).to_json(())}
+                      "total": total(found).to_json(()),
+                      "gate_checks": sum(usage.gate_checks for _, usage in sections)}
     charges = {server or "": _charge_json(usage) for server, usage in sections
                if usage.chargeback is not None}
     if charges:

@@ -172,14 +172,17 @@ def test_a_full_spool_disk_keeps_the_door_serving_and_counts_the_loss(site: Live
     served(site, key, requests=1)  # later records: the gaps before them are seen
     time.sleep(1.5)
     ids = door_ids(site, started)
+    aggregated = len(door_ids(site, started, alone=False)) - len(ids)  # kit status's knocks
     caught_up(site)
     recorded = {r["request_id"] for r in ledger(site, started)}
     missing = [i for i in ids if i not in recorded]
     assert missing, "the full spool lost nothing: the test did not fill it"
-    # a gap is declared lost after the collector's --grace (30 s) with it caught up
+    # a gap is declared lost after the collector's --grace (30 s) with it caught up; exact
+    # for the requests recorded alone, and the knocks counted per minute may be lost too
     after = status_until(site, "the loss to be counted",
                          lambda r: r["lost"] - before["lost"] >= len(missing), 90)
-    assert after["lost"] - before["lost"] == len(missing), (after, len(missing))
+    assert len(missing) <= after["lost"] - before["lost"] <= len(missing) + aggregated, (
+        after, len(missing), aggregated)
     assert after["ok"], after
     text = checked(site.kit("status")).stdout
     assert f"  {after['lost']:,} records LOST: " in text, text

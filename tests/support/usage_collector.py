@@ -49,6 +49,13 @@ def append_spool(path: Path, lines: Sequence[dict | str | bytes]) -> None:
         os.close(fd)
 
 
+def by_door_seq(records: Sequence[dict]) -> dict[int, dict]:
+    """Each door seq → its record: an aggregate's (its `door_seqs` runs) or its own."""
+    return {seq: record for record in records
+            for first, last in record.get("door_seqs", [[record["door_seq"]] * 2])
+            for seq in range(first, last + 1)}
+
+
 class CollectorProcess:
     """One run of the collector; `start` again after `kill` or `stop` resumes on the same
     files. `wrap` puts a command in front (e.g. unshare)."""
@@ -56,14 +63,16 @@ class CollectorProcess:
     def __init__(self, spool: Path, ledger: Path, *, grace: float = 30.0,
                  retention_days: int = 400, max_bytes: int = 1 << 30,
                  state_interval: float = 0.2, extra: Sequence[str] = (),
-                 wrap: Sequence[str] = ()) -> None:
+                 wrap: Sequence[str] = (), models_file: Path | None = None) -> None:
         self.spool, self.ledger = spool, ledger
         self.port = pick_free_port()
         self.argv = [*wrap, sys.executable, str(SCRIPT), "--spool", str(spool), "--ledger",
                      str(ledger), "--retention-days", str(retention_days), "--max-bytes",
                      str(max_bytes), "--port", str(self.port), "--host", "127.0.0.1",
-                     "--models", json.dumps(MODELS), "--routes", json.dumps(ROUTES),
-                     "--grace", str(grace), "--poll-interval", "0.05", "--state-interval",
+                     *(("--models-file", str(models_file)) if models_file else
+                       ("--models", json.dumps(MODELS))), "--routes", json.dumps(ROUTES),
+                     "--grace", str(grace), "--aggregate-seconds", "1",
+                     "--poll-interval", "0.05", "--state-interval",
                      str(state_interval), "--retry-max", "0.2", *extra]
         self.process: subprocess.Popen | None = None
 

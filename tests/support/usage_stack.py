@@ -8,11 +8,16 @@ import json
 import re
 import time
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime
 
 from tests.support.live_stack import LiveSite, checked, wait_for
 
-REQUEST_ID = re.compile(r" id=([0-9a-f]{32})$", re.MULTILINE)
+# nginx's stdout access log (log_format kit): address, who, [time], "request", status, …, id
+LOG_LINE = re.compile(r'^\S+ (\S+) \[[^]]*\] ".*" (\d{3}) .* id=([0-9a-f]{32})$', re.MULTILINE)
+# The door's refusals (docs/usage.md): recorded per address and minute with those nobody
+# authenticated, not alone. (A service's own 4xx is recorded alone; these tests make none.)
+REFUSALS = {"000", "400", "401", "403", "404", "405", "413", "414", "429", "431"}
 LOG_FLUSHED_S = 1.5  # nginx writes its buffered access logs (flush=1s) within this
 
 
@@ -54,9 +59,31 @@ def quiet_start() -> float:
     return time.time()
 
 
-def door_ids(site: LiveSite, since: float) -> list[str]:
-    """The request ids of nginx's own access log (stdout) since then."""
-    return REQUEST_ID.findall(site.nginx_log(since))
+def door_ids(site: LiveSite, since: float, *, alone: bool = True) -> list[str]:
+    """The request ids of nginx's own access log (stdout) since then; with `alone`, those the
+    ledger records alone: a credential's requests the door did not refuse (the others are
+    counted per address and minute, docs/usage.md)."""
+    return [request_id for who, status, request_id in LOG_LINE.findall(site.nginx_log(since))
+            if not alone or (who != "-" and status not in REFUSALS)]
+
+
+def requests_of(records: list[dict], ended: str) -> int:
+    """How many requests the records hold that ended so (an aggregate holds `requests`)."""
+    return sum(r.get("requests", 1) for r in records if r["ended"] == ended)
+
+
+def ledger_until(site: LiveSite, since: float, condition: Callable[[list[dict]], bool],
+                 what: str, timeout: float = 100) -> list[dict]:
+    """The ledger once `condition` holds of it (a minute's aggregate is written once the
+    minute is over, 5 s after)."""
+    found: list[list[dict]] = []
+
+    def holds() -> bool:
+        found.append(ledger(site, since))
+        return condition(found[-1])
+
+    wait_for(what, holds, timeout)
+    return found[-1]
 
 
 def ledger_with(site: LiveSite, since: float, ids: list[str], timeout: float = 30) -> list[dict]:

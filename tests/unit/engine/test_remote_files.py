@@ -43,7 +43,7 @@ def test_site_folders_become_volumes_and_nothing_binds_the_site_folder(tmp_path:
         ("volume", "unit01_usage-spool", "/var/log/kit-usage")]
     assert {v.name for v in site_volumes(site.desired)} == {
         "unit01_kit-files-nginx", "unit01_kit-files-nginx-verifier", "unit01_kit-files-nginx-auth",
-        "unit01_kit-files-compose-usage"}
+        "unit01_kit-files-compose-usage", "unit01_kit-files-compose-usage-models"}
     assert files_below(volume_of(engine, site, "nginx")) == files_below(site.layout.nginx_dir)
     assert files_below(volume_of(engine, site, "compose/usage")) == files_below(
         site.layout.usage_dir)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from kit.cli import main
+from kit.credentials.material import auth_state, gate_mark
 from kit.credentials.tls import new_ca, new_server_cert
 from kit.errors import BadInput, ExitCode
 from kit.front_door.gate import (
@@ -57,6 +58,7 @@ class FrontDoor:
     cert: bytes
     key: bytes
     faults: Faults = field(default_factory=Faults)
+    asked: list[tuple[str, str, str | None, str | None]] = field(default_factory=list)
 
 
 def _chunk(delta: dict, finish: str | None = None) -> bytes:
@@ -105,6 +107,8 @@ def _handler(door: FrontDoor) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
         def _allowed(self) -> bool:
+            door.asked.append((self.command, self.path, self.headers.get("Authorization"),
+                               self.headers.get("X-Kit-Gate")))
             if door.faults.no_auth or self.headers.get("Authorization") == expected:
                 return True
             self._json(401, {"error": {"message": "Unauthorized", "code": 401}})
@@ -270,6 +274,23 @@ def test_a_correct_front_door_passes(site: ProbeSite, serve) -> None:
     assert recorded == json.loads(json.dumps(result.to_json()))
     assert set(recorded) == {"ok", "target", "checked_at", "checks"}
     assert set(recorded["checks"][0]) == {"name", "ok", "detail", "latency_ms", "skipped"}
+
+
+def test_the_gates_refusals_on_purpose_carry_its_mark(site: ProbeSite, serve) -> None:
+    """The requests the gate makes to be refused (no or a wrong credential) carry its mark, so
+    the usage ledger records them as kit's (docs/usage.md); its authenticated ones do not."""
+    site.layout.auth_dir.mkdir(parents=True, exist_ok=True)
+    site.layout.auth_state.write_text(auth_state())
+    mark = gate_mark(site.layout)
+    door = site.door()
+    assert mark is not None and run_probe(site.spec(*serve(door)), site.layout, timeout=5).ok
+    expected = "Basic " + base64.b64encode(f"{PROBE_USER}:{PASSWORD}".encode()).decode()
+    refused = [(method, path, gate) for method, path, credential, gate in door.asked
+               if credential != expected]
+    assert {(method, path) for method, path, _ in refused} == {
+        ("GET", "/v1/models"), ("GET", "/metrics/llama8b"), ("GET", "/metrics/qwen")}
+    assert all(gate == mark for _, _, gate in refused), refused
+    assert all(gate is None for _, _, credential, gate in door.asked if credential == expected)
 
 
 def test_an_embedding_model_is_proven_by_an_embedding_and_not_streamed(

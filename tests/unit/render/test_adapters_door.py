@@ -17,7 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
+from kit.layout import USAGE_MODELS_MOUNT
+from kit.plan.usage import USAGE_SERVICE
+from kit.templates import usage_ledger
 from tests.support import nginx_ns
 from tests.support.adapters import adapters_yaml, write_adapter
 from tests.support.cli import run_kit
@@ -115,3 +119,26 @@ def test_runtime_adapter_routes_are_refused_for_every_credential(door, tmp_path:
     reply = send(running, "GET", "/v1/models", "", direct=True)
     assert {card["id"] for card in json.loads(reply.body)["data"]} == {
         SERVED, "support-v3", "legal", "stray"}
+
+
+def test_a_request_for_an_adapter_is_recorded_with_its_name(door) -> None:
+    """Issue 43 item 3: the collector was given the served names only, so a request for an
+    adapter was recorded with `model: null`. Every name the door routes is a model the ledger
+    records: the door's spool line, read by the collector with its rendered --models."""
+    running, credentials = door
+    headers = [("Content-Type", "application/json"), ("Authorization", credentials["Bearer"]),
+               ("User-Agent", "adapter-recorded")]
+    body = {"model": "legal", "prompt": "Hello", "max_tokens": 3}
+    reply = running.exchange(raw_request("POST", "/v1/completions", HOST, headers,
+                                         json.dumps(body).encode()))
+    assert reply.status == 200, reply.body
+    compose = running.work.parent / "site" / "compose"
+    command = yaml.safe_load((compose / "docker-compose.yml").read_text())["services"][
+        USAGE_SERVICE]["command"]
+    arguments = dict(zip(command[1::2], command[2::2], strict=False))
+    models = compose / "usage-models" / Path(arguments["--models-file"]).relative_to(
+        USAGE_MODELS_MOUNT)
+    checker = usage_ledger.Checker(json.loads(models.read_text()),
+                                   json.loads(arguments["--routes"]))
+    record, replaced = checker.record(running.record_of("adapter-recorded"))
+    assert (record["model"], record["who"], replaced) == ("legal", "key:client", [])

@@ -563,13 +563,16 @@ def test_the_usage_ledger_rides_in_the_door_pod() -> None:
     facts = usage_facts(CASES["example"]())
     assert facts is not None
     assert collector["image"] == facts["image"] == "vllm/vllm-openai:v0.33.0"
-    assert collector["command"] == ["python3", *facts["command"], "--host", "127.0.0.1"]
+    assert collector["command"] == ["python3", *facts["pod_command"]]
+    assert facts["pod_command"][-2:] == ["--host", "127.0.0.1"] and "--door" not in collector[
+        "command"]
     nginx = pod["containers"][0]
     mounts = {m["name"]: m["mountPath"] for m in nginx["volumeMounts"]}
     theirs = {m["name"]: m["mountPath"] for m in collector["volumeMounts"]}
     assert mounts["usage-spool"] == "/var/log/kit-usage"
     assert theirs == {"usage-script": "/opt/kit-usage", "usage-spool": "/var/lib/kit-usage/spool",
-                      "usage-ledger": "/var/lib/kit-usage/ledger"}
+                      "usage-ledger": "/var/lib/kit-usage/ledger",
+                      "usage-models": "/etc/kit/usage-models"}
     assert "usage-ledger" not in mounts and "usage-script" not in mounts
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["usage-spool"] == {"name": "usage-spool", "emptyDir": {}}

@@ -117,8 +117,11 @@ def test_alert_rules(observed: Path) -> None:
     rules = {rule["alert"]: rule for rule in groups["groups"][0]["rules"]}
     assert set(rules) == {"KitReplicaDown", "KitServiceDown", "KitNoServiceReady",
                           "KitKVCacheFull", "KitRequestsWaiting", "KitServerErrors",
-                          "KitTTFTAboveSLO", "KitTPOTAboveSLO"}
+                          "KitTTFTAboveSLO", "KitTPOTAboveSLO", "KitUsagePrunedForSpace"}
     assert rules["KitReplicaDown"]["expr"] == 'up{job="vllm"} == 0'
+    # issue 42 item 6: the disk bound pruning records of credentials is an alert for a day
+    assert rules["KitUsagePrunedForSpace"]["expr"] == (
+        'increase(kit_usage_credential_requests_pruned_total{job="usage"}[1d]) > 0')
     assert rules["KitReplicaDown"]["for"] == "20s"  # observability.replica_down_after
     assert rules["KitKVCacheFull"]["expr"].endswith("> 0.95") and rules["KitKVCacheFull"][
         "for"] == "300s"

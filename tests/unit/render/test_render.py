@@ -20,7 +20,7 @@ from tests.support.sites import REPO, tree
 GOLDEN = ["compose/docker-compose.yml", "compose/llama8b.env", "nginx/nginx.conf", "nginx/kit.js",
           "nginx/verifier/nginx.conf", "nginx/verifier/verifier.js",
           "nginx/verifier/unknown-user.htpasswd", "nginx/kit-routes.json",
-          "compose/usage/usage_ledger.py"]
+          "compose/usage/usage_ledger.py", "compose/usage-models/models.json"]
 
 
 def render(*args: str) -> Result:

@@ -7,20 +7,30 @@ One door (nginx and a stand-in, tests/support/door_ns.py) serves the whole modul
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import h2.config
+import h2.connection
+import h2.events
 import httpx2
 import openai
 import pytest
 
+from kit.credentials.material import gate_mark
+from kit.front_door.client import basic_header
+from kit.layout import SiteLayout
 from kit.render.site_files import render_site
+from kit.render.usage import ledger_routes
 from kit.site import Site
+from kit.templates import usage_ledger
 from tests.support import nginx_ns
 from tests.support.cli import run_kit
 from tests.support.door_ns import Door, read_events, serving_door
@@ -34,6 +44,7 @@ pytestmark = pytest.mark.skipif(nginx_ns.available() is not None,
 SERVED = "llama-3.1-8b"
 HOST = "llm.test.internal"
 KEYS = ("golden", "sdk", "counted", "refused", "limited", "aborts", "dies", "together")
+PASSWORD = "a-long-enough-password-41"  # the Basic user ann's
 BUDGETED = "charged"  # a key with a token budget (too large to be reached here)
 CHAT = {"model": SERVED, "messages": [{"role": "user", "content": "Say something long."}]}
 COMPLETION = {"model": SERVED, "prompt": "Once upon a time"}
@@ -57,22 +68,26 @@ def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Door, dict[
         added = run_kit("keys", "add", spec, name, "--offline")
         assert added.exit_code == 0, added.output
         keys[name] = added.output.split(f"key {name}: ")[1].split()[0]
+    added = run_kit("users", "add", spec, "ann", "--password-stdin", "--offline",
+                    stdin=PASSWORD + "\n")
+    assert added.exit_code == 0, added.output
     added = run_kit("keys", "add", spec, BUDGETED, "--offline", "--tokens-per-day", "10000000")
     assert added.exit_code == 0, added.output
     keys[BUDGETED] = added.output.split(f"key {BUDGETED}: ")[1].split()[0]
     (root / "work").mkdir()
     with serving_door(site / "nginx", root / "work", ["llama8b"], root / "models" / "llama-8b",
-                      SERVED, HOST, STANDIN_TOKEN_INTERVAL_MS="5",
+                      SERVED, HOST, verifier=True, STANDIN_TOKEN_INTERVAL_MS="5",
                       STANDIN_LOAD_SECONDS="0.1") as running:
         yield running, keys
 
 
-def post(path: str, body: dict | bytes, key: str | None, agent: str) -> bytes:
+def post(path: str, body: dict | bytes, key: str | None, agent: str, *,
+         authorization: str | None = None, method: str = "POST") -> bytes:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     headers = [("Content-Type", "application/json"), ("User-Agent", agent)]
-    if key:
-        headers.append(("Authorization", f"Bearer {key}"))
-    return raw_request("POST", path, HOST, headers, data)
+    if key or authorization:
+        headers.append(("Authorization", authorization or f"Bearer {key}"))
+    return raw_request(method, path, HOST, headers, data)
 
 
 def same_shape(reply: RawReply) -> bytes:
@@ -219,6 +234,106 @@ def test_refusals_are_recorded_with_how_they_ended(door: tuple[Door, dict[str, s
     assert (limited["status"], limited["end"]) == ("429", "refused_limit")
 
 
+def test_a_refused_login_names_nobody(door: tuple[Door, dict[str, str]]) -> None:
+    """Issue 42 item 7: a refused Basic login was recorded as `user:NAME` for any NAME. `who`
+    is the credential the door accepted, else `-`; what a refused request presented is
+    `claimed` (a Basic name whatever its password, a real key; an unknown key names none)."""
+    running, keys = door
+    path, body = ROUTES["chat"]
+    body = {**body, "max_tokens": 3}
+    cases = {
+        "login-wrong": (basic_header("ann", "not-her-password"), "-", "user:ann",
+                        "refused_auth"),
+        "login-stranger": (basic_header("carol", "whatever-it-is"), "-", "user:carol",
+                           "refused_auth"),
+        "login-right": (basic_header("ann", PASSWORD), "user:ann", "", "completed"),
+        "key-unknown": ("Bearer sk-not-a-key-of-this-site", "-", "", "refused_auth"),
+        "key-right": (f"Bearer {keys['refused']}", "key:refused", "", "completed"),
+    }
+    for agent, (authorization, who, claimed, end) in cases.items():
+        running.exchange(post(path, body, None, agent, authorization=authorization))
+        record = running.record_of(agent)
+        assert record["who"] == who, agent
+        assert (record.get("claimed"), record["end"]) == (claimed, end), agent
+    # the access log names nobody for a refused login either
+    log = running.access_log.read_text()
+    assert re.search(r' - \[[^]]+\] "POST /v1/chat/completions HTTP/1.1" 401 .*"login-wrong"',
+                     log)
+
+
+def test_kits_gate_refused_on_purpose_is_claimed_by_kit(
+        door: tuple[Door, dict[str, str]]) -> None:
+    """The requests kit's gate makes to be refused carry its mark (an HMAC under the site's
+    auth epoch): recorded as claimed by `kit:gate`, so `kit usage` does not show them as
+    refusals a person caused. A wrong mark claims nothing."""
+    running, _ = door
+    path, body = ROUTES["chat"]
+    mark = gate_mark(SiteLayout(running.work.parent / "site"))
+    assert mark is not None
+    for agent, value, claimed in (("gate-mark", mark, "kit:gate"),
+                                  ("gate-forged", "0" * 64, ""),
+                                  ("gate-replayed-epoch", mark[:-1] + "0", "")):
+        request = post(path, body, None, agent).replace(
+            b"\r\n\r\n", f"\r\nX-Kit-Gate: {value}\r\n\r\n".encode(), 1)
+        assert running.exchange(request).status == 401
+        record = running.record_of(agent)
+        assert (record["who"], record["claimed"]) == ("-", claimed), agent
+
+
+def test_reads_and_answers_are_recorded_as_what_they_were(
+        door: tuple[Door, dict[str, str]]) -> None:
+    """Issue 42 item 8: a `/metrics/<service>` read (kit's gate and status make them) was an
+    `upstream_error`; the service's own 4xx answer was `completed`. Now: completed, and
+    `rejected` (the service refused the request, not the door)."""
+    running, keys = door
+    running.exchange(post("/metrics/llama8b", b"", keys["golden"], "metrics-read",
+                          method="GET"))
+    read = running.record_of("metrics-read")
+    assert (read["status"], read["end"], read["route"]) == ("200", "completed",
+                                                            "/metrics/llama8b")
+    path, body = ROUTES["chat"]
+    assert running.exchange(post(path, {**body, "max_tokens": 0}, keys["golden"],
+                                 "service-400")).status == 400
+    refused = running.record_of("service-400")
+    assert (refused["status"], refused["end"], refused["model"]) == ("400", "rejected", SERVED)
+    running.exchange(post("/v1/models/" + SERVED, b"", keys["golden"], "model-read",
+                          method="GET"))
+    assert running.record_of("model-read")["end"] == "completed"
+
+
+def test_a_request_nginx_ends_without_an_answer_is_recorded(
+        door: tuple[Door, dict[str, str]]) -> None:
+    """Issue 42 item 8: an HTTP/2 request whose headers are over nginx's limit ends with
+    status 000; its spool line must be one the collector reads (a record, refused), never an
+    unreadable line that anybody could raise at will."""
+    running, _ = door
+    context = running.tls_context()
+    context.set_alpn_protocols(["h2"])
+    with running.inside():
+        raw = socket.create_connection(("127.0.0.1", 443), timeout=30)
+    with context.wrap_socket(raw, server_hostname=running.server_name) as sock:
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        conn.send_headers(1, [(":method", "GET"), (":path", "/v1/models"), (":scheme", "https"),
+                              (":authority", running.server_name),
+                              ("user-agent", "headers-over"),
+                              *((f"x-big-{i}", "b" * 4000) for i in range(40))],
+                          end_stream=True)
+        sock.sendall(conn.data_to_send())
+        with contextlib.suppress(OSError):
+            while sock.recv(65536):
+                pass
+    running.flush_logs()
+    time.sleep(1.5)
+    lines = [json.loads(line) for line in running.spool.read_text().splitlines()]
+    unanswered = [line for line in lines if line["status"] == "000"]
+    assert unanswered, "nginx logged no request with status 000"
+    checker = usage_ledger.Checker([SERVED], ledger_routes())
+    for line in unanswered:
+        record, _ = checker.record(line)
+        assert (record["status"], record["ended"], record["who"]) == (0, "refused_request", "-")
+
+
 @pytest.mark.parametrize("who", ["aborts", BUDGETED])
 def test_an_aborted_stream_is_recorded_as_far_as_it_was_generated(
         door: tuple[Door, dict[str, str]], who: str) -> None:
@@ -351,7 +466,7 @@ def test_every_logged_request_has_exactly_one_spool_line(
 
 CONTRACT_KEYS = ["v", "boot", "seq", "t", "id", "who", "addr", "model", "route", "method",
                  "status", "prompt", "completion", "ttft", "duration", "bytes_in", "bytes_out",
-                 "end"]
+                 "end", "claimed"]
 
 
 def test_the_contract_keys_are_the_documented_ones() -> None:

@@ -8,6 +8,7 @@ import json
 import os
 import random
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -15,11 +16,14 @@ from pathlib import Path
 import pytest
 
 from kit import names
+from kit.credentials import material
+from kit.stack.usage_health import LedgerHealth
 from kit.templates import usage_ledger
 from tests.support import nginx_ns
 from tests.support.usage_collector import (
     CollectorProcess,
     append_spool,
+    by_door_seq,
     chain_breaks,
     chained,
     ledger_record,
@@ -50,6 +54,7 @@ def run(tmp_path: Path):
 def test_principal_names_are_kits_user_names() -> None:
     """The collector runs alone in its container, so it carries its own copy of the pattern."""
     assert usage_ledger.PRINCIPAL_NAME == names.USER_NAME
+    assert usage_ledger.GATE_CLAIM == material.GATE_CLAIM
 
 
 def test_records_appear_in_order_with_a_valid_chain_and_are_served(run, tmp_path) -> None:
@@ -74,7 +79,7 @@ def test_records_appear_in_order_with_a_valid_chain_and_are_served(run, tmp_path
         "route": "/v1/chat/completions", "method": "POST", "status": 200, "prompt_tokens": 12,
         "completion_tokens": 30, "ttft_ms": 51, "duration_ms": 1234, "bytes_in": 321,
         "bytes_out": 4567, "ended": "completed", "door_boot": "boot-a", "door_seq": 1,
-        "hash": ""}
+        "claimed": None, "hash": ""}
     aborted = next(r for r in records if r["who"] == "user:bob")
     assert (aborted["prompt_tokens"], aborted["completion_tokens"], aborted["ttft_ms"],
             aborted["status"]) == (None, None, None, 499)
@@ -139,11 +144,13 @@ def test_hostile_field_values_are_never_written_as_is(run, tmp_path) -> None:
     ]
     append_spool(spool, [*replaced, *unreadable, spool_line(20)])
     collector = run(grace=0.3)
-    health = collector.wait_for(lambda h: h["records"] == 13, "13 records")
-    records = {r["door_seq"]: r for r in ledger_records(tmp_path / "ledger")}
+    # 1..3 and 22 name nobody once replaced: counted per address and minute (1..3 alike)
+    health = collector.wait_for(lambda h: h["records"] == 11, "11 records")
+    records = by_door_seq(ledger_records(tmp_path / "ledger"))
     assert sorted(records) == [*range(1, 11), 20, 21, 22]
-    assert (records[22]["route"], records[22]["who"]) == ("other", "-")
-    assert [records[seq]["who"] for seq in (1, 2, 3)] == ["-", "-", "-"]
+    assert (records[22]["route"], records[22]["who"], records[22]["requests"]) == (
+        "other", "-", 1)
+    assert records[1] is records[3] and (records[1]["who"], records[1]["requests"]) == ("-", 3)
     assert [records[seq]["model"] for seq in (4, 5)] == [None, None]
     assert records[6]["route"] == "other" and records[7]["method"] == "OTHER"
     assert (records[8]["prompt_tokens"], records[8]["completion_tokens"]) == (None, None)
@@ -160,7 +167,7 @@ def test_hostile_field_values_are_never_written_as_is(run, tmp_path) -> None:
     health = collector.health()
     assert health["lost"]["total"] == 0, health
     metrics = collector.get("/metrics")
-    assert "kit_usage_records_total 13\n" in metrics and "user:eve" not in metrics
+    assert "kit_usage_records_total 11\n" in metrics and "user:eve" not in metrics
 
 
 def test_label_values_are_escaped() -> None:
@@ -489,10 +496,11 @@ def test_a_real_nginx_spool_with_hostile_requests_is_read(tmp_path) -> None:
     assert b"\xff\xfe" in spool.read_bytes()  # nginx passed the bytes through
     collector = CollectorProcess(spool, tmp_path / "ledger", grace=0.2).start()
     try:
-        health = collector.wait_for(lambda h: h["records"] == 7, "7 records")
+        # 2-3 and 4-6 alike, nobody's: one record each, per address and window
+        health = collector.wait_for(lambda h: h["records"] == 4, "4 records")
     finally:
         assert collector.stop() == 0
-    records = {r["door_seq"]: r for r in ledger_records(tmp_path / "ledger")}
+    records = by_door_seq(ledger_records(tmp_path / "ledger"))
     assert {seq: (r["who"], r["model"], r["route"], r["method"], r["prompt_tokens"])
             for seq, r in records.items()} == {
         1: ("user:alice", "tiny", "/v1/chat/completions", "GET", 5),
@@ -505,7 +513,7 @@ def test_a_real_nginx_spool_with_hostile_requests_is_read(tmp_path) -> None:
     }
     assert all(r["status"] == 200 and r["client"] == "127.0.0.1"
                for r in records.values())
-    assert chain_breaks(sorted(records.values(), key=lambda r: r["seq"])) == []
+    assert chain_breaks(ledger_records(tmp_path / "ledger")) == []
     assert health["lost"]["unreadable_lines"] == 1
 
 
@@ -553,3 +561,168 @@ def test_the_budget_seed_holds_each_credentials_current_day_and_month(run, tmp_p
         assert time.monotonic() < deadline, seed.read_text() if seed.exists() else "no seed"
         time.sleep(0.05)
     assert collector.health()["budget_seed"] == {"path": str(seed), "error": None}
+
+
+def test_requests_nobody_authenticated_are_one_record_per_address_and_window(
+        run, tmp_path) -> None:
+    """Issue 42 item 6: one unauthenticated HTTP/2 connection made 7,427 records in 7.6 s. Now
+    a flood of refusals is one record per address (and who, route, status, end) and window,
+    holding how many they were and the door seqs it stands for; the requests of credentials
+    in between are recorded alone, and every request is counted once."""
+    spool = tmp_path / "door.jsonl"
+    flood = [spool_line(seq, who="-", addr="203.0.113.9", model="", prompt="", completion="",
+                        ttft="", status="401", end="refused_auth") for seq in range(1, 7001)]
+    for seq in range(100, 7001, 700):  # a credential's requests amid the flood
+        flood[seq - 1] = spool_line(seq)
+    append_spool(spool, flood)
+    collector = run()
+    health = collector.wait_for(lambda h: h["door_seq"].get("boot-a", {}).get("through") == 7000
+                                and not h["aggregating"], "the flood read")
+    records = ledger_records(tmp_path / "ledger")
+    assert len(records) == 10 + 1 and chain_breaks(records) == []
+    aggregate = records[-1]
+    assert (aggregate["who"], aggregate["client"], aggregate["status"], aggregate["ended"],
+            aggregate["requests"], aggregate["request_id"]) == (
+        "-", "203.0.113.9", 401, "refused_auth", 6990, None)
+    assert aggregate["door_seqs"][0] == [1, 99] and len(aggregate["door_seqs"]) == 11
+    assert sorted(by_door_seq(records)) == list(range(1, 7001))
+    assert ["-", "", "refused_auth", 6990, 0, 0] in health["series"]
+    assert health["lost"]["total"] == 0
+    assert 'kit_usage_requests_total{who="-",model="",ended="refused_auth"} 6990' in \
+        collector.get("/metrics")
+
+
+def test_a_flood_from_many_addresses_is_bounded_per_window(run, tmp_path) -> None:
+    """An attacker with many addresses: past MAX_AGGREGATES keys in one window, the window's
+    others share one record per who and end."""
+    spool = tmp_path / "door.jsonl"
+    count = usage_ledger.MAX_AGGREGATES + 300
+    append_spool(spool, [spool_line(seq, who="-", addr=f"2001:db8::{seq:x}", model="",
+                                    status="404", end="refused_request", prompt="",
+                                    completion="", ttft="") for seq in range(1, count + 1)])
+    collector = run()
+    collector.wait_for(lambda h: h["door_seq"].get("boot-a", {}).get("through") == count
+                       and not h["aggregating"], "the flood read")
+    records = ledger_records(tmp_path / "ledger")
+    assert len(records) == usage_ledger.MAX_AGGREGATES + 1
+    assert (records[-1]["client"], records[-1]["requests"]) == (None, 300)
+    assert sum(record["requests"] for record in records) == count
+
+
+def test_an_open_aggregate_survives_a_kill(run, tmp_path) -> None:
+    """What a window holds so far is in state.json with the checkpoint: a kill -9 loses none
+    of it and counts none twice."""
+    spool = tmp_path / "door.jsonl"
+    now = time.time()
+
+    def nobody(seq: int) -> dict:
+        return spool_line(seq, who="-", t=f"{now:.3f}", status="401", end="refused_auth",
+                          model="", prompt="", completion="", ttft="")
+
+    append_spool(spool, [nobody(seq) for seq in range(1, 41)])
+    collector = run(extra=("--aggregate-seconds", "3600"))
+    state = tmp_path / "ledger" / "state.json"
+    collector.wait_for(lambda h: state.exists() and [a["requests"] for a in json.loads(
+        state.read_text())["aggregating"]] == [40], "40 saved")
+    collector.kill()
+    append_spool(spool, [nobody(seq) for seq in range(41, 61)])
+    collector.start()
+    health = collector.wait_for(
+        lambda h: h["door_seq"].get("boot-a", {}).get("through") == 60, "60 read")
+    assert [(a["requests"], a["door_seqs"]) for a in health["aggregating"]] == [(60, [[1, 60]])]
+    assert health["records"] == 0 and health["duplicates_skipped"] == 0
+
+
+def test_a_prune_for_space_of_credentials_records_is_loud(run, tmp_path) -> None:
+    """Issue 42 item 6: the disk bound removing requests of credentials is a problem in
+    /health (not ok), a counter in /metrics, and its pruned.jsonl line says how many."""
+    ledger = tmp_path / "ledger"
+    yesterday = (datetime.datetime.now(datetime.UTC).date()
+                 - datetime.timedelta(days=1)).isoformat()
+    write_segment(ledger, yesterday, chained([ledger_record(seq, seq) for seq in range(1, 4)]))
+    append_spool(tmp_path / "door.jsonl", [spool_line(1)])
+    collector = run(max_bytes=1)
+    health = collector.wait_for(lambda h: h["disk"]["segments_pruned"] == 1, "1 pruned")
+    assert not health["ok"] and health["disk"]["credential_requests_pruned"] == 3
+    assert any(problem.startswith("3 requests of credentials were pruned to keep the ledger "
+                                  f"under --max-bytes (usage.max_disk), the last 3 with "
+                                  f"{yesterday}.jsonl (seqs 1..3)")
+               for problem in health["problems"])
+    assert "kit_usage_credential_requests_pruned_total 3\n" in collector.get("/metrics")
+    entry = json.loads((ledger / "pruned.jsonl").read_text())
+    assert (entry["reason"], entry["credential_requests"]) == ("max_bytes", 3)
+    # kit status, on this very document: PROBLEM, and the prune said
+    shown = LedgerHealth(health).lines()
+    assert shown[0].startswith("usage ledger: PROBLEM, ")
+    assert any("3 requests of credentials were pruned" in line for line in shown), shown
+
+
+def test_fields_of_the_door_are_recorded_as_what_they_are() -> None:
+    """Issue 42 items 7 and 8: a request nginx ended without an answer (status 000) is a
+    record, not an unreadable line; a service's 4xx is `rejected`; `/v1/models/{id}` and
+    `/metrics/{service}` are their routes (never the client's text); the name a request
+    nobody authenticated claimed is `claimed`, never `who`."""
+    checker = usage_ledger.Checker(["tiny"], ["/v1/chat/completions", "/v1/models/{model}",
+                                              "/metrics/{path}", "/health"])
+    unanswered, replaced = checker.record(spool_line(1, status="000", route="", method="",
+                                                     end="refused_request", who="-"))
+    assert (unanswered["status"], unanswered["route"], unanswered["method"], replaced) == (
+        0, "other", "OTHER", [])
+    assert checker.record(spool_line(2, status="400", end="rejected"))[0]["ended"] == "rejected"
+    assert checker.record(spool_line(3, route="/v1/models/tiny"))[0]["route"] == \
+        "/v1/models/{model}"
+    assert checker.record(spool_line(4, route="/metrics/llama8b"))[0]["route"] == \
+        "/metrics/{path}"
+    assert checker.record(spool_line(5, route="/v1/models/a/b"))[0]["route"] == "other"
+    claimed = checker.record(spool_line(6, who="-", claimed="user:carol"))[0]
+    assert (claimed["who"], claimed["claimed"]) == ("-", "user:carol")
+    hostile, replaced = checker.record(spool_line(7, who="-", claimed='user:"x'))
+    assert hostile["claimed"] is None and replaced == ["claimed"]
+    assert checker.record(spool_line(8))[0]["claimed"] is None  # a door without the key
+    assert checker.record(spool_line(9, who="-", claimed="kit:gate"))[0]["claimed"] == "kit:gate"
+
+
+def test_the_model_names_file_is_read_again_when_it_changes(run, tmp_path) -> None:
+    """Issue 43 item 3: an adapter's name is a model the ledger records. The names are a file
+    (an adapter added recreates no container): a request for a name added to it is recorded
+    with that name once the file says so; an unreadable file keeps the names read before."""
+    names = tmp_path / "models.json"
+    names.write_text(json.dumps(["tiny"]))
+    spool = tmp_path / "door.jsonl"
+    append_spool(spool, [spool_line(1, model="legal")])
+    collector = run(models_file=names)
+    collector.wait_for(lambda h: h["records"] == 1, "1 record")
+    names.write_text(json.dumps(["tiny", "legal"]))
+    time.sleep(0.2)
+    append_spool(spool, [spool_line(2, model="legal")])
+    collector.wait_for(lambda h: h["records"] == 2, "2 records")
+    names.write_text("not json")
+    time.sleep(0.2)
+    append_spool(spool, [spool_line(3, model="legal")])
+    health = collector.wait_for(lambda h: h["records"] == 3, "3 records")
+    assert [r["model"] for r in ledger_records(tmp_path / "ledger")] == [None, "legal", "legal"]
+    assert any("models.json are unreadable" in problem for problem in health["problems"])
+
+
+def test_only_the_door_and_loopback_are_answered(tmp_path) -> None:
+    """Issue 42 item 14: like the waker, the collector answers the front door's address and
+    its own loopback only; any other peer (a replica, on an engine without iptables) gets a
+    403 and not a byte of who used what."""
+    collector = CollectorProcess(tmp_path / "door.jsonl", tmp_path / "ledger",
+                                 extra=("--door", "127.0.0.3")).start()
+    try:
+        def ask(source: str) -> bytes:
+            with socket.create_connection(("127.0.0.1", collector.port), timeout=5,
+                                          source_address=(source, 0)) as sock:
+                sock.sendall(b"GET /health HTTP/1.0\r\n\r\n")
+                answer = b""
+                while chunk := sock.recv(65536):
+                    answer += chunk
+                return answer
+
+        assert ask("127.0.0.1").startswith(b"HTTP/1.0 200")
+        assert ask("127.0.0.3").startswith(b"HTTP/1.0 200")
+        refused = ask("127.0.0.2")
+        assert refused.startswith(b"HTTP/1.0 403") and b"series" not in refused
+    finally:
+        assert collector.stop() == 0

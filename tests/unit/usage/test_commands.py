@@ -121,6 +121,32 @@ def test_verify_passes_then_names_an_edit(site) -> None:
     assert done.exit_code == 1 and '"seq": 6' in done.output
 
 
+def test_verify_reports_every_pruned_range_and_why(tmp_path: Path, engines: dict) -> None:
+    """Issue 42 item 6: a prune by the disk bound passed `kit audit verify` unseen. The verify
+    lists every range pruned, when, why, and the requests of credentials it held."""
+    engine = FakeEngine()
+    engines[None] = engine
+    files = synthetic.ledger_files(synthetic.chained({day: [
+        synthetic.record(f"{day}T00:00:0{n}.000Z", who="key:a") for n in range(1, 4)]
+        for day in DAYS}), pruned=(DAYS[0], DAYS[1]))
+    entries = [json.loads(line) for line in files[f"{LEDGER_DIR}/pruned.jsonl"].splitlines()]
+    entries[1] |= {"reason": "max_bytes", "at": f"{DAYS[2]}T01:00:00.000Z",
+                   "credential_requests": 3}
+    files[f"{LEDGER_DIR}/pruned.jsonl"] = b"".join(
+        json.dumps(entry).encode() + b"\n" for entry in entries)
+    spec = synthetic.ledger_site(tmp_path, engine, files)
+    done = run_kit("audit", "verify", spec)
+    assert done.exit_code == 0, done.output
+    assert done.output.splitlines()[1:3] == [
+        f"  pruned: seqs 1..3 (segments/{DAYS[0]}.jsonl) pruned at {DAYS[0]}T23:59:59.000Z, "
+        "older than usage.retention_days",
+        f"  pruned: seqs 4..6 (segments/{DAYS[1]}.jsonl) pruned at {DAYS[2]}T01:00:00.000Z, "
+        "to keep the ledger under usage.max_disk, holding 3 requests of credentials"]
+    ranges = json.loads(run_kit("audit", "verify", spec, "--json").output)["pruned_ranges"]
+    assert [(r["first_seq"], r["reason"], r["credential_requests"]) for r in ranges] == [
+        (1, "retention", None), (4, "max_bytes", 3)]
+
+
 def test_export_csv_to_a_file_and_jsonl_to_stdout(site, tmp_path: Path) -> None:
     spec, files = site
     out = tmp_path / "audit.csv"

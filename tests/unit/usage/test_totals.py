@@ -151,3 +151,30 @@ def test_a_bad_by_names_the_keys(text_: str, named: str) -> None:
         parse_by(text_)
     assert named in raised.value.message and "who, model, day" in str(raised.value.fix)
     assert parse_by("day,who") == ("day", "who")
+
+
+def test_an_aggregate_counts_its_requests_and_a_services_refusal_is_refused() -> None:
+    """Issue 42 items 6 and 8: a record of requests nobody authenticated counted per address
+    and minute is as many requests as it holds; the service's own 4xx (`rejected`) is REFUSED,
+    never COMPLETED."""
+    flood = {**record("2026-11-30T10:00:00.000Z", who="-", model=None, prompt=None,
+                      completion=None, ended="refused_auth", status=401),
+             "requests": 6990, "door_seqs": [[1, 6990]]}
+    rejected = record("2026-11-30T10:01:00.000Z", who="key:b", prompt=None, completion=None,
+                      ended="rejected", status=400)
+    gate = {**record("2026-11-30T10:02:00.000Z", who="-", model=None, prompt=None,
+                     completion=None, ended="refused_auth", status=401),
+            "claimed": "kit:gate", "requests": 6, "door_seqs": [[7000, 7005]]}
+    engine = FakeEngine()
+    ledger = Ledger(engine, ledger_container(engine, "unit01", ledger_files(chained(
+        {"2026-11-30": [flood, rejected, gate]}))))
+    found = gather(ledger, period("2026-11-30", "2026-11-30", NOW, default_since=None), None,
+                   NOW)
+    assert figures(found, "who") == {("-",): (6990, 0, 0, 0, 6990, 0, 0),
+                                     ("key:b",): (1, 0, 0, 0, 1, 0, 0)}
+    # kit's gate refusing itself on purpose is not usage: said below the table, not in it
+    assert found.gate_checks == 6
+    assert text([(None, found)], ("who",)).splitlines()[-1] == (
+        "not counted above: 6 requests kit's gate made to be refused (its checks of the door "
+        "at kit up)")
+    assert json.loads(json_text([(None, found)], ("who",)))["gate_checks"] == 6
