@@ -1,8 +1,9 @@
 """The stand-in's costs calibrated on a real vLLM 0.20 on an H100 (issue 43;
 tests/standin/vllm_standin/calibration.py and engine.py): the API server's CPU per streamed chunk
 and more per chunk carrying usage, an engine step that lasts longer with every running sequence
-and every prompt token it computes, priority ordering without preemption under chunked prefill,
-and `STANDIN_CALIBRATION=h100` setting the knobs' defaults (opt-in)."""
+and every prompt token it computes, vLLM's --long-prefill-token-threshold, and
+`STANDIN_CALIBRATION=h100` setting the knobs' defaults (opt-in). Priority ordering without
+preemption, also under chunked prefill: test_priority.py."""
 
 from __future__ import annotations
 
@@ -155,37 +156,6 @@ def test_a_long_prompt_is_chunked_at_the_long_prefill_threshold() -> None:
         engine.waiting.append(Request(300, 2, lambda index, text, last: None))
         extra = [engine._budget_step(time.monotonic()) for _ in chunks]
         assert extra == pytest.approx([tokens * 0.001 for tokens in chunks])
-
-
-@pytest.mark.parametrize("budget", [None, 4096])
-def test_waiting_requests_go_by_priority_and_running_ones_keep_their_slots(
-        budget: int | None) -> None:
-    """vLLM's priority scheduler, with and without chunked prefill (the calibrated stand-in
-    runs under a token budget): 4 slots held by batch requests (priority 1) that finish;
-    interactive requests (0) sent later run before the batch requests still waiting."""
-    engine = Engine(model_name="m", interval_s=0.002, max_num_seqs=4, kv_tokens=None,
-                    block_size=16, cache_info={}, prefill_budget=budget,
-                    priority_scheduling=True)
-    order: list[str] = []
-
-    def tracked(name: str):
-        def on_token(index: int, text: str, last: bool) -> None:
-            if index == 0:
-                order.append(name)
-        return on_token
-
-    async def run() -> None:
-        for n in range(8):
-            engine.add(Request(8, 6, tracked(f"b{n}"), time.monotonic(), priority=1))
-        await asyncio.sleep(0.005)  # the first four batch requests run
-        for n in range(2):
-            engine.add(Request(8, 6, tracked(f"i{n}"), time.monotonic(), priority=0))
-        while len(order) < 10:
-            await asyncio.sleep(0.002)
-        engine.stop()
-
-    asyncio.run(run())
-    assert order == ["b0", "b1", "b2", "b3", "i0", "i1", "b4", "b5", "b6", "b7"]
 
 
 def test_the_h100_calibration_sets_the_knobs_unless_the_environment_does(
