@@ -9,7 +9,8 @@ comparison with the bars, and tears everything down. Needs a Docker engine
 (scripts/dockerd.sh start); builds the test images when needed.
 
     python3 scripts/bench_frontdoor.py [--streams 200] [--tokens 64] [--interval-ms 20]
-                                       [--rounds N] [--h2 | --ledger | --policy]
+                                       [--rounds N] [--h2 | --ledger | --policy | --mix]
+                                       [--calibrated] [--prompt-words N] [--mix-seconds S]
 
 Two load shapes, both with --streams connections opened before the clock starts:
   sustained  connection i sends its first request at i/N of one stream's duration, then two
@@ -42,6 +43,19 @@ both: budgets count its tokens) with nginx/auth/door-policy.json holding 1,000 k
 refuse) vs no policy, loaded alternately (a reload, then a warm-up run) in one run, the
 sustained shape. Bars: tokens/s on/off ≥ 0.99; TTFT p50 added ≤ 1 ms.
 
+--calibrated (with --ledger, --h2, --policy, --mix): the stand-in with the costs a real vLLM
+0.20 showed on an H100 (STANDIN_CALIBRATION=h100, tests/standin/README.md: the API server's CPU
+per streamed chunk and more per chunk carrying usage, a step that grows with what runs) and
+max(256, --streams) slots. --ledger then also runs the ledger off with the client asking usage in
+every chunk (`usage`, the H100's diagnostic: what per-chunk usage costs the engine without the
+door). --prompt-words N lengthens each prompt by N words (the H100 run's had ~109 tokens).
+
+--mix: `kit bench --mix` (kit/bench/mix.py) through the no-Docker door with a batch key: 4
+interactive streams (~490-token prompts x 32 tokens) beside a batch flood at twice the service's
+slots (~955-token prompts x 128 tokens), the H100 run's shapes; prints interactive TTFT p50/p95
+idle and beside batch, batch's share of what interactive leaves, the H100's figures, and issue
+43's goals (p95 <= x2 of idle, share >= 50 %); --mix-seconds each phase, --rounds (default 1).
+
 Rounds: 3 by default; 11 for --ledger and --policy, whose TTFT bar (+1 ms) is within one
 round's spread (a configuration's TTFT p50 varies by 1-4 ms round to round on a quiet machine):
 their verdict compares the medians of 11 rounds each (docs/benchmarks.md).
@@ -73,6 +87,10 @@ import docker
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from kit.bench.analysis import percentile  # noqa: E402
+from kit.bench.client import Endpoint  # noqa: E402
+from kit.bench.mix import BATCH_KEY_ENV, MixOptions, mix_report, run_mix  # noqa: E402
+from kit.bench.run import prompt_text  # noqa: E402
 from kit.credentials.policy import door_policy  # noqa: E402
 from kit.plan.build import VLLM_PORT, build_plan  # noqa: E402
 from kit.plan.host import load_spec  # noqa: E402
@@ -127,9 +145,13 @@ class Shape:
 
     def describe(self, args: argparse.Namespace) -> str:
         options = self.options(args)
+        pace = ("the stand-in calibrated on an H100" if getattr(args, "calibrated", False)
+                else f"stand-in at {args.interval_ms} ms/token")
+        words = getattr(args, "prompt_words", 0)  # the no-Docker door's options
+        prompt = f" (prompts +{words} words)" if words else ""
         return (f"{self.name}: {args.streams} connections x {options['requests']} streamed "
-                f"completions x {args.tokens} tokens, stand-in at {args.interval_ms} ms/token, "
-                f"starts spread over {options['ramp']} s")
+                f"completions x {args.tokens} tokens{prompt}, {pace}, starts spread over "
+                f"{options['ramp']} s")
 
 
 SUSTAINED = Shape("sustained", 1.0, 3)
@@ -300,17 +322,22 @@ class BenchDoor:
     """The no-Docker door of --ledger and --h2, its credentials and where its processes run."""
 
     door: Door
-    conf: Path
+    spec: Path  # its site.yaml
     confs: dict[str, str]  # the rendered nginx.conf with the usage ledger ("on") and without
-    keys: dict[str, str]  # Authorization values: "bearer" (a key), "basic" (user ops)
+    keys: dict[str, str]  # Authorization values: "bearer" (a key), "basic" (user ops), "batch"
     split: DoorSplit
+
+    @property
+    def conf(self) -> Path:
+        return self.spec.parent / "nginx" / "nginx.conf"
 
 
 @contextmanager
-def bench_door(args: argparse.Namespace) -> Iterator[BenchDoor]:
-    """The base test site rendered (limits out of the way, a Bearer key, the user ops) and
-    served by the real nginx + njs with its verifier and the stand-in behind it, split over the
-    CPUs (tests/support/cpus.py)."""
+def bench_door(args: argparse.Namespace, batch: bool = False) -> Iterator[BenchDoor]:
+    """The base test site rendered (limits out of the way, a Bearer key, the user ops; with
+    `batch`, a key of class batch too, "batch", and the stand-in on vLLM's priority scheduler,
+    as kit up runs it then) and served by the real nginx + njs with its verifier and the
+    stand-in behind it, split over the CPUs (tests/support/cpus.py)."""
     problem = nginx_ns.available()
     if problem:
         sys.exit(f"cannot run nginx here: {problem}")
@@ -324,19 +351,35 @@ def bench_door(args: argparse.Namespace) -> Iterator[BenchDoor]:
             "key bench: ")[1].split()[0]
         basic = base64.b64encode(f"ops:{passwords['ops']}".encode()).decode()
         keys = {"basic": f"Basic {basic}", "bearer": f"Bearer {key}"}
+        pacing = standin_pacing(args)
+        if batch:
+            keys["batch"] = "Bearer " + run_kit("keys", "add", spec, "batch", "--offline",
+                                                "--class", "batch").output.split(
+                "key batch: ")[1].split()[0]
+            render_site(Site.load(spec))  # the door's batch cap, as kit render makes it
+            on = (spec.parent / "nginx" / "nginx.conf").read_text()
+            pacing["standin_args"] = (*pacing.get("standin_args", ()),
+                                      "--scheduling-policy", "priority")
         (root / "work").mkdir()
         service, served, domain = LEDGER_SITE
         with serving_door(spec.parent / "nginx", root / "work", [service], root / "models" /
-                          "llama-8b", served, domain,
-                          STANDIN_TOKEN_INTERVAL_MS=str(args.interval_ms),
-                          STANDIN_LOAD_SECONDS="0.1", verifier=True) as door, \
+                          "llama-8b", served, domain, verifier=True,
+                          **pacing, STANDIN_LOAD_SECONDS="0.1") as door, \
                 DoorSplit(door.nginx_processes(), door.standin.pid) as split:
-            yield BenchDoor(door, spec.parent / "nginx" / "nginx.conf", {"on": on, "off": off},
-                            keys, split)
+            yield BenchDoor(door, spec, {"on": on, "off": off}, keys, split)
+
+
+def standin_pacing(args: argparse.Namespace) -> dict:
+    """serving_door's stand-in options: its token pace, or --calibrated's H100 costs
+    (tests/standin/README.md) with the site's slots, as kit renders them."""
+    if not args.calibrated:
+        return {"STANDIN_TOKEN_INTERVAL_MS": str(args.interval_ms)}
+    return {"STANDIN_CALIBRATION": "h100",
+            "standin_args": ("--max-num-seqs", str(max(256, args.streams)))}
 
 
 def door_load(door: Door, keys: list[str], args: argparse.Namespace, shape: Shape,
-              h2: bool = False) -> dict:
+              h2: bool = False, continuous_usage: bool = False) -> dict:
     """loadgen.py in the door's namespace against nginx (slot i with the (i mod n)-th of
     `keys`); its figures, its CPU time and nginx's workers'."""
     options = shape.options(args)
@@ -345,7 +388,10 @@ def door_load(door: Door, keys: list[str], args: argparse.Namespace, shape: Shap
     figures = door.load("--model", LEDGER_SITE[1], "--streams", str(args.streams), "--tokens",
                         str(args.tokens), "--ramp", str(options["ramp"]), "--requests",
                         str(options["requests"]), *(f"--auth={key}" for key in keys),
-                        *(["--h2"] if h2 else []), timeout=args.timeout)
+                        "--prompt-words", str(args.prompt_words),
+                        *(["--h2"] if h2 else []),
+                        *(["--continuous-usage"] if continuous_usage else []),
+                        timeout=args.timeout)
     figures["nginx_cpu_s"] = round(sum(process_cpu_seconds(pid) for pid in door.workers())
                                    - before, 2)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -362,24 +408,34 @@ def process_cpu_seconds(pid: int) -> float:
 def compare_ledger(args: argparse.Namespace) -> bool:
     """--ledger: rounds of the door with the usage ledger on and off, alternately; True when
     no request failed and the bars are met."""
-    results: dict[str, list[dict]] = {"off": [], "on": []}
+    # --calibrated: also the ledger off with the client asking usage in every chunk, the H100's
+    # diagnostic (what the engine's API server pays for per-chunk usage, without the door)
+    labels = ("off", "on", "usage") if args.calibrated else ("off", "on")
+    results: dict[str, list[dict]] = {label: [] for label in labels}
     with bench_door(args) as bench:
         door = bench.door
         print(f"usage ledger on vs off: {SUSTAINED.describe(args)}; TLS + Bearer key; one nginx "
               f"reloaded between the two configs (then a warm-up run); {args.rounds} rounds, "
               f"order alternating; {bench.split.describe()}; {machine()} at the start")
+        if args.calibrated:
+            print("the stand-in calibrated on vLLM 0.20 on an H100 (STANDIN_CALIBRATION=h100); "
+                  "usage = the ledger off, the client asking continuous_usage_stats")
         for number in range(args.rounds):
-            for label in (("off", "on") if number % 2 == 0 else ("on", "off")):
-                door.reload(bench.conf, bench.confs[label])
-                door_load(door, [bench.keys["bearer"]], args, SUSTAINED)  # warm-up: new workers
-                results[label].append(door_load(door, [bench.keys["bearer"]], args, SUSTAINED))
+            for label in labels if number % 2 == 0 else labels[::-1]:
+                door.reload(bench.conf, bench.confs["on" if label == "on" else "off"])
+                run = [bench.keys["bearer"]], args, SUSTAINED, False, label == "usage"
+                door_load(door, *run)  # warm-up: new workers
+                results[label].append(door_load(door, *run))
         door.flush_logs()
         time.sleep(1)
         spooled = len(door.spool.read_text().splitlines())
     bars = [Bar("on", "off", "tokens_per_s", "min_ratio", 0.99),
             Bar("on", "off", "ttft_p50_ms", "max_added", 1),
             Bar("on", "off", "worst_gap_ms", "max_added", 5)]
-    ok = report(SUSTAINED.describe(args) + ", usage ledger on vs off", results, bars)
+    if args.calibrated:  # shown beside the bars: the H100 had x0.872 here
+        bars.append(Bar("usage", "off", "tokens_per_s", "min_ratio", 0.99))
+    ok = report(SUSTAINED.describe(args) + ", usage ledger on vs off", results, bars,
+                judged=3)
     print(f"\nspool lines written: {spooled}; bars {'all met' if ok else 'NOT all met'}; "
           f"{machine()} at the end")
     return ok
@@ -456,6 +512,52 @@ def compare_protocols(args: argparse.Namespace) -> bool:
     return ok
 
 
+# Issue 43's goal for the batch class beside a flood at 2x the slots, and the H100's figures
+MIX_TTFT_GOAL = 2.0  # interactive TTFT p95 with the flood <= this x idle
+MIX_SHARE_GOAL = 0.5  # batch keeps at least this share of what interactive leaves
+H100_MIX = ("H100, vLLM 0.20 (4 interactive streams, ~490-token prompts x 32 tokens; a batch key "
+            "offering 256 streams of ~955-token prompts x 128 tokens, 128 admitted): interactive "
+            "TTFT p50/p95 62/82 ms idle, 551/811 ms beside batch (x8.9/x9.9); batch 3,420-3,490 "
+            "tokens/s")
+
+
+def compare_mix(args: argparse.Namespace) -> bool:
+    """--mix: `kit bench --mix` (kit/bench/mix.py) through the no-Docker door: 4 interactive
+    streams (~490-token prompts x 32 tokens) and a batch key at twice the service's slots
+    (~955-token prompts x 128 tokens), the shapes of the H100 run; True when no request failed
+    and issue 43's goals are met."""
+    with bench_door(args, batch=True) as bench:
+        door = bench.door
+        site = Site.load(bench.spec)
+        service, served, domain = LEDGER_SITE
+        print(f"batch flood beside interactive: {args.rounds} round(s) of 3 phases x "
+              f"{args.mix_seconds:g} s; {bench.split.describe()}; {machine()} at the start")
+        if args.calibrated:
+            print("the stand-in calibrated on vLLM 0.20 on an H100 (STANDIN_CALIBRATION=h100), "
+                  "--scheduling-policy priority")
+        interactive = Endpoint(address="127.0.0.1", port=443, host=domain, tls=True,
+                               ca_file=str(door.ca_file), authorization=bench.keys["bearer"],
+                               model=served, prompt=prompt_text(490), output_tokens=32)
+        os.environ[BATCH_KEY_ENV] = bench.keys["batch"].removeprefix("Bearer ")
+        with door.inside():
+            result = run_mix(site, service, interactive,
+                             MixOptions(args.mix_seconds, 4, args.rounds), print,
+                             {"prompt": prompt_text(955), "output_tokens": 128})
+    print("\n" + mix_report(result))
+    idle, mixed = result.idle, result.interactive_mixed
+    p50 = [percentile([o.ttft for o in part.outcomes], 50) * 1000 for part in (idle, mixed)]
+    p95 = [part.ttft_p95_ms() for part in (idle, mixed)]
+    ok = (not result.failed and result.ttft_ratio <= MIX_TTFT_GOAL
+          and result.batch_share >= MIX_SHARE_GOAL)
+    print(f"\ninteractive TTFT p50/p95: idle {p50[0]:.0f}/{p95[0]:.0f} ms, beside batch "
+          f"{p50[1]:.0f}/{p95[1]:.0f} ms: x{p50[1] / p50[0]:.1f}/x{p95[1] / p95[0]:.1f} "
+          f"(goal p95 <= x{MIX_TTFT_GOAL:g}); batch share of what interactive leaves "
+          f"{result.batch_share:.0%} (goal >= {MIX_SHARE_GOAL:.0%}); "
+          f"{'goals met' if ok else 'goals NOT met'}")
+    print(f"{H100_MIX}\n{machine()} at the end")
+    return ok
+
+
 def edit(text: str) -> tuple[str, str]:
     """--variant's OLD=>NEW."""
     old, arrow, new = text.partition("=>")
@@ -480,7 +582,20 @@ def main() -> None:
                         help="compare the usage ledger on and off instead (no Docker)")
     parser.add_argument("--policy", action="store_true",
                         help="compare 1,000 keys' budgets with no policy instead (no Docker)")
+    parser.add_argument("--prompt-words", type=int, default=0,
+                        help="--ledger, --h2, --policy: words added to each prompt (about a "
+                             "token each; the H100 run's prompts had ~109 tokens)")
+    parser.add_argument("--calibrated", action="store_true",
+                        help="--ledger, --h2, --policy, --mix: the stand-in with the H100's "
+                             "costs (STANDIN_CALIBRATION=h100) and max(256, --streams) slots")
+    parser.add_argument("--mix", action="store_true",
+                        help="interactive TTFT beside a batch flood at 2x the slots, and idle "
+                             "(kit bench --mix through the no-Docker door)")
+    parser.add_argument("--mix-seconds", type=float, default=20, help="--mix: each phase")
     args = parser.parse_args()
+    if args.mix:
+        args.rounds = args.rounds or 1
+        sys.exit(0 if compare_mix(args) else 1)
     if args.rounds is None:
         args.rounds = FINE_ROUNDS if args.ledger or args.policy else 3
     if args.policy:

@@ -471,10 +471,13 @@ class Run:
         self.context = ssl.create_default_context(cafile=args.ca) if url.scheme == "https" else None
         self.server_name = host
         addresses = [(socket.gethostbyname(name), port) for name in [url.hostname, *args.spread]]
-        body = json.dumps({
+        request = {
             "model": args.model, "stream": True, "max_tokens": args.tokens, "ignore_eos": True,
-            "messages": [{"role": "user", "content": "Count slowly."}],
-        }).encode()
+            "messages": [{"role": "user", "content": "Count slowly." + " one" * args.prompt_words}],
+        }
+        if args.continuous_usage:  # usage in every chunk, as the door's ledger asks vLLM
+            request["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        body = json.dumps(request).encode()
         self.h2: H2Connection | None = None
         if args.h2:
             self.context.set_alpn_protocols(["h2"])
@@ -762,6 +765,10 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=200,
                         help="concurrent connections (--h2: concurrent streams of one connection)")
     parser.add_argument("--tokens", type=int, default=64, help="max_tokens of each request")
+    parser.add_argument("--prompt-words", type=int, default=0,
+                        help="words added to the prompt (each about one token)")
+    parser.add_argument("--continuous-usage", action="store_true",
+                        help="ask for usage in every chunk (stream_options continuous_usage_stats)")
     parser.add_argument("--requests", type=int, default=1, help="requests per connection")
     parser.add_argument("--ramp", type=float, default=0, help="seconds over which to start them")
     parser.add_argument("--pause", type=float, default=0,

@@ -183,11 +183,13 @@ async def _phase(loads: list[tuple[Endpoint, int, ClassLoad]], seconds: float,
 
 
 def run_mix(site: Site, service_name: str, interactive: Endpoint, options: MixOptions,
-            say: Callable[[str], None]) -> MixResult:
-    """The three phases; the batch credential at twice the service's slots."""
+            say: Callable[[str], None], batch_ask: dict | None = None) -> MixResult:
+    """The three phases; the batch credential at twice the service's slots, asking what
+    interactive asks or, with `batch_ask`, its own `prompt` / `output_tokens`."""
     plan = build_plan(site.spec)
     service = next(s for s in plan.services if s.name == service_name)
-    batch = Endpoint(**{**interactive.__dict__, "authorization": batch_authorization(site)})
+    batch = Endpoint(**{**interactive.__dict__, **(batch_ask or {}),
+                        "authorization": batch_authorization(site)})
     streams = 2 * service.streams
     result = MixResult(service_name, service.streams, plan.nginx.batch_in_flight, streams,
                        options.interactive_streams, ClassLoad(), ClassLoad(), ClassLoad(),

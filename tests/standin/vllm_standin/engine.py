@@ -14,7 +14,8 @@ lasts interval + per_seq_s x running requests), so TPOT grows with load as on a 
 Two more behaviours of vLLM's V1 scheduler, opt-in for benchmarks: chunked prefill under a
 token budget (`prefill_budget`, its --max-num-batched-tokens: each step first gives every
 decoding request its token, then spends what is left of the budget on prompt tokens — the
-unfinished prompts first, then new requests while slots are free; a step lasts
+unfinished prompts first, then new requests while slots are free, each request's chunk at most
+`long_prefill_tokens` when set, vLLM's --long-prefill-token-threshold; a step lasts
 `prefill_s_per_token` longer per prompt token it computes, and a request's first token comes
 with the step after its prompt's last chunk. So requests wait while sequence slots are free, and
 a burst's prefills queue behind each other: TTFT comes from the prefill work, not from
@@ -219,6 +220,7 @@ class Engine:
         per_seq_s: float = 0.0,
         prefill_budget: int | None = None,
         prefill_s_per_token: float = 0.0,
+        long_prefill_tokens: int = 0,
         preempt: bool = False,
         priority_scheduling: bool = False,
     ):
@@ -233,6 +235,7 @@ class Engine:
         self.used_blocks = 0
         self.prefill_budget = prefill_budget
         self.prefill_s_per_token = prefill_s_per_token
+        self.long_prefill_tokens = long_prefill_tokens  # --long-prefill-token-threshold
         self.preempt = preempt
         self.preemptions = 0
         self.cache_info = cache_info
@@ -463,9 +466,11 @@ class Engine:
         return computed * self.prefill_s_per_token
 
     def _chunk(self, request: Request, budget: int, computed: int) -> tuple[int, int]:
-        """Computes as much of the request's prompt as the budget allows; with its last chunk
-        it stops prefilling, so its first token comes with the next step."""
-        chunk = min(request.to_prefill, budget)
+        """Computes as much of the request's prompt as the budget allows, and no more than
+        --long-prefill-token-threshold when set (vLLM's V1 scheduler: a request's chunk in a step
+        is capped there); with its last chunk it stops prefilling, so its first token comes with
+        the next step."""
+        chunk = min(request.to_prefill, budget, self.long_prefill_tokens or budget)
         request.to_prefill -= chunk
         if not request.to_prefill:
             request.prefilling = False

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 from . import VERSION, buckets, cli, logs, lora, model, multinode
+from .calibration import ApiServerCost, CalibrationError, profile, setting, setting_float
 from .engine import Engine
 from .server import App, Connection
 from .sleep import SleepMode
@@ -441,16 +442,18 @@ class Standin:
             keys.append(os.environ["VLLM_API_KEY"])
         self.engine = Engine(
             model_name=names[0],
-            interval_s=_env_float("STANDIN_TOKEN_INTERVAL_MS", 20) / 1000,
+            # the capacity knobs: the environment's, else STANDIN_CALIBRATION's (calibration.py)
+            interval_s=setting_float("STANDIN_TOKEN_INTERVAL_MS", 20) / 1000,
             ttft_s=_env_float("STANDIN_TTFT_MS", 0) / 1000 if "STANDIN_TTFT_MS" in os.environ
             else None,
-            per_seq_s=_env_float("STANDIN_TOKEN_INTERVAL_PER_SEQ_MS", 0) / 1000,
+            per_seq_s=setting_float("STANDIN_TOKEN_INTERVAL_PER_SEQ_MS", 0) / 1000,
             max_num_seqs=self.max_num_seqs,
             # opt-in (test infra): the prefill token budget per step, and a small KV cache
             # allocated block by block with preemption, as vLLM's V1 scheduler does
             prefill_budget=self.max_num_batched_tokens
-            if os.environ.get("STANDIN_PREFILL_BUDGET") == "1" else None,
-            prefill_s_per_token=_env_float("STANDIN_PREFILL_US_PER_TOKEN", 0) / 1e6,
+            if setting("STANDIN_PREFILL_BUDGET") == "1" else None,
+            prefill_s_per_token=setting_float("STANDIN_PREFILL_US_PER_TOKEN", 0) / 1e6,
+            long_prefill_tokens=a.long_prefill_token_threshold or 0,
             kv_tokens=int(os.environ["STANDIN_KV_TOKENS"]) if "STANDIN_KV_TOKENS" in os.environ
             else kv.tokens if kv else None,
             preempt="STANDIN_KV_TOKENS" in os.environ,
@@ -492,6 +495,7 @@ class Standin:
             hidden_size=int(source.config.get("hidden_size") or 4096),
             adapters=adapters,
             sleep=self._sleep_mode(names[0], kv),
+            api_server=ApiServerCost.from_environment(),
         )
         host = a.host or "0.0.0.0"
         logs.line(logs.API, "INFO", "api_server.py:598", f"Supported tasks: {list(tasks)}")
@@ -682,6 +686,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.subparser != "serve":
         print("vllm stand-in: only `vllm serve` is imitated", file=sys.stderr)
+        return 2
+    try:
+        profile()  # the stand-in's own knob, checked before anything starts
+    except CalibrationError as e:
+        print(f"vllm stand-in: {e}", file=sys.stderr)
         return 2
     if args.model_tag is not None:
         args.model = args.model_tag

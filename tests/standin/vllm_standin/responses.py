@@ -120,7 +120,7 @@ class ResponsesStreamSink:
                            output_index=0),
                 self.event("response.completed", response=shape.response(whole, index + 1)),
             ]
-        self.conn.write_events(*events, end=last)
+        self.conn.write_events(*events, end=last, usage_chunks=int(last))  # response.completed
 
 
 class ResponsesCollectSink:

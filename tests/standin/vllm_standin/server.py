@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 
 from . import VERSION, logs, lora
+from .calibration import ApiServerCost
 from .engine import Engine, Request
 from .responses import (
     ResponsesCollectSink,
@@ -38,6 +39,7 @@ GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")
 SITE_PACKAGES = "/usr/local/lib/python3.12/dist-packages"
 MAX_HEADER_BYTES = 65536
 WORD = re.compile(r"\s*\w+|\s*[^\w\s]")
+DONE = b"data: [DONE]\n\n"  # a stream's last message
 
 
 def dumps(obj: object) -> bytes:
@@ -267,9 +269,14 @@ class Connection(asyncio.Protocol):
         self.transport.write(self._head(200, head))
         self.app.access(self, request, 200)
 
-    def write_events(self, *payloads: bytes, end: bool = False) -> None:
+    def write_events(self, *payloads: bytes, end: bool = False, usage_chunks: int = 0) -> None:
         """The SSE messages of one engine step in one write (one send), `end` closing the body:
-        at hundreds of streams a step's sends are the stand-in's hot path."""
+        at hundreds of streams a step's sends are the stand-in's hot path. The API server's CPU
+        is charged first: one chunk per message but `data: [DONE]`, `usage_chunks` of them
+        carrying usage (calibration.py)."""
+        cost = self.app.api_server
+        if cost.active:
+            cost.charge(sum(p != DONE for p in payloads), usage_chunks)
         if not self.transport.is_closing():
             if self.chunked:
                 data = b"".join([b"%x\r\n%b\r\n" % (len(p), p) for p in payloads])
@@ -299,8 +306,10 @@ class App:
         hidden_size: int = 4096,
         adapters: lora.Adapters | None = None,
         sleep: SleepMode | None = None,
+        api_server: ApiServerCost | None = None,
     ):
         self.engine = engine
+        self.api_server = api_server or ApiServerCost()  # its CPU per streamed chunk
         self.adapters = adapters
         self.sleep = sleep  # dev mode (VLLM_SERVER_DEV_MODE=1): tests/standin/vllm_standin/sleep.py
         self.hidden_size = hidden_size
@@ -484,6 +493,8 @@ class App:
             text += self.engine.metrics()
             if self.sleep is not None:
                 text += self.sleep.metrics()
+            if self.api_server.active:
+                text += self.api_server.metrics()
         conn.send(request, 200, text.encode(), "text/plain; version=1.0.0; charset=utf-8")
 
     # --- tokenization ----------------------------------------------------------------------
@@ -903,8 +914,9 @@ class StreamSink:
                     f'{self.tail}{{"prompt_tokens":{self.prompt_tokens},"total_tokens":'
                     f'{self.prompt_tokens + done},"completion_tokens":{done}}}}}\n\n'.encode()
                 )
-            events.append(b"data: [DONE]\n\n")
-        self.conn.write_events(*events, end=last)
+            events.append(DONE)
+        usage = len(events) - last if self.continuous else int(last and self.tail is not None)
+        self.conn.write_events(*events, end=last, usage_chunks=usage)
 
 
 class CollectSink:

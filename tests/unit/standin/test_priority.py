@@ -24,11 +24,13 @@ sys.path.insert(0, str(STANDIN))
 from vllm_standin.engine import Engine, Request  # noqa: E402
 
 
-def small_engine(priority_scheduling: bool, kv_tokens: int | None = None) -> Engine:
-    """4 slots, a 2 ms step; with `kv_tokens`, a KV cache that small, which preempts."""
+def small_engine(priority_scheduling: bool, kv_tokens: int | None = None,
+                 prefill_budget: int | None = None) -> Engine:
+    """4 slots, a 2 ms step; with `kv_tokens`, a KV cache that small, which preempts; with
+    `prefill_budget`, chunked prefill (the calibrated stand-in's mode)."""
     return Engine(model_name="m", interval_s=0.002, max_num_seqs=4, kv_tokens=kv_tokens,
                   block_size=16, cache_info={}, preempt=kv_tokens is not None,
-                  priority_scheduling=priority_scheduling)
+                  priority_scheduling=priority_scheduling, prefill_budget=prefill_budget)
 
 
 def tracker(events: list[str], *, first: bool, last: bool):
@@ -43,10 +45,11 @@ def tracker(events: list[str], *, first: bool, last: bool):
     return tracked
 
 
-def first_tokens(priority_scheduling: bool, kv_tokens: int | None = None) -> list[str]:
+def first_tokens(priority_scheduling: bool, kv_tokens: int | None = None,
+                 prefill_budget: int | None = None) -> list[str]:
     """The order in which the 16 requests got their first token (b0…b11 at priority 10, sent
-    first, then i0…i3 at priority 0)."""
-    engine = small_engine(priority_scheduling, kv_tokens)
+    first, then i0…i3 at priority 0); with `prefill_budget`, under chunked prefill."""
+    engine = small_engine(priority_scheduling, kv_tokens, prefill_budget)
     order: list[str] = []
     tracked = tracker(order, first=True, last=False)
 
@@ -64,10 +67,12 @@ def first_tokens(priority_scheduling: bool, kv_tokens: int | None = None) -> lis
     return order
 
 
-def test_interactive_requests_overtake_every_waiting_batch_request() -> None:
+@pytest.mark.parametrize("prefill_budget", [None, 4096])
+def test_interactive_requests_overtake_every_waiting_batch_request(
+        prefill_budget: int | None) -> None:
     """The four running batch requests finish (no preemption); then the four priority-0
     requests run before the eight batch requests still waiting, which keep their order."""
-    order = first_tokens(priority_scheduling=True)
+    order = first_tokens(priority_scheduling=True, prefill_budget=prefill_budget)
     assert order == ([f"b{n}" for n in range(4)] + [f"i{n}" for n in range(4)]
                      + [f"b{n}" for n in range(4, 12)])
 
