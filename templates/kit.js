@@ -247,7 +247,8 @@ function worstCase(r, request, service) {
     if (r.variables.uri === '/v1/embeddings') {
         return Math.min(prompt, prompts * length);
     }
-    var n = body.n === undefined || body.n === null ? 1 : wholeNumber(body.n);
+    var n = GENERATIONS.indexOf(r.variables.uri) === -1 || body.n === undefined
+        || body.n === null ? 1 : wholeNumber(body.n);  // (/v1/responses has no n)
     if (isNaN(n)) {
         return null;
     }

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,6 +47,7 @@ MONTHLY = 40  # tokens a month of the key "monthly"
 RESTARTED = 60  # tokens a day of the key "steady", spent across a restart of nginx
 SEQUENTIAL = 150  # tokens a day of the key "sequential", raised by as much each round
 BURST = 1000  # tokens a day of the key "burst", spent by 64 concurrent streams
+MAX_MODEL_LEN = 8192  # the base site's service's: the most a request without max_tokens costs
 # tokens a day of each "ends_…" key: its requests reserve ~155 tokens each and spend at most
 # 51; three leaked reservations (with what the three spent) would leave too little for one more
 ENDING_BUDGET = 400
@@ -90,6 +93,7 @@ def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PolicyDoor]:
             "minute": add_key(spec, "minute", "--requests-per-minute", "3"),
             "sequential": add_key(spec, "sequential", "--tokens-per-day", str(SEQUENTIAL)),
             "burst": add_key(spec, "burst", "--tokens-per-day", str(BURST)),
+            "whole": add_key(spec, "whole", "--tokens-per-day", str(MAX_MODEL_LEN)),
             **{f"ends_{ending}": add_key(spec, f"ends_{ending}", "--tokens-per-day",
                                          str(ENDING_BUDGET)) for ending in ENDINGS}}
     added = run_kit("users", "add", spec, "ann", "--password-stdin", "--offline",
@@ -319,6 +323,37 @@ def test_64_concurrent_streams_pass_a_budget_by_less_than_one_requests_reservati
     print(burst.describe())
     assert not burst.others, burst.others
     assert BURST <= burst.tokens < BURST + burst.reservation, burst.describe()
+
+
+def test_a_request_without_max_tokens_reserves_max_model_len(door: PolicyDoor) -> None:
+    """A request that names no max_tokens may cost its service's max_model_len (8,192): while
+    one is in flight (its engine stopped), a key whose budget is that much refuses the next
+    request for the requests in flight (429 RateLimitError, Retry-After 1), and admits it once
+    the first ended; an `n` the door cannot read is refused for a key with a budget."""
+    whole = json.dumps({"model": SERVED, "stream": True,
+                        "messages": [{"role": "user", "content": "Hi"}]}).encode()
+    small = json.dumps({"model": SERVED, "max_tokens": 5,
+                        "messages": [{"role": "user", "content": "Hi"}]}).encode()
+    with door.door.inside():
+        sock = door.door.connect()
+    os.kill(door.door.standin.pid, signal.SIGSTOP)
+    try:
+        sock.sendall(_request(door, "whole", whole))
+        time.sleep(0.5)  # admitted, its reservation made; the engine does not answer
+        refused = send(door, "POST", "/v1/chat/completions", "whole", small)
+    finally:
+        os.kill(door.door.standin.pid, signal.SIGCONT)
+    with sock:
+        while sock.recv(65536):
+            pass
+    error = json.loads(refused.body)["error"]
+    assert (refused.status, error["type"], refused.headers["retry-after"]) == (
+        429, "RateLimitError", "1"), refused.body
+    assert "requests in flight may use what is left" in error["message"]
+    assert send(door, "POST", "/v1/chat/completions", "whole", small).status == 200
+    many = send(door, "POST", "/v1/chat/completions", "whole",
+                json.dumps(json.loads(small) | {"n": "many"}).encode())
+    assert (many.status, json.loads(many.body)["error"]["param"]) == (400, "n")
 
 
 def _completed(door: PolicyDoor, key: str, body: bytes) -> None:
