@@ -247,8 +247,8 @@ function worstCase(r, request, service) {
     if (r.variables.uri === '/v1/embeddings') {
         return Math.min(prompt, prompts * length);
     }
-    var n = GENERATIONS.indexOf(r.variables.uri) === -1 || body.n === undefined
-        || body.n === null ? 1 : wholeNumber(body.n);  // (/v1/responses has no n)
+    var n = CHOICE_ROUTES.indexOf(r.variables.uri) === -1 || body.n === undefined
+        || body.n === null ? 1 : wholeNumber(body.n);
     if (isNaN(n)) {
         return null;
     }
@@ -259,6 +259,9 @@ function worstCase(r, request, service) {
     var choices = prompts * n;
     return Math.min(prompt + choices * (most > 0 ? most : length), choices * length);
 }
+
+// The routes whose `n` asks for several choices (/v1/responses has none).
+var CHOICE_ROUTES = ['/v1/chat/completions', '/v1/completions'];
 
 // A lax whole number as pydantic reads one (5, 5.0, "5", true) ≥ 1, else NaN.
 function wholeNumber(value) {
