@@ -144,10 +144,11 @@ function secondsUntil(ends, now) {
 }
 
 // Refuses (and answers true) a request of a credential past a budget or its requests per
-// minute: 429 with Retry-After until the window resets. Admitted while what was counted is
-// below the budget, so the request that crosses it is the last one let in (docs/policy.md:
-// the overshoot is the tokens of the requests in flight then).
-function limited(r) {
+// minute: 429 with Retry-After until the window resets. Admitted while what was counted and
+// what its requests in flight reserved are below the budget, so the request that crosses it is
+// the last one let in; an admitted request reserves its worst case until it ends (`reserve`:
+// the overshoot is at most one request's reservation, docs/policy.md).
+function limited(r, request, service) {
     var policy = policyOf(r);
     if (!budgeted(policy) && policy.requests_per_minute === undefined) {
         return false;
@@ -158,26 +159,183 @@ function limited(r) {
     if (budgeted(policy) && ngx.shared.kit_usage.get('seeded') === undefined) {
         seedBudgets(r, windows);
     }
-    for (var i = 0; i < BUDGETS.length; i++) {
-        var budget = policy[BUDGETS[i][0]];
-        var window = windows[BUDGETS[i][1]];
-        if (budget !== undefined && (ngx.shared.kit_budget.get(who + window.key) || 0) >= budget) {
-            r.headersOut['Retry-After'] = secondsUntil(window.ends, now);
-            sendError(r, 429, 'insufficient_quota', 'This credential used its token budget of '
-                      + budget + ' a ' + BUDGETS[i][1] + ' (UTC); it resets at '
-                      + new Date(window.ends).toISOString() + '.');
-            return true;
-        }
+    var spent = overBudget(policy, who, windows, 0);
+    if (spent !== null) {
+        r.headersOut['Retry-After'] = secondsUntil(spent.ends, now);
+        sendError(r, 429, 'insufficient_quota', 'This credential used its token budget of '
+                  + spent.budget + ' a ' + spent.name + ' (UTC); it resets at '
+                  + new Date(spent.ends).toISOString() + '.');
+        return true;
+    }
+    if (budgeted(policy) && !reserve(r, request, service, policy, who, windows)) {
+        return true;
     }
     var rpm = policy.requests_per_minute;
     if (rpm !== undefined
         && ngx.shared.kit_rpm.incr(who + windows.minute.key, 1, 0, 2 * MINUTE_MS) > rpm) {
+        release(r);
         r.headersOut['Retry-After'] = secondsUntil(windows.minute.ends, now);
         sendError(r, 429, 'RateLimitError', 'This credential may send ' + rpm
                   + ' requests a minute; retry after the minute ends.');
         return true;
     }
     return false;
+}
+
+// The first budget whose count, with `reserved` tokens of requests in flight, is at or past it
+// ({budget, name, ends}), or null.
+function overBudget(policy, who, windows, reserved) {
+    for (var i = 0; i < BUDGETS.length; i++) {
+        var budget = policy[BUDGETS[i][0]];
+        var window = windows[BUDGETS[i][1]];
+        if (budget !== undefined
+            && (ngx.shared.kit_budget.get(who + window.key) || 0) + reserved >= budget) {
+            return {budget: budget, name: BUDGETS[i][1], ends: window.ends};
+        }
+    }
+    return null;
+}
+
+// ---- reservations: what a request may still cost, held against its budget until it ends ----
+// Kept in kit_budget per credential and UTC day of admission (`…|v|2026-12-06`, 2 days): a
+// reload keeps them (the old workers release theirs as their requests end), a restart starts
+// with none (its requests died with it), and were a worker to crash, what it held lapses with
+// its day's key. A request in flight across 00:00 UTC is in yesterday's key, so both are read.
+var RESERVED = '|v|';
+
+function reservationKeys(who, now) {
+    return [who + RESERVED + windowsAt(now).day.key.slice(3),
+            who + RESERVED + windowsAt(now - DAY_MS).day.key.slice(3)];
+}
+
+// Reserves the request's worst case (answers true), or refuses it (false) while the
+// credential's requests in flight may already spend what its budgets leave: 429 with a short
+// Retry-After, as one of them ends soon. The reservation is made first and undone when
+// refused, so two workers admitting at once each see the other's.
+function reserve(r, request, service, policy, who, windows) {
+    var cost = worstCase(r, request, service);
+    if (cost === null) {
+        sendError(r, 400, 'BadRequestError', 'n must be a whole number from 1 (a credential with '
+                  + 'a token budget: the door reserves what every choice may cost).', 'n');
+        return false;
+    }
+    var zone = ngx.shared.kit_budget;
+    var keys = reservationKeys(who, Date.now());
+    var held;
+    try {
+        held = zone.incr(keys[0], cost, 0, 2 * DAY_MS) - cost + Math.max(0, zone.get(keys[1]) || 0);
+    } catch (e) {
+        r.error('kit: budget reservation not kept: ' + e);
+        sendError(r, 503, 'ServiceUnavailableError', 'The door cannot count this credential\'s '
+                  + 'token budget now; retry shortly (nginx\'s error log names the cause).');
+        return false;
+    }
+    r.variables.kit_reserved = cost + ' ' + keys[0];
+    var full = overBudget(policy, who, windows, Math.max(0, held));
+    if (full !== null) {
+        release(r);
+        r.headersOut['Retry-After'] = RESERVED_RETRY_AFTER;
+        sendError(r, 429, 'RateLimitError', 'This credential\'s requests in flight may use what '
+                  + 'is left of its token budget of ' + full.budget + ' a ' + full.name
+                  + ' (UTC); retry when one of them has ended.');
+        return false;
+    }
+    return true;
+}
+
+var RESERVED_RETRY_AFTER = '1';
+
+// Gives back what the request reserved (once: at its usage, else when it is logged).
+function release(r) {
+    var reserved = r.variables.kit_reserved;
+    if (!reserved) {
+        return;
+    }
+    r.variables.kit_reserved = '';
+    var space = reserved.indexOf(' ');
+    try {
+        ngx.shared.kit_budget.incr(reserved.slice(space + 1), -Number(reserved.slice(0, space)));
+    } catch (e) {
+        r.error('kit: budget reservation not released: ' + e);
+    }
+}
+
+// The most tokens (prompt + completion, as vLLM's usage counts them) a request can cost; null
+// for an `n` the door cannot read. Every prompt and choice ends within max_model_len (vLLM
+// refuses a longer one); a prompt of text has fewer tokens than the body has bytes (a token is
+// at least a byte; the body's JSON around each message outweighs a chat template's tokens for
+// it). A prompt the body does not hold (an image, a stored response) counts max_model_len.
+function worstCase(r, request, service) {
+    var body = isObject(request) ? request : {};
+    var length = modelLength(r, service);
+    var prompts = promptCount(r.variables.uri, body);
+    var bytes = r.requestBuffer ? r.requestBuffer.length : 0;
+    var prompt = textOnly(body) ? bytes : Infinity;
+    if (r.variables.uri === '/v1/embeddings') {
+        return Math.min(prompt, prompts * length);
+    }
+    var n = CHOICE_ROUTES.indexOf(r.variables.uri) === -1 || body.n === undefined
+        || body.n === null ? 1 : wholeNumber(body.n);
+    if (isNaN(n)) {
+        return null;
+    }
+    var most = Math.min(length, [body.max_completion_tokens, body.max_tokens,
+                                 body.max_output_tokens].reduce(function (top, value) {
+        return value === undefined || value === null ? top : Math.max(top, wholeNumber(value));
+    }, -Infinity));
+    var choices = prompts * n;
+    return Math.min(prompt + choices * (most > 0 ? most : length), choices * length);
+}
+
+// The routes whose `n` asks for several choices (/v1/responses has none).
+var CHOICE_ROUTES = ['/v1/chat/completions', '/v1/completions'];
+
+// A lax whole number as pydantic reads one (5, 5.0, "5", true) ≥ 1, else NaN.
+function wholeNumber(value) {
+    var number = typeof value === 'string' && value.trim() === '' ? NaN : Number(value);
+    return Number.isSafeInteger(number) && number >= 1 ? number : NaN;
+}
+
+// The prompts a request asks for (a completions `prompt` or embeddings `input` list of texts or
+// of token lists: one each; of token ids: one).
+function promptCount(uri, body) {
+    var prompts = uri === '/v1/completions' ? body.prompt
+        : uri === '/v1/embeddings' ? body.input : null;
+    if (!Array.isArray(prompts) || !prompts.length || typeof prompts[0] === 'number') {
+        return 1;
+    }
+    return prompts.length;
+}
+
+var TEXT_PARTS = ['text', 'input_text', 'output_text', 'refusal'];
+
+// Whether every prompt of the request is text in its body: no image, audio or file part, no
+// stored response or item it refers to.
+function textOnly(body) {
+    if (body.previous_response_id !== undefined && body.previous_response_id !== null
+        || body.conversation !== undefined && body.conversation !== null) {
+        return false;
+    }
+    var items = [].concat(Array.isArray(body.messages) ? body.messages : [],
+                          Array.isArray(body.input) ? body.input : []);
+    return items.every(function (item) {
+        if (!isObject(item)) {
+            return true;  // a text or token list of completions and embeddings
+        }
+        if (item.type === 'item_reference') {
+            return false;
+        }
+        return !Array.isArray(item.content) || item.content.every(function (part) {
+            return isObject(part) && TEXT_PARTS.indexOf(part.type) !== -1;
+        });
+    });
+}
+
+// The service's max_model_len, as kit rendered it ($kit_model_lengths: `name=length …`).
+function modelLength(r, service) {
+    var lengths = ' ' + r.variables.kit_model_lengths;
+    var at = lengths.indexOf(' ' + service + '=');
+    return parseInt(lengths.slice(at + service.length + 2), 10);
 }
 
 // Once per start of nginx (its zones are new: njs 0.8.9 keeps no zone across a restart), on the
@@ -241,6 +399,7 @@ function spendOnce(r, state) {
     } catch (e) {
         r.error('kit: budget not counted: ' + e);
     }
+    release(r);  // after the count: the two together never drop below what it spent
 }
 
 // The log phase (the spool's access_log `if=`, always '1': every record is written): the
@@ -248,6 +407,7 @@ function spendOnce(r, state) {
 // the body filter counted them already.
 function spend(r) {
     spendOnce(r, filtering);
+    release(r);  // whatever ended it: completed, aborted, refused by the waker, a 502
     return '1';
 }
 
@@ -327,7 +487,7 @@ function route(r) {
             return allowed(r, name);
         }) : [];
         if (usable.length) {
-            if (!limited(r)) {
+            if (!limited(r, request, all[0])) {
                 forward(r, request, usable[0], all[0]);
             }
             return;
@@ -340,7 +500,7 @@ function route(r) {
         noSuchModel(r, model);
         return;
     }
-    if (!limited(r)) {
+    if (!limited(r, request, service)) {
         forward(r, request, model, service);
     }
 }

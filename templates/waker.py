@@ -38,6 +38,7 @@ IDLE_CONNECTION = 75.0  # the door's keep-alive connections are closed after thi
 # A request let through reaches vLLM a moment later: a sleep waits this long after the last one,
 # so vLLM's gauges count it before the sleep is decided.
 PASS_GRACE = 0.05
+PARTNER_POLL = 0.1  # how often a wake waiting for a partner's min_awake looks again (seconds)
 IN_FLIGHT = re.compile(r"^vllm:num_requests_(?:running|waiting)\{[^}\n]*\} ([0-9.eE+-]+)$", re.M)
 LEVEL_2_AFTER_WAKE = (("/collective_rpc", b'{"method": "reload_weights"}'),
                       ("/reset_prefix_cache", b""))
@@ -60,10 +61,12 @@ class Sleeper:
         self.group = config["group"]
         self.gpus = set(config["gpus"])
         self.share = float(config["share"])
+        self.min_awake = float(config["min_awake"])
         self.state = "unknown"  # awake | asleep | waking | sleeping | unknown
         self.since = time.time()
         self.last_use = time.monotonic()
         self.last_pass = 0.0  # monotonic: the last request let through to vLLM
+        self.awake_since = time.monotonic()  # when it last became awake: its min_awake runs
         self.held = 0
         self.wakes = self.sleeps = self.failed_wakes = 0
         self.last_wake = 0.0  # wall time the last wake completed
@@ -79,6 +82,8 @@ class Sleeper:
         if state != self.state:
             self.state = state
             self.since = time.time()
+            if state == "awake":
+                self.awake_since = time.monotonic()
 
     def to_json(self) -> dict:
         return {"service": self.name, "state": self.state, "since": round(self.since, 3),
@@ -147,6 +152,7 @@ class Waker:
         self.max_held = int(config["max_held"])
         self.retry_after = int(config["retry_after"])
         self.share_limit = float(config["share_limit"])
+        self.idle_grace = float(config["idle_grace"])
         self.sleepers = {entry["name"]: Sleeper(entry) for entry in config["services"]}
         # One transition at a time per swap group (a service alone is its own group): a wake
         # that puts another to sleep first and that other's own wake or idle sleep never cross.
@@ -193,8 +199,9 @@ class Waker:
         if verb == "wake":
             if sleeper.state == "awake":
                 return False
-            if sleeper.flight is None or sleeper.flight.done():
-                sleeper.flight = asyncio.ensure_future(self.wake(sleeper))
+            if sleeper.flight is None or sleeper.flight.done():  # the operator's word: its
+                # partners' min_awake is not waited for
+                sleeper.flight = asyncio.ensure_future(self.wake(sleeper, patient=False))
             await asyncio.shield(sleeper.flight)
             sleeper.last_use = time.monotonic()  # its idle clock starts now
             return True
@@ -211,14 +218,19 @@ class Waker:
 
     # ---- transitions -----------------------------------------------------------------------
 
-    async def wake(self, sleeper: Sleeper) -> None:
+    async def wake(self, sleeper: Sleeper, patient: bool = True) -> None:
         """The one wake in flight of a service: the others sharing its GPUs put to sleep first
-        (least recently used first) until it fits; a failure leaves it asleep and is kept, and
-        the ones put to sleep for it are woken back (they slept for nothing)."""
+        (least recently used first) until it fits — `patient`, once each has had its min_awake
+        or is idle —; a failure leaves it asleep and is kept, and the ones put to sleep for it
+        are woken back (they slept for nothing). Wakes of a group take turns in the order they
+        were asked for (the group's lock is first come, first served): a member with held
+        requests waits at most for the partners' min_awake, never for ever."""
         async with self.turn(sleeper):
             if sleeper.state == "awake":
                 return
-            started = time.monotonic()
+            if patient:
+                await self.partners_due(sleeper)
+            started = time.monotonic()  # the wake's own time: the partners' sleeps and its own
             engine = 0.0
             made_room: list = []
             try:
@@ -252,6 +264,8 @@ class Waker:
 
     def woke(self, sleeper: Sleeper, seconds: float, engine: float) -> None:
         sleeper.wakes += 1
+        # its held requests go through now: in use, not idle, for a partner waiting its turn
+        sleeper.last_pass = time.monotonic()
         sleeper.last_wake = time.time()
         sleeper.last_wake_seconds = seconds
         sleeper.last_wake_engine_seconds = engine
@@ -278,6 +292,26 @@ class Waker:
                 self.woke(other, time.monotonic() - started, engine)
                 log(f"{other.name} woken back: it slept to make room for {failed.name}, "
                     f"whose wake failed ({failure})")
+
+    async def partners_due(self, sleeper: Sleeper) -> None:
+        """Returns once every partner to be put to sleep for `sleeper` has been awake for its
+        min_awake, or is idle: a member woken keeps its GPUs that long while in use, so two
+        members asked for in turn swap at most twice a min_awake, not at every request."""
+        while True:
+            kept = [await self.kept_for(other) for other in self.to_make_room(sleeper)]
+            if max(kept, default=0.0) <= 0:
+                return
+            await asyncio.sleep(min(max(kept), PARTNER_POLL))
+
+    async def kept_for(self, other: Sleeper) -> float:
+        """Seconds `other` still keeps its GPUs against a partner: what is left of its
+        min_awake, 0 once it is idle (nothing let through for idle_grace, none in flight)."""
+        left = other.awake_since + other.min_awake - time.monotonic()
+        if left <= 0 or other.state != "awake":
+            return 0.0
+        if time.monotonic() - other.last_pass >= self.idle_grace and not await self.busy(other):
+            return 0.0
+        return left
 
     def to_make_room(self, sleeper: Sleeper) -> list:
         """The awake services of its swap group to put to sleep so that it fits on each of its

@@ -95,6 +95,9 @@ class ServicePlan:
     start_period: int  # seconds the healthcheck tolerates failures: the model loads meanwhile
     max_num_seqs: int | None
     max_num_seqs_reason: str
+    # vLLM's --max-model-len: no request's prompt + completion passes it (the door's budget
+    # reservation of a request that names no max_tokens, docs/policy.md)
+    max_model_len: int
     capacity: dict | None = None  # CapacityReport.to_json() when the model could be inspected
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
@@ -481,6 +484,7 @@ def _service_plan(spec: Spec, service) -> ServicePlan:
         start_period=service.startup_timeout or engine_timeout + WEIGHT_LOAD_ALLOWANCE,
         max_num_seqs=max_num_seqs,
         max_num_seqs_reason=reason,
+        max_model_len=service.max_model_len,
         capacity=capacity,
         tensor_parallel=service.tp,
         pipeline_parallel=service.pipeline_parallel,

@@ -34,6 +34,10 @@ MAX_HELD = 1024
 # them; the gate reads them): the model fell asleep after the gate asked /is_sleeping.
 PROBE_ASLEEP = "the probe does not wake it"
 RETRY_AFTER_S = 10  # what a 503 of the waker tells the client; a failed wake is not retried sooner
+# A swap group's member within its min_awake gives way to a partner's held requests once idle
+# this long (nothing let through, none in flight in vLLM): keeping it awake serves nobody, and a
+# client's next request a moment after the last one ended does not count as idle.
+SWAP_IDLE_GRACE_S = 1.0
 # One request to the waker on its loopback, inside its container (the healthcheck, kit status,
 # kit sleep / kit wake): prints the status line's code, a line break, then the body; exits 1
 # when nothing answers.
@@ -75,11 +79,12 @@ class SleeperPlan:
     swap_group: str | None
     gpus: tuple[int, ...]
     share: float  # gpu_memory_utilization: what it takes of each of its GPUs awake
+    min_awake_s: int  # once woken, kept awake against a partner this long while in use
 
     def to_json(self) -> dict:
         return {"name": self.name, "replicas": list(self.replicas), "level": self.level,
                 "after": self.after_s, "group": self.swap_group, "gpus": list(self.gpus),
-                "share": self.share}
+                "share": self.share, "min_awake": self.min_awake_s}
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,7 @@ class WakerPlan:
             "listen": self.address, "port": WAKER_PORT, "door": self.door,
             "vllm_port": vllm_port, "wake_timeout": WAKE_TIMEOUT_S, "max_held": MAX_HELD,
             "retry_after": RETRY_AFTER_S, "share_limit": GPU_SHARE_LIMIT,
+            "idle_grace": SWAP_IDLE_GRACE_S,
             "services": [sleeper.to_json() for sleeper in self.sleepers],
         }, sort_keys=True)
 
@@ -113,6 +119,7 @@ def waker_plan(spec: Spec, metrics: MetricsNetwork) -> WakerPlan | None:
             swap_group=service.idle_sleep.swap_group,
             gpus=tuple(service.gpus),
             share=service.gpu_memory_utilization,
+            min_awake_s=service.idle_sleep.min_awake_seconds,
         )
         for service in spec.services if service.idle_sleep is not None
     )

@@ -307,6 +307,12 @@ class Adapter(StrictModel):
 
 IDLE_SLEEP_UNITS = {"s": 1, "m": 60, "h": 3600}
 IDLE_SLEEP_BOUNDS = (10, 7 * 86400)  # seconds: at least a few requests' gap, at most a week
+# idle_sleep.min_awake: how long a swap group's member woken keeps its GPUs against a partner
+# while in use (docs/sleep.md). At most 60 s: a partner's request held meanwhile must still be
+# answered within the waker's 120 s (kit/plan/waker.py WAKE_TIMEOUT_S), its sleep and wake
+# included; 0s swaps at once (each request for the other model a switch).
+MIN_AWAKE_BOUNDS = (0, 60)
+MIN_AWAKE_DEFAULT_S = 30
 
 
 def _with_unit(value: Any) -> Any:
@@ -316,17 +322,29 @@ def _with_unit(value: Any) -> Any:
     return value
 
 
-def _idle_duration(value: str) -> str:
-    """`90s`, `15m`, `2h`: a whole number and one unit, within IDLE_SLEEP_BOUNDS."""
-    match = re.fullmatch(r"([1-9][0-9]{0,5})([smh])", value)
+def _duration_seconds(value: str, bounds: tuple[int, int], upper: str, examples: str,
+                      in_range: str) -> int:
+    """`90s`, `15m`, `2h`: a whole number and one unit, within `bounds` (seconds; `upper` is
+    the upper one as the message writes it)."""
+    match = re.fullmatch(r"(0|[1-9][0-9]{0,5})([smh])", value)
     if match is None:
         raise ValueError(f"{value!r} is not a duration: write a whole number and s, m or h "
-                         "(e.g. 90s, 15m, 2h)")
+                         f"(e.g. {examples})")
     seconds = int(match[1]) * IDLE_SLEEP_UNITS[match[2]]
-    low, high = IDLE_SLEEP_BOUNDS
-    if not low <= seconds <= high:
-        raise ValueError(f"{value!r} is outside {low}s..{high // 3600}h: write a duration in "
-                         "that range (e.g. 15m)")
+    if not bounds[0] <= seconds <= bounds[1]:
+        raise ValueError(f"{value!r} is outside {bounds[0]}s..{upper}: write a duration in "
+                         f"that range (e.g. {in_range})")
+    return seconds
+
+
+def _idle_duration(value: str) -> str:
+    _duration_seconds(value, IDLE_SLEEP_BOUNDS, f"{IDLE_SLEEP_BOUNDS[1] // 3600}h",
+                      "90s, 15m, 2h", "15m")
+    return value
+
+
+def _min_awake_duration(value: str) -> str:
+    _duration_seconds(value, MIN_AWAKE_BOUNDS, f"{MIN_AWAKE_BOUNDS[1]}s", "0s, 30s, 1m", "30s")
     return value
 
 
@@ -339,10 +357,27 @@ class IdleSleep(StrictModel):
     # Services of one swap group may share GPUs beyond what fits awake at once: waking one puts
     # the least recently used ones sharing its GPUs to sleep first (docs/sleep.md).
     swap_group: Annotated[str, Field(pattern=SERVICE_NAME)] | None = None
+    # A member woken keeps its GPUs against its partners' requests this long while it is in use
+    # (default MIN_AWAKE_DEFAULT_S): a swap group cannot thrash (docs/sleep.md).
+    min_awake: Annotated[str, BeforeValidator(_with_unit),
+                         AfterValidator(_min_awake_duration)] | None = None
 
     @property
     def after_seconds(self) -> int:
         return int(self.after[:-1]) * IDLE_SLEEP_UNITS[self.after[-1]]
+
+    @property
+    def min_awake_seconds(self) -> int:
+        if self.min_awake is None:
+            return MIN_AWAKE_DEFAULT_S
+        return int(self.min_awake[:-1]) * IDLE_SLEEP_UNITS[self.min_awake[-1]]
+
+    @model_validator(mode="after")
+    def _min_awake_in_a_swap_group(self) -> "IdleSleep":
+        if self.min_awake is not None and self.swap_group is None:
+            raise ValueError("min_awake is how long a swap group's member stays awake against "
+                             "its partners: give the service a swap_group, or remove min_awake")
+        return self
 
 
 class Service(StrictModel):

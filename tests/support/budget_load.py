@@ -1,6 +1,8 @@
 """Concurrent streams spending one credential's token budget (docs/policy.md), and what they
 show: when the count crossed the budget, which requests were admitted around it, and the
-tokens in flight then (the bound of the overshoot)."""
+tokens in flight then. A request the door refuses while the credential's requests in flight
+may spend what is left (429 `RateLimitError`, Retry-After 1: their reservations) is sent again
+a moment later; the budget spent (429 `insufficient_quota`) ends a stream."""
 
 from __future__ import annotations
 
@@ -12,6 +14,9 @@ import openai
 
 from tests.support.live_stack import SERVED_NAME, LiveSite
 
+IN_FLIGHT = "RateLimitError"  # the door's refusal while requests in flight hold the rest
+RETRY_PAUSE_S = 0.05
+
 
 @dataclass
 class Attempt:
@@ -21,6 +26,11 @@ class Attempt:
     tokens: int = 0  # prompt + completion, as the engine counted them (the stream's usage)
     error_type: str = ""
     retry_after: str = ""
+
+    @property
+    def final(self) -> bool:
+        """A refusal that ends the stream (not one sent again)."""
+        return self.status != 200 and self.error_type != IN_FLIGHT
 
 
 def spend_until_refused(site: LiveSite, key: str, streams: int,
@@ -47,8 +57,10 @@ def spend_until_refused(site: LiveSite, key: str, streams: int,
                                   retry_after=error.response.headers.get("retry-after", ""))
             with lock:
                 attempts.append(attempt)
-            if attempt.status != 200:
+            if attempt.final:
                 return
+            if attempt.status != 200:
+                time.sleep(RETRY_PAUSE_S)
 
     threads = [threading.Thread(target=stream) for _ in range(streams)]
     for thread in threads:
@@ -64,7 +76,7 @@ class Crossing:
 
     at: float  # when it ended: the door counts it as it logs it
     admitted_after: list[Attempt]  # admitted though they started after it ended
-    refused_before: list[Attempt]  # refused though they started before it ended
+    refused_before: list[Attempt]  # refused for good though they started before it ended
     in_flight_tokens: int  # the tokens of the requests running when it ended
 
 
@@ -82,6 +94,6 @@ def crossing(attempts: list[Attempt], budget: int, slack_s: float) -> Crossing:
     return Crossing(
         at,
         [a for a in admitted if a.start > at + slack_s],
-        [a for a in attempts if a.status != 200 and a.start < at - slack_s],
+        [a for a in attempts if a.final and a.start < at - slack_s],
         sum(a.tokens for a in admitted if a.start < at < a.end),
     )

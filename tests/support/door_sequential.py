@@ -41,7 +41,7 @@ def _read_until_told(sock: ssl.SSLSocket) -> RawReply:
     return parse_reply(data)
 
 
-def _tokens(reply: RawReply) -> int | None:
+def usage_tokens(reply: RawReply) -> int | None:
     """prompt + completion tokens of an answer or of a stream's usage chunk (None: none)."""
     for part in [reply.body, *reply.body.split(b"data: ")[::-1]]:
         try:
@@ -71,7 +71,7 @@ def back_to_back(door: Door, host: str, key: str, model: str,
         if reply.status != 200 or len(spent) >= limit:
             waiting.close()
             return spent, reply
-        tokens = _tokens(reply)
+        tokens = usage_tokens(reply)
         assert (tokens is None) == (kind == "stream_plain"), (kind, reply.body[-300:])
         spent.append(spent[-1] if tokens is None else tokens)  # the first is stream_usage
     raise AssertionError("cycle() never ends")

@@ -6,10 +6,12 @@ kit plans it (kit/plan/waker.py), with the times a test picks."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from kit.plan.waker import SWAP_IDLE_GRACE_S
 from tests.support.docker_engine import pick_free_port
 from tests.support.standin_calls import Answer, call
 from tests.support.standin_process import LLAMA_8B, model_dir, serving
@@ -48,22 +50,26 @@ def sleepy_replicas(tmp_path: Path, services: list[str], *,
     with ExitStack() as stack:
         for name, host in hosts.items():
             model = model_dir(tmp_path, name, LLAMA_8B)
-            stack.enter_context(serving(str(model), "--served-model-name", name,
-                                        "--max-model-len", "4096", "--enable-sleep-mode",
-                                        host=host, port=port,
-                                        **{**SLEEPY, **env, **(service_env or {}).get(name, {})}))
+            _, proc = stack.enter_context(serving(
+                str(model), "--served-model-name", name, "--max-model-len", "4096",
+                "--enable-sleep-mode", host=host, port=port,
+                **{**SLEEPY, **env, **(service_env or {}).get(name, {})}))
+            # its log read as it comes (a benchmark's minutes of requests would fill the pipe
+            # and stop the stand-in): nothing here reads it
+            threading.Thread(target=proc.stdout.read, daemon=True).start()
         yield Replicas(port, hosts)
 
 
 def waker_config(replicas: Replicas, services: list[dict], **overrides: object) -> dict:
     """The waker's config (the keys kit/plan/waker.py renders) for `services`: each a dict of
-    name, after (seconds), and optionally level, group, gpus, share."""
+    name, after (seconds), and optionally level, group, gpus, share, min_awake (seconds: 0,
+    a swap at once, unless a test says otherwise)."""
     config = {
         "listen": "127.0.0.1", "port": pick_free_port(), "door": "127.0.0.1",
         "vllm_port": replicas.port, "wake_timeout": 20, "max_held": 64, "retry_after": 10,
-        "share_limit": 0.95,
+        "share_limit": 0.95, "idle_grace": SWAP_IDLE_GRACE_S,
         "services": [{"replicas": [replicas.hosts[s["name"]]], "level": 1, "group": None,
-                      "gpus": [0], "share": 0.9, **s} for s in services],
+                      "gpus": [0], "share": 0.9, "min_awake": 0, **s} for s in services],
     }
     return {**config, **overrides}
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +27,7 @@ from kit.layout import SiteLayout
 from kit.render.site_files import render_site
 from kit.site import Site
 from tests.support import nginx_ns
+from tests.support.budget_burst import spend_in_a_burst
 from tests.support.cli import run_kit
 from tests.support.door_ns import Door, serving_door
 from tests.support.door_sequential import back_to_back
@@ -43,6 +46,11 @@ DAILY = 60  # tokens a day of the key "daily"
 MONTHLY = 40  # tokens a month of the key "monthly"
 RESTARTED = 60  # tokens a day of the key "steady", spent across a restart of nginx
 SEQUENTIAL = 150  # tokens a day of the key "sequential", raised by as much each round
+BURST = 1000  # tokens a day of the key "burst", spent by 64 concurrent streams
+MAX_MODEL_LEN = 8192  # the base site's service's: the most a request without max_tokens costs
+# tokens a day of each "ends_…" key: its requests reserve ~155 tokens each and spend at most
+# 51; three leaked reservations (with what the three spent) would leave too little for one more
+ENDING_BUDGET = 400
 ROUTES = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "Hi"}],
                                    "max_tokens": 2},
           "/v1/completions": {"prompt": "Hi", "max_tokens": 2},
@@ -83,7 +91,11 @@ def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PolicyDoor]:
             "monthly": add_key(spec, "monthly", "--tokens-per-day", str(10 * MONTHLY),
                                "--tokens-per-month", str(MONTHLY)),
             "minute": add_key(spec, "minute", "--requests-per-minute", "3"),
-            "sequential": add_key(spec, "sequential", "--tokens-per-day", str(SEQUENTIAL))}
+            "sequential": add_key(spec, "sequential", "--tokens-per-day", str(SEQUENTIAL)),
+            "burst": add_key(spec, "burst", "--tokens-per-day", str(BURST)),
+            "whole": add_key(spec, "whole", "--tokens-per-day", str(MAX_MODEL_LEN)),
+            **{f"ends_{ending}": add_key(spec, f"ends_{ending}", "--tokens-per-day",
+                                         str(ENDING_BUDGET)) for ending in ENDINGS}}
     added = run_kit("users", "add", spec, "ann", "--password-stdin", "--offline",
                     stdin=PASSWORD + "\n")
     assert added.exit_code == 0, added.output
@@ -343,6 +355,119 @@ def test_a_client_sending_request_after_request_never_passes_the_crossing_one(
         assert counted + sum(spent[:-1]) < budget <= counted + sum(spent), (round_number,
                                                                           counted, spent)
         counted += sum(spent)
+
+
+def test_64_concurrent_streams_pass_a_budget_by_less_than_one_requests_reservation(
+        door: PolicyDoor) -> None:
+    """Each admitted request reserves its worst case (its body's bytes for its prompt +
+    max_tokens) until it ends, and a request is admitted while the count and the reservations
+    in flight are below the budget: 64 streams at once spend it and pass it by less than one
+    reservation. (Before reservations: 65 admitted, 3,315 tokens for 1,000.)"""
+    burst = spend_in_a_burst(door.door, HOST, door.keys["burst"], SERVED, budget=BURST)
+    print(burst.describe())
+    assert not burst.others, burst.others
+    assert BURST <= burst.tokens < BURST + burst.reservation, burst.describe()
+
+
+def test_a_request_without_max_tokens_reserves_max_model_len(door: PolicyDoor) -> None:
+    """A request that names no max_tokens may cost its service's max_model_len (8,192): while
+    one is in flight (its engine stopped), a key whose budget is that much refuses the next
+    request for the requests in flight (429 RateLimitError, Retry-After 1), and admits it once
+    the first ended; an `n` the door cannot read is refused for a key with a budget."""
+    whole = json.dumps({"model": SERVED, "stream": True,
+                        "messages": [{"role": "user", "content": "Hi"}]}).encode()
+    small = json.dumps({"model": SERVED, "max_tokens": 5,
+                        "messages": [{"role": "user", "content": "Hi"}]}).encode()
+    with door.door.inside():
+        sock = door.door.connect()
+    os.kill(door.door.standin.pid, signal.SIGSTOP)
+    try:
+        sock.sendall(_request(door, "whole", whole))
+        time.sleep(0.5)  # admitted, its reservation made; the engine does not answer
+        refused = send(door, "POST", "/v1/chat/completions", "whole", small)
+    finally:
+        os.kill(door.door.standin.pid, signal.SIGCONT)
+    with sock:
+        while sock.recv(65536):
+            pass
+    error = json.loads(refused.body)["error"]
+    assert (refused.status, error["type"], refused.headers["retry-after"]) == (
+        429, "RateLimitError", "1"), refused.body
+    assert "requests in flight may use what is left" in error["message"]
+    assert send(door, "POST", "/v1/chat/completions", "whole", small).status == 200
+    many = send(door, "POST", "/v1/chat/completions", "whole",
+                json.dumps(json.loads(small) | {"n": "many"}).encode())
+    assert (many.status, json.loads(many.body)["error"]["param"]) == (400, "n")
+
+
+def _completed(door: PolicyDoor, key: str, body: bytes) -> None:
+    assert send(door, "POST", "/v1/chat/completions", key, body).status == 200
+
+
+def _aborted(door: PolicyDoor, key: str, body: bytes) -> None:
+    door.door.abort_after(_request(door, key, body), 3)
+
+
+def _left_before_the_answer(door: PolicyDoor, key: str, body: bytes) -> None:
+    with door.door.inside():
+        sock = door.door.connect()
+    with sock:
+        sock.sendall(_request(door, key, body))
+
+
+def _refused_by_vllm(door: PolicyDoor, key: str, body: bytes) -> None:
+    too_long = json.loads(body) | {"max_tokens": 10**6}
+    assert send(door, "POST", "/v1/chat/completions", key,
+                json.dumps(too_long).encode()).status == 400
+
+
+def _no_replica(door: PolicyDoor, key: str, body: bytes) -> None:
+    door.door.standin.kill()
+    try:
+        assert send(door, "POST", "/v1/chat/completions", key, body).status == 503
+    finally:
+        door.door.restart_standin()
+
+
+def _across_a_reload(door: PolicyDoor, key: str, body: bytes) -> None:
+    with door.door.inside():
+        sock = door.door.connect()
+    with sock:
+        sock.sendall(_request(door, key, body))  # 200 ms at 5 ms a token
+        sock.recv(65536)  # its answer began
+        conf = door.layout.nginx_dir / "nginx.conf"
+        door.door.reload(conf, conf.read_text())  # returns once the old worker ended the stream
+        while sock.recv(65536):
+            pass
+
+
+def _request(door: PolicyDoor, key: str, body: bytes) -> bytes:
+    headers = [("Authorization", f"Bearer {door.keys[key]}"),
+               ("Content-Type", "application/json")]
+    return raw_request("POST", "/v1/chat/completions", HOST, headers, body)
+
+
+ENDINGS = {"completed": _completed, "aborted": _aborted,
+           "left_before_the_answer": _left_before_the_answer,
+           "refused_by_vllm": _refused_by_vllm, "no_replica": _no_replica,
+           "across_a_reload": _across_a_reload}
+
+
+@pytest.mark.parametrize("ending", sorted(ENDINGS))
+def test_a_reservation_is_released_however_its_request_ends(door: PolicyDoor,
+                                                            ending: str) -> None:
+    """Three requests ending the same way, each reserving more than a third of what the budget
+    leaves: were any reservation kept, the next request would be refused for requests in
+    flight; it is admitted (and a request without max_tokens, which reserves max_model_len,
+    once more)."""
+    key = f"ends_{ending}"
+    body = json.dumps({"model": SERVED, "stream": True, "max_tokens": 40,
+                       "messages": [{"role": "user", "content": "Count slowly."}]}).encode()
+    for _ in range(3):
+        ENDINGS[ending](door, key, body)
+    time.sleep(0.5)  # an abort or a close is seen when nginx next writes: the stream's next token
+    check = send(door, "POST", "/v1/chat/completions", key, body)
+    assert check.status == 200, check.body
 
 
 def test_requests_per_minute_refused_until_the_minute_ends(door: PolicyDoor,

@@ -1,10 +1,13 @@
 """idle_sleep rendered (issue 26): `--enable-sleep-mode` and VLLM_SERVER_DEV_MODE=1 for a service
 that has it, and for no other; the rest of its command unchanged."""
 
+import json
 from pathlib import Path
 
 import yaml
 
+from kit.engine.desired import WAKER_SERVICE
+from kit.plan.waker import SWAP_IDLE_GRACE_S
 from kit.spec.vllm_flags import DEV_MODE_ENV, SLEEP_MODE_FLAG
 from tests.support.cli import run_kit
 from tests.support.sites import SECOND_SERVICE, enable
@@ -40,3 +43,18 @@ def test_idle_sleep_adds_the_flag_and_nothing_else(site: Path, tmp_path: Path) -
     awake = yaml.safe_load((awake_site / "site" / "compose" / "docker-compose.yml")
                            .read_text())["services"]["small"]["command"]
     assert [arg for arg in sleeping if arg != SLEEP_MODE_FLAG] == awake
+
+
+def test_a_swap_groups_min_awake_reaches_the_waker(site: Path) -> None:
+    """idle_sleep.min_awake (default 30 s) is each member's in the waker's configuration."""
+    spec = site / "site.yaml"
+    spec.write_text(spec.read_text().replace(
+        "    gpus: [0]\n", "    gpus: [0]\n    idle_sleep: {after: 15m, swap_group: g0}\n", 1))
+    partner = SECOND_SERVICE.replace("gpus: [1]", "gpus: [0]").replace(
+        "    max_num_seqs: 8\n",
+        "    max_num_seqs: 8\n    idle_sleep: {after: 15m, swap_group: g0, min_awake: 45s}\n")
+    command = _rendered(site, partner)[WAKER_SERVICE]["command"]
+    config = json.loads(command[command.index("--config") + 1])
+    assert {s["name"]: s["min_awake"] for s in config["services"]} == {"llama8b": 30,
+                                                                       "small": 45}
+    assert config["idle_grace"] == SWAP_IDLE_GRACE_S

@@ -371,6 +371,19 @@ CASES = [
     ("26-swap-group-bad-name", replace(
         "    gpus: [0]", "    gpus: [0]\n    idle_sleep: {after: 15m, swap_group: 'G 0'}"),
      ["services[0].idle_sleep.swap_group"]),
+    ("42-min-awake-no-unit", lambda t: replace(
+        "    gpus: [0]", "    gpus: [0]\n    idle_sleep: {after: 15m, swap_group: g0, "
+        "min_awake: 30}")(t) + SECOND,
+     ["services[0].idle_sleep.min_awake", "30 has no unit: write it with s, m or h"]),
+    ("42-min-awake-too-long", lambda t: replace(
+        "    gpus: [0]", "    gpus: [0]\n    idle_sleep: {after: 15m, swap_group: g0, "
+        "min_awake: 2m}")(t) + SECOND,
+     ["services[0].idle_sleep.min_awake", "'2m' is outside 0s..60s",
+      "write a duration in that range (e.g. 30s)"]),
+    ("42-min-awake-without-swap-group", replace(
+        "    gpus: [0]", "    gpus: [0]\n    idle_sleep: {after: 15m, min_awake: 10s}"),
+     ["services[0].idle_sleep", "min_awake is how long a swap group's member stays awake",
+      "give the service a swap_group, or remove min_awake"]),
     ("26-idle-sleep-unknown-key", replace(
         "    gpus: [0]", "    gpus: [0]\n    idle_sleep: {after: 15m, levle: 2}"),
      ["services[0].idle_sleep.levle", "did you mean 'level'"]),

@@ -112,6 +112,12 @@ def swap_group(data: dict, value: str) -> None:
                              "gpus": [0], "max_model_len": 4096, "idle_sleep": dict(sleep)})
 
 
+def min_awake(data: dict, value: str) -> None:
+    """A swap group's member's min_awake (refused outside a swap group whatever its value)."""
+    swap_group(data, "gpu0")
+    data["services"][0]["idle_sleep"]["min_awake"] = value
+
+
 TLS_NEEDS = {
     "acme": {"email": "ops@test.example"},
     "files": {"cert": "server.pem", "key": "server.key"},
@@ -164,6 +170,7 @@ FIELDS: dict[str, tuple[Setter, str]] = {
     "services.adapters.sha256": (adapter("sha256"), hashlib.sha256(adapter_weights()).hexdigest()),
     "services.idle_sleep.after": (at(*S, "idle_sleep", "after"), "15m"),
     "services.idle_sleep.swap_group": (swap_group, "gpu0"),
+    "services.idle_sleep.min_awake": (min_awake, "30s"),
     "observability.subnet": (at("observability", "subnet"), "10.89.7.0/28"),
     "usage.max_disk": (at("usage", "max_disk"), "2g"),
     "kubernetes.service_type": (at("kubernetes", "service_type"), "LoadBalancer"),
