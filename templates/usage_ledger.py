@@ -73,6 +73,8 @@ PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 SPOOL_ROOM = 64 << 10  # nginx writes its buffer of spool lines (buffer=64k) in one go
 SPACE_PRUNE_LOUD = 7 * 86400  # seconds /health is not ok after requests of credentials pruned
+NOBODY = "-"  # the who of a request nobody authenticated
+NOBODY_SHARE_PERCENT = 10  # of --max-bytes: all that nobody's records may take (see _append)
 
 UTC = datetime.timezone.utc  # noqa: UP017 - datetime.UTC is 3.11+; the image's python may be older
 _BOOT = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -317,9 +319,22 @@ MAX_AGGREGATES = 256  # keys of one window; past it, that window's others share 
 MAX_RUNS = 512  # door seq runs in one aggregate: more, and it is written and another begun
 
 
+def nobody_share(options: argparse.Namespace) -> tuple[int, int]:
+    """(bytes nobody's records may take in the ledger, bytes of them one day's segment may
+    hold): a day's is the share over the days retention keeps (today's included), so the kept
+    segments never hold more than the share whatever a flood sends (docs/usage.md)."""
+    share = options.max_bytes * NOBODY_SHARE_PERCENT // 100
+    return share, share // (options.retention_days + 1)
+
+
+def line_bytes(record: dict) -> int:
+    """The bytes a record takes in its segment, as the collector writes it."""
+    return len(json.dumps(record, separators=(",", ":"), ensure_ascii=True)) + 1
+
+
 def aggregated(record: dict) -> bool:
     """Whether a request is counted per address and minute rather than recorded alone."""
-    return record["who"] == "-" or record["ended"].startswith(REFUSED)
+    return record["who"] == NOBODY or record["ended"].startswith(REFUSED)
 
 
 def aggregate_key(record: dict, window: int) -> tuple:
@@ -632,7 +647,13 @@ class Collector:
         self.lost_total = 0
         self.counts = {"unreadable_lines": 0, "torn_lines": 0, "duplicates_skipped": 0,
                        "late_lines": 0, "spool_resets": 0, "segments_pruned": 0,
-                       "credential_requests_pruned": 0}
+                       "credential_requests_pruned": 0, "nobody_records_dropped": 0,
+                       "nobody_requests_dropped": 0}
+        # segment name -> bytes of nobody's records in it: they are bounded apart (_append), and
+        # never counted against the credentials' bound (_prune)
+        self.nobody_bytes: dict[str, int] = {}
+        # the last UTC day a record of nobody's was counted and not written (the day was full)
+        self.nobody_dropped_on: str | None = None
         # the last prune by --max-bytes that took requests of credentials: loud (docs/usage.md)
         self.space_prune: dict | None = None
         # (minute, *AGGREGATE_KEY) -> the requests counted so far, until its minute is over
@@ -672,7 +693,7 @@ class Collector:
                 if record is None:
                     self._problem(f"segment {name} has a line that is not a record")
                 elif record["seq"] > self.last_seq:
-                    self._take_existing(record)
+                    self._take_existing(record, name)
         if state is None:
             self._accounted_up_to_the_highest()
         elif self.last_seq < int(state.get("last_seq", 0)):
@@ -737,6 +758,12 @@ class Collector:
                             state["disk"].get("credential_requests_pruned", 0))):
             self.counts[key] = int(value)
         self.space_prune = state["disk"].get("last_space_prune")
+        nobody = state["disk"].get("nobody") or {}
+        self.nobody_bytes = {str(name): int(size)
+                             for name, size in nobody.get("bytes_by_segment", {}).items()}
+        self.nobody_dropped_on = nobody.get("last_dropped_day")
+        for key in ("nobody_records_dropped", "nobody_requests_dropped"):
+            self.counts[key] = int(nobody.get(key.removeprefix("nobody_"), 0))
         self.aggregates = {tuple(aggregate["key"]): aggregate
                            for aggregate in state.get("aggregating", [])}
         self.replaced = dict(state.get("replaced_values", {}))
@@ -746,8 +773,10 @@ class Collector:
                         for who, (day, spent_day, month, spent_month)
                         in state.get("budget_windows", {}).items()}
 
-    def _take_existing(self, record: dict) -> None:
+    def _take_existing(self, record: dict, segment: str) -> None:
         self.last_seq, self.last_hash = record["seq"], str(record.get("hash"))
+        if record.get("who") == NOBODY:
+            self.nobody_bytes[segment] = self.nobody_bytes.get(segment, 0) + line_bytes(record)
         self.last_time = record.get("time")
         boot, seq = record.get("door_boot"), record.get("door_seq")
         if isinstance(boot, str) and isinstance(seq, int):
@@ -926,29 +955,41 @@ class Collector:
         alone, changed, due = self._aggregate(batch, caught_up)
         if not batch.used and not due:
             return
-        previous, seq, lines, records = self.last_hash, self.last_seq, [], []
+        name = _today().isoformat() + ".jsonl"
+        # nobody's records (all aggregated) fill at most the day's part of their share; the
+        # rest of the day's are counted, not written, so a flood from any number of addresses
+        # never makes the disk bound prune a credential's record
+        room = max(0, nobody_share(self.options)[1] - self.nobody_bytes.get(name, 0))
+        previous, seq, lines, records, dropped = self.last_hash, self.last_seq, [], [], []
+        nobody = 0
         for written in [*alone, *(aggregate_record(changed.get(key) or self.aggregates[key])
                                   for key in due)]:
-            record = {key: written[key] for key in (*RECORD_FIELDS, *AGGREGATE_FIELDS)
-                      if key in written}
-            seq += 1
-            record = {"seq": seq, **record}
-            record["hash"] = previous = record_hash(previous, record)
+            record = {"seq": seq + 1, **{key: written[key] for key in (
+                *RECORD_FIELDS, *AGGREGATE_FIELDS) if key in written}}
+            record["hash"] = record_hash(previous, record)
+            size = line_bytes(record)
+            if record["who"] == NOBODY:
+                if nobody + size > room:
+                    dropped.append(record)
+                    continue
+                nobody += size
+            seq, previous = record["seq"], record["hash"]
             records.append(record)
             lines.append(json.dumps(record, separators=(",", ":"), ensure_ascii=True))
         new_segment = None
         if lines:
-            name = _today().isoformat() + ".jsonl"
             path = self.ledger.path(name)
             new_segment = None if os.path.exists(path) else name
             _write_all(path, ("\n".join(lines) + "\n").encode(),
                        os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        self._commit(batch, records, changed, due)
+        self._commit(batch, records, changed, due, (name, nobody, dropped))
         if new_segment:  # after the commit: the records are written, whatever this says
             _fsync_folder(self.ledger.segments)
 
     def _commit(self, batch: "Batch", records: list[dict], changed: dict[tuple, dict],
-                due: list[tuple]) -> None:
+                due: list[tuple], nobody: tuple[str, int, list[dict]]) -> None:
+        """Count what was written: (segment, bytes of nobody's records written to it, nobody's
+        records counted and not written) included."""
         now = time.monotonic()
         staged, tally = batch.staged, batch.tally
         with self.lock:
@@ -958,6 +999,14 @@ class Collector:
             self.aggregates.update(changed)
             for written in due:
                 del self.aggregates[written]
+            segment, nobody_written, dropped = nobody
+            if nobody_written:
+                self.nobody_bytes[segment] = self.nobody_bytes.get(segment, 0) + nobody_written
+            if dropped:
+                self.counts["nobody_records_dropped"] += len(dropped)
+                self.counts["nobody_requests_dropped"] += sum(
+                    record["requests"] for record in dropped)
+                self.nobody_dropped_on = segment[:10]
             for item in staged:
                 if item["position"] is not None:
                     self._door(item["position"][0]).admit(item["position"][1], now)
@@ -1047,7 +1096,9 @@ class Collector:
 
     def _prune(self) -> None:
         """Retention by the segment's day, then the disk bound, oldest first; today's segment
-        (the one being appended) is never removed."""
+        (the one being appended) is never removed. The disk bound counts the credentials' part
+        of the ledger only, against --max-bytes less nobody's share: nobody's records, bounded
+        apart (_append), never make it prune."""
         today = _today()
         names = self.ledger.segment_names()
         sizes = {name: os.path.getsize(self.ledger.path(name)) for name in names}
@@ -1055,14 +1106,14 @@ class Collector:
                                                         self.ledger.state_file)
                      if os.path.exists(path))
         current = today.isoformat() + ".jsonl"
+        bound = self.options.max_bytes - nobody_share(self.options)[0]  # the credentials' part
         for name in names:
             if name == current:
                 continue
             age = (today - datetime.date.fromisoformat(name[:10])).days
-            total = sum(sizes.values()) + others
             if age > self.options.retention_days:
                 reason = "retention"
-            elif total > self.options.max_bytes:
+            elif self._credentials_bytes(sizes, others) > bound:
                 reason = "max_bytes"
             else:
                 continue
@@ -1079,8 +1130,15 @@ class Collector:
                     self.space_prune = entry
                 self.dirty = True
         with self.lock:
+            self.nobody_bytes = {name: size for name, size in self.nobody_bytes.items()
+                                 if name in sizes}
             self.ledger_bytes = sum(sizes.values()) + others
-            self.over_max_bytes = self.ledger_bytes > self.options.max_bytes
+            self.over_max_bytes = self._credentials_bytes(sizes, others) > bound
+
+    def _credentials_bytes(self, sizes: dict[str, int], others: int) -> int:
+        """The ledger's bytes less nobody's records: what the credentials' bound counts."""
+        return sum(size - self.nobody_bytes.get(name, 0) for name, size in sizes.items()) \
+            + others
 
     def save(self) -> None:
         state = self.health()
@@ -1139,7 +1197,8 @@ class Collector:
                                 "keeps serving but cannot write its records, and each one it "
                                 "drops is counted lost once later ones arrive")
             if self.over_max_bytes:
-                problems.append("today's segment alone is over --max-bytes")
+                problems.append("today's segment alone is over the credentials' part of "
+                                f"--max-bytes (all but nobody's {NOBODY_SHARE_PERCENT} %)")
             space_prune = self.space_prune
             loud = space_prune is not None and _age_seconds(space_prune["at"]) < SPACE_PRUNE_LOUD
             if space_prune is not None:
@@ -1151,6 +1210,15 @@ class Collector:
                     f"{space_prune['at']}: raise usage.max_disk (or lower "
                     "usage.retention_days) to keep them; `kit audit verify` lists every "
                     "pruned range")
+            share, day_share = nobody_share(self.options)
+            if self.nobody_dropped_on == _today().isoformat():
+                problems.append(
+                    f"{self.counts['nobody_records_dropped']} records of requests nobody "
+                    f"authenticated ({self.counts['nobody_requests_dropped']} requests) were "
+                    f"counted and not written, the last today: a day's segment holds at most "
+                    f"{day_share} bytes of them ({NOBODY_SHARE_PERCENT} % of --max-bytes over "
+                    "the days of --retention-days), so they never push out the records of "
+                    "credentials")
             if self.puncher.error:
                 problems.append(f"the spool's disk is not given back: {self.puncher.error}")
             return {
@@ -1186,7 +1254,14 @@ class Collector:
                          "segments_pruned": self.counts["segments_pruned"],
                          "credential_requests_pruned":
                              self.counts["credential_requests_pruned"],
-                         "last_space_prune": space_prune},
+                         "last_space_prune": space_prune,
+                         "nobody": {
+                             "max_bytes": share, "day_max_bytes": day_share,
+                             "bytes": sum(self.nobody_bytes.values()),
+                             "bytes_by_segment": dict(sorted(self.nobody_bytes.items())),
+                             "records_dropped": self.counts["nobody_records_dropped"],
+                             "requests_dropped": self.counts["nobody_requests_dropped"],
+                             "last_dropped_day": self.nobody_dropped_on}},
                 "aggregating": list(self.aggregates.values()),
                 "hole_punching": {"supported": self.puncher.supported,
                                   "error": self.puncher.error},
@@ -1235,6 +1310,9 @@ class Collector:
                 ("kit_usage_credential_requests_pruned_total", "counter",
                  "Requests of credentials pruned to keep the ledger under usage.max_disk.",
                  health["disk"]["credential_requests_pruned"]),
+                ("kit_usage_nobody_requests_dropped_total", "counter",
+                 "Requests nobody authenticated counted and not written: the day's share of "
+                 "the ledger was full.", health["disk"]["nobody"]["requests_dropped"]),
                 ("kit_usage_ledger_bytes", "gauge", "Bytes of the ledger volume's files.",
                  health["disk"]["ledger_bytes"]),
                 ("kit_usage_spool_pending_bytes", "gauge", "Spool bytes not yet read.",

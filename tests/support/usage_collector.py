@@ -36,6 +36,16 @@ def spool_line(seq: int, boot: str = "boot-a", **fields: str) -> dict:
     return line
 
 
+def nobody_flood(count: int, per_window: int) -> list[dict]:
+    """`count` requests refused before any credential, each from an address of its own, the
+    door's time one second further every `per_window` (the collector's tests aggregate over one
+    second): one aggregate record each while a window has fewer than MAX_AGGREGATES keys."""
+    return [spool_line(seq, who="-", addr=f"10.{seq >> 16 & 255}.{seq >> 8 & 255}.{seq & 255}",
+                       t=f"{1764629000 + (seq - 1) // per_window}.{seq % 1000:03d}", model="",
+                       prompt="", completion="", ttft="", status="401", end="refused_auth")
+            for seq in range(1, count + 1)]
+
+
 def append_spool(path: Path, lines: Sequence[dict | str | bytes]) -> None:
     """Append as nginx does (O_APPEND, whole buffers); a str or bytes item is written as is."""
     data = b"".join(

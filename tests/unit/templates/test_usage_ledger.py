@@ -2,6 +2,7 @@
 file and a ledger folder, asked over HTTP), killed, starved of disk and fed hostile lines; and
 its parts in-process where a property is easier to state there."""
 
+import argparse
 import base64
 import datetime
 import json
@@ -28,6 +29,7 @@ from tests.support.usage_collector import (
     chained,
     ledger_record,
     ledger_records,
+    nobody_flood,
     real_nginx_spool,
     spool_line,
     write_segment,
@@ -259,7 +261,8 @@ def test_retention_and_max_bytes_remove_the_oldest_segments_logged_first(run, tm
     health = collector.wait_for(lambda h: h["disk"]["segments_pruned"] == 3, "3 pruned")
     assert health["records"] == 8 and not health["ok"]
     assert health["disk"]["over_max_bytes"]
-    assert "today's segment alone is over --max-bytes" in health["problems"]
+    assert "today's segment alone is over the credentials' part of --max-bytes (all but " \
+        "nobody's 10 %)" in health["problems"]
     assert [p.name for p in (ledger / "segments").iterdir()] == [f"{today.isoformat()}.jsonl"]
     pruned = [json.loads(line) for line in (ledger / "pruned.jsonl").read_text().splitlines()]
     assert [{key: entry[key] for key in ("segment", "first_seq", "last_seq", "last_hash",
@@ -655,6 +658,96 @@ def test_a_prune_for_space_of_credentials_records_is_loud(run, tmp_path) -> None
     shown = LedgerHealth(health).lines()
     assert shown[0].startswith("usage ledger: PROBLEM, ")
     assert any("3 requests of credentials were pruned" in line for line in shown), shown
+
+
+def test_a_flood_of_nobody_never_pushes_out_a_record_of_a_credential(run, tmp_path) -> None:
+    """Issue 42 item 6, strictly: 10,000 addresses refused over 40 windows (~9,980 aggregate
+    records, ~4.5 MB) against a 200 kB ledger whose older days hold credentials' records.
+    Nobody's records take at most a day's part of their 10 % share; the rest are counted (in
+    /health, its problems and /metrics), not written; no record of a credential is pruned, and
+    every one is written, in one whole chain."""
+    ledger, spool = tmp_path / "ledger", tmp_path / "door.jsonl"
+    today = datetime.datetime.now(datetime.UTC).date()
+    laid = chained([ledger_record(seq, seq) for seq in range(1, 7)])
+    for index, days_ago in enumerate((2, 1)):
+        write_segment(ledger, (today - datetime.timedelta(days=days_ago)).isoformat(),
+                      laid[3 * index:3 * index + 3])
+    flood = nobody_flood(10_000, per_window=250)
+    for seq in range(500, 10_001, 500):  # a credential's requests amid the flood
+        flood[seq - 1] = spool_line(seq)
+    append_spool(spool, flood)
+    collector = run(max_bytes=200_000, retention_days=3)
+    state_file = ledger / "state.json"
+
+    def saved() -> dict:  # saved after the prune of the same step: the prune saw it all
+        state = json.loads(state_file.read_text()) if state_file.exists() else {}
+        read = state.get("door_seq", {}).get("boot-a", {}).get("through") == 10_000
+        return state if read and not state["aggregating"] else {}
+
+    collector.wait_for(lambda _: bool(saved()), "the flood read and saved", timeout=120)
+    state = saved()
+    assert (state["disk"]["segments_pruned"], state["disk"]["credential_requests_pruned"]) \
+        == (0, 0) and not (ledger / "pruned.jsonl").exists()
+    records = ledger_records(ledger)
+    assert chain_breaks(records) == [] and records[0]["seq"] == 1
+    credentials = [record for record in records if record["who"] != "-"]
+    assert len(credentials) == 6 + 20
+    nobody = [record for record in records if record["who"] == "-"]
+    share, day_share = usage_ledger.nobody_share(collector_options(200_000, 3))
+    assert (share, day_share) == (20_000, 5_000)
+    written = sum(usage_ledger.line_bytes(record) for record in nobody)
+    assert 0 < written <= day_share
+    health = collector.health()
+    assert health["ok"] and health["lost"]["total"] == 0
+    assert {key: health["disk"]["nobody"][key] for key in ("max_bytes", "day_max_bytes",
+                                                          "bytes")} == {
+        "max_bytes": share, "day_max_bytes": day_share, "bytes": written}
+    dropped = health["disk"]["nobody"]["records_dropped"]
+    assert dropped == 9_980 - len(nobody) > 9_900
+    assert health["disk"]["nobody"]["requests_dropped"] == 9_980 - sum(
+        record["requests"] for record in nobody)
+    assert any(problem.startswith(f"{dropped} records of requests nobody authenticated "
+                                  f"({dropped} requests) were counted and not written")
+               for problem in health["problems"]), health["problems"]
+    assert f"kit_usage_nobody_requests_dropped_total {dropped}\n" in collector.get("/metrics")
+    print(f"{len(nobody)} records of nobody's written ({written} bytes of a day's {day_share}), "
+          f"{dropped} counted and not written, 0 of {len(credentials)} credentials' pruned")
+    # a restart from the saved state counts nothing twice and keeps nobody's bytes
+    assert collector.stop() == 0
+    collector.start()
+    again = collector.wait_for(lambda h: h["records"] == health["records"], "restarted")
+    assert again["disk"]["nobody"] == health["disk"]["nobody"]
+
+
+def test_nobodys_records_counted_and_not_written_survive_kill_9(run, tmp_path) -> None:
+    """A flood of nobody's requests past the day's share, the collector killed at random
+    moments: every request is written once or counted dropped once, none both, none twice."""
+    spool, ledger = tmp_path / "door.jsonl", tmp_path / "ledger"
+    flood, rng = nobody_flood(6_000, per_window=200), random.Random(42)
+    collector = run(max_bytes=400_000, retention_days=3, state_interval=0.5)
+    for start in range(0, 6_000, 1_000):
+        append_spool(spool, flood[start:start + 1_000])
+        time.sleep(rng.uniform(0.05, 0.6))
+        collector.kill()
+        collector.start()
+    health = collector.wait_for(lambda h: h["door_seq"].get("boot-a", {}).get("through")
+                                == 6_000 and not h["aggregating"], "the flood read", 60)
+    records = ledger_records(ledger)
+    written = [seq for record in records for first, last in record["door_seqs"]
+               for seq in range(first, last + 1)]
+    assert len(written) == len(set(written)) and chain_breaks(records) == []
+    assert len(written) + health["disk"]["nobody"]["requests_dropped"] == 6_000
+    assert health["disk"]["nobody"]["records_dropped"] == 6_000 - len(records)
+    assert sum(usage_ledger.line_bytes(record) for record in records) \
+        == health["disk"]["nobody"]["bytes"] <= 400_000 // 10 // 4
+    assert health["lost"]["total"] == 0
+
+
+def collector_options(max_bytes: int, retention_days: int) -> argparse.Namespace:
+    return usage_ledger.parse_options(["--spool", "s", "--ledger", "l", "--port", "1",
+                                       "--models", "[]", "--routes", "[]", "--max-bytes",
+                                       str(max_bytes), "--retention-days",
+                                       str(retention_days)])
 
 
 def test_fields_of_the_door_are_recorded_as_what_they_are() -> None:

@@ -31,7 +31,12 @@ from tests.support.synthetic_ledger import (
     segment_lines,
     set_segment_lines,
 )
-from tests.support.usage_collector import CollectorProcess, append_spool, spool_line
+from tests.support.usage_collector import (
+    CollectorProcess,
+    append_spool,
+    nobody_flood,
+    spool_line,
+)
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
 DAYS = ("2026-11-01", "2026-11-20", "2026-11-29")
@@ -259,3 +264,42 @@ def test_the_collectors_own_ledger_verifies_and_sums(tmp_path: Path) -> None:
             rows(found, ("who",))}
     assert sums == {("key:alice",): (20, sum(range(1, 41, 2))),
                     ("user:bob",): (20, sum(range(2, 41, 2)))}
+
+
+def test_a_ledger_past_nobodys_share_verifies_sums_and_shows_an_edit(tmp_path: Path) -> None:
+    """Nobody's records, written up to their day's share and the rest counted, are in the one
+    chain: verify passes it and names an edit of one of them; kit usage counts what was written
+    of them as it counts a credential's."""
+    spool, folder = tmp_path / "door.jsonl", tmp_path / "ledger"
+    flood = nobody_flood(2_000, per_window=100)
+    for seq in range(100, 2_001, 100):
+        flood[seq - 1] = spool_line(seq, prompt="5", completion="1")
+    append_spool(spool, flood)
+    collector = CollectorProcess(spool, folder, grace=0.2, max_bytes=400_000,
+                                 retention_days=3).start()
+    try:
+        health = collector.wait_for(lambda h: h["door_seq"].get("boot-a", {}).get(
+            "through") == 2_000 and not h["aggregating"], "the flood read")
+    finally:
+        assert collector.stop() == 0
+    dropped = health["disk"]["nobody"]["requests_dropped"]
+    assert 0 < dropped < 1_980
+    files = folder_files(folder)
+    audited = Audited(tmp_path / "site-root", files)
+    verdict = audited.verify()
+    assert verdict.ok and verdict.records == health["last_seq"], verdict
+    ledger = Ledger(audited.engine, f"unit01-{USAGE_SERVICE}-1")
+    found = gather(ledger, period(None, None, NOW, default_since=None), None, NOW)
+    sums = {row.key: row.figures.requests for row in rows(found, ("who",))}
+    assert sums == {("key:alice",): 20, ("-",): 1_980 - dropped}
+    day = next(name for name in files if "/segments/" in name).rpartition("/")[2][:10]
+    lines = segment_lines(files, day)
+    number, line = next((number, line) for number, line in enumerate(lines, 1)
+                        if json.loads(line)["who"] == "-")
+    edited = json.loads(line)
+    edited["requests"] += 1
+    lines[number - 1] = json.dumps(edited, separators=(",", ":")).encode() + b"\n"
+    set_segment_lines(files, day, lines)
+    where, seq, _, what = problem(audited.verify())
+    assert (where, seq) == (f"segments/{day}.jsonl line {number}", edited["seq"])
+    assert what.startswith("altered: its hash does not match")
