@@ -392,9 +392,9 @@ function spendOnce(r, state) {
     }
     state.spent = true;
     try {
-        var tokens = Number(usageFigure(PROMPT) || 0) + Number(usageFigure(COMPLETION) || 0);
-        if (tokens > 0) {
-            count(credentialName(r), tokens);
+        var used = Number(usageFigure(PROMPT) || 0) + Number(usageFigure(COMPLETION) || 0);
+        if (used > 0) {
+            count(credentialName(r), used);
         }
     } catch (e) {
         r.error('kit: budget not counted: ' + e);
@@ -521,8 +521,9 @@ function forward(r, request, model, service) {
         r.variables.kit_model = model;
         added = askUsage(r, request);
     }
-    // Every request that takes a priority says its class, batch credential or not: the services run vLLM's
-    // priority scheduler from the start, so a client's own "priority" must never reach it.
+    // Every request that takes a priority says its class, batch credential or not: the services
+    // run vLLM's priority scheduler from the start, so a client's own "priority" must never
+    // reach it.
     // (`{}` asks for nothing vLLM would run, and would not stay JSON with a key put after it)
     if (isObject(request) && Object.keys(request).length
         && PRIORITY_ROUTES.indexOf(r.variables.uri) !== -1) {
