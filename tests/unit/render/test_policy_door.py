@@ -320,8 +320,8 @@ def test_batch_prompts_are_paced_while_interactive_requests_come(door: PolicyDoo
     hold_s = BATCH_PACE_HOLD_MS / 1000
     # turns 0, 0.25, ... s: those up to the hold admitted, each a quarter second after the last
     assert 12 <= len(admitted) <= 14, (admitted, [r.status for r in refused])
-    assert admitted[-1] - admitted[0] >= hold_s - 0.3, admitted
-    assert all(b - a >= 0.2 for a, b in pairwise(admitted)), admitted
+    assert admitted[-1] - admitted[0] >= hold_s - 0.5, admitted
+    assert all(b - a >= 0.15 for a, b in pairwise(admitted)), admitted  # 0.25 s, jitter aside
     assert {(r.status, r.headers.get("retry-after")) for r in refused} == {(429, "1")}, refused
     assert b"paced" in refused[0].body
     assert all(reply.status == 200 for _, reply in later), later
