@@ -525,11 +525,57 @@ function forward(r, request, model, service) {
     // run vLLM's priority scheduler from the start, so a client's own "priority" must never
     // reach it.
     // (`{}` asks for nothing vLLM would run, and would not stay JSON with a key put after it)
-    if (isObject(request) && Object.keys(request).length
-        && PRIORITY_ROUTES.indexOf(r.variables.uri) !== -1) {
+    var classed = PRIORITY_ROUTES.indexOf(r.variables.uri) !== -1;
+    if (isObject(request) && Object.keys(request).length && classed) {
         added.push(PRIORITY[policyOf(r).batch === true ? 1 : 0]);
     }
     r.variables.kit_request_body = appended(r.requestBuffer || Buffer.alloc(0), added);
+    var wait = classed && batchSite() ? batchTurn(r) : 0;
+    if (wait === null) {
+        r.headersOut['Retry-After'] = BATCH_RETRY_AFTER;
+        sendError(r, 429, 'RateLimitError', 'Batch requests are paced while interactive '
+                  + 'requests are served; retry in ' + BATCH_RETRY_AFTER + ' s.');
+    } else if (wait > 0) {
+        setTimeout(function () {
+            dispatch(r, service);
+        }, wait);
+    } else {
+        dispatch(r, service);
+    }
+}
+
+// Batch paced beside interactive (docs/policy.md): vLLM computes the prompts of the requests it
+// runs before any waiting one, whatever its priority, so a flood of batch prompts makes every
+// engine step long and interactive's first token waits behind them. While an interactive
+// request went through the door in the last $kit_batch_pace_window_ms, a batch credential's
+// requests go upstream no faster than $kit_batch_prompt_bytes_per_s of request body a second
+// (a prompt token is at least a byte), each held at the door until its turn; one whose turn is
+// more than $kit_batch_pace_hold_ms away is refused (429). Returns the milliseconds to wait, or
+// null. Interactive requests are never held; they only note the time (`interactive`).
+function batchTurn(r) {
+    var dict = ngx.shared.kit_batch;
+    var now = Date.now();
+    if (policyOf(r).batch !== true) {
+        dict.set('interactive', now);
+        return 0;
+    }
+    var last = dict.get('interactive');
+    if (last === undefined || now - last >= Number(r.variables.kit_batch_pace_window_ms)) {
+        return 0;
+    }
+    var turn = Math.max(now, dict.get('next') || 0);
+    if (turn - now > Number(r.variables.kit_batch_pace_hold_ms)) {
+        return null;
+    }
+    var bytes = r.requestBuffer ? r.requestBuffer.length : 0;
+    dict.set('next', turn + bytes * 1000 / Number(r.variables.kit_batch_prompt_bytes_per_s));
+    return turn - now;
+}
+
+var BATCH_RETRY_AFTER = '1';
+
+// The request on to its service's location, through the waker when the service may sleep.
+function dispatch(r, service) {
     var sleepers = r.variables.kit_wake_services;  // undefined: no service has idle_sleep
     if (sleepers && sleepers.split(' ').indexOf(service) !== -1) {
         awakeThen(r, service);

@@ -123,6 +123,11 @@ class RequestFailed(Exception):
     """A request ended without a whole stream; the message is its cause, as counted."""
 
 
+class Refused(RequestFailed):
+    """An answer other than 200, read whole on a connection the server keeps open: the next
+    request goes on it (a client retrying a 429 does not pay a new TLS handshake each time)."""
+
+
 def numbered(number: int, prompt: str) -> str:
     """Each request's prompt starts with its own number: a prefix cache cannot serve one
     request's prefill from another's."""
@@ -172,6 +177,9 @@ class Stream:
             return await asyncio.wait_for(self._exchange(), self.endpoint.timeout_s)
         except TimeoutError:
             cause = f"timeout after {self.endpoint.timeout_s:g} s"
+        except Refused as refusal:
+            self.idle_since = time.perf_counter()
+            return Outcome(cause=str(refusal))
         except RequestFailed as failure:
             cause = str(failure)
         except ssl.SSLError as error:
@@ -221,7 +229,9 @@ class Stream:
         headers = await _headers(reader)
         if status != 200:
             await _body(reader, headers)  # read it so the connection stays usable
-            raise RequestFailed(f"http {status}")
+            if headers.get("connection", "").lower() == "close":
+                await self.close()
+            raise Refused(f"http {status}")
         outcome = Outcome(resent=resent)
         last = started
         done = False

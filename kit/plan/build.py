@@ -63,6 +63,14 @@ BCRYPT_PORT = 8082  # inside the verifier: the auth_basic check, behind the fail
 REQUESTS_PER_SLOT_PER_MINUTE = 60
 CONNECTIONS_PER_SLOT = 2  # a stream plus a keep-alive connection waiting for its next request
 MAX_CONNECTIONS_PER_IP = 65535  # limit_conn's largest value
+# Batch beside interactive (docs/policy.md, measured on the stand-in calibrated on an H100):
+# a batch credential's prompts go upstream at most this many bytes a second per engine (about
+# one full prefill budget of vLLM's 8,192 tokens a second at 8 bytes a token), while an
+# interactive request came in the last BATCH_PACE_WINDOW_MS; a batch request waits at most
+# BATCH_PACE_HOLD_MS at the door for its turn, else 429.
+BATCH_PROMPT_BYTES_PER_ENGINE_S = 65536
+BATCH_PACE_WINDOW_MS = 1000
+BATCH_PACE_HOLD_MS = 3000
 NGINX_CONF = f"{NGINX_MOUNT}/nginx.conf"
 NGINX_TEST = ["nginx", "-c", NGINX_CONF, "-t"]  # how a reload is checked first, in any mode
 # A replica that refused a connection (or timed out) is skipped for this long by each worker.
@@ -185,6 +193,13 @@ class NginxPlan:
     # A batch credential's requests in flight (docs/policy.md): half the smallest service's
     # slots, so batch never holds every running slot (vLLM does not preempt running requests).
     batch_in_flight: int
+    # ... and while interactive requests come (one in the last batch_pace_window_ms), its
+    # requests go upstream at most batch_prompt_bytes_per_s of body a second (held at the door
+    # for their turn, refused when it is over batch_pace_hold_ms away): vLLM computes running
+    # requests' prompts first, so unpaced batch prompts make interactive's first token wait
+    batch_prompt_bytes_per_s: int
+    batch_pace_window_ms: int = BATCH_PACE_WINDOW_MS
+    batch_pace_hold_ms: int = BATCH_PACE_HOLD_MS
     verifier_port: int = VERIFIER_PORT
     bcrypt_port: int = BCRYPT_PORT
     healthz_port: int = HEALTHZ_PORT
@@ -386,6 +401,8 @@ def build_plan(spec: Spec) -> Plan:
             ),
             api_keys=spec.auth.api_keys,
             batch_in_flight=max(1, min(s.streams for s in services) // 2),
+            batch_prompt_bytes_per_s=BATCH_PROMPT_BYTES_PER_ENGINE_S
+            * min(max(1, len(s.replicas)) for s in services),
         ),
         tls_mode=spec.tls.mode,
         metrics=metrics,

@@ -168,3 +168,21 @@ def test_arrivals_spread_lockstep_and_poisson(model):
     assert poisson.arrival == "poisson" and poisson.request_rate == 10.0
     assert 5 < poisson.request_throughput < 15 and poisson.failed == 0
     assert poisson.max_concurrency >= 2  # in flight at once: the open loop does not wait
+
+
+def test_a_refused_request_keeps_its_connection_for_the_next(model):
+    """An answer other than 200, read whole on a connection the server keeps open: the next
+    request goes on that connection (kit bench --mix sends the door's 429s again; a new TLS
+    handshake for each took the CPU the interactive streams' timing shares)."""
+    async def refused_then_served(port: int) -> tuple[str, bool, bool]:
+        stream = bench_client.Stream(endpoint(port, model, name="no-such-model"), None)
+        refused = await stream.send()
+        kept = stream.writer
+        stream.endpoint = endpoint(port, model)
+        served = await stream.send()
+        same = kept is not None and stream.writer is kept
+        await stream.close()
+        return refused.cause, served.ok, same
+
+    with serving(str(model)) as (port, _):
+        assert asyncio.run(refused_then_served(port)) == ("http 404", True, True)

@@ -14,8 +14,10 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,7 @@ from kit.credentials.policy import PolicyChange
 from kit.credentials.store import existing, with_policy, write
 from kit.front_door.client import basic_header
 from kit.layout import SiteLayout
+from kit.plan.build import BATCH_PACE_HOLD_MS, BATCH_PACE_WINDOW_MS, BATCH_PROMPT_BYTES_PER_ENGINE_S
 from kit.render.site_files import render_site
 from kit.site import Site
 from tests.support import nginx_ns
@@ -286,6 +289,43 @@ def test_a_batch_credential_never_holds_every_slot(door: PolicyDoor) -> None:
     assert (batch["ok"], batch["failures"]) == (32, {"status 429": 8}), batch
     interactive = door.door.load("--auth", f"Bearer {door.keys['all']}", *streams)
     assert interactive["ok"] == 40, interactive
+
+
+def test_batch_prompts_are_paced_while_interactive_requests_come(door: PolicyDoor) -> None:
+    """Right after an interactive request, 16 batch requests of 16 KiB at once go upstream one
+    after another at the plan's bytes a second (a quarter second apart on one engine), those
+    whose turn is over the hold away get 429 with Retry-After; once no interactive request came
+    for the window, batch goes at once again."""
+    rate = BATCH_PROMPT_BYTES_PER_ENGINE_S
+    prompt = "x" * (rate // 4)
+    body = json.dumps({"model": SERVED, "prompt": prompt, "max_tokens": 1}).encode()
+    interactive = json.dumps({"model": SERVED, "prompt": "Hi", "max_tokens": 1}).encode()
+
+    def batch(_: int) -> tuple[float, RawReply]:
+        reply = send(door, "POST", "/v1/completions", "listed", body)
+        return time.monotonic(), reply
+
+    with door.door.upstream_bodies() as bodies:
+        assert send(door, "POST", "/v1/completions", "all", interactive).status == 200
+        started = time.monotonic()
+        with ThreadPoolExecutor(16) as pool:
+            replies = list(pool.map(batch, range(16)))
+        admitted = sorted(at - started for at, reply in replies if reply.status == 200)
+        refused = [reply for _, reply in replies if reply.status != 200]
+        assert len(bodies) == 1 + len(admitted)
+        time.sleep(BATCH_PACE_WINDOW_MS / 1000)
+        at_once = time.monotonic()
+        with ThreadPoolExecutor(8) as pool:
+            later = list(pool.map(batch, range(8)))
+    hold_s = BATCH_PACE_HOLD_MS / 1000
+    # turns 0, 0.25, ... s: those up to the hold admitted, each a quarter second after the last
+    assert 12 <= len(admitted) <= 14, (admitted, [r.status for r in refused])
+    assert admitted[-1] - admitted[0] >= hold_s - 0.5, admitted
+    assert all(b - a >= 0.15 for a, b in pairwise(admitted)), admitted  # 0.25 s, jitter aside
+    assert {(r.status, r.headers.get("retry-after")) for r in refused} == {(429, "1")}, refused
+    assert b"paced" in refused[0].body
+    assert all(reply.status == 200 for _, reply in later), later
+    assert max(at for at, _ in later) - at_once < 1, later
 
 
 def spend_until_refused(door: PolicyDoor, who: str) -> tuple[list[int], RawReply]:
