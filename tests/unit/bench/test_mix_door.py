@@ -65,7 +65,7 @@ def test_the_mix_prints_each_class_and_batch_is_capped(
     assert not result.failed
     assert result.batch_mixed.refused > 0 and result.batch_alone.refused > 0  # the door's cap
     assert result.idle.outcomes and result.batch_mixed.outcomes
-    assert result.ttft_ratio <= 2 * TTFT_GOAL, mix_report(result)  # a noisy, shared machine
+    assert result.ttft_ratio <= 1.25 * TTFT_GOAL, mix_report(result)  # a noisy, shared machine
     assert result.batch_share >= 0.5, mix_report(result)
     # batch is not starved: admitted, it waits in the engine no longer than with no interactive
     # load, give or take a few steps of 20 ms
