@@ -33,7 +33,7 @@ from kit.usage.health import CollectorHealth
 from kit.usage.ledger import (
     PRUNED,
     STATE,
-    Ledger,
+    LedgerReader,
     Line,
     open_ledger,
     record_of,
@@ -270,7 +270,7 @@ def _missing(expected: int, found: int, line: Line, lines: Iterator[Line]) -> st
     return f"{span} missing before this record: deleted"
 
 
-def verify(ledger: Ledger, anchors: list[Head], now: datetime) -> Verdict:
+def verify(ledger: LedgerReader, anchors: list[Head], now: datetime) -> Verdict:
     """Walk the whole ledger; the first finding, or the head it ends at."""
     pruned = _Pruned(ledger.pruned())
     walk = _Walk(anchors)
@@ -369,7 +369,7 @@ EXPORT_FORMATS = ("jsonl", "csv")
 EXPORT_COLUMNS = (*RECORD_FIELDS, "hash")
 
 
-def export(ledger: Ledger, period: Period, form: str) -> Iterator[bytes]:
+def export(ledger: LedgerReader, period: Period, form: str) -> Iterator[bytes]:
     """The period's records as stored (jsonl: each line as the ledger holds it, its hash
     checkable) or as CSV (one column per field, cells neutralised), made as they are read."""
     chosen = ((line, record) for line, record, moment in records(ledger, period.first_day)
