@@ -42,7 +42,7 @@ from kit.spec.load import parse_spec
 from kit.spec.model import Service
 from kit.spec.replicas import compose_names
 from kit.stack.adapter_load import ADAPTER_DRAIN_S, drain_and_unload, load_and_gate, unload_all
-from kit.stack.status import ReplicaAdapters, replica_adapters
+from kit.stack.status import ServedAdapters, replica_adapters
 from kit.table import text_table
 
 
@@ -169,7 +169,7 @@ def adapter_table(site: Site, engine: Engine, service_name: str | None = None) -
     return text_table(rows)
 
 
-def _rows(state: ReplicaAdapters) -> list[list[str]]:
+def _rows(state: ServedAdapters) -> list[list[str]]:
     if state.served is None:
         return [[state.container, "-", "unknown: its /v1/models did not answer"]]
     names = sorted(set(state.served) | set(state.missing))
