@@ -480,7 +480,7 @@ def test_the_contract_keys_are_the_documented_ones() -> None:
 def test_with_the_ledger_off_the_door_routes_and_records_nothing(
         tmp_path: Path) -> None:
     """`usage: {enabled: false}`: no spool line, no body filter, no request rewriting — and
-    kit.js (shared by both renders) still routes, streams and refuses as before."""
+    the door's njs (shared by both renders) still routes, streams and refuses as before."""
     site = base_site(tmp_path)
     spec = site / "site.yaml"
     spec.write_text(spec.read_text().replace("services:\n", "usage: {enabled: false}\nservices:\n",
