@@ -46,8 +46,8 @@ function expired(r) {
 // Token budgets are counted in the kit_budget shared dictionary (kept across reloads; after a
 // restart of nginx seeded from the usage ledger: `seedBudgets`), for every request of a
 // credential with one, with the tokens the usage ledger records: by the body filter as the
-// answer's usage passes, before its last bytes (`spendOnce`), or at the log phase for a request
-// the filter did not count (`spend`); checked in route.js before forwarding.
+// answer's usage passes, before its last bytes (usage.js `spendOnce`), or at the log phase for a
+// request the filter did not count (usage.js `spend`); checked in route.js before forwarding.
 // Requests per minute are counted in kit_rpm, one increment per routed request, per UTC minute.
 var MINUTE_MS = 60000;
 var DAY_MS = 86400000;
