@@ -4,7 +4,8 @@
     <site>/compose/docker-compose.yml   rendered
     <site>/compose/<service>.env        rendered: each service's environment (0600: may hold tokens)
     <site>/compose/prometheus-auth.env  Prometheus's API password, for it and Grafana (0600)
-    <site>/nginx/nginx.conf, kit.js     rendered (mounted read-only at /etc/nginx/kit)
+    <site>/nginx/nginx.conf, *.js       rendered: the door and its njs modules (read-only at
+                                        /etc/nginx/kit)
     <site>/nginx/kit-routes.json        rendered: served model name → the service that serves it
     <site>/nginx/verifier/nginx.conf    rendered: the password verifier (its own container),
                                         verifier.js and unknown-user.htpasswd (unknown names)
@@ -106,7 +107,7 @@ class SiteLayout:
     @property
     def door_policy(self) -> Path:
         """What the front door enforces of each credential's policy (nginx preloads it for
-        kit.js: docs/policy.md)."""
+        policy.js: docs/policy.md)."""
         return self.auth_dir / "door-policy.json"
 
     def lora_dir(self, service: str) -> Path:

@@ -160,7 +160,7 @@ def nginx_size(size: int) -> str:
 # docs/auth.md says why each route is in or out. The door matches a path exactly, after nginx
 # normalized it (percent-decoding, `..`, duplicate slashes), and sends vLLM that normal form.
 
-# Passed to vLLM with their one method, routed by the JSON body's "model" (kit.js): the OpenAI
+# Passed to vLLM with their one method, routed by the JSON body's "model" (route.js): the OpenAI
 # API a client needs.
 OPENAI_ROUTES: dict[str, str] = {
     "/v1/chat/completions": "POST",
@@ -171,8 +171,8 @@ OPENAI_ROUTES: dict[str, str] = {
 
 # Answered by the front door itself from what every service reports (never passed as asked).
 DOOR_ROUTES: dict[str, str] = {
-    "/v1/models": "GET",  # the union of every service's list (kit.js)
-    "/v1/models/{model}": "GET",  # one entry of that list (kit.js); not a vLLM route
+    "/v1/models": "GET",  # the union of every service's list (route.js)
+    "/v1/models/{model}": "GET",  # one entry of that list (route.js); not a vLLM route
     "/health": "GET",  # every service's readiness, nothing else
     "/metrics/{path}": "GET",  # as /metrics/<service>, with credentials (kit bench's gauges)
 }

@@ -9,7 +9,7 @@ rendered with the usage ledger, the vLLM STAND-IN (tests/standin, not vLLM) as a
 a token, in a network namespace of their own (tests/support/door_ns.py).
 
     python3 scripts/bench_budget.py [--streams 64] [--budget 1000] [--tokens 40]
-                                    [--kit-js FILE]   # another kit.js, e.g. main's: before/after
+                                    [--door-js DIR]   # other door modules: before/after
 
 Prints one run: the requests admitted, the tokens the engine counted for them, the overshoot
 (tokens past the budget) against one request's reservation (its body's bytes + max_tokens),
@@ -41,7 +41,7 @@ UNLIMITED = ("read_timeout: 900}", "read_timeout: 900, rate_limit_per_ip: 100000
                                    "rate_limit_per_credential: 100000}")
 
 
-def site_with_a_budget(root: Path, budget: int, kit_js: Path | None) -> tuple[Path, str]:
+def site_with_a_budget(root: Path, budget: int, door_js: Path | None) -> tuple[Path, str]:
     """The base test site rendered in `root`, a key `burst` with `budget` tokens a day: the
     spec's path and the key."""
     spec = base_site(root) / "site.yaml"
@@ -50,8 +50,8 @@ def site_with_a_budget(root: Path, budget: int, kit_js: Path | None) -> tuple[Pa
     added = run_kit("keys", "add", spec, "burst", "--offline", "--tokens-per-day", str(budget))
     if added.exit_code != 0:
         sys.exit(added.output)
-    if kit_js:
-        (spec.parent / "nginx" / "kit.js").write_bytes(kit_js.read_bytes())
+    for module in sorted(door_js.glob("*.js")) if door_js else []:
+        (spec.parent / "nginx" / module.name).write_bytes(module.read_bytes())
     return spec, added.output.split("key burst: ")[1].split()[0]
 
 
@@ -60,14 +60,15 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--budget", type=int, default=1000, help="tokens a day of the key")
     parser.add_argument("--tokens", type=int, default=40, help="max_tokens of each request")
-    parser.add_argument("--kit-js", type=Path,
-                        help="serve this kit.js instead of the rendered one (before/after)")
+    parser.add_argument("--door-js", type=Path,
+                        help="serve the door's njs modules of this folder (kit/dataplane/door/ "
+                             "of another tree) instead of the rendered ones (before/after)")
     args = parser.parse_args()
     if nginx_ns.available():
         sys.exit(f"cannot run nginx here: {nginx_ns.available()}")
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
-        spec, key = site_with_a_budget(root, args.budget, args.kit_js)
+        spec, key = site_with_a_budget(root, args.budget, args.door_js)
         (root / "work").mkdir()
         with serving_door(spec.parent / "nginx", root / "work", [SERVICE], root / "models" /
                           "llama-8b", SERVED, DOMAIN, STANDIN_TOKEN_INTERVAL_MS="5",
@@ -75,7 +76,7 @@ def main() -> None:
             burst = spend_in_a_burst(door, DOMAIN, key, SERVED, budget=args.budget,
                                      streams=args.streams, max_tokens=args.tokens)
     print(f"{args.streams} concurrent streams, {args.tokens} tokens each, a budget of "
-          f"{args.budget} tokens a day ({args.kit_js or 'the rendered kit.js'}):")
+          f"{args.budget} tokens a day ({args.door_js or 'the rendered door modules'}):")
     print(f"  {burst.describe()}")
     for other in burst.others[:5]:
         print(f"  other answer: {other}")

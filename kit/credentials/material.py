@@ -217,8 +217,9 @@ def auth_state() -> str:
 
 # What kit's gate sends (header GATE_HEADER) on the requests it makes to be refused (no or a
 # wrong credential, closed paths): an HMAC of GATE_MESSAGE under $kit_auth_epoch, which only kit
-# and the door hold. The door records such a request as claimed by GATE_CLAIM (templates/kit.js
-# `claimed`), so `kit usage` tells kit's own checks from refusals a person caused.
+# and the door hold. The door records such a request as claimed by GATE_CLAIM
+# (kit/dataplane/door/auth.js `claimed`), so `kit usage` tells kit's own checks from refusals a
+# person caused.
 GATE_HEADER = "X-Kit-Gate"
 GATE_MESSAGE = b"kit-gate"
 GATE_CLAIM = "kit:gate"

@@ -30,7 +30,7 @@ KINDS = ("key", "user")
 
 
 def principal(kind: str, name: str) -> str:
-    """A credential's name as the door logs it (kit.js `principal`)."""
+    """A credential's name as the door logs it (auth.js `principal`, kit/dataplane/door/)."""
     return f"{kind}:{name}"
 
 
@@ -170,7 +170,7 @@ def door_policy(policies: dict[str, dict], present: set[str]) -> bytes:
     nginx preloads it (`js_preload_object`): one immutable copy shared by every request. Imported
     as a JavaScript module instead, njs rebuilt the whole table for each request (600 µs of CPU
     per request with 1,000 credentials, docs/benchmarks.md). Models become an object for one
-    lookup per request; the expiry milliseconds since the epoch; the limits as stored (kit.js
+    lookup per request; the expiry milliseconds since the epoch; the limits as stored (policy.js
     reads them by these names); `batch` says whether any credential is batch.
     """
     door = {}

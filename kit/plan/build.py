@@ -86,8 +86,8 @@ REPLICA_SHUTDOWN_TIMEOUT = 30
 BACKEND_NETWORK = "backend"
 STOP_GRACE_PERIOD = 30  # a single-replica service (no --shutdown-timeout: vLLM's default, 0)
 UNAVAILABLE_RETRY_AFTER = 5  # seconds a client is told to wait when no replica can take it
-PREFIX_KEY = "$kit_prefix"  # kit.js: a digest of the conversation's leading text
-ADAPTER_KEY = "$kit_adapter"  # kit.js: the LoRA adapter a request names ('' for a base model)
+PREFIX_KEY = "$kit_prefix"  # route.js: a digest of the conversation's leading text
+ADAPTER_KEY = "$kit_adapter"  # route.js: the LoRA adapter a request names ('' for a base model)
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,8 @@ class ServicePlan:
     @property
     def affinity_hash(self) -> str | None:
         """What the affinity upstream hashes: the key, with the adapter a request names when the
-        service has adapters (vLLM's prefix cache is per adapter; kit.js's prefix key holds it)."""
+        service has adapters (vLLM's prefix cache is per adapter; route.js's prefix key holds
+        it)."""
         if self.affinity_key is None or not self.adapters or self.affinity_key == PREFIX_KEY:
             return self.affinity_key
         return self.affinity_key + ADAPTER_KEY
@@ -579,7 +580,7 @@ def adapter_paths(spec: Spec, service: Service,
 
 
 def _affinity_key(affinity: str, header: str | None) -> str | None:
-    """What the affinity upstream hashes: the header's nginx variable, or kit.js's prefix key."""
+    """What the affinity upstream hashes: the header's nginx variable, or route.js's prefix key."""
     if affinity == "header" and header is not None:
         return "$http_" + header.lower().replace("-", "_")
     return PREFIX_KEY if affinity == "prefix" else None

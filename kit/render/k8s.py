@@ -57,7 +57,12 @@ from kit.plan.build import (
     build_plan,
 )
 from kit.plan.multinode import HEAD_RANK, MultiNodePlan, node_flags
-from kit.render.site_files import generated_files, render_template, template_context
+from kit.render.site_files import (
+    DOOR_MODULES,
+    generated_files,
+    render_template,
+    template_context,
+)
 from kit.render.usage import collector_script, ledger_models, usage_facts
 from kit.site import Site
 from kit.spec.vllm_flags import DEV_MODE_ENV, SLEEP_MODE_FLAG, flag_table, flag_uses
@@ -411,7 +416,7 @@ def _front_door(plan: Plan, namespace: str, credentials: CredentialFiles, spec_n
     verifier_labels = _labels(plan, VERIFIER_SERVICE, VERIFIER)
     config = _config_map(FRONT_DOOR, namespace, nginx_labels, {
         "nginx.conf": render_template("nginx.conf.j2", context),
-        "kit.js": compose_files["nginx/kit.js"],
+        **{name: compose_files[f"nginx/{name}"] for name in DOOR_MODULES},
         "kit-routes.json": compose_files["nginx/kit-routes.json"],
     })
     keys = _secret(f"{FRONT_DOOR}-keys", namespace, nginx_labels, {
@@ -421,7 +426,8 @@ def _front_door(plan: Plan, namespace: str, credentials: CredentialFiles, spec_n
         "tls.crt": credentials.server_crt, "tls.key": credentials.server_key},
         "kubernetes.io/tls")
     nginx_volume = _projected("kit", [
-        ("ConfigMap", FRONT_DOOR, {"nginx.conf": "nginx.conf", "kit.js": "kit.js",
+        ("ConfigMap", FRONT_DOOR, {"nginx.conf": "nginx.conf",
+                                   **{name: name for name in DOOR_MODULES},
                                    "kit-routes.json": "kit-routes.json"}),
         ("Secret", f"{FRONT_DOOR}-keys", {"keys.map": "auth/keys.map",
                                           "auth-state.conf": "auth/auth-state.conf",
@@ -807,8 +813,8 @@ def _unique(objects: list[dict]) -> None:
 
 
 class _Dumper(yaml.SafeDumper):
-    """The safe dumper, with file contents (nginx.conf, kit.js) as readable `|` blocks and no
-    anchors: a value used twice is written twice, as `kubectl` users read manifests."""
+    """The safe dumper, with file contents (nginx.conf, the door's njs) as readable `|` blocks and
+    no anchors: a value used twice is written twice, as `kubectl` users read manifests."""
 
     def ignore_aliases(self, data: object) -> bool:
         return True

@@ -156,10 +156,10 @@ def _environment() -> jinja2.Environment:
 
 
 def routes_table(plan: Plan) -> bytes:
-    """The table kit.js routes by (nginx preloads it: `js_preload_object kit_routes`): served
+    """The table route.js routes by (nginx preloads it: `js_preload_object kit_routes`): served
     name → service, compared exactly as vLLM does; a LoRA adapter's name → {service, parent:
     the base's served name} (docs/adapters.md). Data, never code: no served name can change
-    kit.js. Preloaded, not imported: njs runs an imported module's top level in every request's
+    route.js. Preloaded, not imported: njs runs an imported module's top level in every request's
     VM, so a module's table was rebuilt for each request (docs/benchmarks.md)."""
     routes: dict[str, str | dict[str, str]] = {svc.api_name: svc.name for svc in plan.services}
     routes |= {adapter: {"service": svc.name, "parent": svc.api_name}
@@ -253,8 +253,7 @@ def generated_files(plan: Plan, spec_name: str) -> list[Output]:
             layout.verifier_conf,
             env.get_template("verifier.conf.j2").render(context).encode(),
         ),
-        Output(layout.verifier_js, resources.files("kit.templates").joinpath("verifier.js")
-               .read_bytes()),
+        Output(layout.verifier_js, door_module("verifier.js")),
         Output(layout.unknown_user_file, unknown_user_file()),
         Output(layout.routes_json, routes_table(plan)),
         *worker_outputs(plan, spec_name),
@@ -262,14 +261,21 @@ def generated_files(plan: Plan, spec_name: str) -> list[Output]:
           for service in plan.services if service.lora_config is not None),
         *(Output(layout.replica_pool(service.name), replica_pool(service), generated=False)
           for service in plan.services if len(service.replicas) > 1),
-        Output(
-            layout.nginx_dir / "kit.js",
-            resources.files("kit.templates").joinpath("kit.js").read_bytes(),
-        ),
+        *(Output(layout.nginx_dir / name, door_module(name)) for name in DOOR_MODULES),
         *observability_files(plan, layout),
         *usage_files(plan, layout),
         *waker_files(plan, layout),
     ]
+
+
+# The front door's njs modules (kit/dataplane/door/), each beside nginx.conf, where js_path finds
+# them and they find each other; verifier.js is the verifier's own.
+DOOR_MODULES = ("auth.js", "json.js", "policy.js", "route.js", "usage.js", "wake.js")
+
+
+def door_module(name: str) -> bytes:
+    """One njs module of kit/dataplane/door/, as the site's nginx folder gets it."""
+    return resources.files("kit.dataplane.door").joinpath(name).read_bytes()
 
 
 def observability_files(plan: Plan, layout: SiteLayout) -> list[Output]:

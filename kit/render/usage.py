@@ -67,7 +67,7 @@ def usage_facts(plan: Plan) -> dict | None:
         "door_spool_mount": DOOR_SPOOL_MOUNT,
         "spool_file": f"{DOOR_SPOOL_MOUNT}/{SPOOL_FILE}",
         "budget_seed_file": f"{DOOR_SPOOL_MOUNT}/{BUDGET_SEED_FILE}",
-        # kit.js reserves a request's worst case against its credential's budget: without a
+        # policy.js reserves a request's worst case against its credential's budget: without a
         # max_tokens, its service's max_model_len (docs/policy.md)
         "model_lengths": " ".join(f"{svc.name}={svc.max_model_len}" for svc in plan.services),
         "collector_spool_mount": COLLECTOR_SPOOL_MOUNT,

@@ -53,7 +53,7 @@ DEFAULT_SPEC = Path("site.yaml")
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
 GPU_SHARE_LIMIT = 0.95
 RESERVED_USERS = {"kit-probe"}
-# The whole request body sits in one nginx buffer (kit.route reads it): bounded like memory.
+# The whole request body sits in one nginx buffer (route.js reads it): bounded like memory.
 MAX_BODY_BYTES = (1 << 10, 1 << 30)
 MAX_TIMEOUT = 86400  # seconds: a day, for the slowest start or the longest generation
 # Env variables whose value kit itself reads (and how it must look).
@@ -118,7 +118,7 @@ GpuMemory = GiB | dict[GpuIndex, GiB] | None
 def _vocabulary(flag: str) -> Any:
     """A spec key whose values are exactly what vLLM's `flag` accepts (one list: the flag table)."""
     return Field(json_schema_extra={"enum": list(choices(flag))})
-MIN_NGINX = (1, 25, 1)  # `http2 on;`; the njs API kit.js uses is in njs 0.7.9 and 0.8.x
+MIN_NGINX = (1, 25, 1)  # `http2 on;`; the njs API the door's modules use is in njs 0.7.9 and 0.8.x
 
 
 class Images(StrictModel):

@@ -71,7 +71,7 @@ def available() -> str | None:
 
 def shifted_clock(offset_s: int) -> tuple[str, str, str]:
     """nginx with its wall clock `offset_s` seconds ahead, by Debian's libfaketime (installed by
-    scripts/test.sh; kit.js reads the time as Date.now(), the system's clock): (the setup that
+    scripts/test.sh; policy.js reads the time as Date.now(), the system's clock): (the setup that
     copies the host's library into the namespace's /run, the `env` prefix of the chrooted nginx,
     the `-g` directive that keeps FAKETIME for its workers, which drop the environment). Timers
     keep the real monotonic clock."""

@@ -14,13 +14,14 @@ NAMED = re.compile(r"\b((?:kit|templates|scripts|tests)/[\w/.-]+\.(?:py|j2|js|sh
 
 
 def modules() -> set[str]:
-    """kit's modules in every wing (the verbs under kit/commands/ are one row of the map)."""
+    """kit's modules in every wing (the verbs under kit/commands/ are one row of the map), and
+    the door's njs modules."""
     return {
         str(path.relative_to(ROOT))
         for path in (ROOT / "kit").rglob("*.py")
         if path.name not in ("__init__.py", "__main__.py")
         and not {"commands", "templates", "data"} & set(path.relative_to(ROOT).parts)
-    }
+    } | {str(path.relative_to(ROOT)) for path in (ROOT / "kit/dataplane/door").glob("*.js")}
 
 
 def test_every_path_the_map_names_exists() -> None:

@@ -4,6 +4,7 @@ circle. docs/architecture.md draws the same order; a test below holds the two to
 
 import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,9 +19,9 @@ KIT = REPO / "kit"
 # The wings, lowest first. A wing imports only wings before it (and itself); wings on one rank
 # are siblings and never import each other.
 ORDER: tuple[tuple[str, ...], ...] = (
-    ("ground",), ("engine",), ("spec",), ("credentials",), ("weights",), ("plan",), ("site",),
-    ("front_door", "render", "usage"), ("stack",), ("bench",), ("fleet",), ("commands",),
-    ("entry",),
+    ("ground",), ("dataplane",), ("engine",), ("spec",), ("credentials",), ("weights",),
+    ("plan",), ("site",), ("front_door", "render", "usage"), ("stack",), ("bench",), ("fleet",),
+    ("commands",), ("entry",),
 )
 # The top-level modules of kit/, each a wing of its own name unless named here.
 GROUND = {"kit", "kit.errors", "kit.files", "kit.layout", "kit.names", "kit.site_lock",
@@ -199,3 +200,78 @@ def test_validate_and_render_import_only_what_they_use(tmp_path: Path, verb: str
     loaded = {line.rpartition("|")[2].strip().split(".")[0]
               for line in run.stderr.splitlines() if line.startswith("import time:")}
     assert "kit" in loaded and not loaded & unwanted, sorted(loaded & unwanted)
+
+
+# The front door's njs (kit/dataplane/door/): a module imports only modules of its folder, by file
+# name (njs resolves it beside the importer, then in js_path), down this order; siblings never
+# import each other. njs's own modules are the only others it may require.
+DOOR = KIT / "dataplane" / "door"
+DOOR_ORDER: tuple[tuple[str, ...], ...] = (
+    ("json", "verifier"), ("auth",), ("policy",), ("usage", "wake"), ("route",))
+DOOR_RANK = {module: rank for rank, modules in enumerate(DOOR_ORDER) for module in modules}
+NJS_BUILTINS = {"buffer", "crypto", "fs", "querystring", "xml", "zlib"}
+NJS_IMPORT = re.compile(r"""^[ \t]*(?:import\b[^'"\n]*|export\b[^'"\n]*\bfrom\s*)(['"])(.*?)\1""",
+                        re.MULTILINE)
+NJS_REQUIRE = re.compile(r"""\brequire\(\s*(['"])(.*?)\1""")
+
+
+def door_sources() -> dict[str, str]:
+    return {path.stem: path.read_text() for path in sorted(DOOR.glob("*.js"))}
+
+
+def door_graph(sources: dict[str, str]) -> tuple[dict[str, dict[str, int]], list[str]]:
+    """(module → {door module it imports: line}, the imports of anything else)."""
+    graph: dict[str, dict[str, int]] = {}
+    problems = []
+    for module, source in sources.items():
+        graph[module] = {}
+        for found in NJS_IMPORT.finditer(source):
+            line = source.count("\n", 0, found.start()) + 1
+            target = found[2].removeprefix("./")
+            if target.endswith(".js") and target[:-3] in sources and "/" not in target:
+                graph[module].setdefault(target[:-3], line)
+            else:
+                problems.append(f"{module}.js:{line} imports {found[2]} (not of {DOOR.name}/)")
+        for found in NJS_REQUIRE.finditer(source):
+            if found[2] not in NJS_BUILTINS:
+                line = source.count("\n", 0, found.start()) + 1
+                problems.append(f"{module}.js:{line} requires {found[2]} (not njs's own)")
+    return graph, problems
+
+
+def door_against_order(graph: dict[str, dict[str, int]]) -> list[str]:
+    return [f"{module}.js:{line} imports {target}.js"
+            for module, edges in graph.items() for target, line in edges.items()
+            if DOOR_RANK.get(target, len(DOOR_ORDER)) >= DOOR_RANK.get(module, -1)]
+
+
+def test_the_doors_modules_import_only_each_other_down_their_order() -> None:
+    graph, problems = door_graph(door_sources())
+    assert set(graph) == set(DOOR_RANK), "place each door module in DOOR_ORDER"
+    assert sum(len(edges) for edges in graph.values()) >= 8  # the check sees the imports
+    assert not problems, "\n".join(problems)
+    assert not door_against_order(graph), door_against_order(graph)
+    assert not cycles(graph)
+
+
+@pytest.mark.parametrize(("planted", "found"), [
+    ("import fetch from '../../../templates/x.js';", "imports ../../../templates/x.js (not"),
+    ("import waker from '/etc/nginx/kit/waker.js';", "imports /etc/nginx/kit/waker.js (not"),
+    ("import nope from 'nope.js';", "imports nope.js (not"),
+    ("export {x} from 'elsewhere.js';", "imports elsewhere.js (not"),
+    ("var cp = require('child_process');", "requires child_process (not njs's own)"),
+], ids=["climbs-out", "absolute", "unknown", "re-export", "require"])
+def test_the_door_check_finds_an_import_from_outside(planted: str, found: str) -> None:
+    sources = door_sources()
+    sources["auth"] = planted + "\n" + sources["auth"]
+    _, problems = door_graph(sources)
+    assert len(problems) == 1 and problems[0].startswith(f"auth.js:1 {found}"), problems
+
+
+def test_the_door_check_finds_an_import_up_the_order_and_a_circle() -> None:
+    sources = door_sources()
+    sources["json"] = "import route from './route.js';\n" + sources["json"]
+    graph, problems = door_graph(sources)
+    assert not problems
+    assert door_against_order(graph) == ["json.js:1 imports route.js"]
+    assert any({"json", "route"} <= set(group) for group in cycles(graph))

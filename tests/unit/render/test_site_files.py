@@ -14,10 +14,12 @@ import yaml
 from click.testing import Result
 
 from kit.layout import SiteLayout
+from kit.render.site_files import DOOR_MODULES
 from tests.support.cli import run_kit
 from tests.support.sites import REPO, tree
 
-GOLDEN = ["compose/docker-compose.yml", "compose/llama8b.env", "nginx/nginx.conf", "nginx/kit.js",
+GOLDEN = ["compose/docker-compose.yml", "compose/llama8b.env", "nginx/nginx.conf",
+          *(f"nginx/{name}" for name in DOOR_MODULES),
           "nginx/verifier/nginx.conf", "nginx/verifier/verifier.js",
           "nginx/verifier/unknown-user.htpasswd", "nginx/kit-routes.json",
           "compose/usage/usage_ledger.py", "compose/usage-models/models.json"]

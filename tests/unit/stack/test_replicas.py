@@ -138,7 +138,7 @@ def test_nginx_balances_least_connections_with_a_shared_zone(replicas_site: Path
     pick = conf.one("map", "$http_x_session_id", "$kit_qwen32b_pool")
     assert pick.values("") == [("kit_qwen32b",)]
     assert pick.values("default") == [("kit_qwen32b_affinity",)]
-    assert conf.one("js_set", "$kit_prefix").args == ("$kit_prefix", "kit.prefixKey")
+    assert conf.one("js_set", "$kit_prefix").args == ("$kit_prefix", "route.prefixKey")
     location = conf.one("location", "@kit_qwen32b")
     assert location.values("proxy_pass") == [("http://$kit_qwen32b_pool$uri$is_args$args",)]
     # a request not yet answered may go to another replica; a begun stream never

@@ -36,7 +36,7 @@ from tests.support.cli import run_kit
 from tests.support.door_ns import Door, read_events, serving_door
 from tests.support.raw_http import RawReply
 from tests.support.raw_http import request as raw_request
-from tests.support.sites import base_site
+from tests.support.sites import REPO, base_site
 
 pytestmark = pytest.mark.skipif(nginx_ns.available() is not None,
                                 reason=str(nginx_ns.available()))
@@ -470,7 +470,7 @@ CONTRACT_KEYS = ["v", "boot", "seq", "t", "id", "who", "addr", "model", "route",
 
 
 def test_the_contract_keys_are_the_documented_ones() -> None:
-    doc = (Path(__file__).resolve().parents[3] / "docs" / "usage.md").read_text()
+    doc = (REPO / "docs" / "usage.md").read_text()
     table = doc.split("### Spool line", 1)[1].split("###", 1)[0]
     keys = [key for row in re.findall(r"^\| (`[^|]+`) \|", table, re.MULTILINE)
             for key in re.findall(r"`(\w+)`", row)]
@@ -480,7 +480,7 @@ def test_the_contract_keys_are_the_documented_ones() -> None:
 def test_with_the_ledger_off_the_door_routes_and_records_nothing(
         tmp_path: Path) -> None:
     """`usage: {enabled: false}`: no spool line, no body filter, no request rewriting — and
-    kit.js (shared by both renders) still routes, streams and refuses as before."""
+    the door's njs (shared by both renders) still routes, streams and refuses as before."""
     site = base_site(tmp_path)
     spec = site / "site.yaml"
     spec.write_text(spec.read_text().replace("services:\n", "usage: {enabled: false}\nservices:\n",
