@@ -18,16 +18,16 @@ from pathlib import Path
 from kit.engine.desired import ServiceState
 from kit.engine.docker_api import Engine
 from kit.engine.observe import ContainerState, ObservedState
-from kit.errors import KitError
-from kit.front_door.replica_check import (
+from kit.engine.replica_client import (
     DRAIN_SECONDS,
     Quiet,
     adapter_in_flight,
-    prove_replica,
     request_in_container,
     served_adapters,
     wait_quiet,
 )
+from kit.errors import KitError
+from kit.front_door.replica_check import prove_replica
 from kit.plan.adapters import declared_modules
 from kit.site import Site
 from kit.spec.replicas import compose_names
@@ -104,7 +104,7 @@ def load_and_gate(engine: Engine, host: str, container: ContainerState, name: st
 def wait_idle(engine: Engine, replicas: list[tuple[str, ContainerState]], name: str,
               timeout: float = ADAPTER_DRAIN_S) -> Quiet:
     """Wait until no request on adapter `name` runs or waits in any of these replicas
-    (vllm:lora_requests_info, kit.front_door.replica_check.wait_quiet), at most `timeout`
+    (vllm:lora_requests_info, kit.engine.replica_client.wait_quiet), at most `timeout`
     seconds."""
     def reading(container: ContainerState) -> Callable[[], bool | None]:
         return lambda: adapter_in_flight(engine, container, name)

@@ -21,10 +21,11 @@ from pathlib import Path
 from kit.engine.desired import PROXY_SERVICE, REPLICA_SERVICE_LABEL, ServiceState, load_desired
 from kit.engine.docker_api import Engine
 from kit.engine.observe import ContainerState, container_state
+from kit.engine.replica_client import DRAIN_SECONDS, in_flight, wait_quiet
 from kit.errors import KitError
 from kit.files import atomic_write
 from kit.front_door.reload import reload, running_proxy
-from kit.front_door.replica_check import DRAIN_SECONDS, in_flight, prove_replica, wait_quiet
+from kit.front_door.replica_check import prove_replica
 from kit.layout import SiteLayout
 from kit.spec.vllm_flags import serving_task
 from kit.stack.adapter_load import serve_declared

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from kit.engine.desired import WAKER_SERVICE
 from kit.engine.docker_api import Engine
 from kit.engine.observe import ContainerState, ObservedState
+from kit.engine.replica_client import in_flight, request_in_container, sleep_state
 from kit.errors import BadInput, KitError
 from kit.front_door.gate import Check
-from kit.front_door.replica_check import in_flight, request_in_container, sleep_state
 from kit.plan.waker import ask_argv
 from kit.site import Site
 from kit.spec.model import Service

@@ -9,9 +9,9 @@ from kit.engine.desired import PROMETHEUS_SERVICE, PROXY_SERVICE
 from kit.engine.docker_api import Engine, connect
 from kit.engine.door_ports import PortAnswer
 from kit.engine.observe import ContainerState, ObservedState
+from kit.engine.replica_client import served_adapters
 from kit.files import read_existing
 from kit.front_door.acme import AcmeStatus, acme_status
-from kit.front_door.replica_check import served_adapters
 from kit.render.site_files import render_site
 from kit.site import Site
 from kit.stack.live_figures import LiveFigures, live_figures

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import kit.front_door.replica_check
+import kit.engine.replica_client
 import kit.stack.rollout
 from kit.engine.desired import REPLICA_INDEX_LABEL, REPLICA_SERVICE_LABEL, SERVICE_LABEL
 from kit.errors import KitError
@@ -254,8 +254,8 @@ def brought_up(replicas_site: Path, engine: ReplicaEngine) -> Site:
 @pytest.fixture(autouse=True)
 def quick_drain(monkeypatch: pytest.MonkeyPatch) -> None:
     """Drained after a few idle polls, not after seconds (the fake engine has no clock)."""
-    monkeypatch.setattr(kit.front_door.replica_check, "DRAIN_QUIET_SECONDS", 0.02)
-    monkeypatch.setattr(kit.front_door.replica_check, "DRAIN_POLL_SECONDS", 0.01)
+    monkeypatch.setattr(kit.engine.replica_client, "DRAIN_QUIET_SECONDS", 0.02)
+    monkeypatch.setattr(kit.engine.replica_client, "DRAIN_POLL_SECONDS", 0.01)
 
 
 def test_a_changed_service_is_rolled_one_replica_at_a_time(replicas_site: Path) -> None:
