@@ -6,12 +6,12 @@ from pathlib import Path
 import click
 
 from kit.commands.options import spec_argument
+from kit.converge.sleep import asleep_services, failed_wakes
 from kit.engine.docker_api import connect
 from kit.errors import ExitCode
 from kit.front_door.gate import run_probe
 from kit.front_door.replica_check import replica_checks
 from kit.site import Site
-from kit.stack.sleep import asleep_services, failed_wakes
 
 
 @click.command()

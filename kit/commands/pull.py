@@ -10,7 +10,7 @@ from kit.engine.docker_api import connect
 from kit.engine.url import is_local
 from kit.site import Site
 from kit.spec.model import DEFAULT_SPEC
-from kit.stack.remote_pull import pull_site_remote
+from kit.supply.remote_pull import pull_site_remote
 from kit.weights.pull import pull_site
 
 

@@ -19,8 +19,8 @@ KIT = REPO / "kit"
 # are siblings and never import each other.
 ORDER: tuple[tuple[str, ...], ...] = (
     ("ground",), ("engine",), ("spec",), ("credentials",), ("weights",), ("plan",), ("site",),
-    ("front_door", "render", "usage"), ("stack",), ("bench",), ("fleet",), ("commands",),
-    ("entry",),
+    ("front_door", "render", "usage", "supply"), ("converge",), ("nodes",), ("views",),
+    ("stack",), ("bench",), ("fleet",), ("commands",), ("entry",),
 )
 # The top-level modules of kit/, each a wing of its own name unless named here.
 GROUND = {"kit", "kit.errors", "kit.files", "kit.layout", "kit.names", "kit.site_lock",
