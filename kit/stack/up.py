@@ -104,14 +104,9 @@ def up_site(
             report(line)
     gate = None
     if probe:
-        from kit.converge.sleep import asleep_services, failed_wakes
-        from kit.front_door.gate import run_probe  # the gate: only imported when it runs
-        from kit.front_door.replica_check import replica_checks
+        from kit.stack.probe import probe_site  # the gate: only imported when it runs
 
-        asleep = asleep_services(site, lambda: engine)  # idle_sleep: never woken by the gate
-        gate = run_probe(site.spec, site.layout, asleep=asleep,
-                         replicas=lambda: replica_checks(site, lambda: engine, asleep)
-                         + failed_wakes(site, lambda: engine))
+        gate = probe_site(site, lambda: engine)
     return SiteUp(rendered, converged, len(site.desired.services), gate, acme, len(workers))
 
 

@@ -51,7 +51,7 @@ def remote(monkeypatch: pytest.MonkeyPatch) -> FakeEngine:
     """A remote engine `kit pull` connects to, its helpers run here."""
     engine = FakeEngine({IMAGE: "sha256:vllm"}, local=False)
     engine.run_helpers = True
-    monkeypatch.setattr("kit.commands.pull.connect", lambda url: engine)
+    monkeypatch.setattr("kit.supply.pull.connect", lambda url: engine)
     return engine
 
 
@@ -242,7 +242,7 @@ def server(monkeypatch: pytest.MonkeyPatch) -> FakeEngine:
     cache volume it keeps outlives each throwaway container."""
     engine = engine_with_images()
     engine.run_helpers = True
-    monkeypatch.setattr("kit.commands.pull.connect", lambda url: engine)
+    monkeypatch.setattr("kit.supply.pull.connect", lambda url: engine)
     monkeypatch.setattr("kit.stack.down.connect", lambda url: engine)
     return engine
 
