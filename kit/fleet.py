@@ -27,7 +27,7 @@ from kit.table import text_table
 
 if TYPE_CHECKING:  # the usage wing loads only for `kit fleet DIR usage`
     from kit.usage.period import Period
-    from kit.usage.totals import Usage
+    from kit.usage.totals import PeriodUsage
 
 FLEET_PARALLEL = 8  # servers worked on at once (each holds up to 8 SSH sessions of its own)
 # What a credential verb's stderr says when the previous files are in effect after a failure,
@@ -182,7 +182,7 @@ def server_status(spec: Path) -> ServerStatus:
 class ServerUsage:
     server: str
     seconds: float
-    usage: Usage | None  # None: the server could not be read (cause)
+    usage: PeriodUsage | None  # None: the server could not be read (cause)
     cause: str = ""
 
 

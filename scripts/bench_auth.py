@@ -30,8 +30,8 @@ from bench_frontdoor import (
     NGINX_URL,
     SUSTAINED,
     Bar,
+    Column,
     Shape,
-    Target,
     arguments,
     bench_stack,
     machine,
@@ -70,22 +70,22 @@ def main() -> None:
         unauthenticated = site.nginx_conf_with((AUTH_REQUEST, ""))
         naive = site.nginx_conf_with((V1_AUTH, V1_AUTH.replace(AUTH_REQUEST, NAIVE)))
         results = measure(site, load, args, SUSTAINED, [
-            Target("none", NGINX_URL, None, unauthenticated),
-            Target("basic", NGINX_URL, basic, rendered),
-            Target("bearer", NGINX_URL, bearer, rendered),
+            Column("none", NGINX_URL, None, unauthenticated),
+            Column("basic", NGINX_URL, basic, rendered),
+            Column("bearer", NGINX_URL, bearer, rendered),
         ], args.rounds)
 
         contrast = {}
         site.load_nginx_conf(unauthenticated)
         site.reload_nginx()  # fresh workers, as the two runs below get
-        contrast["none"] = [run_once(site, load, args, CONTRAST, Target("none", NGINX_URL))]
+        contrast["none"] = [run_once(site, load, args, CONTRAST, Column("none", NGINX_URL))]
         site.load_nginx_conf(rendered)
         site.add_key("cold")  # a credential change: new epoch, nginx reloaded by kit
         contrast["basic-cold"] = [run_once(site, load, args, CONTRAST,
-                                           Target("basic-cold", NGINX_URL, basic))]
+                                           Column("basic-cold", NGINX_URL, basic))]
         site.load_nginx_conf(naive)
         contrast["naive"] = [run_once(site, load, args, CONTRAST,
-                                      Target("naive", NGINX_URL, basic))]
+                                      Column("naive", NGINX_URL, basic))]
     ok = report(SUSTAINED.describe(args), results, bars)
     report(CONTRAST.describe(args) + ", one run each after a reload (not judged)", contrast,
            contrast_bars)

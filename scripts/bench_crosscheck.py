@@ -56,7 +56,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kit.bench.analysis import Slo, StepResult, summarize  # noqa: E402
+from kit.bench.analysis import SloBounds, StepResult, summarize  # noqa: E402
 from kit.bench.client import Endpoint, Load, run_step  # noqa: E402
 from kit.bench.run import prompt_text  # noqa: E402
 from tests.support.sites import LLAMA_8B  # noqa: E402
@@ -111,7 +111,7 @@ def kit_step(port: int, load: Load, requests: int) -> StepResult:
     endpoint = Endpoint(address="127.0.0.1", port=port, host=f"127.0.0.1:{port}", tls=False,
                         ca_file=None, authorization=None, model=SERVED,
                         prompt=prompt_text(INPUT_TOKENS), output_tokens=OUTPUT_TOKENS)
-    step = summarize(asyncio.run(run_step(endpoint, load, requests)), Slo(1e9, 1e9))
+    step = summarize(asyncio.run(run_step(endpoint, load, requests)), SloBounds(1e9, 1e9))
     if step.failed or step.client_overloaded:
         raise SystemExit(f"kit bench's client: {step.failures or 'event loop lagging'}")
     return step

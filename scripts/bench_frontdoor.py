@@ -161,7 +161,7 @@ BURST = Shape("burst", 0.0, 1)
 
 
 @dataclass(frozen=True)
-class Target:
+class Column:
     """One column of the table: where the client goes, with what, and under which nginx.conf."""
 
     label: str
@@ -246,7 +246,7 @@ def bench_stack(args: argparse.Namespace, prefix: str, *, proxy: dict | None = N
 
 
 def measure(site: LiveSite, load: LoadClient, args: argparse.Namespace, shape: Shape,
-            targets: list[Target], rounds: int) -> dict[str, list[dict]]:
+            targets: list[Column], rounds: int) -> dict[str, list[dict]]:
     """`rounds` rounds over the targets, the order rotating every round; a target is warmed up
     (one run not counted) the first time and whenever its nginx.conf had to be loaded again:
     new workers start with no upstream keep-alive connections and no TLS session cache."""
@@ -266,7 +266,7 @@ def measure(site: LiveSite, load: LoadClient, args: argparse.Namespace, shape: S
 
 
 def run_once(site: LiveSite, load: LoadClient, args: argparse.Namespace, shape: Shape,
-             target: Target) -> dict:
+             target: Column) -> dict:
     nginx = site.nginx
     before = cpu_seconds(nginx)
     figures = load.run(target.url, host=target.host, auth=target.auth, streams=args.streams,
@@ -616,7 +616,7 @@ def main() -> None:
     if args.ledger:
         sys.exit(0 if compare_ledger(args) else 1)
     hosts = [replica_host(SERVICE, i, args.replicas) for i in range(args.replicas)]
-    direct = Target("direct", f"http://{hosts[0]}:{VLLM_PORT}", spread=tuple(hosts[1:]))
+    direct = Column("direct", f"http://{hosts[0]}:{VLLM_PORT}", spread=tuple(hosts[1:]))
     print(f"front door: nginx = the rendered nginx.conf, TLS + Bearer key, {args.replicas} "
           f"replica(s); direct = the stand-in{'s' if args.replicas > 1 else ''} "
           f"({', '.join(hosts)}) on the backend network; {args.rounds} rounds, order rotated; "
@@ -628,11 +628,11 @@ def main() -> None:
     with bench_stack(args, "benchfd", replicas=args.replicas) as (site, load):
         key = f"Bearer {site.add_key('bench')}"
         rendered = site.layout.nginx_conf.read_text()
-        targets = [direct, Target("nginx", NGINX_URL, key, rendered)]
+        targets = [direct, Column("nginx", NGINX_URL, key, rendered)]
         if args.variant:
             print("variant = nginx with " + "; ".join(f"{old!r} -> {new!r}"
                                                       for old, new in args.variant))
-            targets.append(Target("variant", NGINX_URL, key, site.nginx_conf_with(*args.variant)))
+            targets.append(Column("variant", NGINX_URL, key, site.nginx_conf_with(*args.variant)))
             bars += [Bar("variant", "direct", bar.metric, bar.kind, bar.limit) for bar in bars]
         results = {shape: measure(site, load, args, shape, targets, args.rounds)
                    for shape in (SUSTAINED, BURST)}

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from kit.bench import client as bench_client  # noqa: E402
-from kit.bench.analysis import Slo, summarize  # noqa: E402
+from kit.bench.analysis import SloBounds, summarize  # noqa: E402
 from tests.support.bench_door import stale_connection_run  # noqa: E402
 from tests.support.standin_process import LLAMA_8B, model_dir  # noqa: E402
 
@@ -46,7 +46,7 @@ def main() -> int:
         record, received = stale_connection_run(model, args.streams, args.requests,
                                                 keep_alive_s=args.keep_alive, tokens=130,
                                                 interval_ms=100)
-    step = summarize(record, Slo(1e9, 1e9))
+    step = summarize(record, SloBounds(1e9, 1e9))
     sent = args.streams + args.requests
     resent = sum(o.resent for o in record.outcomes)
     print(f"{args.streams} streams, starts spread over a 13 s warm-up, server keep-alive "

@@ -37,12 +37,12 @@ def median(values: list[float]) -> float:
 
 
 @dataclass(frozen=True)
-class Slo:
+class SloBounds:
     ttft_p95_ms: float
     tpot_p95_ms: float
 
 
-DEFAULT_SLO = Slo(ttft_p95_ms=1000, tpot_p95_ms=50)  # when neither the flag nor the spec says
+DEFAULT_SLO = SloBounds(ttft_p95_ms=1000, tpot_p95_ms=50)  # when neither the flag nor the spec says
 
 @dataclass(frozen=True)
 class StepResult:
@@ -85,7 +85,7 @@ class StepResult:
             return f"{self.max_concurrency} streams"
         return f"{self.request_rate:g} requests/s"
 
-    def violation(self, slo: Slo) -> str | None:
+    def violation(self, slo: SloBounds) -> str | None:
         """Why this step fails the SLO — errors first, then the worse of TTFT and TPOT."""
         if self.failed:
             return "errors"
@@ -102,7 +102,7 @@ def tpots_ms(done: list[Outcome]) -> list[float]:
             if o.output_tokens > 1]
 
 
-def summarize(record: StepRecord, slo: Slo, server: dict[str, float] | None = None,
+def summarize(record: StepRecord, slo: SloBounds, server: dict[str, float] | None = None,
               lag_limit_ms: float = LAG_LIMIT_MS) -> StepResult:
     """A step's figures as `vllm bench serve` computes them (calculate_metrics)."""
     done = [o for o in record.outcomes if o.ok]
@@ -180,7 +180,7 @@ class BoundarySearch:
         return self.next() is None
 
 
-def binding_constraint(steps: list[StepResult], slo: Slo,
+def binding_constraint(steps: list[StepResult], slo: SloBounds,
                        first_failing: float | None) -> str | None:
     failing = next((s for s in steps if s.level == first_failing), None)
     return failing.violation(slo) if failing else None
@@ -203,7 +203,7 @@ class Recommendation:
 
 def recommend(
     steps: list[StepResult],
-    slo: Slo,
+    slo: SloBounds,
     max_passing: float | None,
     first_failing: float | None,
     *,
@@ -282,7 +282,7 @@ def recommend(
                           "smaller or quantized model" + keep, "gpu")
 
 
-def _nothing_passed(steps: list[StepResult], slo: Slo) -> Recommendation:
+def _nothing_passed(steps: list[StepResult], slo: SloBounds) -> Recommendation:
     """No step met the SLO: say so of the lowest load measured, and only of it."""
     if not steps:
         return Recommendation(None, "no step finished", "errors")
@@ -298,7 +298,7 @@ def _nothing_passed(steps: list[StepResult], slo: Slo) -> Recommendation:
                           "that starts lower, to find what passes", "none")
 
 
-def _over_slo(step: StepResult, slo: Slo, kind: str | None) -> str:
+def _over_slo(step: StepResult, slo: SloBounds, kind: str | None) -> str:
     if kind == "tpot":
         return f"TPOT p95 {step.p95_tpot_ms:.0f} ms > {slo.tpot_p95_ms:g} ms"
     return f"TTFT p95 {step.p95_ttft_ms:.0f} ms > {slo.ttft_p95_ms:g} ms"

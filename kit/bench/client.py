@@ -123,7 +123,7 @@ class RequestFailed(Exception):
     """A request ended without a whole stream; the message is its cause, as counted."""
 
 
-class Refused(RequestFailed):
+class RequestRefused(RequestFailed):
     """An answer other than 200, read whole on a connection the server keeps open: the next
     request goes on it (a client retrying a 429 does not pay a new TLS handshake each time)."""
 
@@ -177,7 +177,7 @@ class Stream:
             return await asyncio.wait_for(self._exchange(), self.endpoint.timeout_s)
         except TimeoutError:
             cause = f"timeout after {self.endpoint.timeout_s:g} s"
-        except Refused as refusal:
+        except RequestRefused as refusal:
             self.idle_since = time.perf_counter()
             return Outcome(cause=str(refusal))
         except RequestFailed as failure:
@@ -231,7 +231,7 @@ class Stream:
             await _body(reader, headers)  # read it so the connection stays usable
             if headers.get("connection", "").lower() == "close":
                 await self.close()
-            raise Refused(f"http {status}")
+            raise RequestRefused(f"http {status}")
         outcome = Outcome(resent=resent)
         last = started
         done = False

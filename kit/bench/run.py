@@ -25,7 +25,7 @@ from kit.bench.analysis import (
     LAG_LIMIT_MS,
     BoundarySearch,
     Recommendation,
-    Slo,
+    SloBounds,
     StepResult,
     binding_constraint,
     percentile,
@@ -65,7 +65,7 @@ WORDS = ("river", "stone", "apple", "cloud", "music", "paper", "garden", "window
 @dataclass(frozen=True)
 class BenchOptions:
     service: str | None
-    slo: Slo
+    slo: SloBounds
     input_tokens: int
     output_tokens: int
     concurrency: tuple[int, ...] | None  # a grid; None: the search
@@ -83,7 +83,7 @@ class BenchRun:
     """What a run found so far; written out even when it stopped early."""
 
     service: str
-    slo: Slo
+    slo: SloBounds
     input_tokens: int
     output_tokens: int
     gpus: int
@@ -147,7 +147,7 @@ def pick_service(site: Site, name: str | None) -> Service:
                    fix="use one of: " + ", ".join(s.name for s in services))
 
 
-class FrontDoor:
+class BenchDoor:
     """The site's front door as the bench client uses it, and the probe client for the rest
     (prompt sizing, /metrics/<service>)."""
 
@@ -232,7 +232,7 @@ class GaugeWatch:
     waited for capacity while every sequence slot ran (`waiting_with_slots_full`) or while some
     were free (`waiting_with_free_slots`), judged within each sample."""
 
-    def __init__(self, door: FrontDoor, slots: int | None = None) -> None:
+    def __init__(self, door: BenchDoor, slots: int | None = None) -> None:
         self.door = door
         self.slots = slots  # max_num_seqs × replicas, when known
         self.peak: dict[str, float] = {}
@@ -269,7 +269,7 @@ class GaugeWatch:
         return record
 
 
-class Progress:
+class StepProgress:
     """One status line on stderr while a step runs: requests done, running p95s, ETA."""
 
     def __init__(self, stream=sys.stderr, every_s: float = 0.5) -> None:
@@ -335,23 +335,23 @@ def one_stream_rate(endpoint: Endpoint) -> tuple[float, float]:
     return float(f"{1 / latency:.2g}"), latency
 
 
-def slo_for(service: Service, ttft_p95_ms: float | None, tpot_p95_ms: float | None) -> Slo:
+def slo_for(service: Service, ttft_p95_ms: float | None, tpot_p95_ms: float | None) -> SloBounds:
     """The SLO a step is judged by: the flag, else the service's `slo:` in the spec (the one
     its dashboards and alerts use), else kit's default."""
     written = service.slo
-    return Slo(
+    return SloBounds(
         ttft_p95_ms or (written and written.ttft_p95_ms) or DEFAULT_SLO.ttft_p95_ms,
         tpot_p95_ms or (written and written.tpot_p95_ms) or DEFAULT_SLO.tpot_p95_ms,
     )
 
 
 def run_bench(site: Site, options: BenchOptions, say: Callable[[str], None],
-              progress: Progress | None = None) -> BenchRun:
+              progress: StepProgress | None = None) -> BenchRun:
     """The search (or grid) until answered, interrupted (Ctrl-C), out of time or limited by the
     client itself; the finished steps are kept in every case."""
     service = pick_service(site, options.service)
     plan = next(s for s in build_plan(site.spec).services if s.name == service.name)
-    door = FrontDoor(site, service)
+    door = BenchDoor(site, service)
     replicas = len(plan.replicas)
     poisson = options.arrival == "poisson"
     run = BenchRun(service.name, options.slo, options.input_tokens, options.output_tokens,
@@ -376,7 +376,7 @@ def run_bench(site: Site, options: BenchOptions, say: Callable[[str], None],
         return search.next()
 
     deadline = time.monotonic() + options.max_minutes * 60
-    progress = progress or Progress()
+    progress = progress or StepProgress()
     while (level := next_level()) is not None:
         if time.monotonic() > deadline:
             run.stopped = f"--max-minutes {options.max_minutes:g} reached"
@@ -456,7 +456,7 @@ class DirectClient:
         if code != 0 or not lines:
             raise KitError(f"the direct client in {self.container[:12]} exited {code}: "
                            f"{output[-300:]}", fix="check that the image has python3")
-        direct = summarize(StepRecord.from_json(json.loads(lines[-1])), Slo(1e9, 1e9))
+        direct = summarize(StepRecord.from_json(json.loads(lines[-1])), SloBounds(1e9, 1e9))
         keys = ("output_throughput", "median_ttft_ms", "p95_ttft_ms", "median_tpot_ms",
                 "p95_tpot_ms", "median_itl_ms")
         figures: dict[str, float] = {key: getattr(direct, key) for key in keys}

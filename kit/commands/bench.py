@@ -154,13 +154,13 @@ def _mix(ctx: click.Context, spec: Path, service: str | None, input_tokens: int,
     """`--mix`: the interactive and batch classes at once (kit/bench/mix.py); exit 1 when a
     request failed (the door's 429s to batch are sent again, not failures)."""
     from kit.bench.mix import batch_authorization, mix_report, run_mix
-    from kit.bench.run import FrontDoor, pick_service
+    from kit.bench.run import BenchDoor, pick_service
     from kit.files import atomic_write
 
     site = Site.load(spec, check_host=False)
     chosen = pick_service(site, service)
     batch_authorization(site)  # exit 2 before anything is sent
-    door = FrontDoor(site, chosen)
+    door = BenchDoor(site, chosen)
     endpoint = door.endpoint(door.sized_prompt(input_tokens), output_tokens)
     result = run_mix(site, chosen.name, endpoint, options, click.echo)
     click.echo(mix_report(result))

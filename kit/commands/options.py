@@ -11,7 +11,7 @@ from kit.site_lock import DEFAULT_WAIT_SECONDS
 from kit.spec.model import DEFAULT_SPEC
 
 if TYPE_CHECKING:  # imported when a credential verb runs, not by every verb
-    from kit.front_door.credential_change import Outcome
+    from kit.front_door.credential_change import ReloadOutcome
     from kit.front_door.reload import Connection
     from kit.layout import SiteLayout
     from kit.spec.model import Spec
@@ -134,7 +134,7 @@ def read_passwords(
     return new, current, False
 
 
-def report(outcome: "Outcome") -> None:
+def report(outcome: "ReloadOutcome") -> None:
     """How the change went live, or why it was not reloaded."""
     if outcome.proxy is None:
         click.echo(outcome.note)

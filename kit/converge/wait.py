@@ -37,7 +37,7 @@ class _Tracked:
     last_line: str = ""
 
 
-class Progress:
+class HealthProgress:
     """One line per service: elapsed, health, last log line; redrawn in place on a terminal."""
 
     def __init__(self) -> None:
@@ -76,7 +76,7 @@ def wait_healthy(
     """Block until every service is healthy; seconds each took. KitError on the first failure
     (`watch`, called every poll, raises one for what the services' health depends on: the
     worker nodes of a multi-node head, kit/nodes/worker_nodes.py)."""
-    progress = Progress()
+    progress = HealthProgress()
     limit = timeout if timeout is not None else wait_timeout(services)
     start = time.monotonic()
     tracked = []

@@ -57,7 +57,7 @@ class Expectation:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ReloadOutcome:
     proxy: str | None  # the reloaded nginx container; None when none was reloaded
     proof: tuple[str, ...] = ()  # one line per expectation met, with how long it took
     note: str = ""  # why nothing was reloaded, and when the change takes effect
@@ -75,7 +75,7 @@ class LiveChange:
     engine: Engine | None = None
     proxy: ContainerState | None = None
     written: bool = False
-    outcome: Outcome = Outcome(None)
+    outcome: ReloadOutcome = ReloadOutcome(None)
 
     def expect(self, label: str, authorization: str, status: int) -> None:
         self.expectations.append(Expectation(label, authorization, status))
@@ -106,15 +106,16 @@ class LiveChange:
 
     def go_live(self) -> None:
         if self.connection is None:
-            self.outcome = Outcome(None, note=f"nginx was not reloaded ({OFFLINE}): a running "
-                                   "front door may accept the old credentials until the next "
-                                   "`kit up`, which reloads it")
+            self.outcome = ReloadOutcome(
+                None, note=f"nginx was not reloaded ({OFFLINE}): a running front door may "
+                "accept the old credentials until the next `kit up`, which reloads it")
         elif self.engine is None or self.proxy is None:
-            self.outcome = Outcome(None, note=f"no nginx of site {self.spec.site} is running: "
-                                   "the change takes effect when it starts (kit up)")
+            self.outcome = ReloadOutcome(
+                None, note=f"no nginx of site {self.spec.site} is running: "
+                "the change takes effect when it starts (kit up)")
         else:
             self._reload(self.engine, self.proxy)
-            self.outcome = Outcome(self.proxy.name, self._prove(self.connection))
+            self.outcome = ReloadOutcome(self.proxy.name, self._prove(self.connection))
 
     def undo(self) -> str:
         """Put the previous files back and reload; what is in effect now, in plain words."""
@@ -183,7 +184,7 @@ def live_change(
 def add_user(
     spec: Spec, layout: SiteLayout, user: str, password: str, connection: Connection | None,
     policy: PolicyChange | None = None,
-) -> Outcome:
+) -> ReloadOutcome:
     """A new user (with `policy`), proven by its login."""
     with live_change(spec, layout, connection) as change:
         new = with_password(layout, user, password, must_exist=False)
@@ -195,7 +196,7 @@ def add_user(
 def rotate_password(
     spec: Spec, layout: SiteLayout, user: str, password: str, current: str | None,
     connection: Connection | None,
-) -> Outcome:
+) -> ReloadOutcome:
     """The new password must get 200 (and the current one, when given, 401) once live."""
     with live_change(spec, layout, connection) as change:
         check_current(layout, user, current, password)
@@ -208,7 +209,7 @@ def rotate_password(
 
 def remove_user(
     spec: Spec, layout: SiteLayout, user: str, connection: Connection | None
-) -> Outcome:
+) -> ReloadOutcome:
     with live_change(spec, layout, connection) as change:
         change.write(without_user(layout, user, spec.auth.users))
     return change.outcome
@@ -217,7 +218,7 @@ def remove_user(
 def add_key(
     spec: Spec, layout: SiteLayout, name: str, connection: Connection | None,
     policy: PolicyChange | None = None,
-) -> tuple[str, Outcome]:
+) -> tuple[str, ReloadOutcome]:
     """A new key (with `policy`), proven when nginx accepts keys at all (auth.api_keys)."""
     with live_change(spec, layout, connection) as change:
         key, new = with_new_key(layout, name)
@@ -229,7 +230,7 @@ def add_key(
 
 def revoke_key(
     spec: Spec, layout: SiteLayout, name: str, connection: Connection | None
-) -> Outcome:
+) -> ReloadOutcome:
     with live_change(spec, layout, connection) as change:
         change.write(without_key(layout, name))
     return change.outcome
@@ -238,7 +239,7 @@ def revoke_key(
 def set_policy(
     spec: Spec, layout: SiteLayout, kind: str, name: str, policy: PolicyChange,
     connection: Connection | None,
-) -> Outcome:
+) -> ReloadOutcome:
     """Change the policy of key or user `name`: live once nginx's new workers (all of them: the
     reload waits until no old one accepts) compiled it, proven by kit's probe still let in."""
     with live_change(spec, layout, connection) as change:

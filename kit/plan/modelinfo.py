@@ -27,7 +27,8 @@ TOKENIZER_CONFIG = "tokenizer_config.json"
 MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024  # the format's own limit; larger means a broken file
 LFS_POINTER_PREFIX = b"version https://git-lfs"
 
-# vLLM's _get_and_verify_max_len: the smallest of these keys is the model's length limit.
+# vLLM's _get_and_verify_max_len: the smallest of these keys is the model's length limit (the
+# vLLM stand-in keeps a copy: tests/unit/standin/test_model.py keeps it equal).
 MAX_LEN_KEYS = (
     "max_position_embeddings",
     "n_positions",

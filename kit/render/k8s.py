@@ -90,7 +90,7 @@ SECRETS_FILE = "secrets.yaml"  # 0600: htpasswd, key digests, the TLS key, servi
 
 
 @dataclass(frozen=True)
-class Credentials:
+class CredentialFiles:
     """The site's credential files as `kit render` and the credential commands left them."""
 
     htpasswd: bytes
@@ -101,7 +101,7 @@ class Credentials:
     server_key: bytes
 
     @classmethod
-    def read(cls, layout: SiteLayout) -> "Credentials":
+    def read(cls, layout: SiteLayout) -> "CredentialFiles":
         paths = {
             "htpasswd": layout.htpasswd, "keys_map": layout.keys_map,
             "auth_state": layout.auth_state, "server_crt": layout.server_cert,
@@ -390,7 +390,7 @@ def _vllm_objects(plan: Plan, service: ServicePlan, namespace: str) -> tuple[lis
 # --------------------------------------------------------------------------- front door
 
 
-def _front_door(plan: Plan, namespace: str, credentials: Credentials, spec_name: str,
+def _front_door(plan: Plan, namespace: str, credentials: CredentialFiles, spec_name: str,
                 service_type: str) -> tuple[list, list]:
     """nginx and the password verifier, configured as on the server but for the cluster."""
     # Each service is one Kubernetes Service whatever its replicas: nginx has one address per
@@ -736,7 +736,7 @@ def awake_for_good(plan: Plan) -> Plan:
     return replace(plan, services=services, waker=None)
 
 
-def export(plan: Plan, credentials: Credentials, *, namespace: str, service_type: str,
+def export(plan: Plan, credentials: CredentialFiles, *, namespace: str, service_type: str,
            spec_name: str) -> Export:
     """Every manifest of the site, one file per part; Secrets in their own 0600 file."""
     if plan.acme is not None:
@@ -857,7 +857,7 @@ def export_site(site: Site, out: Path, *, namespace: str | None, force: bool) ->
     unless `force` (the same rules as `kit render`, with the state in out/.kit-export)."""
     spec = site.spec
     plan = build_plan(spec)
-    result = export(plan, Credentials.read(site.layout), namespace=namespace or spec.site,
+    result = export(plan, CredentialFiles.read(site.layout), namespace=namespace or spec.site,
                     service_type=spec.kubernetes.service_type, spec_name=site.spec_path.name)
     state_dir = out / STATE_DIR
     try:

@@ -53,7 +53,7 @@ PRUNE_ALERT_WINDOW = "1d"
 
 
 @dataclass(frozen=True)
-class Target:
+class ScrapeTarget:
     """One scrape target: a replica of a service, read through the front door's listener."""
 
     service: str
@@ -67,9 +67,9 @@ def replica_hosts(service: ServicePlan) -> list[tuple[int, str]]:
     return [(replica.index, replica.host) for replica in service.replicas]
 
 
-def scrape_targets(plan: Plan) -> list[Target]:
+def scrape_targets(plan: Plan) -> list[ScrapeTarget]:
     """Every replica, by the host the front door's scrape listener forwards its path to."""
-    return [Target(service.name, index, host)
+    return [ScrapeTarget(service.name, index, host)
             for service in plan.services for index, host in replica_hosts(service)]
 
 

@@ -40,7 +40,7 @@ MAX_NUMBER_CHARS = 32
 # --------------------------------------------------------------------------- YAML with positions
 
 
-class Refused(yaml.MarkedYAMLError):
+class RefusedYaml(yaml.MarkedYAMLError):
     """YAML that parses but that a site spec never needs (and a hostile one uses)."""
 
     def __init__(self, problem: str, fix: str, mark: yaml.Mark):
@@ -57,12 +57,12 @@ class _SpecLoader(yaml.SafeLoader):
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
-            raise Refused(
+            raise RefusedYaml(
                 "anchors and aliases (&name, *name) are not allowed in a kit file",
                 "write the value out where it is used", event.start_mark,
             )
         if self.depth >= MAX_DEPTH:
-            raise Refused(
+            raise RefusedYaml(
                 f"nested deeper than {MAX_DEPTH} levels",
                 "a site spec nests four levels at most (services[].env.NAME), site.lock six",
                 event.start_mark,
@@ -94,7 +94,7 @@ COLLECTION_TAGS: dict[type[yaml.Node], str] = {
 def _walk(node: yaml.Node, path: tuple, located: Located, loader: yaml.SafeLoader) -> Any:
     located.marks.setdefault(path, _mark(node))
     if COLLECTION_TAGS.get(type(node), node.tag) != node.tag:
-        raise Refused(f"the tag {node.tag} is not allowed in a kit file", "remove the tag",
+        raise RefusedYaml(f"the tag {node.tag} is not allowed in a kit file", "remove the tag",
                       node.start_mark)
     if isinstance(node, yaml.MappingNode):
         result: dict = {}

@@ -43,7 +43,7 @@ from kit.spec.load import parse_spec
 from kit.spec.model import Service
 from kit.spec.replicas import compose_names
 from kit.table import text_table
-from kit.views.status import ReplicaAdapters, replica_adapters
+from kit.views.status import ServedAdapters, replica_adapters
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,7 @@ def adapter_table(site: Site, engine: Engine, service_name: str | None = None) -
     return text_table(rows)
 
 
-def _rows(state: ReplicaAdapters) -> list[list[str]]:
+def _rows(state: ServedAdapters) -> list[list[str]]:
     if state.served is None:
         return [[state.container, "-", "unknown: its /v1/models did not answer"]]
     names = sorted(set(state.served) | set(state.missing))

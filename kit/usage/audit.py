@@ -33,7 +33,7 @@ from kit.usage.health import CollectorHealth
 from kit.usage.ledger import (
     PRUNED,
     STATE,
-    Ledger,
+    LedgerReader,
     Line,
     open_ledger,
     record_of,
@@ -51,7 +51,7 @@ LOOK_AHEAD = 100_000  # lines read past a seq gap to tell a reordering from a de
 
 
 @dataclass(frozen=True)
-class Head:
+class ChainHead:
     """The last record of the chain as a verify saw it."""
 
     seq: int
@@ -63,11 +63,11 @@ class Head:
         return "the collector's state.json" if self.at == STATE else f"a verify at {self.at}"
 
 
-def collector_head(saved: CollectorHealth | None) -> Head | None:
+def collector_head(saved: CollectorHealth | None) -> ChainHead | None:
     """The last record the collector says it wrote (its saved account, state.json, read before
     the walk: it is saved after the lines it covers, so an honest chain reaches it)."""
     head = None if saved is None else saved.head
-    return None if head is None else Head(*head, STATE)
+    return None if head is None else ChainHead(*head, STATE)
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class Verdict:
     records: int  # records read and chained
     pruned: int  # records accounted for by pruned.jsonl
     segments: int  # segment files read
-    head: Head | None  # the last record (None: an empty ledger)
+    head: ChainHead | None  # the last record (None: an empty ledger)
     anchors: int  # earlier heads found still in the chain
     finding: Finding | None
     pruned_ranges: tuple[PrunedRange, ...] = ()  # what was pruned, in the chain's order
@@ -165,11 +165,11 @@ class _Pruned:
 
 
 class _Walk:
-    def __init__(self, anchors: list[Head]):
+    def __init__(self, anchors: list[ChainHead]):
         self.expected, self.previous = 1, GENESIS
         self.records = self.pruned = self.segments = 0
         self.pruned_ranges: list[PrunedRange] = []
-        self.anchors: dict[int, list[Head]] = {}
+        self.anchors: dict[int, list[ChainHead]] = {}
         for anchor in anchors:
             self.anchors.setdefault(anchor.seq, []).append(anchor)
         self.anchors_seen = 0
@@ -270,13 +270,13 @@ def _missing(expected: int, found: int, line: Line, lines: Iterator[Line]) -> st
     return f"{span} missing before this record: deleted"
 
 
-def verify(ledger: Ledger, anchors: list[Head], now: datetime) -> Verdict:
+def verify(ledger: LedgerReader, anchors: list[ChainHead], now: datetime) -> Verdict:
     """Walk the whole ledger; the first finding, or the head it ends at."""
     pruned = _Pruned(ledger.pruned())
     walk = _Walk(anchors)
 
     def verdict(finding: Finding | None) -> Verdict:
-        head = None if walk.expected == 1 else Head(walk.expected - 1, walk.previous,
+        head = None if walk.expected == 1 else ChainHead(walk.expected - 1, walk.previous,
                                                     now.isoformat())
         return Verdict(walk.records, walk.pruned, walk.segments, head, walk.anchors_seen,
                        finding, tuple(walk.pruned_ranges))
@@ -332,18 +332,18 @@ ANCHORS_FIX = ("if the ledger was deliberately started over (its volume removed)
                "file away; otherwise restore it from a backup")
 
 
-def read_anchors(path: Path) -> list[Head]:
+def read_anchors(path: Path) -> list[ChainHead]:
     """The heads earlier verifies saw, oldest first (none yet: [])."""
     found = read_state(path, _anchors, fix=ANCHORS_FIX)
     return found or []
 
 
-def _anchors(text: str) -> list[Head]:
-    return [Head(int(item["seq"]), str(item["hash"]), str(item["at"]))
+def _anchors(text: str) -> list[ChainHead]:
+    return [ChainHead(int(item["seq"]), str(item["hash"]), str(item["at"]))
             for item in json_object(text)["anchors"]]
 
 
-def keep_anchor(path: Path, head: Head) -> bool:
+def keep_anchor(path: Path, head: ChainHead) -> bool:
     """Add `head` to the anchors; False when one of them already is that record. The file is
     read again and written back (atomic) under its lock, so an anchor another verify kept since
     this one started is kept too, never overwritten."""
@@ -369,7 +369,7 @@ EXPORT_FORMATS = ("jsonl", "csv")
 EXPORT_COLUMNS = (*RECORD_FIELDS, "hash")
 
 
-def export(ledger: Ledger, period: Period, form: str) -> Iterator[bytes]:
+def export(ledger: LedgerReader, period: Period, form: str) -> Iterator[bytes]:
     """The period's records as stored (jsonl: each line as the ledger holds it, its hash
     checkable) or as CSV (one column per field, cells neutralised), made as they are read."""
     chosen = ((line, record) for line, record, moment in records(ledger, period.first_day)

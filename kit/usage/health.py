@@ -6,7 +6,7 @@ keeps it in two places, and kit asks each for what only it can answer:
 - `running_health`: the running collector's /health, asked inside its container
   (`HEALTH_ARGV`, the command its compose healthcheck runs). The figures as they are now, so
   `kit status` shows it: is the ledger recording?
-- `Ledger.saved_health` (kit/usage/ledger.py): state.json in the ledger's volume, the same
+- `LedgerReader.saved_health` (kit/usage/ledger.py): state.json in the ledger's volume, the same
   document as the collector last saved it, read through `docker cp` so a stopped collector
   answers too. It is saved only after the segment lines it covers are fsynced, so its head is
   in the chain: `kit audit verify` checks that head, and `open_ledger` takes a missing state.json

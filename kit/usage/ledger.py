@@ -93,7 +93,7 @@ def _lines(content: io.BufferedReader | Any) -> Iterator[bytes]:
         yield line.rstrip(b"\n")
 
 
-class Ledger:
+class LedgerReader:
     """The ledger in the collector's container `container_id` on `engine`."""
 
     def __init__(self, engine: Engine, container_id: str, root: str = LEDGER_DIR):
@@ -179,7 +179,7 @@ def _numbered(segment: str, lines: Iterator[bytes]) -> Iterator[Line]:
         yield Line(segment, number, text)
 
 
-def open_ledger(site: Site, engine: Engine) -> Ledger:
+def open_ledger(site: Site, engine: Engine) -> LedgerReader:
     """The site's ledger on its engine; BadInput naming the fix when there is none to read (usage
     off in the spec; no collector: the stack predates it; a collector that wrote nothing)."""
     if usage_plan(site.spec) is None:
@@ -193,7 +193,7 @@ def open_ledger(site: Site, engine: Engine) -> Ledger:
             f"site {site.project} has no usage ledger on {engine.address}: there is no "
             f"{USAGE_SERVICE} container (the stack was brought up before the ledger existed)",
             fix=f"run `kit up {site.spec_path}`: it starts the collector")
-    ledger = Ledger(engine, found[0].id)
+    ledger = LedgerReader(engine, found[0].id)
     saved = ledger.saved_health()
     if saved is None:  # the collector's first write, before any record
         raise BadInput(
@@ -228,7 +228,7 @@ def record_time(record: dict) -> datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
-def records(ledger: Ledger, first_day: date | None) -> Iterator[tuple[Line, dict, datetime]]:
+def records(ledger: LedgerReader, first_day: date | None) -> Iterator[tuple[Line, dict, datetime]]:
     """(line, record, its time) of every record from `first_day` on; a line that is not a
     record is exit 1 naming it (`kit audit verify` says what else is wrong)."""
     for line in ledger.lines(first_day):

@@ -11,7 +11,7 @@ from datetime import date, timedelta
 from types import ModuleType
 
 from kit.errors import BadInput
-from kit.usage.totals import Usage
+from kit.usage.totals import PeriodUsage
 
 TOP = 8  # credentials drawn by name; the rest are one line, "others"
 INSTALL = "pip install 'kit[plot]'"
@@ -32,7 +32,7 @@ def pyplot(needed_by: str, instead: str | None = None) -> ModuleType:
     return plt
 
 
-def daily_series(usage: Usage) -> tuple[list[date], dict[str, tuple[list[int], list[int]]]]:
+def daily_series(usage: PeriodUsage) -> tuple[list[date], dict[str, tuple[list[int], list[int]]]]:
     """The period's days, and per credential (the TOP by tokens, then "others") the requests
     and tokens of each day (0 on days without any)."""
     by_who: dict[str, dict[date, list[int]]] = {}
@@ -56,7 +56,7 @@ def daily_series(usage: Usage) -> tuple[list[date], dict[str, tuple[list[int], l
     return days, series
 
 
-def png(usage: Usage, plt: ModuleType) -> bytes:
+def png(usage: PeriodUsage, plt: ModuleType) -> bytes:
     """The figure as PNG bytes (the caller writes them atomically)."""
     days, series = daily_series(usage)
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.4), sharex=True)

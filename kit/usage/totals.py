@@ -25,7 +25,7 @@ from kit.errors import BadInput
 from kit.plan.usage import usage_plan
 from kit.spec.model import Spec
 from kit.table import text_table
-from kit.usage.ledger import Ledger, open_ledger, records
+from kit.usage.ledger import LedgerReader, open_ledger, records
 from kit.usage.period import Period
 from kit.usage.tables import csv_lines
 
@@ -45,7 +45,7 @@ Cell = tuple[str, str, str]  # (who, model, day)
 
 
 @dataclass
-class Figures:
+class Totals:
     """What a group of records adds up to."""
 
     requests: int = 0
@@ -72,7 +72,7 @@ class Figures:
         self.prompt_tokens += _positive(record.get("prompt_tokens"))
         self.completion_tokens += _positive(record.get("completion_tokens"))
 
-    def add(self, other: Figures) -> None:
+    def add(self, other: Totals) -> None:
         for name, value in asdict(other).items():
             setattr(self, name, getattr(self, name) + value)
 
@@ -105,11 +105,11 @@ def chargeback_for(spec: Spec) -> Chargeback | None:
 
 
 @dataclass(frozen=True)
-class Usage:
+class PeriodUsage:
     """A period's cells, and how to charge them."""
 
     period: Period
-    cells: dict[Cell, Figures]
+    cells: dict[Cell, Totals]
     chargeback: Chargeback | None = None
     now: datetime | None = None  # when it was read (the period's hours stop there)
     gate_checks: int = 0  # requests kit's gate made to be refused: not usage, not in the cells
@@ -137,11 +137,11 @@ class Usage:
                 if model not in prices and cost > 0}
 
 
-def gather(ledger: Ledger, period: Period, chargeback: Chargeback | None,
-           now: datetime) -> Usage:
+def gather(ledger: LedgerReader, period: Period, chargeback: Chargeback | None,
+           now: datetime) -> PeriodUsage:
     """The period's records summed into cells, read from the ledger once."""
-    cells: dict[Cell, Figures] = {}
-    gate_checks = Figures()
+    cells: dict[Cell, Totals] = {}
+    gate_checks = Totals()
     for _, record, moment in records(ledger, period.first_day):
         if not period.holds(moment):
             continue
@@ -151,11 +151,11 @@ def gather(ledger: Ledger, period: Period, chargeback: Chargeback | None,
         model = record.get("model")
         cell = (str(record.get("who") or NOT_ROUTED), str(model) if model else NOT_ROUTED,
                 moment.date().isoformat())
-        cells.setdefault(cell, Figures()).count(record)
-    return Usage(period, cells, chargeback, now, gate_checks.requests)
+        cells.setdefault(cell, Totals()).count(record)
+    return PeriodUsage(period, cells, chargeback, now, gate_checks.requests)
 
 
-def site_usage(site: Site, engine: Engine, period: Period, now: datetime) -> Usage:
+def site_usage(site: Site, engine: Engine, period: Period, now: datetime) -> PeriodUsage:
     """`kit usage`'s core call: the site's ledger on its engine, summed over `period`."""
     return gather(open_ledger(site, engine), period, chargeback_for(site.spec), now)
 
@@ -176,7 +176,7 @@ def parse_by(text: str) -> tuple[str, ...]:
 @dataclass
 class Row:
     key: tuple[str, ...]
-    figures: Figures = field(default_factory=Figures)
+    figures: Totals = field(default_factory=Totals)
     cost: float | None = None
 
     def to_json(self, by: Sequence[str]) -> dict:
@@ -191,7 +191,7 @@ def _per_million(row: Row) -> float | None:
     return round(row.cost / row.figures.tokens * 1_000_000, 6)
 
 
-def rows(usage: Usage, by: Sequence[str]) -> list[Row]:
+def rows(usage: PeriodUsage, by: Sequence[str]) -> list[Row]:
     """The cells grouped by `by` (sorted), each with its share of the GPU cost."""
     prices = usage.token_prices() if usage.chargeback else None
     grouped: dict[tuple[str, ...], Row] = {}
@@ -218,7 +218,7 @@ def total(rows_: Iterable[Row]) -> Row:
 # A report is one or more sections: (None, usage) for a site, (server, usage) per server of a
 # fleet, which adds a SERVER column and sums the servers in one total.
 
-Section = tuple[str | None, Usage]
+Section = tuple[str | None, PeriodUsage]
 HEADS = ("REQUESTS", "COMPLETED", "ABORTED", "FAILED", "REFUSED", "PROMPT", "COMPLETION",
          "TOKENS")
 COST_HEADS = ("COST", "COST/M TOKENS")
@@ -272,7 +272,7 @@ def text(sections: Sequence[Section], by: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def _charge_notes(usage: Usage) -> list[str]:
+def _charge_notes(usage: PeriodUsage) -> list[str]:
     if usage.chargeback is None or usage.now is None:
         return []
     hours = usage.period.hours(usage.now)
@@ -311,7 +311,7 @@ def to_json(sections: Sequence[Section], by: Sequence[str]) -> dict:
     return document
 
 
-def _charge_json(usage: Usage) -> dict:
+def _charge_json(usage: PeriodUsage) -> dict:
     assert usage.chargeback is not None and usage.now is not None
     return {"gpu_hour_cost": usage.chargeback.gpu_hour_cost,
             "hours": round(usage.period.hours(usage.now), 6),

@@ -34,7 +34,7 @@ class NodeContainers:
 
 
 @dataclass(frozen=True)
-class ReplicaAdapters:
+class ServedAdapters:
     """The LoRA adapters one replica serves (its own /v1/models) against the spec's."""
 
     container: str
@@ -74,7 +74,7 @@ class StackStatus:
     out_of_rotation: frozenset[str] = frozenset()  # replicas nginx's server lists leave out
     probe_stale: str | None = None  # why the last probe says nothing of what runs now
     usage: LedgerHealth | None = None  # the usage ledger's health (None: usage is off)
-    adapters: tuple[ReplicaAdapters, ...] = ()  # per running replica of a service with adapters
+    adapters: tuple[ServedAdapters, ...] = ()  # per running replica of a service with adapters
     sleep: tuple[ReplicaSleep, ...] = ()  # awake/asleep of services with idle_sleep
 
     def replicas_in_service(self) -> dict[str, dict[str, int]]:
@@ -163,7 +163,7 @@ def gather(site: Site, engine: Engine,
 
 
 def replica_adapters(site: Site, engine: Engine, containers: tuple[ContainerState, ...]
-                     ) -> tuple[ReplicaAdapters, ...]:
+                     ) -> tuple[ServedAdapters, ...]:
     """Each running replica of a service with adapters, asked what it serves (kit status,
     kit adapters list)."""
     declared = {s.name: {a.name for a in s.adapters} for s in site.spec.services if s.adapters}
@@ -173,7 +173,7 @@ def replica_adapters(site: Site, engine: Engine, containers: tuple[ContainerStat
             continue
         served = served_adapters(engine, c)
         wanted = declared[c.spec_service]
-        found.append(ReplicaAdapters(c.service, None if served is None else tuple(served),
+        found.append(ServedAdapters(c.service, None if served is None else tuple(served),
                                      tuple(sorted(wanted - set(served or wanted))),
                                      tuple(sorted(set(served or ()) - wanted))))
     return tuple(found)

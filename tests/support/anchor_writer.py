@@ -30,7 +30,7 @@ def main(args: list[str]) -> None:
     anchors, seq, go = Path(args[0]), int(args[1]), Path(args[2])
     read = audit.read_anchors
 
-    def slow_read(path: Path) -> list[audit.Head]:
+    def slow_read(path: Path) -> list[audit.ChainHead]:
         found = read(path)
         time.sleep(DELAY)
         return found
@@ -39,7 +39,7 @@ def main(args: list[str]) -> None:
     print("ready", flush=True)
     while not go.exists():
         time.sleep(0.01)
-    head = audit.Head(seq, f"{seq:064x}", f"2026-12-01T12:00:{seq:02d}+00:00")
+    head = audit.ChainHead(seq, f"{seq:064x}", f"2026-12-01T12:00:{seq:02d}+00:00")
     print("kept" if audit.keep_anchor(anchors, head) else "not kept", flush=True)
 
 

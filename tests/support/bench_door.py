@@ -1,5 +1,5 @@
 """`kit bench` against a vLLM stand-in process on loopback (no Docker, no nginx): a stand-in for
-bench_run.FrontDoor that sizes prompts by the stand-in's own token rule and reads the stand-in's
+bench_run.BenchDoor that sizes prompts by the stand-in's own token rule and reads the stand-in's
 /metrics, and the count of chat completions the stand-in received (http_requests_total, which
 counts every request it dispatched, whatever its answer)."""
 
@@ -32,7 +32,7 @@ def chat_requests_received(port: int) -> int:
 
 
 def local_door(port: int, model: Path, timeout_s: float = 60) -> type:
-    """A FrontDoor class (bench_run builds it from the site and service) aimed at the stand-in
+    """A BenchDoor class (bench_run builds it from the site and service) aimed at the stand-in
     on `port` serving `model`."""
 
     class LocalDoor:

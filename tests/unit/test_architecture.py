@@ -1,6 +1,7 @@
 """docs/architecture.md is the map a newcomer reads first: it must name every module of kit/ (in
 every wing) and nothing that does not exist — no file, and no `kit.…` function or class."""
 
+import ast
 import importlib
 import re
 from pathlib import Path
@@ -71,3 +72,32 @@ def test_every_name_the_map_gives_exists() -> None:
 def test_the_resolver_refuses_a_name_that_does_not_exist() -> None:
     with pytest.raises(AttributeError):
         resolve("kit.stack.up.no_such_function")
+
+
+def classes_sharing_a_name(sources: dict[str, str]) -> dict[str, list[str]]:
+    """Class name → every `path:line` defining it, for names defined more than once (nested
+    classes too: a reader meeting the name cannot tell which one is meant)."""
+    where: dict[str, list[str]] = {}
+    for path, source in sources.items():
+        for node in ast.walk(ast.parse(source, path)):
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(f"{path}:{node.lineno}")
+    return {name: found for name, found in sorted(where.items()) if len(found) > 1}
+
+
+def test_no_two_classes_in_kit_share_a_name() -> None:
+    """One name, one type (issue 44: `Target`, `Slo`, `Outcome`, `Progress`… each meant two
+    things): name a type after what it is, not after the module it sits in."""
+    sources = {str(path.relative_to(ROOT)): path.read_text()
+               for path in sorted((ROOT / "kit").rglob("*.py"))
+               if not {"templates", "data"} & set(path.relative_to(ROOT).parts)}
+    shared = classes_sharing_a_name(sources)
+    assert not shared, "rename all but one after what it is:\n" + "\n".join(
+        f"{name}: {', '.join(found)}" for name, found in shared.items())
+
+
+def test_the_class_check_finds_a_planted_duplicate() -> None:
+    planted = {"kit/a.py": "class Progress:\n    pass\n",
+               "kit/b.py": "def f():\n    class Progress:\n        pass\n",
+               "kit/c.py": "class Target:\n    pass\n"}
+    assert classes_sharing_a_name(planted) == {"Progress": ["kit/a.py:1", "kit/b.py:2"]}

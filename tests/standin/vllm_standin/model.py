@@ -18,13 +18,16 @@ from pathlib import Path
 
 GiB = 1 << 30
 
-# ModelConfig's keys for the model's context length (vllm/config/model.py).
+# ModelConfig's keys for the model's context length (vllm/config/model.py), smallest wins. A copy
+# of kit/plan/modelinfo.py's (this image carries no kit): tests/unit/standin/test_model.py keeps
+# the two equal.
 MAX_LEN_KEYS = (
     "max_position_embeddings",
     "n_positions",
     "max_seq_len",
     "seq_length",
     "model_max_length",
+    "max_target_positions",
     "max_sequence_length",
     "max_seq_length",
     "seq_len",

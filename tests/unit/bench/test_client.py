@@ -11,14 +11,14 @@ import pytest
 
 from kit.bench import client as bench_client
 from kit.bench import run as bench_run
-from kit.bench.analysis import LAG_LIMIT_MS, Slo, summarize
+from kit.bench.analysis import LAG_LIMIT_MS, SloBounds, summarize
 from kit.bench.client import Endpoint, Load, run_step
 from kit.bench.run import BenchOptions, run_bench
 from kit.site import Site
 from tests.support.bench_door import stale_connection_run
 from tests.support.standin_process import LLAMA_8B, model_dir, serving
 
-SLO = Slo(ttft_p95_ms=1000, tpot_p95_ms=100)
+SLO = SloBounds(ttft_p95_ms=1000, tpot_p95_ms=100)
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +121,7 @@ def test_ctrl_c_keeps_the_finished_steps(site: Path, model, monkeypatch):
                 raise KeyboardInterrupt
             return await real(*args, **kwargs)
 
-        monkeypatch.setattr(bench_run, "FrontDoor", Door)
+        monkeypatch.setattr(bench_run, "BenchDoor", Door)
         monkeypatch.setattr(bench_run.bench_client, "run_step", interrupted_third)
         options = BenchOptions(service=None, slo=SLO, input_tokens=8, output_tokens=4,
                                concurrency=None, requests_per_step=4, max_minutes=1,

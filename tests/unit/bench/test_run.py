@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kit.bench import run as bench_run
-from kit.bench.analysis import DEFAULT_SLO, Slo
+from kit.bench.analysis import DEFAULT_SLO, SloBounds
 from kit.bench.run import slo_for
 from kit.plan.host import load_spec
 from tests.support.bench_door import local_door
@@ -30,10 +30,10 @@ def test_without_flags_or_spec_slo_the_default_judges(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("written", "flags", "expected"), [
-    ("    slo: {ttft_p95_ms: 400, tpot_p95_ms: 30}\n", (None, None), Slo(400, 30)),
-    ("    slo: {ttft_p95_ms: 400}\n", (None, None), Slo(400, DEFAULT_SLO.tpot_p95_ms)),
-    ("    slo: {ttft_p95_ms: 400, tpot_p95_ms: 30}\n", (250.0, None), Slo(250, 30)),
-    ("", (250.0, 20.0), Slo(250, 20)),
+    ("    slo: {ttft_p95_ms: 400, tpot_p95_ms: 30}\n", (None, None), SloBounds(400, 30)),
+    ("    slo: {ttft_p95_ms: 400}\n", (None, None), SloBounds(400, DEFAULT_SLO.tpot_p95_ms)),
+    ("    slo: {ttft_p95_ms: 400, tpot_p95_ms: 30}\n", (250.0, None), SloBounds(250, 30)),
+    ("", (250.0, 20.0), SloBounds(250, 20)),
 ])
 def test_the_flag_wins_then_the_spec_slo(tmp_path: Path, written: str, flags, expected) -> None:
     assert slo_for(_service(tmp_path, written), *flags) == expected
@@ -61,7 +61,7 @@ def test_without_matplotlib_bench_measures_and_says_the_charts_were_skipped(
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib: ImportError
     model = model_dir(tmp_path, "tiny", LLAMA_8B)
     with serving(str(model), "--max-num-seqs", "8", STANDIN_TTFT_MS="20") as (port, _):
-        monkeypatch.setattr(bench_run, "FrontDoor", local_door(port, model))
+        monkeypatch.setattr(bench_run, "BenchDoor", local_door(port, model))
         result = run_kit("bench", site / "site.yaml", "--concurrency", "1,2",
                          "--requests-per-step", "2", "--output-tokens", "4",
                          "--slo-ttft-p95-ms", "5000", "--slo-tpot-p95-ms", "1000")

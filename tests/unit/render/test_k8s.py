@@ -24,7 +24,7 @@ from kit.plan.host import load_spec
 from kit.plan.usage import HEALTH_ARGV, USAGE_PORT, UsagePlan
 from kit.render.k8s import (
     USAGE_DRAIN,
-    Credentials,
+    CredentialFiles,
     cannot_do,
     export,
     ledger_claim_size,
@@ -48,7 +48,7 @@ from tests.support.usage_collector import (
 DATA = REPO / "tests" / "data" / "k8s"
 VERSIONS = ["1.33.0", "1.34.0", "1.35.0", "1.36.0", "1.37.0"]
 # Fixed credential files, so the golden Secrets do not change from run to run.
-CREDENTIALS = Credentials(
+CREDENTIALS = CredentialFiles(
     htpasswd=b"ops:$2b$12$abcdefghijklmnopqrstuu5l9GQ5LkZ2WbZLc3Ed8bYqv7jA0nBS6\n",
     keys_map=b'    "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0" "ci";\n',
     auth_state=b"map $host $kit_auth_epoch { default \"1\"; }\n",
@@ -379,7 +379,7 @@ def test_front_door_config_passes_nginx_t(site: Path) -> None:
     them, with the site's real credentials: nginx -t accepts both."""
     assert run_kit("render", site / "site.yaml").exit_code == 0
     plan = build_plan(load_spec(site / "site.yaml"))
-    result = export(plan, Credentials.read(SiteLayout(site)), namespace="llm",
+    result = export(plan, CredentialFiles.read(SiteLayout(site)), namespace="llm",
                     service_type="LoadBalancer", spec_name="site.yaml")
     files = {str(o.path): o.content for o in result.files}
     nginx_dir, verifier = _front_door_folders(files, site.parent / "pods")

@@ -3,7 +3,7 @@ tests/standin/vllm_standin/calibration.py and engine.py): the API server's CPU p
 and more per chunk carrying usage, an engine step that lasts longer with every running sequence
 and every prompt token it computes, vLLM's --long-prefill-token-threshold, and
 `STANDIN_CALIBRATION=h100` setting the knobs' defaults (opt-in). Priority ordering without
-preemption, also under chunked prefill: test_priority.py."""
+preemption, also under chunked prefill: test_engine_priority.py."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from kit.plan.usage import USAGE_SERVICE
 from kit.site import Site
 from kit.usage import audit
 from kit.usage.audit import EXPORT_COLUMNS, Verdict, export, read_anchors, verify_site
-from kit.usage.ledger import LEDGER_DIR, Ledger
+from kit.usage.ledger import LEDGER_DIR, LedgerReader
 from kit.usage.period import period
 from kit.usage.totals import gather, rows
 from tests.support.anchor_writer import start_anchor_writer
@@ -175,7 +175,7 @@ def test_a_chain_cut_at_its_end_is_caught_by_an_anchor(tmp_path: Path) -> None:
 def test_export_jsonl_is_the_records_as_stored(tmp_path: Path) -> None:
     files = ledger_files(three_a_day())
     audited = Audited(tmp_path, files)
-    ledger = Ledger(audited.engine, f"unit01-{USAGE_SERVICE}-1")
+    ledger = LedgerReader(audited.engine, f"unit01-{USAGE_SERVICE}-1")
     chosen = period("2026-11-20", "2026-11-20", NOW, default_since=None)
     exported = b"".join(export(ledger, chosen, "jsonl"))
     assert exported == files[f"{LEDGER_DIR}/segments/2026-11-20.jsonl"]
@@ -186,7 +186,7 @@ def test_export_csv_cells_cannot_run_in_a_spreadsheet(tmp_path: Path) -> None:
                                     record("2026-11-20T02:00:00.000Z", who="-", model=None,
                                            prompt=None, completion=None, ended="refused_auth")]})
     audited = Audited(tmp_path, ledger_files(chain))
-    ledger = Ledger(audited.engine, f"unit01-{USAGE_SERVICE}-1")
+    ledger = LedgerReader(audited.engine, f"unit01-{USAGE_SERVICE}-1")
     text = b"".join(export(ledger, period(None, None, NOW, default_since=None), "csv")).decode()
     rows = list(csv.DictReader(io.StringIO(text)))
     assert tuple(rows[0]) == EXPORT_COLUMNS
@@ -258,7 +258,7 @@ def test_the_collectors_own_ledger_verifies_and_sums(tmp_path: Path) -> None:
     state = json.loads((folder / "state.json").read_text())
     assert verdict.ok and verdict.records == 40, verdict
     assert verdict.head is not None and verdict.head.hash == state["last_hash"]
-    ledger = Ledger(audited.engine, f"unit01-{USAGE_SERVICE}-1")
+    ledger = LedgerReader(audited.engine, f"unit01-{USAGE_SERVICE}-1")
     found = gather(ledger, period(None, None, NOW, default_since=None), None, NOW)
     sums = {row.key: (row.figures.requests, row.figures.prompt_tokens) for row in
             rows(found, ("who",))}
@@ -288,7 +288,7 @@ def test_a_ledger_past_nobodys_share_verifies_sums_and_shows_an_edit(tmp_path: P
     audited = Audited(tmp_path / "site-root", files)
     verdict = audited.verify()
     assert verdict.ok and verdict.records == health["last_seq"], verdict
-    ledger = Ledger(audited.engine, f"unit01-{USAGE_SERVICE}-1")
+    ledger = LedgerReader(audited.engine, f"unit01-{USAGE_SERVICE}-1")
     found = gather(ledger, period(None, None, NOW, default_since=None), None, NOW)
     sums = {row.key: row.figures.requests for row in rows(found, ("who",))}
     assert sums == {("key:alice",): 20, ("-",): 1_980 - dropped}

@@ -9,7 +9,7 @@ import pytest
 
 from kit.errors import BadInput, ExitCode, KitError
 from kit.site import Site
-from kit.usage.ledger import LEDGER_DIR, Ledger, open_ledger, records
+from kit.usage.ledger import LEDGER_DIR, LedgerReader, open_ledger, records
 from tests.support.fake_engine import FakeEngine
 from tests.support.synthetic_ledger import (
     chained,
@@ -30,9 +30,10 @@ def three_a_day() -> dict[str, bytes]:
                                  for day in DAYS}))
 
 
-def reader(files: dict[str, bytes] | None, *, running: bool = True) -> tuple[FakeEngine, Ledger]:
+def reader(files: dict[str, bytes] | None, *,
+           running: bool = True) -> tuple[FakeEngine, LedgerReader]:
     engine = FakeEngine()
-    return engine, Ledger(engine, ledger_container(engine, "unit01", files, running=running))
+    return engine, LedgerReader(engine, ledger_container(engine, "unit01", files, running=running))
 
 
 def test_every_segment_in_order_through_one_stream() -> None:

@@ -10,11 +10,11 @@ from datetime import UTC, datetime
 import pytest
 
 from kit.errors import BadInput
-from kit.usage.ledger import Ledger
+from kit.usage.ledger import LedgerReader
 from kit.usage.period import period
 from kit.usage.totals import (
     Chargeback,
-    Usage,
+    PeriodUsage,
     csv_text,
     gather,
     json_text,
@@ -43,13 +43,14 @@ SEGMENTS = {
 }
 
 
-def usage_of(since: str, until: str | None, chargeback: Chargeback | None = None) -> Usage:
+def usage_of(since: str, until: str | None, chargeback: Chargeback | None = None) -> PeriodUsage:
     engine = FakeEngine()
-    ledger = Ledger(engine, ledger_container(engine, "unit01", ledger_files(chained(SEGMENTS))))
+    files = ledger_files(chained(SEGMENTS))
+    ledger = LedgerReader(engine, ledger_container(engine, "unit01", files))
     return gather(ledger, period(since, until, NOW, default_since=None), chargeback, NOW)
 
 
-def figures(found: Usage, *by: str) -> dict[tuple[str, ...], tuple[int, ...]]:
+def figures(found: PeriodUsage, *by: str) -> dict[tuple[str, ...], tuple[int, ...]]:
     return {row.key: (row.figures.requests, row.figures.completed, row.figures.aborted,
                       row.figures.failed, row.figures.refused, row.figures.prompt_tokens,
                       row.figures.completion_tokens) for row in rows(found, by)}
@@ -166,7 +167,7 @@ def test_an_aggregate_counts_its_requests_and_a_services_refusal_is_refused() ->
                      completion=None, ended="refused_auth", status=401),
             "claimed": "kit:gate", "requests": 6, "door_seqs": [[7000, 7005]]}
     engine = FakeEngine()
-    ledger = Ledger(engine, ledger_container(engine, "unit01", ledger_files(chained(
+    ledger = LedgerReader(engine, ledger_container(engine, "unit01", ledger_files(chained(
         {"2026-11-30": [flood, rejected, gate]}))))
     found = gather(ledger, period("2026-11-30", "2026-11-30", NOW, default_since=None), None,
                    NOW)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kit.bench import run as bench_run
-from kit.bench.analysis import Slo
+from kit.bench.analysis import SloBounds
 from kit.bench.run import BenchOptions, run_bench
 from kit.site import Site
 from tests.support.bench_door import local_door
@@ -138,14 +138,14 @@ def test_what_the_priority_scheduler_costs_on_the_stand_in(site: Path, tmp_path:
     stand-in models the order, not vLLM's CPU: a heap of waiting requests instead of a deque
     (vLLM's PriorityRequestQueue), O(log n) a request beside a step of milliseconds."""
     model = model_dir(tmp_path, "tiny", LLAMA_8B)
-    options = BenchOptions(service=None, slo=Slo(5000, 1000), input_tokens=32, output_tokens=24,
-                           concurrency=(16,), requests_per_step=64, max_minutes=5,
+    options = BenchOptions(service=None, slo=SloBounds(5000, 1000), input_tokens=32,
+                           output_tokens=24, concurrency=(16,), requests_per_step=64, max_minutes=5,
                            compare_direct=False, max_client_lag_ms=200)
     figures: dict[str, list[tuple[float, float]]] = {"fcfs": [], "priority": []}
     for policy in ("fcfs", "priority", "priority", "fcfs"):
         with serving(str(model), "--max-num-seqs", "8", "--scheduling-policy", policy,
                      STANDIN_TTFT_MS="20", STANDIN_TOKEN_INTERVAL_MS="10") as (port, _):
-            monkeypatch.setattr(bench_run, "FrontDoor", local_door(port, model))
+            monkeypatch.setattr(bench_run, "BenchDoor", local_door(port, model))
             [step] = run_bench(Site.load(site / "site.yaml"), options, lambda line: None).steps
         assert step.failed == 0
         figures[policy].append((step.output_throughput, step.median_ttft_ms))

@@ -12,11 +12,11 @@ import yaml
 from kit.engine.desired import DesiredState
 from kit.plan.build import HF_CACHE_MOUNT, SITE_HF_CACHE_MOUNT, build_plan
 from kit.plan.host import load_spec
-from kit.render.k8s import Credentials, export
+from kit.render.k8s import CredentialFiles, export
 from tests.support.fake_stack import REMOTE_ENGINE, rendered
 from tests.support.sites import MULTI_NODE, base_site, write_site
 
-CREDENTIALS = Credentials(htpasswd=b"", keys_map=b"", auth_state=b"", door_policy=b"{}\n",
+CREDENTIALS = CredentialFiles(htpasswd=b"", keys_map=b"", auth_state=b"", door_policy=b"{}\n",
                           server_crt=b"", server_key=b"")
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kit.bench import run as bench_run
-from kit.bench.analysis import Recommendation, Slo, recommend, summarize
+from kit.bench.analysis import Recommendation, SloBounds, recommend, summarize
 from kit.bench.client import Outcome, StepRecord
 from kit.bench.run import BenchRun
 from kit.bench.spec_edit import with_max_num_seqs, write_max_num_seqs
@@ -108,7 +108,7 @@ def test_a_spec_owned_by_another_user_keeps_its_owner(tmp_path: Path):
     assert (after.st_uid, after.st_gid, after.st_mode & 0o7777) == (4321, 4322, 0o640)
 
 
-def passing_step(slo: Slo):
+def passing_step(slo: SloBounds):
     """32 streams well within the SLO (TTFT 100 ms, TPOT 10 ms)."""
     gaps = [0.01] * 10
     outcomes = [Outcome(ttft=0.1, latency=0.1 + sum(gaps), itl=gaps, prompt_tokens=100,
@@ -120,7 +120,7 @@ def passing_step(slo: Slo):
 def finished_run(first_failing: int | None) -> BenchRun:
     """A run where every step up to 32 streams passed and, when given, `first_failing` failed;
     with no failure the recommendation is the real `recommend`'s."""
-    slo = Slo(ttft_p95_ms=500, tpot_p95_ms=50)
+    slo = SloBounds(ttft_p95_ms=500, tpot_p95_ms=50)
     run = BenchRun("llama8b", slo, 64, 32, gpus=1, replicas=1, configured_max_num_seqs=None,
                    max_passing=32, first_failing=first_failing)
     run.recommendation = (

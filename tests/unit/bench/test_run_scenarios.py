@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kit.bench import run as bench_run
-from kit.bench.analysis import Slo
+from kit.bench.analysis import SloBounds
 from kit.bench.run import BenchOptions, run_bench
 from kit.site import Site
 from tests.support.bench_door import local_door
@@ -18,20 +18,20 @@ from tests.support.standin_process import LLAMA_8B, model_dir, serving
 SCENARIOS = {
     # 4 slots, a stream lasts 100 + 15 x 20 ms: at 8 streams each request waits ~400 ms
     "max_num_seqs": (["--max-num-seqs", "4"], {"STANDIN_TTFT_MS": "100"}, 4, (2, 8), 16,
-                     Slo(250, 100)),
+                     SloBounds(250, 100)),
     # 20 blocks of 16 tokens: 64-token prompts growing to 96 tokens, so 3 or 4 fit; preemptions
     "kv_cache": (["--max-num-seqs", "64"], {"STANDIN_TTFT_MS": "100",
                                             "STANDIN_KV_TOKENS": "320"}, 64, (2, 8), 32,
-                 Slo(250, 100)),
+                 SloBounds(250, 100)),
     # 128 tokens a step, a decode token each first: about one 64-token prompt a step
     "max_num_batched_tokens": (["--max-num-seqs", "64", "--max-num-batched-tokens", "128"],
                                {"STANDIN_PREFILL_BUDGET": "1",
                                 "STANDIN_PREFILL_US_PER_TOKEN": "500"}, 64, (4, 32), 16,
-                               Slo(250, 100)),
+                               SloBounds(250, 100)),
     # each step 10 ms + 5 ms per running request: TPOT 20 ms at 2 streams, 90 at 16
     "gpu": (["--max-num-seqs", "64"], {"STANDIN_TTFT_MS": "50", "STANDIN_TOKEN_INTERVAL_MS":
                                        "10", "STANDIN_TOKEN_INTERVAL_PER_SEQ_MS": "5"}, 64,
-            (2, 16), 16, Slo(1000, 60)),
+            (2, 16), 16, SloBounds(1000, 60)),
 }
 
 
@@ -45,7 +45,7 @@ def bench(site: Path, model: Path, monkeypatch, name: str, grid: tuple[int, ...]
     spec = site / "site.yaml"
     spec.write_text(spec.read_text().replace("max_num_seqs: 64", f"max_num_seqs: {seqs}"))
     with serving(str(model), *flags, **env) as (port, _):
-        monkeypatch.setattr(bench_run, "FrontDoor", local_door(port, model))
+        monkeypatch.setattr(bench_run, "BenchDoor", local_door(port, model))
         options = BenchOptions(service=None, slo=slo, input_tokens=64, output_tokens=tokens,
                                concurrency=grid or levels,
                                requests_per_step=2 * max(grid or levels),

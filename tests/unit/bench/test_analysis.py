@@ -8,7 +8,7 @@ import pytest
 from kit.bench.analysis import (
     LAG_LIMIT_MS,
     BoundarySearch,
-    Slo,
+    SloBounds,
     binding_constraint,
     percentile,
     recommend,
@@ -17,7 +17,7 @@ from kit.bench.analysis import (
 from kit.bench.client import Outcome, StepRecord, has_choice
 from kit.bench.run import GaugeWatch, parse_gauges
 
-SLO = Slo(ttft_p95_ms=200, tpot_p95_ms=30)
+SLO = SloBounds(ttft_p95_ms=200, tpot_p95_ms=30)
 
 
 def outcome(ttft_ms: float, tpot_ms: float, tokens: int = 11) -> Outcome:
