@@ -154,7 +154,7 @@ def server_status(spec: Path) -> ServerStatus:
     from kit.engine.docker_api import connect
     from kit.engine.url import resolve
     from kit.site import Site
-    from kit.stack.status import gather
+    from kit.views.status import gather
 
     started = time.monotonic()
     engine = "?"

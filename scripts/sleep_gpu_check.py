@@ -26,13 +26,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kit.converge.sleep import change_sleep, sleeping_service  # noqa: E402
 from kit.engine.docker_api import Engine, connect  # noqa: E402
 from kit.errors import BadInput, KitError  # noqa: E402
 from kit.front_door.client import DoorClient, ProbeFailure, target_for  # noqa: E402
 from kit.front_door.gate import sse_events, stream_stats  # noqa: E402
 from kit.site import Site  # noqa: E402
 from kit.spec.replicas import compose_names  # noqa: E402
-from kit.stack.sleep import change_sleep, sleeping_service  # noqa: E402
 
 NVIDIA_SMI = ["nvidia-smi", "--query-gpu=index,memory.used,memory.total",
               "--format=csv,noheader,nounits"]

@@ -8,8 +8,7 @@ import click
 from kit.commands.options import holding, wait_lock_option
 from kit.engine.docker_api import connect
 from kit.site import Site
-from kit.stack.adapter_load import ADAPTER_DRAIN_S
-from kit.stack.adapters import adapter_table, add_adapter, remove_adapter
+from kit.stack.adapters import ADAPTER_DRAIN_S, adapter_table, add_adapter, remove_adapter
 
 spec_path = click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
 

@@ -8,8 +8,8 @@ import click
 from kit.commands.options import holding, spec_argument, wait_lock_option
 from kit.engine.docker_api import connect
 from kit.site import Site
-from kit.stack.bundle import bundle_site
-from kit.stack.wheelhouse import build_wheelhouse
+from kit.supply.bundle import bundle_site
+from kit.supply.wheelhouse import build_wheelhouse
 
 
 @click.command()

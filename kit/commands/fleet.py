@@ -98,9 +98,8 @@ def _usage(specs: list[Path], args: list[str]) -> list[str]:
     """Every server's usage merged (one period, one `now` for all); the failed servers."""
     from datetime import UTC, datetime
 
-    from kit.commands.usage import query, query_options
+    from kit.commands.usage import query, query_options, show_totals
     from kit.fleet import server_usage
-    from kit.usage import totals
 
     now = datetime.now(UTC)
     parse = query_options(click.Command("usage", callback=lambda **values: values))
@@ -111,8 +110,7 @@ def _usage(specs: list[Path], args: list[str]) -> list[str]:
     found = run_all(specs, lambda spec: server_usage(spec, chosen, now))
     sections = [(row.server, row.usage) for row in found if row.usage is not None]
     if sections:
-        click.echo({"text": totals.text, "csv": totals.csv_text,
-                    "json": totals.json_text}[form](sections, keys).rstrip("\n"))
+        show_totals(form, sections, keys)
     failed = [row for row in found if row.usage is None]
     if failed:
         click.echo(results_table([ServerResult(row.server, False, row.seconds, "FAILED",

@@ -6,7 +6,6 @@ from kit.commands.options import (
     credential_holding,
     credential_site,
     offline_option,
-    policy_change,
     policy_set_command,
     report,
     spec_argument,
@@ -14,7 +13,7 @@ from kit.commands.options import (
     with_policy_options,
 )
 from kit.credentials.material import read_keys
-from kit.credentials.policy import principal, read_policies, shown_policy
+from kit.credentials.policy import policy_change, principal, read_policies, shown_policy
 from kit.front_door.credential_change import add_key, revoke_key
 from kit.layout import SiteLayout
 

@@ -8,7 +8,7 @@ import click
 from kit.commands.options import holding, spec_argument, wait_lock_option
 from kit.engine.docker_api import connect
 from kit.site import Site
-from kit.stack.bundle import load_bundle
+from kit.supply.bundle import load_bundle
 
 
 @click.command()

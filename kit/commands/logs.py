@@ -9,7 +9,7 @@ from kit.commands.options import spec_argument
 from kit.errors import BadInput
 from kit.site import Site
 from kit.spec.model import DEFAULT_SPEC
-from kit.stack.logs import site_log_lines
+from kit.views.logs import site_log_lines
 
 
 @click.command()

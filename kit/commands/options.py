@@ -11,7 +11,6 @@ from kit.site_lock import DEFAULT_WAIT_SECONDS
 from kit.spec.model import DEFAULT_SPEC
 
 if TYPE_CHECKING:  # imported when a credential verb runs, not by every verb
-    from kit.credentials.policy import PolicyChange
     from kit.front_door.credential_change import ReloadOutcome
     from kit.front_door.reload import Connection
     from kit.layout import SiteLayout
@@ -70,6 +69,14 @@ def with_password_options(command: Callable) -> Callable:
     for option in reversed(password_options):
         command = option(command)
     return command
+
+
+def spec_or_service(spec: Path, service: str | None) -> tuple[Path, str | None]:
+    """`[SPEC] [SERVICE]` where one word may be either: a word that is no file and has no
+    suffix is a service of ./site.yaml (`kit pull SERVICE`)."""
+    if service is None and not spec.exists() and spec.suffix == "":
+        return DEFAULT_SPEC, str(spec)
+    return spec, service
 
 
 def spec_and_name(values: tuple[str, ...], what: str) -> tuple[Path, str]:
@@ -168,40 +175,9 @@ def with_policy_options(command: Callable) -> Callable:
     return command
 
 
-def policy_change(spec: "Spec", values: dict,
-                  clear: tuple[str, ...] | None = None) -> "PolicyChange":
-    """The options given as a checked change (exit 2 naming the option before anything is
-    written); with `clear` (the `set` verbs), one that changes nothing is refused too."""
-    from kit.credentials.policy import (
-        LIMITS,
-        PolicyChange,
-        check_budgets_counted,
-        parse_expiry,
-        parse_limit,
-        parse_models,
-    )
-    from kit.errors import BadInput
-
-    chosen: dict[str, object] = {}
-    if values["models"] is not None:
-        chosen["models"] = parse_models(values["models"], spec.model_names())
-    if values["expires"] is not None:
-        chosen["expires"] = parse_expiry(values["expires"])
-    if values["klass"] is not None:
-        chosen["class"] = values["klass"]
-    for limit in LIMITS:
-        if values[limit] is not None:
-            chosen[limit] = parse_limit(limit, values[limit])
-    check_budgets_counted({"the options": chosen}, spec.usage.enabled)
-    if clear is not None and not chosen and not clear:
-        raise BadInput("nothing to change", fix="give a policy option (--models, --expires, "
-                       "--class, --tokens-per-day, …) or --clear FIELD")
-    return PolicyChange(chosen, tuple(field.replace("-", "_") for field in clear or ()))
-
-
 def policy_set_command(group: click.Group, kind: str, what: str) -> None:
     """`kit keys set` / `kit users set`: change a credential's policy, live."""
-    from kit.credentials.policy import principal, read_policies, shown_policy
+    from kit.credentials.policy import policy_change, principal, read_policies, shown_policy
     from kit.front_door.credential_change import set_policy
 
     @group.command("set", help=f"Change {kind} {what}'s policy, live (options not given stay "

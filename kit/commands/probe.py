@@ -6,12 +6,9 @@ from pathlib import Path
 import click
 
 from kit.commands.options import spec_argument
-from kit.engine.docker_api import connect
 from kit.errors import ExitCode
-from kit.front_door.gate import run_probe
-from kit.front_door.replica_check import replica_checks
 from kit.site import Site
-from kit.stack.sleep import asleep_services, failed_wakes
+from kit.stack.probe import probe_site
 
 
 @click.command()
@@ -34,11 +31,7 @@ def probe(
     a check fails, 2 on bad input. The result is also kept in .kit/last-probe.json.
     """
     site = Site.load(spec, check_host=False)  # the model folders are vLLM's concern here
-    asleep = asleep_services(site, lambda: connect(site.engine_url))  # never woken by a probe
-    result = run_probe(site.spec, site.layout, address=address, timeout=timeout, asleep=asleep,
-                       replicas=lambda: replica_checks(site, lambda: connect(site.engine_url),
-                                                       asleep)
-                       + failed_wakes(site, lambda: connect(site.engine_url)))
+    result = probe_site(site, address=address, timeout=timeout)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=1, ensure_ascii=False))
     else:

@@ -5,9 +5,9 @@ from pathlib import Path
 import click
 
 from kit.commands.options import holding, spec_argument, wait_lock_option
+from kit.converge.sleep import change_sleep
 from kit.engine.docker_api import connect
 from kit.site import Site
-from kit.stack.sleep import change_sleep
 
 HELP = {
     "sleep": "Put SERVICE of SPEC's site to sleep now: vLLM's sleep mode at its idle_sleep level "

@@ -9,7 +9,7 @@ import click
 from kit.commands.options import spec_argument
 from kit.engine.docker_api import connect
 from kit.site import Site
-from kit.stack.status import gather, render_text
+from kit.views.status import gather, render_text
 
 
 @click.command()

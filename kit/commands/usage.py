@@ -3,13 +3,18 @@
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
 from kit.commands.options import spec_argument
 from kit.errors import BadInput
 from kit.usage.period import Period, period
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from kit.usage.totals import Section
 
 DEFAULT_SINCE = "30d"
 since_option = click.option(
@@ -73,15 +78,21 @@ def usage(spec: Path, since: str | None, until: str | None, by: str, as_csv: boo
 
     site = Site.load(spec, check_host=False)
     found = totals.site_usage(site, connect(site.engine_url), chosen, now)
-    sections = [(None, found)]
-    click.echo({"text": totals.text, "csv": totals.csv_text,
-                "json": totals.json_text}[form](sections, keys).rstrip("\n"))
+    show_totals(form, [(None, found)], keys)
     if plot is not None:
         from kit.files import atomic_write
         from kit.usage.plot import png
 
         atomic_write(plot, png(found, plt))
         click.echo(f"plot: {plot}", err=True)
+
+
+def show_totals(form: str, sections: "Sequence[Section]", keys: tuple[str, ...]) -> None:
+    """The totals as text, CSV or JSON, for `kit usage` and `kit fleet DIR usage`."""
+    from kit.usage import totals
+
+    click.echo({"text": totals.text, "csv": totals.csv_text,
+                "json": totals.json_text}[form](sections, keys).rstrip("\n"))
 
 
 def _plot_ready(plot: Path | None):

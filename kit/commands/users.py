@@ -6,7 +6,6 @@ from kit.commands.options import (
     credential_holding,
     credential_site,
     offline_option,
-    policy_change,
     policy_set_command,
     read_passwords,
     report,
@@ -15,7 +14,7 @@ from kit.commands.options import (
     with_password_options,
     with_policy_options,
 )
-from kit.credentials.policy import principal, read_policies, shown_policy
+from kit.credentials.policy import policy_change, principal, read_policies, shown_policy
 from kit.credentials.store import listed_users
 from kit.front_door.credential_change import add_user, remove_user
 from kit.site import Site

@@ -8,16 +8,22 @@ reload as a credential change). A credential is named as the door's access log n
 `key:NAME` or `user:NAME`. Every value is checked whole before anything is written.
 """
 
+from __future__ import annotations
+
 import datetime as dt
 import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kit.errors import BadInput
 from kit.layout import PROBE_USER, SiteLayout
 from kit.names import SERVED_NAME, is_name
 from kit.state import read_state
+
+if TYPE_CHECKING:
+    from kit.spec.model import Spec
 
 CLASSES = ("interactive", "batch")
 DEFAULT_CLASS = "interactive"
@@ -116,6 +122,28 @@ class PolicyChange:
         if new.get("class") == DEFAULT_CLASS:
             del new["class"]
         return new
+
+
+def policy_change(spec: Spec, values: dict,
+                  clear: tuple[str, ...] | None = None) -> PolicyChange:
+    """A command's policy options (`values`: models, expires, klass and each of LIMITS, None
+    when not given) as a checked change (exit 2 naming the option before anything is written);
+    with `clear` (the `set` verbs), one that changes nothing is refused too."""
+    chosen: dict[str, object] = {}
+    if values["models"] is not None:
+        chosen["models"] = parse_models(values["models"], spec.model_names())
+    if values["expires"] is not None:
+        chosen["expires"] = parse_expiry(values["expires"])
+    if values["klass"] is not None:
+        chosen["class"] = values["klass"]
+    for limit in LIMITS:
+        if values[limit] is not None:
+            chosen[limit] = parse_limit(limit, values[limit])
+    check_budgets_counted({"the options": chosen}, spec.usage.enabled)
+    if clear is not None and not chosen and not clear:
+        raise BadInput("nothing to change", fix="give a policy option (--models, --expires, "
+                       "--class, --tokens-per-day, …) or --clear FIELD")
+    return PolicyChange(chosen, tuple(field.replace("-", "_") for field in clear or ()))
 
 
 # --------------------------------------------------------------------------- the policy file

@@ -84,7 +84,7 @@ SERVICE_KEYS = {
     "network_mode", "extra_hosts", "pull_policy",
 }
 # An offline site's services (kit.plan.build.Plan.pull_policy): kit up applies it by pulling
-# nothing for such a site (kit.stack.preflight.ensure_images refuses a missing image)
+# nothing for such a site (kit.converge.preflight.ensure_images refuses a missing image)
 NEVER_PULL = "never"
 HOST_NETWORK = "host"  # network_mode of every node of a multi-node service (kit/plan/multinode.py)
 DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|ns)")

@@ -10,10 +10,12 @@ MAX_CONCURRENT_CALLS API calls in flight per host; others as the docker CLI find
 
 import errno
 import os
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
-from typing import TYPE_CHECKING, Any, BinaryIO, Literal, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal, TextIO, cast
 
 import docker
 import docker.errors
@@ -40,6 +42,7 @@ CONNECT_ERRORS: dict[int | None, str] = {
     errno.ECONNREFUSED: "connection refused (nothing listens there)",
 }
 GPU_CHECK_ENTRYPOINT = "/kit-gpu-check-never-runs"  # exec fails after the GPU hook ran
+PULL_REPORT_SECONDS = 5  # how often a non-terminal pull display prints a line
 ARCHIVE_CHUNK = 256 * 1024  # bytes of a container's tar stream held at once (`archive`)
 
 
@@ -612,3 +615,26 @@ def _host_config(config: ContainerConfig, network: str | None) -> dict[str, Any]
         "network_mode": network,
         "extra_hosts": list(config.extra_hosts) or None,
     }
+
+
+def show_pull(image: str, events: Iterator[dict], stream: TextIO | None = None) -> None:
+    """One line of layer progress, redrawn on a terminal, every few seconds otherwise."""
+    stream = stream or sys.stderr
+    layers: dict[str, tuple[int, int]] = {}
+    done: set[str] = set()
+    shown = 0.0
+    for event in events:
+        layer, detail = event.get("id"), event.get("progressDetail") or {}
+        if layer and detail.get("total"):
+            layers[layer] = (detail.get("current", 0), detail["total"])
+        if layer and event.get("status") in ("Pull complete", "Already exists"):
+            done.add(layer)
+        current = sum(c for c, _ in layers.values()) / 1e6
+        total = sum(t for _, t in layers.values()) / 1e6
+        line = f"  pulling {image}: {len(done)} layer(s) done, {current:.0f}/{total:.0f} MB"
+        if stream.isatty():
+            stream.write(f"\r\x1b[2K{line}")
+        elif time.monotonic() - shown >= PULL_REPORT_SECONDS:
+            stream.write(line + "\n")
+            shown = time.monotonic()
+    stream.write("\n" if stream.isatty() else "")

@@ -4,7 +4,7 @@ A healthy nginx inside its container says nothing about the port the engine publ
 the engine's port forwarder can die (docker-proxy under thousands of idle connections, a
 firewall reload flushing its rules) while the container runs on. `kit status` shows each port's
 answer, and `kit up` counts a port that does not answer as drift of the front door
-(kit/stack/reconcile.py recreates it, which makes the engine publish its ports again; the gate
+(kit/converge/reconcile.py recreates it, which makes the engine publish its ports again; the gate
 proves it). Stdlib sockets only: the answer must be what any client would see.
 """
 

@@ -1,6 +1,6 @@
 """The running front door: find it, reload it in place, record what it loaded, prove logins.
 
-The reload has one owner, used by `kit up` (kit/stack/apply.py) and by every credential change:
+The reload has one owner, used by `kit up` (kit/converge/apply.py) and by every credential change:
 `nginx -t` in the container, SIGHUP, and a check that new workers took over. Old workers finish
 the streams they carry, so none is dropped.
 """

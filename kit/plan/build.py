@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from kit.engine.desired import NEVER_PULL
+from kit.engine.replica_client import VLLM_PORT
 from kit.errors import BadInput
 from kit.layout import ACME_LAST_RUN, LORA_CONFIG, LORA_MOUNT, NGINX_MOUNT
 from kit.plan.adapters import (
@@ -39,7 +40,6 @@ from kit.spec.replicas import ReplicaPlan, replica_plans
 from kit.spec.vllm_flags import DEV_MODE_ENV, SLEEP_MODE_FLAG
 from kit.weights.lock import pinned_relative
 
-VLLM_PORT = 8000
 # What every vLLM container runs: `vllm serve <model> <flags>`, the model as the positional
 # argument (vLLM 0.20+ warns that `--model` "will be removed in a future version"). The pinned
 # image's ENTRYPOINT is this already; kit sets it explicitly so an image whose ENTRYPOINT is the

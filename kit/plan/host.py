@@ -11,6 +11,7 @@ from functools import cached_property
 from pathlib import Path
 
 from kit import names
+from kit.engine.desired import ServiceState
 from kit.engine.url import DEFAULT_HOST, is_local, resolve
 from kit.errors import BadInput
 from kit.layout import SiteLayout
@@ -21,6 +22,7 @@ from kit.plan.adapters import (
     service_adapters,
     source_folder,
 )
+from kit.plan.build import VLLM_ENTRYPOINT
 from kit.spec.checks import Parts
 from kit.spec.load import HostChecks, read_spec
 from kit.spec.model import BIND_FIX, Service, Spec, gpu_memory_for
@@ -397,3 +399,15 @@ def _exposed_secrets(spec: Spec, spec_path: Path) -> list[str]:
         return [f"{spec_path} holds {', '.join(secret_names)} and anyone on this host can read it: "
                 f"chmod 600 {spec_path} (kit keeps these values in compose/<service>.env, 0600)"]
     return []
+
+
+def model_below(service: ServiceState, target: str) -> str | None:
+    """The folder under `target` that the service's model argument names, if any: the first
+    argument of `vllm serve` as kit renders it, or `--model` in a compose file an older kit
+    rendered (the image's own entrypoint then)."""
+    argv = service.config.command
+    if service.config.entrypoint == VLLM_ENTRYPOINT:
+        model = argv[0] if argv else ""
+    else:
+        model = service.argument("--model") or ""
+    return model.removeprefix(f"{target}/") if model.startswith(f"{target}/") else None

@@ -226,7 +226,7 @@ class Node(StrictModel):
     name: Annotated[str, Field(pattern=SITE_NAME)]
     address: Annotated[str, AfterValidator(names.ip)]
     # The node's Docker engine, as a site's `engine:` (kit/engine/url.py); unset: the engine of
-    # the sibling spec <fleet>/<name>/site.yaml (kit/stack/worker_nodes.py).
+    # the sibling spec <fleet>/<name>/site.yaml (kit/nodes/worker_nodes.py).
     engine: EngineAddress | None = None
 
 

@@ -1,1 +1,2 @@
-"""The stack on the engine: observe, reconcile, apply, wait, roll out, status, logs."""
+"""A site's stack as a whole: kit up, kit down, kit probe, kit adapters (supply, the converge
+core and the worker nodes composed)."""

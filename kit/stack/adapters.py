@@ -25,6 +25,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
+from kit.converge.adapter_load import ADAPTER_DRAIN_S, drain_and_unload, load_and_gate, unload_all
 from kit.engine.desired import PROXY_SERVICE
 from kit.engine.docker_api import Engine
 from kit.engine.observe import ContainerState
@@ -41,9 +42,8 @@ from kit.spec.edit import edit_adapters
 from kit.spec.load import parse_spec
 from kit.spec.model import Service
 from kit.spec.replicas import compose_names
-from kit.stack.adapter_load import ADAPTER_DRAIN_S, drain_and_unload, load_and_gate, unload_all
-from kit.stack.status import ServedAdapters, replica_adapters
 from kit.table import text_table
+from kit.views.status import ServedAdapters, replica_adapters
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ def remove_adapter(site: Site, engine: Engine, service_name: str, name: str,
                    drain_timeout: float = ADAPTER_DRAIN_S) -> AdapterChange:
     """Stop routing adapter `name` at the door (site.yaml, render, reload), wait for the
     requests on it already inside each replica's vLLM, then unload it from every running
-    replica (kit.stack.adapter_load.drain_and_unload); KitError naming the replicas it is still
+    replica (kit.converge.adapter_load.drain_and_unload); KitError naming the replicas it is still
     loaded on."""
     started = time.monotonic()
     adapter_service(site, service_name)

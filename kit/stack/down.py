@@ -6,12 +6,12 @@ order and the applied record follow the same rules as every other change to the 
 
 from collections.abc import Callable
 
+from kit.converge.apply import Executor
+from kit.converge.reconcile import RemoveVolume, down_actions
 from kit.engine.docker_api import connect
 from kit.engine.remote_files import site_volumes
+from kit.nodes.worker_nodes import WorkerEngines, worker_nodes
 from kit.site import Site
-from kit.stack.apply import Executor
-from kit.stack.reconcile import RemoveVolume, down_actions
-from kit.stack.worker_nodes import WorkerEngines, worker_nodes
 
 
 def down_site(site: Site, volumes: bool, report: Callable[[str], None]) -> str:

@@ -10,28 +10,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kit.engine.desired import PROXY_SERVICE, ServiceState
-from kit.engine.docker_api import Engine
-from kit.engine.docker_api import connect as connect_to
-from kit.engine.remote_files import deliver, site_volumes
-from kit.errors import KitError
-from kit.front_door.reload import check_open_files, running_proxy
-from kit.render.site_files import RenderResult, render_site
-from kit.site import Site
-from kit.stack.adapter_load import adapter_states
-from kit.stack.apply import Executor
-from kit.stack.preflight import preflight
-from kit.stack.reconcile import (
+from kit.converge.adapter_load import adapter_states
+from kit.converge.apply import Executor
+from kit.converge.preflight import preflight
+from kit.converge.reconcile import (
     Action,
     changes,
     starting_services,
     up_actions,
     with_adapter_actions,
 )
-from kit.stack.remote_pull import check_pinned_remote
-from kit.stack.rollout import downtime_notes, record_start_times
-from kit.stack.wait import wait_healthy
-from kit.stack.worker_nodes import WorkerEngines, WorkerFailed, worker_nodes
+from kit.converge.rollout import downtime_notes, record_start_times
+from kit.converge.wait import wait_healthy
+from kit.engine.desired import PROXY_SERVICE, ServiceState
+from kit.engine.docker_api import Engine
+from kit.engine.docker_api import connect as connect_to
+from kit.engine.remote_files import deliver, site_volumes
+from kit.errors import KitError
+from kit.front_door.reload import check_open_files, running_proxy
+from kit.nodes.worker_nodes import WorkerEngines, WorkerFailed, worker_nodes
+from kit.render.site_files import RenderResult, render_site
+from kit.site import Site
+from kit.supply.remote_pull import check_pinned_remote
 
 if TYPE_CHECKING:
     from kit.front_door.acme import AcmeStatus
@@ -84,7 +84,7 @@ def up_site(
 
     The engine is reached after the render (`connect`: a test's fake; by default the site's
     engine, kit/engine/url.py); a multi-node service's worker nodes by their engine addresses
-    (`connect_node`, kit/stack/worker_nodes.py)."""
+    (`connect_node`, kit/nodes/worker_nodes.py)."""
     workers = worker_nodes(site)  # a node whose engine is unknown: refused before writing
     rendered = render_site(site)
     for warning in rendered.warnings:
@@ -104,14 +104,9 @@ def up_site(
             report(line)
     gate = None
     if probe:
-        from kit.front_door.gate import run_probe  # the gate: only imported when it runs
-        from kit.front_door.replica_check import replica_checks
-        from kit.stack.sleep import asleep_services, failed_wakes
+        from kit.stack.probe import probe_site  # the gate: only imported when it runs
 
-        asleep = asleep_services(site, lambda: engine)  # idle_sleep: never woken by the gate
-        gate = run_probe(site.spec, site.layout, asleep=asleep,
-                         replicas=lambda: replica_checks(site, lambda: engine, asleep)
-                         + failed_wakes(site, lambda: engine))
+        gate = probe_site(site, lambda: engine)
     return SiteUp(rendered, converged, len(site.desired.services), gate, acme, len(workers))
 
 

@@ -220,7 +220,7 @@ def models_to_pull(spec: Spec, layout: SiteLayout, service: str | None
 def pull_site(spec: Spec, layout: SiteLayout, service: str | None,
               out: TextIO) -> list[PullResult]:
     """`kit pull` on this host: the pinned models of the spec (or of one service), each pulled
-    once (through a remote engine: kit/stack/remote_pull.py)."""
+    once (through a remote engine: kit/supply/remote_pull.py)."""
     cache = HashCache(layout.weights_hashes)
     return [pull_model(locked, model_dir(spec.models_root, s), cache, out, spec.models_root)
             for s, locked in models_to_pull(spec, layout, service).values()]

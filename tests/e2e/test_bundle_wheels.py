@@ -1,4 +1,4 @@
-"""kit's wheels as `kit bundle` gathers them (kit.stack.wheelhouse: kit built from this source,
+"""kit's wheels as `kit bundle` gathers them (kit.supply.wheelhouse: kit built from this source,
 its dependencies at the installed versions, each pinned by sha256) installed into a fresh
 virtualenv with no network at all (`unshare -n`): `pip install --no-index --require-hashes`,
 then the installed kit runs. A wheel changed by one byte is refused by pip.
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kit.errors import KitError
-from kit.stack.wheelhouse import build_wheelhouse
+from kit.supply.wheelhouse import build_wheelhouse
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,7 @@ import docker
 import pytest
 from docker.types import DeviceRequest
 
-from kit.stack.diagnose import diagnose
+from kit.converge.diagnose import diagnose
 from tests.support.sites import REPO
 
 pytestmark = pytest.mark.e2e

@@ -4,7 +4,7 @@ are with plain Docker Compose v2 (kit up over two engines: tests/e2e/test_multin
 Both nodes are compose projects on one engine with host networking, each on its own address of
 a veth interface the test creates (the spec's network_interface): the head waits until the
 worker joins before it serves, the gate passes through the head's front door, and killing the
-worker stops the head with a log kit.stack.diagnose explains.
+worker stops the head with a log kit.converge.diagnose explains.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.stack.diagnose import diagnose
+from kit.converge.diagnose import diagnose
 from tests.support.compose import COMPOSE_V2
 from tests.support.docker_engine import PROJECT_LABEL, remove_project
 from tests.support.live_stack import kit, write_multinode_spec

@@ -480,7 +480,7 @@ def test_a_missing_models_root_is_bad_input(make_site, tmp_path: Path) -> None:
 def test_a_models_folder_holding_a_socket_is_refused_on_the_engines_host(make_site) -> None:
     """What no path check sees: a socket inside the folder (e.g. an engine's socket bound into
     it). A throwaway container of the vLLM image looks on the engine's host, before anything
-    starts (kit/stack/preflight.py)."""
+    starts (kit/converge/preflight.py)."""
     site = make_site()
     socket_path = Path(site.spec["models_root"]) / "run" / "engine.sock"
     socket_path.parent.mkdir()

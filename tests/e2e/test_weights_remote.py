@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.stack.remote_pull import helper_name
+from kit.supply.remote_pull import helper_name
 from kit.weights.lock import read_lock
 from tests.support.hub_standin import HubStandin, small_model
 from tests.support.live_stack import SERVICE, LiveSite, checked, kit, write_spec

@@ -19,7 +19,7 @@ KIT_WHEEL = "kit-0.1.0-py3-none-any.whl"
 
 
 def fake_wheelhouse(folder: Path) -> list[Path]:
-    """What kit.stack.wheelhouse.build_wheelhouse leaves, without pip or a package index."""
+    """What kit.supply.wheelhouse.build_wheelhouse leaves, without pip or a package index."""
     folder.mkdir(parents=True)
     wheel = folder / KIT_WHEEL
     wheel.write_bytes(b"PK\x03\x04 not really a zip")

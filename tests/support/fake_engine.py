@@ -31,8 +31,8 @@ from typing import BinaryIO
 
 from kit.engine.desired import ContainerConfig, GpuRequest, Mount, NetworkState, VolumeState
 from kit.engine.door_ports import PortProblem
+from kit.engine.replica_client import CURL
 from kit.errors import KitError
-from kit.front_door.replica_check import CURL
 
 NGINX_WORKER = "nginx: worker process"
 

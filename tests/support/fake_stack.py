@@ -4,12 +4,12 @@ and `kit up` of a site on a remote (fake) engine."""
 
 from pathlib import Path
 
+from kit.converge.apply import Executor
+from kit.converge.reconcile import up_actions
 from kit.engine.desired import DesiredState, parse_compose
 from kit.engine.observe import observe
 from kit.render.site_files import render_site
 from kit.site import Site
-from kit.stack.apply import Executor
-from kit.stack.reconcile import up_actions
 from kit.stack.up import up_site
 from tests.support.fake_engine import FakeEngine
 from tests.support.sites import write_site

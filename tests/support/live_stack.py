@@ -40,7 +40,7 @@ from kit.front_door.gate import Gate
 from kit.layout import SiteLayout
 from kit.plan.host import load_spec
 from kit.site import Site
-from kit.stack.live_figures import api_argv
+from kit.views.live_figures import api_argv
 from tests.support.docker_engine import IMAGES, pick_free_port, remove_project
 from tests.support.sites import LLAMA_8B, REPO
 

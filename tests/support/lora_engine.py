@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kit.engine.desired import ContainerConfig
-from kit.front_door.replica_check import CURL
+from kit.engine.replica_client import CURL
 from kit.layout import LORA_CONFIG, LORA_MOUNT
 from kit.plan.adapters import declared_modules
 from tests.support.fake_engine import ReplicaEngine

@@ -87,7 +87,7 @@ def pinned_on_disk(models: Path, site: Path, revision: str = "main") -> None:
 def hashed_on_server(reported: str) -> tuple[int, int, int]:
     """(files hashed, their bytes, files the server's hash cache vouched for) from the line
     `kit up` reports for a pinned folder it checked through a remote engine
-    (kit.stack.remote_pull.check_summary); AssertionError when there is none."""
+    (kit.supply.remote_pull.check_summary); AssertionError when there is none."""
     found = re.search(r"checked on \S+: (\d+) file\(s\) hashed \((\d+) bytes\), (\d+) "
                       r"unchanged in its hash cache", reported)
     assert found, f"no check of a pinned folder reported in: {reported}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from kit.front_door.replica_check import CURL
+from kit.engine.replica_client import CURL
 from kit.plan.waker import WAKER_PORT, ask_argv
 from tests.support.fake_engine import ReplicaEngine
 

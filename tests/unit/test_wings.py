@@ -20,8 +20,8 @@ KIT = REPO / "kit"
 # are siblings and never import each other.
 ORDER: tuple[tuple[str, ...], ...] = (
     ("ground",), ("dataplane",), ("engine",), ("spec",), ("credentials",), ("weights",),
-    ("plan",), ("site",), ("front_door", "render", "usage"), ("stack",), ("bench",), ("fleet",),
-    ("commands",), ("entry",),
+    ("plan",), ("site",), ("front_door", "render", "usage", "supply"), ("converge",), ("nodes",),
+    ("views",), ("stack",), ("bench",), ("fleet",), ("commands",), ("entry",),
 )
 # The top-level modules of kit/, each a wing of its own name unless named here.
 GROUND = {"kit", "kit.errors", "kit.files", "kit.layout", "kit.names", "kit.site_lock",
@@ -172,6 +172,47 @@ def test_the_map_draws_the_same_order() -> None:
     """docs/architecture.md states the direction in one line; it is this test's ORDER."""
     line = " → ".join(" | ".join(wings) for wings in ORDER)
     assert f"**{line}**" in (REPO / "docs" / "architecture.md").read_text()
+
+
+# The verb rule: a verb is usage plus one core call. A module of kit/commands reaches at most one
+# wing above `site` (its core); the wings up to `site` it may read for its usage and output
+# (parsing an argument, Site.load, the engine to connect to); kit.commands modules share the
+# options and output helpers.
+USAGE_WINGS = {wing for wing, rank in RANK.items() if rank <= RANK["site"]} | {"commands"}
+
+
+def verb_problems(graph: dict[str, dict[str, int]]) -> list[str]:
+    problems = []
+    for module, edges in graph.items():
+        if wing_of(module) != "commands":
+            continue
+        core = sorted({wing_of(target) for target in edges} - USAGE_WINGS)
+        if len(core) > 1:
+            problems.append(f"{module} reaches {len(core)} core wings ({', '.join(core)}): "
+                            "one core call, composed in its own wing")
+    return problems
+
+
+def test_every_verb_is_usage_plus_one_core_call() -> None:
+    problems = verb_problems(import_graph(kit_sources()))
+    assert not problems, "verbs that compose core calls themselves:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize(("verb", "problem"), [
+    ("from kit.stack.probe import probe_site\n", None),
+    ("from kit.site import Site\nfrom kit.engine.docker_api import connect\n"
+     "from kit.commands.options import spec_argument\nfrom kit.stack.probe import probe_site\n",
+     None),
+    ("from kit.stack.probe import probe_site\n"
+     "def later():\n    from kit.converge.sleep import asleep_services\n",
+     "kit.commands.probe reaches 2 core wings (converge, stack): one core call, composed in its "
+     "own wing"),
+], ids=["one-call", "with-usage-and-output", "a-second-core-wing"])
+def test_the_verb_rule_fails_on_a_verb_that_composes(verb: str, problem: str | None) -> None:
+    sources = {"kit.commands.probe": (verb, False), "kit.stack.probe": ("", False),
+               "kit.converge.sleep": ("", False), "kit.site": ("", False),
+               "kit.engine.docker_api": ("", False), "kit.commands.options": ("", False)}
+    assert verb_problems(import_graph(sources)) == ([problem] if problem else [])
 
 
 def test_every_wing_ships_in_the_wheel() -> None:

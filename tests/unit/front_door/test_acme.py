@@ -25,8 +25,8 @@ from kit.front_door.client import target_for
 from kit.plan.build import AcmePlan
 from kit.render.site_files import render_site
 from kit.site import Site
-from kit.stack.status import gather, render_text
 from kit.stack.up import up_site
+from kit.views.status import gather, render_text
 from tests.support.fake_engine import HealthyEngine
 from tests.support.sites import write_site
 

@@ -492,14 +492,14 @@ def test_kit_probe_checks_replicas_on_the_sites_own_engine(example_site: Path, m
                                                            capsys) -> None:
     """`engine:` names where the replicas run: the per-replica checks go there, not to
     DOCKER_HOST or the local socket."""
-    from kit.commands import probe as probe_command
     from kit.errors import KitError
+    from kit.stack import probe as probe_command
 
     spec = example_site / "site.yaml"
     spec.write_text(spec.read_text().replace(
         "# engine: ssh://ops@gpu01.example.com", "engine: unix:///run/kit-test-engine.sock"))
     reached: list[str | None] = []
-    monkeypatch.setattr(probe_command, "connect", lambda url=None: reached.append(url))
+    monkeypatch.setattr(probe_command, "connect_to", lambda url=None: reached.append(url))
     monkeypatch.setattr(probe_command, "replica_checks", lambda site, connect, *_: connect() or [])
 
     def gate_up_to_the_replicas(spec, layout, *, replicas, **_):

@@ -15,7 +15,7 @@ from kit.credentials.material import PROMETHEUS_PASSWORD_ENV, PROMETHEUS_USER
 from kit.engine.desired import GRAFANA_SERVICE, PROMETHEUS_SERVICE, load_desired
 from kit.engine.envfile import parse_env_file
 from kit.layout import SiteLayout
-from kit.stack.live_figures import api_argv
+from kit.views.live_figures import api_argv
 from tests.support.cli import run_kit
 from tests.support.sites import enable
 

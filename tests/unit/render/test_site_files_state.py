@@ -18,7 +18,7 @@ from kit.engine.desired import load_desired
 from kit.engine.envfile import env_file_text, parse_env_file
 from kit.errors import KitError
 from kit.layout import SiteLayout
-from kit.stack.status import _last_probe
+from kit.views.status import _last_probe
 from tests.support.cli import run_kit
 from tests.support.sites import snapshot
 

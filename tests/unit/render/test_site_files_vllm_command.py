@@ -9,9 +9,8 @@ import yaml
 
 from kit.engine.desired import parse_compose
 from kit.plan.build import MODELS_MOUNT, VLLM_ENTRYPOINT, model_is_local
-from kit.plan.host import load_spec
+from kit.plan.host import load_spec, model_below
 from kit.spec.vllm_flags import flag_table, flag_uses
-from kit.stack.preflight import model_below
 from tests.standin.vllm_standin import cli
 from tests.support.adapters import write_adapter
 from tests.support.cli import run_kit

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import kit.commands.adapters
+from kit.converge.reconcile import changes, up_actions
 from kit.errors import KitError
 from kit.site import Site
-from kit.stack.reconcile import changes, up_actions
 from tests.support.adapters import write_adapter
 from tests.support.cli import run_kit
 from tests.support.fake_stack import up

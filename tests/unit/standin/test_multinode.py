@@ -1,6 +1,6 @@
 """The stand-in's multi-node mode: inconsistent flags refused as vLLM refuses them, the head ready
 only once every node joined (with the argv kit renders for each node), and each multi-node
-failure printing what kit.stack.diagnose recognises."""
+failure printing what kit.converge.diagnose recognises."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kit.stack.diagnose import diagnose
+from kit.converge.diagnose import diagnose
 from tests.support.cli import run_kit
 from tests.support.docker_engine import pick_free_port
 from tests.support.sites import MULTI_NODE

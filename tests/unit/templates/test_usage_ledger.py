@@ -18,8 +18,8 @@ import pytest
 
 from kit import names
 from kit.credentials import material
-from kit.stack.usage_health import LedgerHealth
 from kit.templates import usage_ledger
+from kit.views.usage_health import LedgerHealth
 from tests.support import nginx_ns
 from tests.support.usage_collector import (
     CollectorProcess,

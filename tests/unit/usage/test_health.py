@@ -10,10 +10,10 @@ import pytest
 from kit.errors import ExitCode, KitError
 from kit.plan.usage import HEALTH_ARGV
 from kit.site import Site
-from kit.stack.usage_health import ledger_health
 from kit.usage.audit import collector_head
 from kit.usage.health import ASKED, SAVED, CollectorHealth, parse_health, running_health
 from kit.usage.ledger import LEDGER_DIR, open_ledger
+from kit.views.usage_health import ledger_health
 from tests.support.fake_engine import FakeEngine
 from tests.support.synthetic_ledger import chained, folder_files, ledger_files, ledger_site, record
 from tests.support.usage_collector import ledger_records, run_with_a_lost_record

@@ -1,7 +1,7 @@
 """`kit pull` against the Hub stand-in: the model lands in <models_root>/<org>/<name>@<rev>,
 verified, and vLLM is told to serve that folder; an interrupted pull resumes with a Range
 request; a damaged folder is repaired file by file (through a remote engine:
-test_remote_pull.py)."""
+tests/unit/supply/test_remote_pull.py)."""
 
 import signal
 import time
