@@ -40,9 +40,14 @@ import time
 from urllib.parse import urlsplit
 
 try:  # in the container: copied in beside this script
-    from weights_hashes import HashCache, file_sha256, hash_files, link_out_of
-except ImportError:  # imported by kit itself, as kit.templates.weights_fetch
-    from kit.templates.weights_hashes import HashCache, file_sha256, hash_files, link_out_of
+    from weights_hashes import (  # type: ignore[import-not-found]
+        HashCache,
+        file_sha256,
+        hash_files,
+        link_out_of,
+    )
+except ImportError:  # imported by kit itself, as kit.dataplane.fetcher.weights_fetch
+    from kit.dataplane.fetcher.weights_hashes import HashCache, file_sha256, hash_files, link_out_of
 
 MARK = "KIT-PULL "
 PROGRESS_SECONDS = 0.5
@@ -152,10 +157,10 @@ def fetch(job, item, partial, token):
     url = hf_hub_url(job["model"], item["path"], revision=job["commit"], endpoint=endpoint)
     meta = get_hf_file_metadata(url, token=token or False, endpoint=endpoint)
     if meta.commit_hash != job["commit"]:
-        raise Refused("mismatch", "the Hub served commit %s" % meta.commit_hash, item["path"])
+        raise Refused("mismatch", f"the Hub served commit {meta.commit_hash}", item["path"])
     if meta.size is not None and meta.size != item["size"]:
-        raise Refused("mismatch", "the Hub serves %d bytes, the lock file says %d"
-                      % (meta.size, item["size"]), item["path"])
+        raise Refused("mismatch", f"the Hub serves {meta.size} bytes, the lock file says "
+                      f"{item['size']}", item["path"])
     headers = build_hf_headers(token=token or False)
     headers["Accept-Encoding"] = "identity"  # the bytes as stored: sizes and ranges hold
     if urlsplit(meta.location).netloc != urlsplit(url).netloc:
@@ -178,14 +183,14 @@ def pull(job, root, token, cache):
     files = {f["path"]: f for f in job["files"]}
     for relative in (job["folder"], job["staging"]):
         if (linked := outside(root, relative)) is not None:
-            raise Refused("conflict", "%s is the link %s (to %s), which leads out of "
-                          "models_root" % (relative, linked["link"], linked["target"]))
+            raise Refused("conflict", f"{relative} is the link {linked['link']} (to "
+                          f"{linked['target']}), which leads out of models_root")
     if os.path.isdir(folder):
         if matches(root, job["folder"], files, cache):
             say("start", total=0, start=0, kept=len(files), removed=[])
             return {"fetched": 0, "kept": len(files), "removed": [], "downloaded": 0}
         if os.path.exists(staging):
-            raise Refused("conflict", "both %s and %s exist" % (job["folder"], job["staging"]))
+            raise Refused("conflict", f"both {job['folder']} and {job['staging']} exist")
         os.rename(folder, staging)  # repaired in staging, renamed back when verified
         cache.moved(folder, staging)
     os.makedirs(staging, exist_ok=True)
@@ -212,12 +217,12 @@ def pull(job, root, token, cache):
         removed=removed)
     reporter.start()
     try:
-        for item, (partial, final) in zip(todo, paths):
+        for item, (partial, final) in zip(todo, paths, strict=True):
             sha = fetch(job, item, partial, token)
             if sha != item["sha256"]:
                 os.unlink(partial)
-                raise Refused("mismatch", "the Hub served sha256 %s..., the lock file says %s..."
-                              % (sha[:12], item["sha256"][:12]), item["path"])
+                raise Refused("mismatch", f"the Hub served sha256 {sha[:12]}..., the lock file "
+                              f"says {item['sha256'][:12]}...", item["path"])
             os.makedirs(os.path.dirname(final), exist_ok=True)
             os.replace(partial, final)
             cache.put(final, os.stat(final), sha)  # the next check reads it no more
@@ -287,7 +292,7 @@ def main():
         say("error", kind=refused.kind, detail=refused.detail, path=refused.path)
         sys.exit(FAILED)
     except Exception as error:  # the client's own, named for kit by kind_of
-        say("error", kind=kind_of(error), detail="%s: %s" % (type(error).__name__, error),
+        say("error", kind=kind_of(error), detail=f"{type(error).__name__}: {error}",
             path="")
         sys.exit(FAILED)
 
