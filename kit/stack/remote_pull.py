@@ -38,8 +38,8 @@ from kit.site import Site
 from kit.spec.model import Spec
 from kit.stack.preflight import model_below, show_pull
 from kit.weights import hub
-from kit.weights.lock import STAGING_NAME, LockedModel, locked_for, pinned_relative, read_lock
-from kit.weights.pull import Progress, PullResult, models_to_pull, staging_folder
+from kit.weights.lock import LockedModel, locked_for, pinned_relative, read_lock
+from kit.weights.pull import Progress, PullResult, fetch_job, models_to_pull, staging_folder
 from kit.weights.verify import link_problem
 
 if TYPE_CHECKING:
@@ -89,16 +89,6 @@ def endpoint() -> str:
     return found
 
 
-def job(locked: LockedModel, folder: PurePosixPath, staging: PurePosixPath,
-        hub_endpoint: str) -> dict:
-    """What the fetcher does, decided here: paths relative to models_root."""
-    return {"endpoint": hub_endpoint, "model": locked.model, "commit": locked.commit,
-            "folder": folder.as_posix(), "staging": staging.as_posix(),
-            "partial": STAGING_NAME,
-            "files": [{"path": f.path, "size": f.size, "sha256": f.sha256}
-                      for f in locked.files]}
-
-
 def job_archive(job_text: str, hub_token: str | None) -> bytes:
     """The tar copied into the container: the fetcher (and the hashing it imports), its job and
     the token (0400, root's)."""
@@ -135,7 +125,8 @@ def pull_remote(engine: Engine, image: str, site: str, locked: LockedModel, mode
     hub_endpoint, hub_token = endpoint(), token()  # refused before anything runs
     folder = PurePosixPath(relative)
     staging = PurePosixPath(staging_folder(Path(relative)).as_posix())
-    archive = job_archive(json.dumps(job(locked, folder, staging, hub_endpoint)), hub_token)
+    archive = job_archive(json.dumps(fetch_job(locked, folder, staging, hub_endpoint)),
+                          hub_token)
     _ensure_image(engine, image, out)
     environment = {"HF_ENDPOINT": hub_endpoint, "HF_HUB_DISABLE_TELEMETRY": "1",
                    "HF_HUB_DISABLE_PROGRESS_BARS": "1", "PYTHONUNBUFFERED": "1"}
@@ -204,7 +195,7 @@ def check_pinned_remote(engine: Engine, site: Site, services: list[ServiceState]
         service = pinned[relative]
         locked = locked_for(lock, site.layout.lock_file, service)
         folder = PurePosixPath(relative)
-        check = {**job(locked, folder, folder, ""), "check": True}
+        check = {**fetch_job(locked, folder, folder, ""), "check": True}
         events = _Events(locked.key, io.StringIO())
         started = time.monotonic()
         code = _run_fetcher(engine, site.spec.site, site.spec.images.vllm,

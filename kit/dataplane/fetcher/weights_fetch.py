@@ -21,7 +21,9 @@ endpoint, the model, the locked commit, every locked file (path, size, sha256), 
 staging and partial folders relative to MODELS_ROOT. A file `token` beside JOB.json (mode 0400,
 copied into the container before it started) holds HF_TOKEN when there is one.
 
-The mechanics are kit pull's (kit/weights/pull.py): files go to the staging folder, each into
+The mechanics are kit pull's, here and on kit's own host (kit/weights/pull.py runs `pull` in
+process, with its own client for each file and its events as the progress line): files go to
+the staging folder, each into
 the partial folder first and resumed from the bytes already there with an HTTP Range request;
 a file joins the staging folder only when its sha256 is the lock file's; the staging folder
 becomes the model's folder (one rename) only when it holds exactly the locked files. Output:
@@ -55,9 +57,11 @@ FAILED = 3  # exit code after an `error` line
 
 
 class Refused(Exception):
-    def __init__(self, kind, detail, path=""):
+    """`served`: the sha256 the Hub served for `path` when it was not the lock file's."""
+
+    def __init__(self, kind, detail, path="", served=""):
         super().__init__(detail)
-        self.kind, self.detail, self.path = kind, detail, path
+        self.kind, self.detail, self.path, self.served = kind, detail, path, served
 
 
 SAYING = threading.Lock()  # the reporter thread and the main one write whole lines
@@ -133,18 +137,18 @@ def size_of(path):
 
 
 class Reporter(threading.Thread):
-    """The bytes on disk of the files being fetched, every half second."""
+    """The bytes on disk of the files being fetched, every half second, told to `tell`."""
 
-    def __init__(self, paths):
+    def __init__(self, paths, tell):
         super().__init__(daemon=True)
-        self.paths, self.stop = paths, threading.Event()
+        self.paths, self.tell, self.stop = paths, tell, threading.Event()
 
     def current(self):
         return sum(size_of(partial) + size_of(final) for partial, final in self.paths)
 
     def run(self):
         while not self.stop.wait(PROGRESS_SECONDS):
-            say("progress", done=self.current())
+            self.tell("progress", done=self.current())
 
 
 def fetch(job, item, partial, token):
@@ -176,7 +180,11 @@ def fetch(job, item, partial, token):
     return file_sha256(partial)
 
 
-def pull(job, root, token, cache):
+def pull(job, root, token, cache, fetch_file=fetch, tell=say):
+    """The job's model made to hold exactly its locked files; its figures. `fetch_file` fetches
+    one file into its partial path (kit pull on kit's own host passes its client's, with its
+    error messages), `tell` takes the events (the container's stdout here, kit pull's progress
+    line in process)."""
     folder = os.path.join(root, job["folder"])
     staging = os.path.join(root, job["staging"])
     partial_root = os.path.join(staging, job["partial"])
@@ -187,7 +195,7 @@ def pull(job, root, token, cache):
                           f"{linked['target']}), which leads out of models_root")
     if os.path.isdir(folder):
         if matches(root, job["folder"], files, cache):
-            say("start", total=0, start=0, kept=len(files), removed=[])
+            tell("start", total=0, start=0, kept=len(files), removed=[])
             return {"fetched": 0, "kept": len(files), "removed": [], "downloaded": 0}
         if os.path.exists(staging):
             raise Refused("conflict", f"both {job['folder']} and {job['staging']} exist")
@@ -211,25 +219,25 @@ def pull(job, root, token, cache):
             os.unlink(os.path.join(staging, item["path"]))
     paths = [(os.path.join(partial_root, f["path"]), os.path.join(staging, f["path"]))
              for f in todo]
-    reporter = Reporter(paths)
+    reporter = Reporter(paths, tell)
     start = reporter.current()
-    say("start", total=sum(f["size"] for f in todo), start=start, kept=len(good),
+    tell("start", total=sum(f["size"] for f in todo), start=start, kept=len(good),
         removed=removed)
     reporter.start()
     try:
         for item, (partial, final) in zip(todo, paths, strict=True):
-            sha = fetch(job, item, partial, token)
+            sha = fetch_file(job, item, partial, token)
             if sha != item["sha256"]:
                 os.unlink(partial)
                 raise Refused("mismatch", f"the Hub served sha256 {sha[:12]}..., the lock file "
-                              f"says {item['sha256'][:12]}...", item["path"])
+                              f"says {item['sha256'][:12]}...", item["path"], served=sha)
             os.makedirs(os.path.dirname(final), exist_ok=True)
             os.replace(partial, final)
             cache.put(final, os.stat(final), sha)  # the next check reads it no more
     finally:
         reporter.stop.set()
     downloaded = max(0, reporter.current() - start)
-    say("progress", done=reporter.current())
+    tell("progress", done=reporter.current())
     shutil.rmtree(partial_root, ignore_errors=True)
     if not matches(root, job["staging"], files, cache):
         raise Refused("mismatch", "the pulled folder does not match the lock file")
