@@ -4,8 +4,8 @@ one awake at a time), the main one asked for 10 times a second, its partner once
 a 1-token request — before min_awake each partner request was two switches, each a wake, and
 the main model's p50 latency went from 12 ms to 4,965 ms on a live site.
 
-No Docker: the waker (templates/waker.py, in process, its config as kit plans it) before two
-vLLM STAND-INS in sleep mode (tests/standin, not vLLM) as local processes, their sleep and wake
+No Docker: the waker (kit/dataplane/waker/waker.py, in process, its config as kit plans it) before
+two vLLM STAND-INS in sleep mode (tests/standin, not vLLM) as local processes, their sleep and wake
 programmed to what a real vLLM 0.20 took for an 8B model at level 1 (docs/sleep.md: a later
 sleep 0.4 s, a wake 0.65 s). Each request is what the door does: ask the waker, then send the
 completion once it answered; its latency is both.
@@ -43,7 +43,8 @@ def main() -> None:
                         help="idle_sleep.min_awake of both, seconds")
     parser.add_argument("--main-every", type=float, default=0.1)
     parser.add_argument("--partner-every", type=float, default=3)
-    parser.add_argument("--waker", type=Path, default=ROOT / "templates" / "waker.py",
+    parser.add_argument("--waker", type=Path,
+                        default=ROOT / "kit" / "dataplane" / "waker" / "waker.py",
                         help="run this waker.py instead (before/after)")
     args = parser.parse_args()
     spec = importlib.util.spec_from_file_location("bench_waker", args.waker)

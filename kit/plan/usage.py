@@ -3,10 +3,10 @@ spec, and the names, mounts and ports the front door, the collector and kit shar
 
 Where each part lives, by need: nginx appends one line per request to a spool file in the
 `usage-spool` volume (no per-request write: a buffer flushed each second); the collector
-(`usage-ledger`, kit's templates/usage_ledger.py with the vLLM image's python3) is the only one
-that mounts `usage-ledger`, where the hash-chained records are, so the door cannot rewrite them.
-The collector sits on the internal metrics network only (the door, Prometheus and Grafana):
-no vLLM replica, whose model code may be hostile, can reach it or read who used what.
+(`usage-ledger`, kit's kit/dataplane/collector/usage_ledger.py with the vLLM image's python3) is the
+only one that mounts `usage-ledger`, where the hash-chained records are, so the door cannot rewrite
+them. The collector sits on the internal metrics network only (the door, Prometheus and Grafana): no
+vLLM replica, whose model code may be hostile, can reach it or read who used what.
 """
 
 from __future__ import annotations

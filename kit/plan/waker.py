@@ -1,11 +1,11 @@
 """The waker as planned (docs/sleep.md): kit's own process that wakes a sleeping model for the
 front door and puts idle ones to sleep, for the services with `idle_sleep` only.
 
-Where it sits, by need: it listens on its fixed address of the internal metrics network, which
-no vLLM replica is on, and answers the front door's address (and its own loopback) only, so a
-model's code (assumed hostile) cannot drive any service's sleep through it. It reaches the
-replicas' private port on the backend network, as the front door does. It runs templates/waker.py
-with the vLLM image's python3 (standard library only), like door-figures and the usage ledger.
+Where it sits, by need: it listens on its fixed address of the internal metrics network, which no
+vLLM replica is on, and answers the front door's address (and its own loopback) only, so a model's
+code (assumed hostile) cannot drive any service's sleep through it. It reaches the replicas' private
+port on the backend network, as the front door does. It runs kit/dataplane/waker/waker.py with the
+vLLM image's python3 (standard library only), like door-figures and the usage ledger.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ SCRIPT_MOUNT = "/opt/kit-waker"  # the site folder waker/ inside its container
 # 11.9 s), and at most this many are held per service: past either, a JSON 503 with Retry-After.
 WAKE_TIMEOUT_S = 120
 MAX_HELD = 1024
-# The words of the waker's 503 to kit's probe identity for a model asleep (templates/waker.py says
-# them; the gate reads them): the model fell asleep after the gate asked /is_sleeping.
+# The words of the waker's 503 to kit's probe identity for a model asleep
+# (kit/dataplane/waker/waker.py says them; the gate reads them): the model fell asleep after the
+# gate asked /is_sleeping.
 PROBE_ASLEEP = "the probe does not wake it"
 RETRY_AFTER_S = 10  # what a 503 of the waker tells the client; a failed wake is not retried sooner
 # A swap group's member within its min_awake gives way to a partner's held requests once idle

@@ -292,7 +292,8 @@ def observability_files(plan: Plan, layout: SiteLayout) -> list[Output]:
         **{layout.grafana_dashboards_dir / name: text
            for name, text in dashboard_files(plan).items()},
     }
-    script = resources.files("kit.templates").joinpath(DOOR_SCRIPT).read_text()
+    # the counter's module (a valid module name), door-figures.py in its container
+    script = resources.files("kit.dataplane.door_figures").joinpath("door_figures.py").read_text()
     texts[layout.door_figures_dir / DOOR_SCRIPT] = script
     return [Output(path, text.encode()) for path, text in texts.items()]
 

@@ -86,8 +86,9 @@ def usage_facts(plan: Plan) -> dict | None:
 
 
 def collector_script() -> bytes:
-    """templates/usage_ledger.py as the collector runs it (a site file; a ConfigMap in k8s)."""
-    return resources.files("kit.templates").joinpath(SCRIPT).read_bytes()
+    """kit/dataplane/collector/usage_ledger.py as the collector runs it (a site file; a ConfigMap
+    in k8s)."""
+    return resources.files("kit.dataplane.collector").joinpath(SCRIPT).read_bytes()
 
 
 def usage_files(plan: Plan, layout: SiteLayout) -> list[Output]:

@@ -42,5 +42,5 @@ def waker_files(plan: Plan, layout: SiteLayout) -> list[Output]:
     """The waker's script, beside the compose file (none without idle_sleep)."""
     if plan.waker is None:
         return []
-    script = resources.files("kit.templates").joinpath(SCRIPT).read_bytes()
+    script = resources.files("kit.dataplane.waker").joinpath(SCRIPT).read_bytes()
     return [Output(layout.waker_dir / SCRIPT, script)]

@@ -2,7 +2,7 @@
 server, never through the operator's machine.
 
 A throwaway container of the site's vLLM image (which carries `huggingface_hub`) runs kit's
-own fetcher, templates/weights_fetch.py, with the image's python3: models_root bound at
+own fetcher, kit/dataplane/fetcher/weights_fetch.py, with the image's python3: models_root bound at
 /models (writable), the server's own network, HF_ENDPOINT in its environment. Everything it
 needs goes in as one tar copied into the created container before it starts (`put_archive`):
 the script, the job (the endpoint, the model, the locked commit and every locked file, the
@@ -12,9 +12,9 @@ it. The fetcher's events stream back through the container's log into kit pull's
 progress line and summary; the container is removed afterwards whatever happens (Ctrl-C
 too: the partial bytes stay on the server and the next run resumes them).
 
-The server keeps its own hash cache (the rules of templates/weights_hashes.py, which the fetcher
-shares with kit.weights.verify) in the site's `kit-weights-hashes` volume, mounted writable in
-these throwaway containers only (never in a vLLM replica, whose model code may be hostile): a
+The server keeps its own hash cache (the rules of kit/dataplane/fetcher/weights_hashes.py, which the
+fetcher shares with kit.weights.verify) in the site's `kit-weights-hashes` volume, mounted writable
+in these throwaway containers only (never in a vLLM replica, whose model code may be hostile): a
 pull leaves the hashes of what it fetched and verified there, and `kit up`'s check reads only
 the files whose stat changed since.
 """
@@ -39,8 +39,8 @@ from kit.plan.host import model_below
 from kit.site import Site
 from kit.spec.model import Spec
 from kit.weights import hub
-from kit.weights.lock import STAGING_NAME, LockedModel, locked_for, pinned_relative, read_lock
-from kit.weights.pull import Progress, PullResult, models_to_pull, staging_folder
+from kit.weights.lock import LockedModel, locked_for, pinned_relative, read_lock
+from kit.weights.pull import Progress, PullResult, fetch_job, models_to_pull, staging_folder
 from kit.weights.verify import link_problem
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ HASHING = "weights_hashes.py"  # the hash cache's rules, imported by the fetcher
 JOB_FOLDER = "kit-pull"  # in the container: /kit-pull/{weights_fetch.py,job.json,token}
 HASHES_VOLUME = "kit-weights-hashes"  # per site (<site>_kit-weights-hashes): the server's cache
 HASHES_MOUNT = "/kit-hashes"  # where the fetcher's containers mount it, writable
-MARK = "KIT-PULL "  # the fetcher's event lines (templates/weights_fetch.py)
+MARK = "KIT-PULL "  # the fetcher's event lines (kit/dataplane/fetcher/weights_fetch.py)
 WAIT_S = 60  # for the container's exit once its log has ended
 FETCHER_ARGV = ["python3", f"/{JOB_FOLDER}/{SCRIPT}", f"/{JOB_FOLDER}/job.json", MODELS_MOUNT,
                 f"{HASHES_MOUNT}/weights-hashes.json"]
@@ -90,21 +90,11 @@ def endpoint() -> str:
     return found
 
 
-def job(locked: LockedModel, folder: PurePosixPath, staging: PurePosixPath,
-        hub_endpoint: str) -> dict:
-    """What the fetcher does, decided here: paths relative to models_root."""
-    return {"endpoint": hub_endpoint, "model": locked.model, "commit": locked.commit,
-            "folder": folder.as_posix(), "staging": staging.as_posix(),
-            "partial": STAGING_NAME,
-            "files": [{"path": f.path, "size": f.size, "sha256": f.sha256}
-                      for f in locked.files]}
-
-
 def job_archive(job_text: str, hub_token: str | None) -> bytes:
     """The tar copied into the container: the fetcher (and the hashing it imports), its job and
     the token (0400, root's)."""
-    templates = resources.files("kit.templates")
-    members = [(name, templates.joinpath(name).read_bytes(), 0o444) for name in (SCRIPT, HASHING)]
+    fetcher = resources.files("kit.dataplane.fetcher")
+    members = [(name, fetcher.joinpath(name).read_bytes(), 0o444) for name in (SCRIPT, HASHING)]
     members.append(("job.json", job_text.encode(), 0o444))
     if hub_token is not None:
         members.append(("token", hub_token.encode(), 0o400))
@@ -136,7 +126,8 @@ def pull_remote(engine: Engine, image: str, site: str, locked: LockedModel, mode
     hub_endpoint, hub_token = endpoint(), token()  # refused before anything runs
     folder = PurePosixPath(relative)
     staging = PurePosixPath(staging_folder(Path(relative)).as_posix())
-    archive = job_archive(json.dumps(job(locked, folder, staging, hub_endpoint)), hub_token)
+    archive = job_archive(json.dumps(fetch_job(locked, folder, staging, hub_endpoint)),
+                          hub_token)
     _ensure_image(engine, image, out)
     environment = {"HF_ENDPOINT": hub_endpoint, "HF_HUB_DISABLE_TELEMETRY": "1",
                    "HF_HUB_DISABLE_PROGRESS_BARS": "1", "PYTHONUNBUFFERED": "1"}
@@ -205,7 +196,7 @@ def check_pinned_remote(engine: Engine, site: Site, services: list[ServiceState]
         service = pinned[relative]
         locked = locked_for(lock, site.layout.lock_file, service)
         folder = PurePosixPath(relative)
-        check = {**job(locked, folder, folder, ""), "check": True}
+        check = {**fetch_job(locked, folder, folder, ""), "check": True}
         events = _Events(locked.key, io.StringIO())
         started = time.monotonic()
         code = _run_fetcher(engine, site.spec.site, site.spec.images.vllm,

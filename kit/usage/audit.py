@@ -1,8 +1,8 @@
 """`kit audit`: whether the usage ledger is whole, and its records exported.
 
-`verify` walks every segment in order: each record's seq follows the one before (from 1, no
-gaps) and its hash is `record_hash(previous hash, record)` (templates/usage_ledger.py, the one
-definition). A segment that retention or the disk bound removed is accounted for by its line in
+`verify` walks every segment in order: each record's seq follows the one before (from 1, no gaps)
+and its hash is `record_hash(previous hash, record)` (kit/dataplane/collector/usage_ledger.py, the
+one definition). A segment that retention or the disk bound removed is accounted for by its line in
 pruned.jsonl: its seqs are skipped and the first kept record chains from its `last_hash`. The
 first record that breaks this is named (segment file, line, seq, request id) with what is
 wrong. An edit breaks the record's own hash; a deletion leaves a gap in seq; a reordering puts a
@@ -25,10 +25,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kit.dataplane.collector.usage_ledger import GENESIS, RECORD_FIELDS, record_hash
 from kit.files import atomic_write, write_failure
 from kit.site_lock import state_file_lock
 from kit.state import json_object, read_state
-from kit.templates.usage_ledger import GENESIS, RECORD_FIELDS, record_hash
 from kit.usage.health import CollectorHealth
 from kit.usage.ledger import (
     PRUNED,

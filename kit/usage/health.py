@@ -1,6 +1,6 @@
-"""**Owner of the usage ledger's health as kit reports it.** It is one document: the collector's
-own account of itself (`Collector.health()` in templates/usage_ledger.py: records, rate, lag,
-lost and unreadable records, disk, and the chain's head `last_seq`/`last_hash`). The collector
+"""**Owner of the usage ledger's health as kit reports it.** It is one document: the collector's own
+account of itself (`Collector.health()` in kit/dataplane/collector/usage_ledger.py: records, rate,
+lag, lost and unreadable records, disk, and the chain's head `last_seq`/`last_hash`). The collector
 keeps it in two places, and kit asks each for what only it can answer:
 
 - `running_health`: the running collector's /health, asked inside its container

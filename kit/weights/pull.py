@@ -8,25 +8,29 @@ its sha256 is the lock file's; the staging folder becomes the model's folder (on
 only when every locked file is there and nothing else. A pulled folder that no longer
 matches is repaired the same way: moved back to staging, its changed, missing and extra files
 fixed, renamed back.
+
+Those mechanics are the fetcher's (kit/dataplane/fetcher/weights_fetch.py), run here in process
+as the remote pull runs them on a server: one implementation. kit pull hands it kit's Hub
+client for each file, reads its events into the progress line, and says its refusals in its
+own words.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TextIO
 
+from kit.dataplane.fetcher import weights_fetch
 from kit.errors import BadInput, KitError
 from kit.layout import SiteLayout
 from kit.spec.model import Service, Spec
 from kit.weights import hub
-from kit.weights.lock import STAGING_NAME, LockedFile, LockedModel, locked_for, model_dir, read_lock
-from kit.weights.verify import HashCache, check_folder, folder_files, hash_files, links_out
+from kit.weights.lock import STAGING_NAME, LockedModel, locked_for, model_dir, read_lock
+from kit.weights.verify import HashCache, check_folder, links_out
 
 REPORT_SECONDS = 5.0  # a progress line this often when the output is no terminal
 
@@ -53,88 +57,92 @@ def staging_folder(folder: Path) -> Path:
     return folder.with_name(f".{folder.name}.partial")
 
 
+def fetch_job(locked: LockedModel, folder: PurePosixPath, staging: PurePosixPath,
+              hub_endpoint: str) -> dict:
+    """What the fetcher does (kit/dataplane/fetcher/weights_fetch.py, here or on a server),
+    decided here: paths relative to models_root."""
+    return {"endpoint": hub_endpoint, "model": locked.model, "commit": locked.commit,
+            "folder": folder.as_posix(), "staging": staging.as_posix(),
+            "partial": STAGING_NAME,
+            "files": [{"path": f.path, "size": f.size, "sha256": f.sha256}
+                      for f in locked.files]}
+
+
 def pull_model(locked: LockedModel, folder: Path, cache: HashCache, out: TextIO,
                root: Path) -> PullResult:
     """Make `folder` (under `root`, models_root) hold exactly the locked files; KitError naming
-    the file when the Hub serves something else."""
+    the file when the Hub serves something else. The staging, resume, per-file check and
+    rename are the fetcher's (the remote pull runs the same code on the server), each file
+    fetched by kit's Hub client (kit.weights.hub.fetch)."""
     started = time.monotonic()
-    result = PullResult(locked.key, folder)
     staging = staging_folder(folder)
     for where in (folder, staging):
         if outside := links_out(root, where):
             raise BadInput(outside, fix=f"replace the link with a folder under {root} (or "
                            "remove it), then run `kit pull` again")
     if folder.is_dir() and not check_folder(folder, locked, cache, root):
-        result.kept = len(locked.files)
-        result.seconds = time.monotonic() - started
-        return result
-    if folder.is_dir():
-        if staging.exists():
-            raise KitError(f"both {folder} and {staging} exist",
-                           fix=f"remove the one you do not want (e.g. rm -r {staging}), then "
-                           "run `kit pull` again")
-        os.rename(folder, staging)  # repaired in staging, renamed back when verified
-    staging.mkdir(parents=True, exist_ok=True)
-    expected = {f.path: f for f in locked.files}
-    for path, local in folder_files(staging).items():
-        if path.split("/")[0] != STAGING_NAME and path not in expected:
-            local.unlink()
-            result.removed.append(path)
-    present = {p: staging / p for p in expected if not links_out(root, staging / p)
-               and (staging / p).is_file()
-               and (staging / p).stat().st_size == expected[p].size}
-    good = {Path(local) for local, sha in hash_files(present.values(), cache).items()
-            if sha == expected[Path(local).relative_to(staging).as_posix()].sha256}
-    result.kept = len(good)
-    todo = [f for f in locked.files if staging / f.path not in good]
-    for f in todo:
-        (staging / f.path).unlink(missing_ok=True)
-    partial_root = staging / STAGING_NAME
-    start_bytes = sum(_size_of(partial_root / f.path) for f in todo)
-    progress = Progress(locked.key, sum(f.size for f in todo), start_bytes,
-                        lambda: sum(_size_of(partial_root / f.path) + _size_of(staging / f.path)
-                                    for f in todo), out)
-    with progress:
-        _fetch_all(locked, todo, staging, partial_root, cache)
-    result.fetched = len(todo)
-    result.downloaded = max(0, progress.current() - start_bytes)
-    shutil.rmtree(partial_root, ignore_errors=True)
-    problems = check_folder(staging, locked, cache, root)
-    if problems:
-        raise KitError(f"{locked.key}: the pulled files do not match the lock file: "
-                       + "; ".join(p.message for p in problems),
-                       fix="run `kit pull` again; if it persists, run `kit lock` and review")
-    os.rename(staging, folder)
-    cache.moved(staging, folder)
-    cache.save()
-    result.seconds = time.monotonic() - started
-    return result
-
-
-def _fetch_all(locked: LockedModel, todo: list[LockedFile], staging: Path, partial_root: Path,
-               cache: HashCache) -> None:
-    """The files fetched one after another, the largest first (Ctrl-C stops at once and keeps
-    the partial bytes); each checked, then moved in."""
-    for f in sorted(todo, key=lambda f: -f.size):
-        partial = partial_root / f.path
-        sha = hub.fetch(locked, f, partial)
-        if sha != f.sha256:
-            partial.unlink(missing_ok=True)
-            raise KitError(f"{locked.key}: the Hub served {f.path} with sha256 {sha[:12]}…, "
-                           f"the lock file says {f.sha256[:12]}…",
-                           fix="check HF_ENDPOINT (a mirror serving other bytes?); if the "
-                           "repository changed, run `kit lock` and review the diff")
-        target = staging / f.path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(partial, target)
-        cache.put(target, target.stat(), sha)
-
-
-def _size_of(path: Path) -> int:
+        return PullResult(locked.key, folder, kept=len(locked.files),
+                          seconds=time.monotonic() - started)
+    locked_files = {f.path: f for f in locked.files}
+    job = fetch_job(locked, PurePosixPath(folder.relative_to(root).as_posix()),
+                    PurePosixPath(staging.relative_to(root).as_posix()), hub.endpoint())
+    events = FetchProgress(locked.key, out)
     try:
-        return path.stat().st_size
-    except OSError:
-        return 0
+        with events:
+            outcome = weights_fetch.pull(
+                job, str(root), None, cache, tell=events.tell,
+                fetch_file=lambda _job, item, partial, _token: hub.fetch(
+                    locked, locked_files[item["path"]], Path(partial)))
+    except weights_fetch.Refused as refused:
+        raise _refusal(refused, locked, folder, cache, root) from None
+    cache.save()
+    return PullResult(locked.key, folder, fetched=outcome["fetched"], kept=outcome["kept"],
+                      removed=outcome["removed"], downloaded=outcome["downloaded"],
+                      seconds=time.monotonic() - started)
+
+
+def _refusal(refused: weights_fetch.Refused, locked: LockedModel, folder: Path,
+             cache: HashCache, root: Path) -> KitError:
+    """What the fetcher refused, in kit pull's words."""
+    staging = staging_folder(folder)
+    if refused.served:
+        lock_sha = {f.path: f.sha256 for f in locked.files}[refused.path]
+        return KitError(f"{locked.key}: the Hub served {refused.path} with sha256 "
+                        f"{refused.served[:12]}…, the lock file says {lock_sha[:12]}…",
+                        fix="check HF_ENDPOINT (a mirror serving other bytes?); if the "
+                        "repository changed, run `kit lock` and review the diff")
+    if refused.kind == "conflict":
+        return KitError(f"both {folder} and {staging} exist",
+                        fix=f"remove the one you do not want (e.g. rm -r {staging}), then "
+                        "run `kit pull` again")
+    problems = check_folder(staging, locked, cache, root)
+    return KitError(f"{locked.key}: the pulled files do not match the lock file: "
+                    + "; ".join(p.message for p in problems),
+                    fix="run `kit pull` again; if it persists, run `kit lock` and review")
+
+
+class FetchProgress:
+    """kit pull's progress line driven by the fetcher's events (`tell`)."""
+
+    def __init__(self, name: str, out: TextIO):
+        self.name, self.out, self.done = name, out, 0
+        self.progress: Progress | None = None
+
+    def __enter__(self) -> FetchProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+    def tell(self, event: str, **fields: int) -> None:
+        if event == "start" and self.progress is None:
+            self.done = fields["start"]
+            self.progress = Progress(self.name, fields["total"], fields["start"],
+                                     lambda: self.done, self.out)
+            self.progress.__enter__()
+        elif event == "progress":
+            self.done = fields["done"]
 
 
 class Progress:

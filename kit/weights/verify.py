@@ -2,8 +2,9 @@
 and sha256, nothing else. Files are hashed in parallel (hashlib releases the GIL while it
 hashes) and each result is cached by (path, size, mtime, ctime, inode) in the site's state
 folder, so a re-up stats the files instead of reading them again (docs/weights.md has figures).
-The hashing and the cache's rules are kit.templates.weights_hashes', which kit's fetcher on a
-GPU server shares (templates/weights_fetch.py); this module hands them on to the weights wing.
+The hashing and the cache's rules are kit.dataplane.fetcher.weights_hashes', which kit's fetcher
+on a GPU server shares (kit/dataplane/fetcher/weights_fetch.py); this module hands them on to
+the weights wing.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from kit.templates.weights_hashes import (
+from kit.dataplane.fetcher.weights_hashes import (
     CHUNK,
     HashCache,
     file_sha256,
@@ -49,7 +50,7 @@ def folder_files(folder: Path) -> dict[str, Path]:
 
 def links_out(root: Path, path: Path) -> str | None:
     """A problem when `path` (under `root`, the tree a container mounts) is reached through a
-    link the container would not follow to the same file (kit.templates.weights_hashes'
+    link the container would not follow to the same file (kit.dataplane.fetcher.weights_hashes'
     rule, which kit's fetcher applies on a GPU server too); None when it is not."""
     link = link_out_of(root, path.relative_to(root).as_posix())
     return None if link is None else link_problem(path, link, os.readlink(link), root)

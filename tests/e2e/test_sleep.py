@@ -40,7 +40,8 @@ AFTER_S = 10
 OTHER, OTHER_SERVED = "coder", "coder-chat"
 MODELS = {SERVICE: SERVED_NAME, OTHER: OTHER_SERVED}
 # min_awake 0s: a swap at once, so a switch's own cost is what the alternating client measures
-# (a member kept awake its min_awake is the waker's own tests': tests/unit/templates/test_waker.py)
+# (a member kept awake its min_awake is the waker's own tests':
+# tests/unit/dataplane/waker/test_waker.py)
 SWAP = {"gpu_memory_utilization": 0.9,
         "idle_sleep": {"after": f"{AFTER_S}s", "level": 1, "swap_group": "gpu0",
                        "min_awake": "0s"}}

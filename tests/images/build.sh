@@ -209,7 +209,7 @@ cp "$REPO"/tests/standin/vllm_standin/*.py "$work/vllm/standin/vllm_standin/"
 ln -s /opt/vllm-standin/vllm "$work/vllm/bin/vllm"
 # huggingface_hub, as the real vLLM image carries it (pip-installed into its Python's
 # dist-packages; vLLM downloads models with it): `kit pull` through a remote engine runs kit's
-# fetcher (templates/weights_fetch.py) with the image's python3 and this library. The
+# fetcher (kit/dataplane/fetcher/weights_fetch.py) with the image's python3 and this library. The
 # wheels of the version kit itself uses, for the image's Python (Debian bookworm: 3.11) and
 # this machine, come from PyPI once and are cached; they are unpacked into the image's
 # dist-packages, which is what pip's install of a wheel does.

@@ -1,4 +1,4 @@
-"""Two members of a swap group asked for in turn through the waker (templates/waker.py, in
+"""Two members of a swap group asked for in turn through the waker (kit/dataplane/waker/waker.py, in
 process, against stand-ins in sleep mode: tests/support/waker_pair.py): the main model at a
 steady rate, its partner now and then (issue 42: one 1-token request every 3 s to the partner
 made every switch a wake). Each request is what the door does: ask the waker, then send the

@@ -8,9 +8,9 @@ import json
 import tarfile
 from pathlib import Path
 
+from kit.dataplane.collector.usage_ledger import GENESIS, record_hash
 from kit.engine.desired import ONEOFF_LABEL, PROJECT_LABEL, SERVICE_LABEL, ContainerConfig
 from kit.plan.usage import USAGE_SERVICE
-from kit.templates.usage_ledger import GENESIS, record_hash
 from kit.usage.ledger import LEDGER_DIR
 from tests.support.fake_engine import FakeEngine
 from tests.support.sites import write_site

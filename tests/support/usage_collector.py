@@ -1,6 +1,6 @@
-"""The usage-ledger collector (templates/usage_ledger.py) as the compose file runs it: a process
-on a spool file and a ledger folder, asked over HTTP; spool lines as nginx writes them; the
-ledger's records read back and their chain checked."""
+"""The usage-ledger collector (kit/dataplane/collector/usage_ledger.py) as the compose file runs it:
+a process on a spool file and a ledger folder, asked over HTTP; spool lines as nginx writes them;
+the ledger's records read back and their chain checked."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from kit.templates.usage_ledger import GENESIS, record_hash
+from kit.dataplane.collector.usage_ledger import GENESIS, record_hash
 from tests.support import nginx_ns
 from tests.support.docker_engine import pick_free_port
 from tests.support.sites import REPO
 
-SCRIPT = REPO / "templates" / "usage_ledger.py"
+SCRIPT = REPO / "kit" / "dataplane" / "collector" / "usage_ledger.py"
 MODELS = ["tiny", "org/big-model"]
 ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/models"]
 

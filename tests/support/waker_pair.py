@@ -1,7 +1,7 @@
-"""templates/waker.py against stand-ins run as local processes (no Docker): each service's one
-replica a stand-in in sleep mode on its own loopback address (127.0.0.2, 127.0.0.3, …) and one
-shared port, as the replicas share vLLM's port on the backend network; the waker's config as
-kit plans it (kit/plan/waker.py), with the times a test picks."""
+"""kit/dataplane/waker/waker.py against stand-ins run as local processes (no Docker): each service's
+one replica a stand-in in sleep mode on its own loopback address (127.0.0.2, 127.0.0.3, …) and one
+shared port, as the replicas share vLLM's port on the backend network; the waker's config as kit
+plans it (kit/plan/waker.py), with the times a test picks."""
 
 from __future__ import annotations
 

@@ -64,13 +64,6 @@ def is_a_test_module(dotted: str) -> bool:
 # The repository's own rules, named after the rule they keep rather than a module.
 REPO_RULES = {"test_architecture.py", "test_readme_claims.py", "test_test_layout.py",
               "test_wings.py"}
-# Test files that issue 44's other parts move with the modules they test (the data plane wing:
-# tests/unit/templates/, the door tests of kit.js; the stack split's are named by the rule).
-# The lead removes this exemption after merging those parts.
-EXEMPT_UNTIL_ISSUE_44_MERGES = ("templates/", "weights/test_weights_hashes.py",
-                                "render/test_door_figures.py", "render/test_adapters_door.py",
-                                "render/test_policy_door.py", "render/test_sleep_door.py",
-                                "render/test_usage_door.py", "render/test_usage_door_routes.py")
 
 
 def mirrored_folder(relative: Path, repo: Path) -> Path:
@@ -94,7 +87,7 @@ def module_names(folder: Path) -> set[str]:
             if path.suffix in (".py", ".js", ".sh") and path.stem != "__init__"}
 
 
-def misnamed_tests(repo: Path, exempt: tuple[str, ...] = ()) -> list[str]:
+def misnamed_tests(repo: Path) -> list[str]:
     """Unit test files whose name is not test_<module>.py or test_<module>_<topic>.py for a
     module of the folder they mirror, and test files outside tests/unit/ and tests/e2e/ (the
     only place for behaviour names)."""
@@ -108,7 +101,7 @@ def misnamed_tests(repo: Path, exempt: tuple[str, ...] = ()) -> list[str]:
             found.append(f"{shown}: not under tests/unit/ or tests/e2e/")
             continue
         relative = path.relative_to(unit)
-        if str(relative) in REPO_RULES or str(relative).startswith(exempt):
+        if str(relative) in REPO_RULES:
             continue
         folder, subject = mirrored_folder(relative, repo), path.stem.removeprefix("test_")
         if not any(subject == name or subject.startswith(name + "_")
@@ -122,7 +115,7 @@ def test_every_unit_test_is_named_after_the_module_it_tests() -> None:
     kit/'s ground modules' tests in tests/unit/ itself, tests/unit/standin/ mirroring
     tests/standin/vllm_standin/, tests/unit/scripts/ mirroring scripts/, tests/unit/support/
     mirroring tests/support/; behaviour names only under tests/e2e/ (issue 44)."""
-    misnamed = misnamed_tests(REPO, EXEMPT_UNTIL_ISSUE_44_MERGES)
+    misnamed = misnamed_tests(REPO)
     assert not misnamed, "name each after the module it tests (git mv):\n" + "\n".join(misnamed)
 
 

@@ -1,6 +1,7 @@
 """kit's plan of the house, kept by a test: every module sits in a wing, every import (deferred and
-TYPE_CHECKING ones included) runs down the wings' order, and no modules import each other in a
-circle. docs/architecture.md draws the same order; a test below holds the two together."""
+TYPE_CHECKING ones included) runs down the wings' order, no modules import each other in a
+circle, and a data-plane program imports nothing of kit's outside its own sub-package.
+docs/architecture.md draws the same order; a test below holds the two together."""
 
 import ast
 import os
@@ -84,6 +85,21 @@ def against_direction(graph: dict[str, dict[str, int]]) -> list[str]:
     return problems
 
 
+def outside_own_package(graph: dict[str, dict[str, int]]) -> list[str]:
+    """A data-plane program runs alone in a container (the vLLM image's python3, no kit there):
+    it may import only its own sub-package of kit/dataplane/ (the fetcher its hash rules), never
+    the ground or another program. kit's wings may import it (record_hash, the hash rules)."""
+    problems = []
+    for module, edges in graph.items():
+        if wing_of(module) != "dataplane":
+            continue
+        own = ".".join(module.split(".")[:3])  # kit.dataplane.<sub-package>
+        problems += [f"{module}:{line} (dataplane) imports {target}, outside {own}"
+                     for target, line in edges.items()
+                     if target != own and not target.startswith(own + ".")]
+    return problems
+
+
 def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
     """The strongly connected groups of more than one module (Tarjan)."""
     index: dict[str, int] = {}
@@ -126,6 +142,30 @@ def test_every_module_sits_in_a_known_wing() -> None:
 def test_no_import_runs_against_the_wings_order() -> None:
     problems = against_direction(import_graph(kit_sources()))
     assert not problems, "imports against the direction:\n" + "\n".join(problems)
+
+
+def test_a_data_plane_program_imports_only_its_own_package() -> None:
+    problems = outside_own_package(import_graph(kit_sources()))
+    assert not problems, "the data plane runs without kit:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize(("statement", "line", "target"), [
+    ("from kit.names import USER_NAME", 1, "kit.names"),  # the ground: below, still not there
+    ("from kit.dataplane.waker import waker", 1, "kit.dataplane.waker.waker"),  # another program
+    ("from ..fetcher import weights_hashes", 1, "kit.dataplane.fetcher.weights_hashes"),
+    ("def later():\n    from kit.usage.audit import verify\n", 2, "kit.usage.audit"),
+], ids=["ground", "sibling", "relative", "deferred"])
+def test_the_data_plane_check_fails_on_a_planted_import(statement: str, line: int,
+                                                        target: str) -> None:
+    """The real tree with one import planted at the end of a copy of the collector's source:
+    found, and nothing else is."""
+    sources = kit_sources()
+    module = "kit.dataplane.collector.usage_ledger"
+    source, package = sources[module]
+    sources[module] = (source + statement, package)
+    line += len(source.splitlines())
+    assert outside_own_package(import_graph(sources)) == [
+        f"{module}:{line} (dataplane) imports {target}, outside kit.dataplane.collector"]
 
 
 def test_no_modules_import_each_other_in_a_circle() -> None:

@@ -1,6 +1,6 @@
 """`kit pull` through a remote engine, without Docker: the fake engine (tests/support/
 fake_engine.py) runs the helper's argv on this host with the bind and the copied-in files
-rebased, so kit's own fetcher (templates/weights_fetch.py) really downloads from the Hub
+rebased, so kit's own fetcher (kit/dataplane/fetcher/weights_fetch.py) really downloads from the Hub
 stand-in. What kit asks of the engine is checked: the vLLM image, the server's own network,
 models_root writable at /models, the token only in a 0400 file, the container removed
 whatever happens; and each failure is named with the local pull's exit codes. `kit up`
@@ -194,7 +194,7 @@ def test_a_bad_token_is_refused_before_anything_runs(monkeypatch: pytest.MonkeyP
 
 def test_disk_full_is_named(tmp_path: Path) -> None:
     """The fetcher names ENOSPC as disk_full; kit says which folder on which host is full."""
-    fetcher = import_module("kit.templates.weights_fetch")
+    fetcher = import_module("kit.dataplane.fetcher.weights_fetch")
     assert fetcher.kind_of(OSError(errno.ENOSPC, "No space left on device")) == "disk_full"
     events = _Events("acme/tiny@main", io.StringIO())
     events.feed(b'KIT-PULL {"event": "error", "kind": "disk_full", "detail": "OSError: [Errno '

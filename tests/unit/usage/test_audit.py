@@ -242,9 +242,9 @@ def test_an_anchor_that_cannot_be_kept_is_an_error_not_a_pass(
 
 
 def test_the_collectors_own_ledger_verifies_and_sums(tmp_path: Path) -> None:
-    """Writer and reader agree: the real collector (templates/usage_ledger.py, as a process)
-    turns 40 spool lines into a ledger; verify passes it up to the collector's own head, and the
-    sums are the spool's."""
+    """Writer and reader agree: the real collector (kit/dataplane/collector/usage_ledger.py, as a
+    process) turns 40 spool lines into a ledger; verify passes it up to the collector's own head,
+    and the sums are the spool's."""
     spool, folder = tmp_path / "door.jsonl", tmp_path / "ledger"
     append_spool(spool, [spool_line(n, who="key:alice" if n % 2 else "user:bob",
                                     prompt=str(n), completion="1") for n in range(1, 41)])

@@ -3,15 +3,19 @@ verified, and vLLM is told to serve that folder; an interrupted pull resumes wit
 request; a damaged folder is repaired file by file (through a remote engine:
 tests/unit/supply/test_remote_pull.py)."""
 
+import hashlib
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from kit.dataplane.fetcher import weights_hashes
 from kit.plan.build import build_plan
 from kit.plan.host import load_spec
 from kit.weights.hub import resolve
+from kit.weights.lock import read_lock, write_lock
 from tests.support.cli import run_kit
 from tests.support.hub_standin import HubStandin, small_model
 from tests.support.pinned_site import (
@@ -98,6 +102,51 @@ def test_a_damaged_folder_is_repaired_file_by_file(tmp_path: Path, hub: HubStand
     assert repaired.exit_code == 0, repaired.output
     assert "1 file(s) fetched, 8 kept, removed 1 extra" in repaired.output
     assert run_kit("validate", spec).exit_code == 0
+
+
+def test_a_repair_reads_again_only_the_file_that_changed(tmp_path: Path, hub: HubStandin,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """kit pull here runs the fetcher's own staging, resume, check and rename (the remote pull's
+    code): the folder goes to staging with its hash-cache entries, so of the 9 files only the
+    damaged one is read, once, by the check that found it (before, kit pull's copy of those
+    mechanics read all 9 again under the staging path)."""
+    spec = locked_and_pulled(tmp_path)
+    damaged = pulled_folder(tmp_path) / SHARD1
+    damaged.write_bytes(b"x" * damaged.stat().st_size)  # the same size: only its hash tells
+    reads: list[str] = []
+    real = weights_hashes.file_sha256
+    monkeypatch.setattr(weights_hashes, "file_sha256",
+                        lambda path: reads.append(Path(path).name) or real(path))
+    repaired = run_kit("pull", spec)
+    assert repaired.exit_code == 0, repaired.output
+    assert "1 file(s) fetched, 8 kept" in repaired.output
+    assert reads == [SHARD1]
+
+
+def test_the_fetchers_refusals_in_kit_pulls_words(tmp_path: Path, hub: HubStandin) -> None:
+    """What the fetcher refuses (run in process) is said as kit pull always said it: a file
+    the Hub serves with another sha256 than site.lock's, a folder and its staging both there."""
+    spec = locked_and_pulled(tmp_path)
+    folder = pulled_folder(tmp_path)
+    (folder / SHARD1).write_bytes(b"garbage")
+    staging = folder.with_name(f".{folder.name}.partial")
+    staging.mkdir()
+    both = run_kit("pull", spec)
+    assert both.exit_code == 1, both.output
+    assert f"both {folder} and {staging} exist" in both.output
+    assert f"rm -r {staging}" in both.output
+    staging.rmdir()
+    lock_path = spec.parent / "site.lock"
+    locked = read_lock(lock_path)[f"{MODEL}@main"]
+    served = {f.path: f.sha256 for f in locked.files}[SHARD1]
+    other = hashlib.sha256(b"another shard").hexdigest()
+    write_lock(lock_path, [replace(locked, files=tuple(
+        replace(f, sha256=other) if f.path == SHARD1 else f for f in locked.files))])
+    mismatch = run_kit("pull", spec)
+    assert mismatch.exit_code == 1, mismatch.output
+    assert (f"{MODEL}@main: the Hub served {SHARD1} with sha256 {served[:12]}…, the lock file "
+            f"says {other[:12]}…") in mismatch.output
+    assert not folder.exists()  # nothing half-made where vLLM reads
 
 
 def test_refusals(tmp_path: Path, hub: HubStandin) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import kit.templates.weights_hashes
+import kit.dataplane.fetcher.weights_hashes
 from kit.layout import SiteLayout
 from kit.plan.host import load_spec
 from kit.spec.problems import SpecError
@@ -124,8 +124,8 @@ def test_a_reup_reads_no_file_again(tmp_path: Path, hub: HubStandin,
     spec = locked_and_pulled(tmp_path)
     layout = SiteLayout(spec.parent)
     reads: list[Path] = []
-    real = kit.templates.weights_hashes.file_sha256
-    monkeypatch.setattr(kit.templates.weights_hashes, "file_sha256",
+    real = kit.dataplane.fetcher.weights_hashes.file_sha256
+    monkeypatch.setattr(kit.dataplane.fetcher.weights_hashes, "file_sha256",
                         lambda path: reads.append(path) or real(path))
     load_spec(spec)  # kit pull left the hashes in the cache
     assert reads == []

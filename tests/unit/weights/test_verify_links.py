@@ -1,12 +1,12 @@
-"""Symbolic links in what kit checks (issue 42, item 12): kit verifies exactly what vLLM's
-container reads. The container mounts models_root at /models (hf_cache at its own mount), so a
-link is followed only when its target is relative and stays inside that tree; one that leaves
-it (absolute, or `..` above the root) reads a file on the host the container never sees, and is
-refused naming the link — by kit's own check of a pinned folder (`kit validate`, `up`), by the
-fetcher's check on a GPU server (templates/weights_fetch.py: the same rule, shared through
-templates/weights_hashes.py), and for a LoRA adapter (`kit validate`, `kit adapters add`).
-Links that stay inside pass: a pinned file linked to a copy elsewhere under models_root, and a
-Hugging Face cache snapshot (`snapshots/<commit>/<file>` → `../../blobs/<sha256>`)."""
+"""Symbolic links in what kit checks (issue 42, item 12): kit verifies exactly what vLLM's container
+reads. The container mounts models_root at /models (hf_cache at its own mount), so a link is
+followed only when its target is relative and stays inside that tree; one that leaves it (absolute,
+or `..` above the root) reads a file on the host the container never sees, and is refused naming the
+link — by kit's own check of a pinned folder (`kit validate`, `up`), by the fetcher's check on a GPU
+server (kit/dataplane/fetcher/weights_fetch.py: the same rule, shared through
+kit/dataplane/fetcher/weights_hashes.py), and for a LoRA adapter (`kit validate`, `kit adapters
+add`). Links that stay inside pass: a pinned file linked to a copy elsewhere under models_root, and
+a Hugging Face cache snapshot (`snapshots/<commit>/<file>` → `../../blobs/<sha256>`)."""
 
 import os
 import shutil
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 import kit.commands.adapters
+from kit.dataplane.fetcher.weights_fetch import differences
+from kit.dataplane.fetcher.weights_hashes import HashCache, link_out_of
 from kit.site import Site
-from kit.templates.weights_fetch import differences
-from kit.templates.weights_hashes import HashCache, link_out_of
 from tests.support.adapters import write_adapter
 from tests.support.cli import run_kit
 from tests.support.fake_stack import up

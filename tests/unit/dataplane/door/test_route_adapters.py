@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kit.dataplane.collector import usage_ledger
 from kit.layout import USAGE_MODELS_MOUNT
 from kit.plan.usage import USAGE_SERVICE
-from kit.templates import usage_ledger
 from tests.support import nginx_ns
 from tests.support.adapters import adapters_yaml, write_adapter
 from tests.support.cli import run_kit

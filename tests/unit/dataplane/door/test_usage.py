@@ -25,12 +25,12 @@ import openai
 import pytest
 
 from kit.credentials.material import gate_mark
+from kit.dataplane.collector import usage_ledger
 from kit.front_door.client import basic_header
 from kit.layout import SiteLayout
 from kit.render.site_files import render_site
 from kit.render.usage import ledger_routes
 from kit.site import Site
-from kit.templates import usage_ledger
 from tests.support import nginx_ns
 from tests.support.cli import run_kit
 from tests.support.door_ns import Door, read_events, serving_door

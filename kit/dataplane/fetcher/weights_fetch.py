@@ -16,12 +16,14 @@ unchanged since it was hashed is not read again, by a check or by a pull, and a 
 hashes of the files it fetched there for the next check. The result event says how many files
 were hashed (and their bytes) and how many came from the cache.
 
-JOB.json (written by kit, kit/stack/remote_pull.py, which makes every decision): the Hub
+JOB.json (written by kit, kit/supply/remote_pull.py, which makes every decision): the Hub
 endpoint, the model, the locked commit, every locked file (path, size, sha256), and the final,
 staging and partial folders relative to MODELS_ROOT. A file `token` beside JOB.json (mode 0400,
 copied into the container before it started) holds HF_TOKEN when there is one.
 
-The mechanics are kit pull's (kit/weights/pull.py): files go to the staging folder, each into
+The mechanics are kit pull's, here and on kit's own host (kit/weights/pull.py runs `pull` in
+process, with its own client for each file and its events as the progress line): files go to
+the staging folder, each into
 the partial folder first and resumed from the bytes already there with an HTTP Range request;
 a file joins the staging folder only when its sha256 is the lock file's; the staging folder
 becomes the model's folder (one rename) only when it holds exactly the locked files. Output:
@@ -40,9 +42,14 @@ import time
 from urllib.parse import urlsplit
 
 try:  # in the container: copied in beside this script
-    from weights_hashes import HashCache, file_sha256, hash_files, link_out_of
-except ImportError:  # imported by kit itself, as kit.templates.weights_fetch
-    from kit.templates.weights_hashes import HashCache, file_sha256, hash_files, link_out_of
+    from weights_hashes import (  # type: ignore[import-not-found]
+        HashCache,
+        file_sha256,
+        hash_files,
+        link_out_of,
+    )
+except ImportError:  # imported by kit itself, as kit.dataplane.fetcher.weights_fetch
+    from kit.dataplane.fetcher.weights_hashes import HashCache, file_sha256, hash_files, link_out_of
 
 MARK = "KIT-PULL "
 PROGRESS_SECONDS = 0.5
@@ -50,9 +57,11 @@ FAILED = 3  # exit code after an `error` line
 
 
 class Refused(Exception):
-    def __init__(self, kind, detail, path=""):
+    """`served`: the sha256 the Hub served for `path` when it was not the lock file's."""
+
+    def __init__(self, kind, detail, path="", served=""):
         super().__init__(detail)
-        self.kind, self.detail, self.path = kind, detail, path
+        self.kind, self.detail, self.path, self.served = kind, detail, path, served
 
 
 SAYING = threading.Lock()  # the reporter thread and the main one write whole lines
@@ -128,18 +137,18 @@ def size_of(path):
 
 
 class Reporter(threading.Thread):
-    """The bytes on disk of the files being fetched, every half second."""
+    """The bytes on disk of the files being fetched, every half second, told to `tell`."""
 
-    def __init__(self, paths):
+    def __init__(self, paths, tell):
         super().__init__(daemon=True)
-        self.paths, self.stop = paths, threading.Event()
+        self.paths, self.tell, self.stop = paths, tell, threading.Event()
 
     def current(self):
         return sum(size_of(partial) + size_of(final) for partial, final in self.paths)
 
     def run(self):
         while not self.stop.wait(PROGRESS_SECONDS):
-            say("progress", done=self.current())
+            self.tell("progress", done=self.current())
 
 
 def fetch(job, item, partial, token):
@@ -152,10 +161,10 @@ def fetch(job, item, partial, token):
     url = hf_hub_url(job["model"], item["path"], revision=job["commit"], endpoint=endpoint)
     meta = get_hf_file_metadata(url, token=token or False, endpoint=endpoint)
     if meta.commit_hash != job["commit"]:
-        raise Refused("mismatch", "the Hub served commit %s" % meta.commit_hash, item["path"])
+        raise Refused("mismatch", f"the Hub served commit {meta.commit_hash}", item["path"])
     if meta.size is not None and meta.size != item["size"]:
-        raise Refused("mismatch", "the Hub serves %d bytes, the lock file says %d"
-                      % (meta.size, item["size"]), item["path"])
+        raise Refused("mismatch", f"the Hub serves {meta.size} bytes, the lock file says "
+                      f"{item['size']}", item["path"])
     headers = build_hf_headers(token=token or False)
     headers["Accept-Encoding"] = "identity"  # the bytes as stored: sizes and ranges hold
     if urlsplit(meta.location).netloc != urlsplit(url).netloc:
@@ -171,21 +180,25 @@ def fetch(job, item, partial, token):
     return file_sha256(partial)
 
 
-def pull(job, root, token, cache):
+def pull(job, root, token, cache, fetch_file=fetch, tell=say):
+    """The job's model made to hold exactly its locked files; its figures. `fetch_file` fetches
+    one file into its partial path (kit pull on kit's own host passes its client's, with its
+    error messages), `tell` takes the events (the container's stdout here, kit pull's progress
+    line in process)."""
     folder = os.path.join(root, job["folder"])
     staging = os.path.join(root, job["staging"])
     partial_root = os.path.join(staging, job["partial"])
     files = {f["path"]: f for f in job["files"]}
     for relative in (job["folder"], job["staging"]):
         if (linked := outside(root, relative)) is not None:
-            raise Refused("conflict", "%s is the link %s (to %s), which leads out of "
-                          "models_root" % (relative, linked["link"], linked["target"]))
+            raise Refused("conflict", f"{relative} is the link {linked['link']} (to "
+                          f"{linked['target']}), which leads out of models_root")
     if os.path.isdir(folder):
         if matches(root, job["folder"], files, cache):
-            say("start", total=0, start=0, kept=len(files), removed=[])
+            tell("start", total=0, start=0, kept=len(files), removed=[])
             return {"fetched": 0, "kept": len(files), "removed": [], "downloaded": 0}
         if os.path.exists(staging):
-            raise Refused("conflict", "both %s and %s exist" % (job["folder"], job["staging"]))
+            raise Refused("conflict", f"both {job['folder']} and {job['staging']} exist")
         os.rename(folder, staging)  # repaired in staging, renamed back when verified
         cache.moved(folder, staging)
     os.makedirs(staging, exist_ok=True)
@@ -206,25 +219,25 @@ def pull(job, root, token, cache):
             os.unlink(os.path.join(staging, item["path"]))
     paths = [(os.path.join(partial_root, f["path"]), os.path.join(staging, f["path"]))
              for f in todo]
-    reporter = Reporter(paths)
+    reporter = Reporter(paths, tell)
     start = reporter.current()
-    say("start", total=sum(f["size"] for f in todo), start=start, kept=len(good),
+    tell("start", total=sum(f["size"] for f in todo), start=start, kept=len(good),
         removed=removed)
     reporter.start()
     try:
-        for item, (partial, final) in zip(todo, paths):
-            sha = fetch(job, item, partial, token)
+        for item, (partial, final) in zip(todo, paths, strict=True):
+            sha = fetch_file(job, item, partial, token)
             if sha != item["sha256"]:
                 os.unlink(partial)
-                raise Refused("mismatch", "the Hub served sha256 %s..., the lock file says %s..."
-                              % (sha[:12], item["sha256"][:12]), item["path"])
+                raise Refused("mismatch", f"the Hub served sha256 {sha[:12]}..., the lock file "
+                              f"says {item['sha256'][:12]}...", item["path"], served=sha)
             os.makedirs(os.path.dirname(final), exist_ok=True)
             os.replace(partial, final)
             cache.put(final, os.stat(final), sha)  # the next check reads it no more
     finally:
         reporter.stop.set()
     downloaded = max(0, reporter.current() - start)
-    say("progress", done=reporter.current())
+    tell("progress", done=reporter.current())
     shutil.rmtree(partial_root, ignore_errors=True)
     if not matches(root, job["staging"], files, cache):
         raise Refused("mismatch", "the pulled folder does not match the lock file")
@@ -287,7 +300,7 @@ def main():
         say("error", kind=refused.kind, detail=refused.detail, path=refused.path)
         sys.exit(FAILED)
     except Exception as error:  # the client's own, named for kit by kind_of
-        say("error", kind=kind_of(error), detail="%s: %s" % (type(error).__name__, error),
+        say("error", kind=kind_of(error), detail=f"{type(error).__name__}: {error}",
             path="")
         sys.exit(FAILED)
 

@@ -1,6 +1,6 @@
-"""The hash cache's rules (templates/weights_hashes.py), the one definition kit's own check and
-the fetcher on a GPU server share: an entry is trusted only while the file's stat (size, mtime,
-ctime, inode) is the one it was hashed with and the entry has the right shape; anything else
+"""The hash cache's rules (kit/dataplane/fetcher/weights_hashes.py), the one definition kit's own
+check and the fetcher on a GPU server share: an entry is trusted only while the file's stat (size,
+mtime, ctime, inode) is the one it was hashed with and the entry has the right shape; anything else
 costs reading the file again, never a pass. The file is written whole or not at all."""
 
 import json
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.templates.weights_hashes import HashCache, hash_files
+from kit.dataplane.fetcher.weights_hashes import HashCache, hash_files
 
 
 def cached_file(tmp_path: Path) -> tuple[Path, Path, str]:

@@ -1,9 +1,9 @@
-"""templates/waker.py, the waker of sleeping models (docs/sleep.md), against stand-ins in sleep mode
-run as local processes (the stand-in is NOT vLLM: tests/standin/vllm_standin/sleep.py): one wake
-however many requests wait, held requests let through in arrival order, idle services put to
-sleep while kit's probe never counts as use nor wakes, a swap group's least recently used member
-put to sleep first, a failing wake refused with its cause and not retried at once, and the
-HTTP side (the door's address only, /state, /metrics)."""
+"""kit/dataplane/waker/waker.py, the waker of sleeping models (docs/sleep.md), against stand-ins in
+sleep mode run as local processes (the stand-in is NOT vLLM: tests/standin/vllm_standin/sleep.py):
+one wake however many requests wait, held requests let through in arrival order, idle services put
+to sleep while kit's probe never counts as use nor wakes, a swap group's least recently used member
+put to sleep first, a failing wake refused with its cause and not retried at once, and the HTTP side
+(the door's address only, /state, /metrics)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from kit.dataplane.waker import waker
 from kit.plan.waker import HEALTH_ARGV, PROBE_ASLEEP, WAKER_PORT
-from kit.templates import waker
 from tests.support.swap_load import alternating
 from tests.support.waker_pair import Replicas, chat, sleepy_replicas, waker_config
 

@@ -1,7 +1,7 @@
 """The sha256 of model files, hashed in parallel and cached by what stat says of each file: the
 one definition of the hash cache's format and rules, for kit's own check of a pinned folder
 (kit.weights.verify: `<site>/.kit/weights-hashes.json`) and for kit's fetcher on a GPU server
-(templates/weights_fetch.py, copied into its container beside it: the cache lives in the
+(kit/dataplane/fetcher/weights_fetch.py, copied into its container beside it: the cache lives in the
 site's `kit-weights-hashes` volume there, docs/weights.md), so both trust and write it alike.
 
 Also the one rule for symbolic links in what a container reads (`link_out_of`): kit verifies

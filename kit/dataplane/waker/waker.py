@@ -76,7 +76,7 @@ class Sleeper:
         self.last_wake_engine_seconds = 0.0
         self.failure = ""  # the last failed wake's cause ("" once a wake succeeded)
         self.failed_at = 0.0  # monotonic
-        self.flight = None  # the asyncio task waking it
+        self.flight: asyncio.Task[None] | None = None  # the asyncio task waking it
 
     def become(self, state: str) -> None:
         if state != self.state:
@@ -186,7 +186,7 @@ class Waker:
             if sleeper.flight is None or sleeper.flight.done():
                 sleeper.flight = asyncio.ensure_future(self.wake(sleeper))
             await asyncio.wait_for(asyncio.shield(sleeper.flight), self.wake_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise Refusal(f"{sleeper.name} did not wake within {self.wake_timeout:.0f} s: "
                           "retry shortly") from None
         finally:
@@ -379,7 +379,7 @@ class Waker:
     async def change(self, host: str, path: str, body: bytes = b"") -> None:
         try:
             status, answer = await http(host, self.port, "POST", path, body, CHANGE_TIMEOUT)
-        except (OSError, ValueError, asyncio.TimeoutError) as error:
+        except (TimeoutError, OSError, ValueError) as error:
             raise Refusal(f"{host} did not answer POST {path.split('?')[0]}: "
                           f"{error or type(error).__name__}") from None
         if status != 200:
@@ -393,7 +393,7 @@ class Waker:
         for host in sleeper.replicas:
             try:
                 status, answer = await http(host, self.port, "GET", "/metrics")
-            except (OSError, ValueError, asyncio.TimeoutError):
+            except (TimeoutError, OSError, ValueError):
                 continue
             if status == 200:
                 total += in_flight(answer.decode("utf-8", "replace"))
@@ -403,7 +403,7 @@ class Waker:
         try:
             status, answer = await http(host, self.port, "GET", "/is_sleeping")
             value = json.loads(answer)["is_sleeping"] if status == 200 else None
-        except (OSError, ValueError, KeyError, TypeError, asyncio.TimeoutError):
+        except (TimeoutError, OSError, ValueError, KeyError, TypeError):
             return None
         return value if isinstance(value, bool) else None
 
@@ -546,7 +546,7 @@ class Server:
                 await writer.drain()
                 if b"\r\nconnection: close\r\n" in head.lower():
                     return
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError,
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
                 ConnectionError):
             pass
         finally:

@@ -1,6 +1,6 @@
-"""templates/usage_ledger.py: the collector run as the compose file runs it (a process on a spool
-file and a ledger folder, asked over HTTP), killed, starved of disk and fed hostile lines; and
-its parts in-process where a property is easier to state there."""
+"""kit/dataplane/collector/usage_ledger.py: the collector run as the compose file runs it (a process
+on a spool file and a ledger folder, asked over HTTP), killed, starved of disk and fed hostile
+lines; and its parts in-process where a property is easier to state there."""
 
 import argparse
 import base64
@@ -18,7 +18,7 @@ import pytest
 
 from kit import names
 from kit.credentials import material
-from kit.templates import usage_ledger
+from kit.dataplane.collector import usage_ledger
 from kit.views.usage_health import LedgerHealth
 from tests.support import nginx_ns
 from tests.support.usage_collector import (

@@ -1,5 +1,5 @@
-"""templates/door-figures.py: nginx's per-request datagrams counted into Prometheus text, run
-as the process the compose file starts (a real unix socket, a real HTTP scrape)."""
+"""kit/dataplane/door_figures/door_figures.py: nginx's per-request datagrams counted into Prometheus
+text, run as the process the compose file starts (a real unix socket, a real HTTP scrape)."""
 
 import json
 import socket
@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.sites import REPO
 
-SCRIPT = REPO / "templates" / "door-figures.py"
+SCRIPT = REPO / "kit" / "dataplane" / "door_figures" / "door_figures.py"
 
 
 @pytest.fixture

@@ -70,9 +70,9 @@ class Figures:
                     if hist != name:
                         continue
                     labels = _labels(service)
-                    for bound, count in zip((*BOUNDS, math.inf), counts, strict=False):
+                    for bound, below in zip((*BOUNDS, math.inf), counts, strict=False):
                         le = "+Inf" if bound == math.inf else repr(bound)
-                        out.append(f'{name}_bucket{{{labels}le="{le}"}} {count:g}')
+                        out.append(f'{name}_bucket{{{labels}le="{le}"}} {below:g}')
                     out.append(f"{name}_count{{{labels.rstrip(',')}}} {counts[-2]:g}")
                     out.append(f"{name}_sum{{{labels.rstrip(',')}}} {counts[-1]!r}")
             out += ["# TYPE kit_door_unreadable_lines_total counter",
@@ -103,7 +103,7 @@ def main() -> None:
     args = parser.parse_args()
     figures = Figures(json.loads(args.upstreams))
 
-    class Handler(BaseHTTPRequestHandler):
+    class ScrapeHandler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's API
             if self.path != "/metrics":
                 self.send_error(404)
@@ -120,7 +120,7 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # PID 1 ignores it otherwise
     threading.Thread(target=receive, args=(figures, args.socket), daemon=True).start()
-    ThreadingHTTPServer(("0.0.0.0", args.port), Handler).serve_forever()
+    ThreadingHTTPServer(("0.0.0.0", args.port), ScrapeHandler).serve_forever()
 
 
 if __name__ == "__main__":

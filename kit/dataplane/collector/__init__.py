@@ -1,0 +1,1 @@
+"""The usage ledger's collector (usage_ledger.py), run in the usage-ledger container."""

@@ -1,0 +1,1 @@
+"""The waker of sleeping models (waker.py), run in the waker container (docs/sleep.md)."""
