@@ -45,7 +45,9 @@ from kit.layout import NGINX_MOUNT
 AUTH_REQUEST = "            auth_request /_kit/auth;\n"
 NAIVE = (f'            auth_basic "naive";\n'
          f"            auth_basic_user_file {NGINX_MOUNT}/auth/htpasswd;\n")
-V1_AUTH = AUTH_REQUEST + "            js_content kit.route;"  # the /v1/ location's pair
+# the /v1/ location's auth lines and handler (who: the credential only when accepted)
+V1_AUTH = (AUTH_REQUEST + "            auth_request_set $kit_auth_status $status;"
+           "  # who: the credential only when accepted\n            js_content route.request;")
 CONTRAST = Shape("contrast", 1.0, 1)
 USER = "ops"
 LIMITS = (("tokens_per_s", "min_ratio", 0.95), ("ttft_p50_ms", "max_ratio", 1.10),

@@ -135,8 +135,7 @@ def test_the_gate_fails_when_nginx_buffers_streams(stack: Stack) -> None:
     conf = stack.layout.nginx_conf
     with faulted(stack, conf):
         stack.replace_in(conf, "proxy_buffering off;", "proxy_buffering on;")
-        stack.replace_in(conf, "js_body_filter kit.usageFilter",
-                         "# js_body_filter kit.usageFilter")
+        stack.replace_in(conf, "js_body_filter usage.filter", "# js_body_filter usage.filter")
         stack.reload_nginx()
         assert_gate_fails(stack, "the proxy buffers SSE — proxy_buffering must be off")
 
