@@ -40,7 +40,13 @@ from kit.site import Site
 from kit.spec.model import Spec
 from kit.weights import hub
 from kit.weights.lock import LockedModel, locked_for, pinned_relative, read_lock
-from kit.weights.pull import Progress, PullResult, fetch_job, models_to_pull, staging_folder
+from kit.weights.pull import (
+    FetchProgress,
+    PullResult,
+    fetch_job,
+    models_to_pull,
+    staging_folder,
+)
 from kit.weights.verify import link_problem
 
 if TYPE_CHECKING:
@@ -274,9 +280,7 @@ class _Events:
     """The fetcher's event lines, read as they arrive, driving kit pull's progress line."""
 
     def __init__(self, name: str, out: TextIO):
-        self.name, self.out = name, out
-        self.done = 0
-        self.progress: Progress | None = None
+        self.progress = FetchProgress(name, out)  # the local pull's reading of the same events
         self.result: dict | None = None
         self.error: dict | None = None
         self.other: list[str] = []  # the last lines that were not events (a crash's traceback)
@@ -286,8 +290,7 @@ class _Events:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.progress is not None:
-            self.progress.__exit__(*exc)
+        self.progress.__exit__(*exc)
 
     def feed(self, chunk: bytes) -> None:
         *lines, self.pending = (self.pending + chunk).split(b"\n")
@@ -305,13 +308,10 @@ class _Events:
         if not isinstance(event, dict):
             return
         kind = event.get("event")
-        if kind == "start" and self.progress is None:
-            total, start = _count(event, "total"), _count(event, "start")
-            self.done = start
-            self.progress = Progress(self.name, total, start, lambda: self.done, self.out)
-            self.progress.__enter__()
+        if kind == "start":
+            self.progress.tell(kind, total=_count(event, "total"), start=_count(event, "start"))
         elif kind == "progress":
-            self.done = _count(event, "done")
+            self.progress.tell(kind, done=_count(event, "done"))
         elif kind == "result":
             self.result = event
         elif kind == "error":
