@@ -203,6 +203,18 @@ def test_out_of_order_within_the_grace_is_not_lost_and_a_real_gap_is_counted(
                                                 for r in records}) == 9
 
 
+def test_the_ledgers_size_counts_records_as_soon_as_they_are_served(run, tmp_path) -> None:
+    """Health served between two prunes (an hour apart here) already counts the records
+    appended since: the size is kept at each append, not only recounted by the prune."""
+    append_spool(tmp_path / "door.jsonl", [spool_line(seq) for seq in (1, 2, 3)])
+    collector = run(state_interval=3600)
+    collector.wait_for(lambda h: h["records"] == 3, "3 records")
+    append_spool(tmp_path / "door.jsonl", [spool_line(seq) for seq in (4, 5)])
+    health = collector.wait_for(lambda h: h["records"] == 5, "5 records")
+    segment, = (tmp_path / "ledger" / "segments").iterdir()
+    assert health["disk"]["ledger_bytes"] >= segment.stat().st_size > 0
+
+
 def test_kill_9_at_any_moment_neither_loses_nor_duplicates(run, tmp_path) -> None:
     """nginx keeps appending while the collector is killed five times at random moments (the
     state is saved only every 0.5 s, so most kills fall between a segment's fsync and the
