@@ -978,20 +978,21 @@ class Collector:
             seq, previous = record["seq"], record["hash"]
             records.append(record)
             lines.append(json.dumps(record, separators=(",", ":"), ensure_ascii=True))
-        new_segment = None
+        new_segment, data = None, b""
         if lines:
             path = self.ledger.path(name)
             new_segment = None if os.path.exists(path) else name
-            _write_all(path, ("\n".join(lines) + "\n").encode(),
-                       os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        self._commit(batch, records, changed, due, (name, nobody, dropped))
+            data = ("\n".join(lines) + "\n").encode()
+            _write_all(path, data, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        self._commit(batch, records, changed, due, (name, nobody, dropped), len(data))
         if new_segment:  # after the commit: the records are written, whatever this says
             _fsync_folder(self.ledger.segments)
 
     def _commit(self, batch: "Batch", records: list[dict], changed: dict[tuple, dict],
-                due: list[tuple], nobody: tuple[str, int, list[dict]]) -> None:
+                due: list[tuple], nobody: tuple[str, int, list[dict]], appended: int) -> None:
         """Count what was written: (segment, bytes of nobody's records written to it, nobody's
-        records counted and not written) included."""
+        records counted and not written) included, and the bytes appended, so the ledger's size
+        is right at once rather than from the next prune's count."""
         now = time.monotonic()
         staged, tally = batch.staged, batch.tally
         with self.lock:
@@ -1004,6 +1005,7 @@ class Collector:
             segment, nobody_written, dropped = nobody
             if nobody_written:
                 self.nobody_bytes[segment] = self.nobody_bytes.get(segment, 0) + nobody_written
+            self.ledger_bytes += appended
             if dropped:
                 self.counts["nobody_records_dropped"] += len(dropped)
                 self.counts["nobody_requests_dropped"] += sum(
