@@ -45,13 +45,13 @@ tests/images/build.sh
 
 # Two passes (docs/testing.md). First the tests marked `serial` (they measure time or performance
 # ratios that other tests' load would distort; docs/testing.md lists them), alone on the machine.
-# Then every other test in $KIT_TEST_WORKERS (2) pytest-xdist workers at once: the e2e tests
+# Then every other test in $KIT_TEST_WORKERS (3) pytest-xdist workers at once: the e2e tests
 # mostly wait (verdict windows, ACME retries, soaks, stacks coming up), and the workers fill
 # those waits with other modules and the CPU-bound unit tests. Each e2e
 # module runs on one worker, in order (`--dist loadgroup`, tests/conftest.py); what tests running
 # at once could share on the one engine is per worker (tests/support/docker_engine.py).
-# --durations: every run prints its slowest tests, so the 35-minute budget is watched where it goes.
-workers="${KIT_TEST_WORKERS:-2}"  # one per core: the 35-minute bar needs it (docs/testing.md)
+# --durations: every run prints its slowest tests, so the 25-minute budget is watched where it goes.
+workers="${KIT_TEST_WORKERS:-3}"  # 3 on 2 cores: waits fill a third worker (docs/testing.md)
 took() { echo "$(( (SECONDS - $1) / 60 )) min $(( (SECONDS - $1) % 60 )) s"; }
 started=$SECONDS
 rc_serial=0
