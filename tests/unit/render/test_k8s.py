@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import jsonschema
@@ -725,12 +726,21 @@ def test_an_object_an_earlier_export_held_is_named(site: Path) -> None:
     assert again.exit_code == 0 and "no change" in again.output and "warning" not in again.output
 
 
-def test_a_new_spool_never_takes_the_inode_the_checkpoint_names(tmp_path: Path) -> None:
+@pytest.fixture
+def on_the_disk() -> Iterator[Path]:
+    """A folder on the root filesystem's disk (/var/tmp), not the tests' tmpfs (scripts/test.sh):
+    what is tested is how a disk's filesystem hands inode numbers out."""
+    folder = Path(tempfile.mkdtemp(prefix="kit-inodes-", dir="/var/tmp"))
+    yield folder
+    shutil.rmtree(folder)
+
+
+def test_a_new_spool_never_takes_the_inode_the_checkpoint_names(on_the_disk: Path) -> None:
     """A new door pod's spool that got the old one's inode number back (ext4 often hands a
     freed number out again at once) would be read from the old checkpoint's offset: the
     postStart hook gives it another number."""
     _, _, collector = _door("example")
-    spool_dir, ledger = tmp_path / "spool", tmp_path / "ledger"
+    spool_dir, ledger = on_the_disk / "spool", on_the_disk / "ledger"
     spool_dir.mkdir()
     ledger.mkdir()
     create = (_hook(collector, "postStart").replace("/var/lib/kit-usage/spool", str(spool_dir))
