@@ -6,7 +6,8 @@ load client in the stack's network) with the spec's DEFAULT limits and --users B
 runs three loads at once, for --duration seconds, in the same nginx and its same workers:
 
   basic   --basic-streams connections over the --users users (connection i: user i mod n),
-          each user's verdict expiring every 60 s while its streams run
+          each user's verdict expiring every 60 s (the default proxy.password_recheck_s)
+          while its streams run
   bearer  --bearer-streams connections with one key
   none    --none-streams connections to a copy of the TLS server on port 8443 with its
           `auth_request` lines removed (added to the rendered nginx.conf for this run only)
@@ -26,9 +27,10 @@ from concurrent.futures import ThreadPoolExecutor
 from bench_frontdoor import NGINX_URL, arguments, bench_stack, machine
 
 from kit.front_door.client import basic_header
+from kit.spec.model import Proxy
 from tests.support.live_stack import DOMAIN
 
-VERDICT_TTL_S = 60
+VERDICT_TTL_S = Proxy().password_recheck_s  # the default spec's, which this soak runs
 GAP_TOLERANCE_MS = 50
 TLS_SERVER = "    server {\n        listen 443 ssl default_server;\n"
 AFTER_TLS_SERVER = "\n    map $kit_credential_digest $kit_no_credential {"

@@ -189,6 +189,7 @@ class NginxPlan:
     rate_per_ip: int
     rate_per_credential: int
     failed_logins_per_ip: int
+    password_recheck_s: int  # a cached password verdict's life (proxy_cache_valid)
     max_connections_per_ip: int
     api_keys: bool
     # A batch credential's requests in flight (docs/policy.md): half the smallest service's
@@ -396,6 +397,7 @@ def build_plan(spec: Spec) -> Plan:
             rate_per_ip=_or_auto(spec.proxy.rate_limit_per_ip, per_minute),
             rate_per_credential=_or_auto(spec.proxy.rate_limit_per_credential, per_minute),
             failed_logins_per_ip=spec.proxy.failed_logins_per_ip,
+            password_recheck_s=spec.proxy.password_recheck_s,
             max_connections_per_ip=_or_auto(
                 spec.proxy.max_connections_per_ip,
                 min(MAX_CONNECTIONS_PER_IP, streams * CONNECTIONS_PER_SLOT),

@@ -209,6 +209,10 @@ class Proxy(StrictModel):
     rate_limit_per_ip: Annotated[int, Field(ge=1, le=1000000)] | Literal["auto"] = "auto"
     rate_limit_per_credential: Annotated[int, Field(ge=1, le=1000000)] | Literal["auto"] = "auto"
     failed_logins_per_ip: Annotated[int, Field(ge=1, le=10000)] = 20  # per minute
+    # How long a Basic credential's verdict (valid or not) is trusted before the verifier is
+    # asked again, in the background (docs/auth.md): shorter, a revoked password held by no
+    # rotation stops sooner; longer, fewer bcrypt checks. Rotations drop every verdict anyway.
+    password_recheck_s: Annotated[int, Field(ge=5, le=3600)] = 60
     # limit_conn's maximum is 65535; auto: derived from the services' concurrency like the rates
     max_connections_per_ip: Annotated[int, Field(ge=1, le=65535)] | Literal["auto"] = "auto"
 

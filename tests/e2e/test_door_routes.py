@@ -10,6 +10,7 @@ way. nginx's own refusals of broken HTTP are provoked for real, each one: OpenAI
 
 import json
 import re
+import secrets
 import time
 from collections.abc import Iterator
 
@@ -27,10 +28,14 @@ CHAT = {"model": SERVED_NAME, "max_tokens": 1, "messages": [{"role": "user", "co
 PARAMETERS = {"{path}": "x", "{response_id}": "resp_1", "{model}": SERVED_NAME}
 
 
+WITNESS = "/v1/chat/completions?witness="  # the request that closes a count of upstream ones
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
+    # connect_timeout: the stopped service's 502 (the last test) comes after 2 s, not 10
     with running(tmp_path_factory.mktemp("routes") / "site", docker_client,
-                 prefix="rts") as site:
+                 prefix="rts", proxy={"connect_timeout": 2}) as site:
         yield site
 
 
@@ -39,13 +44,24 @@ def credentials(site: LiveSite) -> dict[str, str]:
     return {"Basic": site.basic("ops"), "Bearer": f"Bearer {site.add_key('routes')}"}
 
 
-def upstream_requests(site: LiveSite) -> list[tuple[str, str]]:
+def upstream_requests(site: LiveSite, credentials: dict[str, str]) -> list[tuple[str, str]]:
     """(method, target) of every request the vLLM stand-in received, in order, but its
-    container's own healthcheck (GET /health from inside). Callers count from a mark."""
-    time.sleep(0.5)  # the stand-in writes its line after the answer
-    logs = site.container(SERVICE).logs().decode(errors="replace")
-    found = re.findall(r'"([A-Z]+) (\S+) HTTP/1\.[01]"', logs)
-    return [request for request in found if request != ("GET", "/health")]
+    container's own healthcheck (GET /health from inside) and the witnesses. Callers count from
+    a mark. The stand-in writes its line after each answer: a witness request, sent after the
+    caller's, passes the door, and once its line is in the log so are those of the requests
+    before it (a fixed wait cost 0.5 s a call)."""
+    witness = WITNESS + secrets.token_hex(4)
+    assert send(site, "POST", witness, credentials["Bearer"]).status == 200
+    deadline = time.monotonic() + 10
+    while True:
+        logs = site.container(SERVICE).logs().decode(errors="replace")
+        found = re.findall(r'"([A-Z]+) (\S+) HTTP/1\.[01]"', logs)
+        if ("POST", witness) in found or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert ("POST", witness) in found, "the witness request never reached the stand-in"
+    return [(method, target) for method, target in found[:found.index(("POST", witness))]
+            if (method, target) != ("GET", "/health") and not target.startswith(WITNESS)]
 
 
 def json_error(reply: Reply | RawReply, status: int) -> dict:
@@ -75,7 +91,7 @@ def send(site: LiveSite, method: str, path: str, credential: str) -> Reply:
 
 def test_every_vllm_route_is_passed_or_refused_as_classified(
         site: LiveSite, credentials: dict[str, str]) -> None:
-    mark = len(upstream_requests(site))
+    mark = len(upstream_requests(site, credentials))
     routes = vllm_routes()
     refused, passed = [], []
     for method, path in routes:
@@ -89,7 +105,7 @@ def test_every_vllm_route_is_passed_or_refused_as_classified(
             elif kind == "passed":
                 assert reply.status != 404 or b'"detail"' in reply.body, (path, reply.body)
                 passed.append((method, path))
-    reached = upstream_requests(site)[mark:]
+    reached = upstream_requests(site, credentials)[mark:]
     reached_paths = [target.split("?")[0] for _, target in reached]
     leaked = sorted(set(refused) & set(reached_paths))
     assert not leaked, f"refused routes reached vLLM: {leaked}"
@@ -106,7 +122,7 @@ DEV_ROUTES = ["/sleep", "/wake_up", "/is_sleeping", "/reset_prefix_cache", "/col
 
 def test_the_dev_and_admin_routes_are_unreachable_whatever_the_credential(
         site: LiveSite, credentials: dict[str, str]) -> None:
-    mark = len(upstream_requests(site))
+    mark = len(upstream_requests(site, credentials))
     anyone = [None, "Basic " + "a" * 20, "Bearer sk-kit-nope", *credentials.values()]
     for path in DEV_ROUTES:
         for credential in anyone:
@@ -114,7 +130,7 @@ def test_the_dev_and_admin_routes_are_unreachable_whatever_the_credential(
                 reply = site.gate().fetch(method, path, body={"lora_name": "x"},
                                           credentials=credential)
                 json_error(reply, 404)
-    reached = {target.split("?")[0] for _, target in upstream_requests(site)[mark:]}
+    reached = {target.split("?")[0] for _, target in upstream_requests(site, credentials)[mark:]}
     assert not reached & set(DEV_ROUTES)
 
 
@@ -152,7 +168,7 @@ TRICKS = [
 @pytest.mark.parametrize(("target", "expected"), TRICKS)
 def test_path_tricks_meet_the_allow_list_as_nginx_normalized_them(
         site: LiveSite, credentials: dict[str, str], target: str, expected: int | str) -> None:
-    mark = len(upstream_requests(site))
+    mark = len(upstream_requests(site, credentials))
     body = json.dumps(CHAT).encode()
     for credential in credentials.values():
         raw = request("POST", target, DOMAIN, [("Authorization", credential),
@@ -162,7 +178,7 @@ def test_path_tricks_meet_the_allow_list_as_nginx_normalized_them(
             json_error(reply, expected)
         else:
             assert reply.status == 200, (target, reply.status, reply.body[:300])
-    reached = upstream_requests(site)[mark:]
+    reached = upstream_requests(site, credentials)[mark:]
     if isinstance(expected, int):
         assert not reached, f"{target} reached vLLM as {reached}"
     else:

@@ -2,9 +2,11 @@
 test files may share a basename, e.g. tests/unit/stack/test_up.py and tests/e2e/test_up.py),
 no test module imports from another: shared helpers live in tests/support/ (fixtures in
 conftest.py files), where every test can find them; and a unit test's name says which module
-it tests (docs/testing.md: the naming rule)."""
+it tests (docs/testing.md: the naming rule); every test of the serial pass is in
+docs/testing.md's table of why it runs alone."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -140,3 +142,57 @@ def test_the_naming_rule_finds_a_planted_misnamed_file(tmp_path: Path, planted: 
         (tmp_path / test).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / test).touch()
     assert misnamed_tests(tmp_path) == [f"{planted}: {finding}"]
+
+
+def serial_tests(tests: Path) -> set[str]:
+    """The tests marked `serial` (tests/conftest.py's serial pass), by source: a module marked
+    whole by its `pytestmark` as its path, a test function as path::name."""
+    found = set()
+    for path in sorted(tests.rglob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        name = path.relative_to(tests.parent).as_posix()
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(
+                    isinstance(target, ast.Name) and target.id == "pytestmark"
+                    for target in node.targets) and _marks_serial(node.value):
+                found.add(name)
+            elif isinstance(node, ast.FunctionDef | ast.ClassDef) and any(
+                    _marks_serial(decorator) for decorator in node.decorator_list):
+                found.add(f"{name}::{node.name}")
+            if isinstance(node, ast.ClassDef):
+                found |= {f"{name}::{node.name}::{method.name}" for method in node.body
+                          if isinstance(method, ast.FunctionDef)
+                          and any(_marks_serial(d) for d in method.decorator_list)}
+    return found
+
+
+def _marks_serial(node: ast.AST) -> bool:
+    return any(isinstance(part, ast.Attribute) and part.attr == "serial"
+               and ast.unparse(part) == "pytest.mark.serial" for part in ast.walk(node))
+
+
+def serial_table(testing_md: str) -> set[str]:
+    """The first column of docs/testing.md's table under "## The serial tests"."""
+    section = testing_md.split("## The serial tests", 1)[1].split("\n## ", 1)[0]
+    return {row.group(1) for row in re.finditer(r"^\| `([^`]+)` \|", section, re.M)}
+
+
+def test_every_serial_test_says_in_docs_why_it_runs_alone() -> None:
+    """A test in the serial pass adds its time to the job's whole: docs/testing.md says of each
+    why it cannot share the machine (issue 44), and names no test that is not serial."""
+    marked = serial_tests(TESTS)
+    listed = serial_table((REPO / "docs" / "testing.md").read_text())
+    assert marked, "no serial test found: the search for the mark is broken"
+    assert marked == listed, (f"marked serial, not in docs/testing.md: {sorted(marked - listed)}; "
+                              f"in its table, not marked: {sorted(listed - marked)}")
+
+
+def test_the_serial_search_finds_a_module_and_a_function(tmp_path: Path) -> None:
+    (tmp_path / "tests" / "e2e").mkdir(parents=True)
+    (tmp_path / "tests" / "e2e" / "test_a.py").write_text(
+        "import pytest\npytestmark = [pytest.mark.e2e, pytest.mark.serial]\n")
+    (tmp_path / "tests" / "e2e" / "test_b.py").write_text(
+        "import pytest\npytestmark = pytest.mark.e2e\n\n\n@pytest.mark.serial\ndef test_x():\n"
+        "    pass\n\n\n@pytest.mark.slow\ndef test_y():\n    pass\n")
+    assert serial_tests(tmp_path / "tests") == {"tests/e2e/test_a.py",
+                                                "tests/e2e/test_b.py::test_x"}

@@ -211,6 +211,13 @@ CASES = [
     ("8.5-max-connections", replace("read_timeout: 900", "read_timeout: 900, "
                                     "max_connections_per_ip: 65536"),
      ["proxy.max_connections_per_ip", "less than or equal to 65535"]),
+    # issue 44: a password verdict's life is the spec's, within what keeps bcrypt rare
+    ("44-password-recheck-too-short", replace("read_timeout: 900", "read_timeout: 900, "
+                                             "password_recheck_s: 4"),
+     ["proxy.password_recheck_s", "greater than or equal to 5"]),
+    ("44-password-recheck-too-long", replace("read_timeout: 900", "read_timeout: 900, "
+                                            "password_recheck_s: 3601"),
+     ["proxy.password_recheck_s", "less than or equal to 3600"]),
     # issue 8 item 6: hostile YAML refused before anything is expanded or built
     ("8.6-billion-laughs", billion_laughs, ["site.yaml:1:5:", "anchors and aliases",
                                             "fix: write the value out"]),

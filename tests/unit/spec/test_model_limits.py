@@ -104,7 +104,8 @@ def test_the_bounds_cover_the_keys_nginx_and_docker_read() -> None:
     paths = {".".join(map(str, path)) for path in numeric_bounds(Spec)}
     assert {"proxy.https_port", "proxy.max_connections_per_ip", "proxy.read_timeout",
             "healthcheck_interval", "services.0.max_num_seqs", "services.0.startup_timeout",
-            "services.0.max_model_len", "services.0.tensor_parallel", "gpu_memory_gib"} <= paths
+            "services.0.max_model_len", "services.0.tensor_parallel", "gpu_memory_gib",
+            "proxy.password_recheck_s"} <= paths
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +128,10 @@ def test_extremes_render_what_the_spec_says(extremes: dict[str, Path]) -> None:
     assert "client_body_buffer_size 1024m;" in conf  # nginx's size slots take no `g`
     assert "client_max_body_size 1024m;" in conf
     assert "limit_conn kit_conn_per_ip 65535;" in conf
-    assert "client_body_buffer_size 1k;" in (extremes["min"] / "nginx" / "nginx.conf").read_text()
+    assert "proxy_cache_valid 204 401 3600s;" in conf  # proxy.password_recheck_s
+    low = (extremes["min"] / "nginx" / "nginx.conf").read_text()
+    assert "client_body_buffer_size 1k;" in low
+    assert "proxy_cache_valid 204 401 5s;" in low
 
 
 @pytest.mark.parametrize("end", ["min", "max"])

@@ -12,6 +12,7 @@ import datetime as dt
 import json
 import os
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -284,7 +285,8 @@ def test_an_empty_object_goes_upstream_as_it_came(door: PolicyDoor) -> None:
 def test_a_batch_credential_never_holds_every_slot(door: PolicyDoor) -> None:
     """The base site's service has 64 slots: a batch key gets 32 streams at once, the 8 more
     it asks for get 429 at the door; an interactive key gets all 40."""
-    streams = ("--model", SERVED, "--streams", "40", "--tokens", "1000")
+    # 3 s streams (5 ms a token): all 40 are in flight at once even on a loaded machine
+    streams = ("--model", SERVED, "--streams", "40", "--tokens", "600")
     batch = door.door.load("--auth", f"Bearer {door.keys['listed']}", *streams)
     assert (batch["ok"], batch["failures"]) == (32, {"status 429": 8}), batch
     interactive = door.door.load("--auth", f"Bearer {door.keys['all']}", *streams)
@@ -476,9 +478,18 @@ def _across_a_reload(door: PolicyDoor, key: str, body: bytes) -> None:
         sock.sendall(_request(door, key, body))  # 200 ms at 5 ms a token
         sock.recv(65536)  # its answer began
         conf = door.layout.nginx_dir / "nginx.conf"
-        door.door.reload(conf, conf.read_text())  # returns once the old worker ended the stream
-        while sock.recv(65536):
-            pass
+        # the client reads on while nginx reloads, as a client does: an old worker waits for the
+        # client to close its side (lingering close, 5 s) before it ends
+        with ThreadPoolExecutor(1) as reader:
+            ended = reader.submit(_read_to_the_end, sock)
+            door.door.reload(conf, conf.read_text())  # returns once the old worker has gone
+            ended.result()
+
+
+def _read_to_the_end(sock: socket.socket) -> None:
+    while sock.recv(65536):
+        pass
+    sock.close()
 
 
 def _request(door: PolicyDoor, key: str, body: bytes) -> bytes:
@@ -505,8 +516,12 @@ def test_a_reservation_is_released_however_its_request_ends(door: PolicyDoor,
                        "messages": [{"role": "user", "content": "Count slowly."}]}).encode()
     for _ in range(3):
         ENDINGS[ending](door, key, body)
-    time.sleep(0.5)  # an abort or a close is seen when nginx next writes: the stream's next token
-    check = send(door, "POST", "/v1/chat/completions", key, body)
+    # an abort or a close is seen when nginx next writes (the stream's next token): until then
+    # the door refuses for requests in flight, with nothing spent; a kept reservation never ends
+    deadline = time.monotonic() + 2
+    while (check := send(door, "POST", "/v1/chat/completions", key, body)).status == 429 and (
+            time.monotonic() < deadline):
+        time.sleep(0.05)
     assert check.status == 200, check.body
 
 
