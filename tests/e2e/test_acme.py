@@ -28,7 +28,6 @@ import yaml
 from cryptography import x509
 
 from kit.plan.build import AcmePlan
-from kit.spec.model import TLS
 from tests.support.acme_ca import ACME_ADDRESS, Pebble, RateLimiter, add_acme_address, directory
 from tests.support.docker_engine import pick_free_port, remove_project
 from tests.support.live_stack import DOMAIN, LiveSite, checked, finished, kit, write_spec
@@ -40,8 +39,9 @@ LIKE_LETS_ENCRYPT_S = 90 * 86400  # certbot's run finds such a certificate not y
 STREAMS = 50
 STREAM_TOKENS = 750
 RETRIED_PORT = 14100  # the CA-unreachable case: pebble comes up there after kit up
-RETRY_S = 10  # its tls.acme_retry_s: certbot's first retry comes this soon, not after the
-DEFAULT_RETRY_S = TLS.model_fields["acme_retry_s"].default  # minute it waits by default
+# tls.acme_retry_s of the CA-unreachable and rate-limited cases: certbot's first retry comes
+# this soon, not after the minute it waits by default
+RETRY_S = 10
 LIMITED_PORT = 14040  # the rate-limited case: the limiter in front of its pebble
 UNTRUSTED_PORT = 14050  # the case of a tls.ca_bundle without the directory's CA
 PROMPT_S = AcmePlan.watch_every + 2  # a new certificate is served this soon after installation
@@ -335,14 +335,17 @@ def test_a_rate_limited_first_certificate_is_named_and_retried_without_hammering
     """The common way into Let's Encrypt's limits: a site re-created with its letsencrypt volume
     deleted orders the certificate it already got. The CA here grants one order a minute
     (tests/support/acme_limiter): the first deployment's order is granted, the re-created site's is
-    refused with a real 429, and certbot's next run, at the time `kit status` gives, is granted."""
+    refused with a real 429 whose Retry-After, as Let's Encrypt's, is when the limit allows
+    again (the rest of the minute since the granted order, at least 20 s), and certbot's next
+    run, at the time `kit status` gives, is granted. The site's own backoff (tls.acme_retry_s,
+    10 s) is shorter, so the timing shows that certbot waits for the CA's time, not less."""
     add_acme_address()
     http_port = pick_free_port()
     ca = Pebble(docker_client, tmp_path / "pebble", http_port=http_port, port=14030,
                 validity_s=SHORT_LIVED_S)
     limiter = RateLimiter(docker_client, tmp_path / "limiter", ca, port=LIMITED_PORT)
     first = acme_site(tmp_path / "first", docker_client, limiter.directory, http_port,
-                      trust=ca.trust())
+                      trust=ca.trust(), retry_s=RETRY_S)
     try:
         result, _ = up(first)
         assert result.returncode == 0, result.stdout + result.stderr
@@ -364,10 +367,12 @@ def test_a_rate_limited_first_certificate_is_named_and_retried_without_hammering
         assert "tls.staging: true" in out and "--volumes" in out, out  # the fix
         run_at = dt.datetime.fromisoformat(tls["last_run"]["at"])
         next_at = dt.datetime.fromisoformat(tls["next_attempt"])
-        # certbot waits for the time the CA named (the limiter's Retry-After, 63 s), at least
-        # for its own backoff (60 s)
+        # certbot waits for the time the CA named (the limiter's Retry-After: the rest of its
+        # 62.5 s window, at least 20 s), at least for its own backoff (tls.acme_retry_s), which
+        # must be the shorter wait for the timing to tell them apart
         named = dt.datetime.fromtimestamp(int(refused.at + int(refused.retry_after)), dt.UTC)
-        assert next_at - run_at >= dt.timedelta(seconds=DEFAULT_RETRY_S), tls
+        assert int(refused.retry_after) > RETRY_S + 5, refused  # later than certbot's backoff
+        assert next_at - run_at >= dt.timedelta(seconds=RETRY_S), tls
         assert named <= next_at <= named + dt.timedelta(seconds=3), (named, tls)
         shown = f"certbot runs again at {next_at:%Y-%m-%d %H:%M:%S}Z"
         assert shown in out and shown in text, text
@@ -375,7 +380,7 @@ def test_a_rate_limited_first_certificate_is_named_and_retried_without_hammering
                         if line.startswith(("tls:", "  fix:", "  next attempt:"))))
         # no hammering: nothing more reaches the CA until that moment, then exactly one order,
         # granted (the limit has refilled), and the certificate is installed and served
-        deadline = time.monotonic() + DEFAULT_RETRY_S + 30
+        deadline = time.monotonic() + int(refused.retry_after) + 30
         while "Pebble" not in issuer(served(again.https_port)) and time.monotonic() < deadline:
             time.sleep(1)
         assert "Pebble" in issuer(served(again.https_port)), status(again)[0]

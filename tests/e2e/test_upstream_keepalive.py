@@ -15,8 +15,6 @@ import secrets
 import signal
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
-from pathlib import Path
 
 import pytest
 
@@ -31,23 +29,13 @@ FROZEN_S = 2.0  # the workers stay stopped past the stand-in's close of the idle
 RETRIED = re.compile(r"urt=[\d.]+, [\d.]+")  # two upstream attempts in one access-log line
 
 
-def keepalive_site(root: Path, client) -> AbstractContextManager[LiveSite]:
-    """A site, up, whose stand-in closes an idle keep-alive connection after IDLE_CLOSE_S."""
-    return running(root, client, prefix="ka",
-                   env={"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(IDLE_CLOSE_S)})
-
-
 @pytest.fixture(scope="module")
 def site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
-    """Shared by the frozen-nginx runs (the one without retries puts nginx.conf back)."""
-    with keepalive_site(tmp_path_factory.mktemp("ka") / "site", docker_client) as site:
-        yield site
-
-
-@pytest.fixture
-def own_site(tmp_path, docker_client, test_images) -> Iterator[LiveSite]:
-    """A site of its own for the test that kills vLLM."""
-    with keepalive_site(tmp_path / "site", docker_client) as site:
+    """A site, up, whose stand-in closes an idle keep-alive connection after IDLE_CLOSE_S;
+    shared by the module's tests in file order: the frozen-nginx runs (the one without retries
+    puts nginx.conf back), then, last, the one that kills vLLM."""
+    with running(tmp_path_factory.mktemp("ka") / "site", docker_client, prefix="ka",
+                 env={"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(IDLE_CLOSE_S)}) as site:
         yield site
 
 
@@ -96,9 +84,9 @@ def test_the_same_run_without_retries_gives_502(site: LiveSite) -> None:
     assert figures["failures"].get("status 502", 0) > 0, figures
 
 
-def test_a_stream_cut_after_it_began_is_not_sent_again(own_site: LiveSite) -> None:
-    site = own_site
-    time.sleep(1.1)  # leave kit up's own requests out of the logs read below
+def test_a_stream_cut_after_it_began_is_not_sent_again(site: LiveSite) -> None:
+    """Last of the module: it leaves the site without its vLLM."""
+    time.sleep(1.1)  # leave the earlier requests out of the logs read below
     since = time.time()
     load = site.loadgen(site.basic("ops"), streams=1, tokens=400, announce=True)
     assert load.stderr.readline() == "streaming\n"
