@@ -339,6 +339,14 @@ def aggregated(record: dict) -> bool:
     return record["who"] == NOBODY or record["ended"].startswith(REFUSED)
 
 
+def window_start(seconds_since_epoch: float, window: int) -> int:
+    """The first second of the window (of `window` seconds) a time falls in: an aggregate's
+    key holds it, not the window's number, so a window changed between runs
+    (usage.aggregate_seconds) still ends `window` seconds after an open aggregate's began
+    (a number kept by an older collector reads as a start in 1970: written at once)."""
+    return int(seconds_since_epoch) // window * window
+
+
 def aggregate_key(record: dict, window: int) -> tuple:
     return (window, *(record[field] for field in AGGREGATE_KEY))
 
@@ -789,7 +797,7 @@ class Collector:
         if "requests" in record:  # written after the state: it holds what the state had open
             with contextlib.suppress(KeyError, TypeError, ValueError):
                 ended = datetime.datetime.fromisoformat(record["time"].replace("Z", "+00:00"))
-                window = int(ended.timestamp()) // self.options.aggregate_seconds
+                window = window_start(ended.timestamp(), self.options.aggregate_seconds)
                 self.aggregates.pop(aggregate_key(record, window), None)
         self._count(record)
 
@@ -928,7 +936,7 @@ class Collector:
             if not aggregated(record):
                 alone.append(record)
                 continue
-            window = int(float(record["door_time"])) // seconds
+            window = window_start(float(record["door_time"]), seconds)
             key = aggregate_key(record, window)
             if key not in changed and key not in self.aggregates and sum(
                     1 for open_key in {*self.aggregates, *changed}
@@ -947,7 +955,7 @@ class Collector:
         over = max([*read, self.last_door_time or 0.0, *([time.time()] if caught_up else [])]
                    ) - min(AGGREGATE_DELAY, seconds)
         due = [key for key, aggregate in {**self.aggregates, **changed}.items()
-               if (key[0] + 1) * seconds <= over or len(aggregate["door_seqs"]) >= MAX_RUNS]
+               if key[0] + seconds <= over or len(aggregate["door_seqs"]) >= MAX_RUNS]
         return alone, changed, due
 
     def _append(self, batch: "Batch", caught_up: bool) -> None:
@@ -978,20 +986,21 @@ class Collector:
             seq, previous = record["seq"], record["hash"]
             records.append(record)
             lines.append(json.dumps(record, separators=(",", ":"), ensure_ascii=True))
-        new_segment = None
+        new_segment, data = None, b""
         if lines:
             path = self.ledger.path(name)
             new_segment = None if os.path.exists(path) else name
-            _write_all(path, ("\n".join(lines) + "\n").encode(),
-                       os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        self._commit(batch, records, changed, due, (name, nobody, dropped))
+            data = ("\n".join(lines) + "\n").encode()
+            _write_all(path, data, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        self._commit(batch, records, changed, due, (name, nobody, dropped), len(data))
         if new_segment:  # after the commit: the records are written, whatever this says
             _fsync_folder(self.ledger.segments)
 
     def _commit(self, batch: "Batch", records: list[dict], changed: dict[tuple, dict],
-                due: list[tuple], nobody: tuple[str, int, list[dict]]) -> None:
+                due: list[tuple], nobody: tuple[str, int, list[dict]], appended: int) -> None:
         """Count what was written: (segment, bytes of nobody's records written to it, nobody's
-        records counted and not written) included."""
+        records counted and not written) included, and the bytes appended, so the ledger's size
+        is right at once rather than from the next prune's count."""
         now = time.monotonic()
         staged, tally = batch.staged, batch.tally
         with self.lock:
@@ -1004,6 +1013,7 @@ class Collector:
             segment, nobody_written, dropped = nobody
             if nobody_written:
                 self.nobody_bytes[segment] = self.nobody_bytes.get(segment, 0) + nobody_written
+            self.ledger_bytes += appended
             if dropped:
                 self.counts["nobody_records_dropped"] += len(dropped)
                 self.counts["nobody_requests_dropped"] += sum(
