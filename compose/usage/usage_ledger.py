@@ -339,6 +339,14 @@ def aggregated(record: dict) -> bool:
     return record["who"] == NOBODY or record["ended"].startswith(REFUSED)
 
 
+def window_start(seconds_since_epoch: float, window: int) -> int:
+    """The first second of the window (of `window` seconds) a time falls in: an aggregate's
+    key holds it, not the window's number, so a window changed between runs
+    (usage.aggregate_seconds) still ends `window` seconds after an open aggregate's began
+    (a number kept by an older collector reads as a start in 1970: written at once)."""
+    return int(seconds_since_epoch) // window * window
+
+
 def aggregate_key(record: dict, window: int) -> tuple:
     return (window, *(record[field] for field in AGGREGATE_KEY))
 
@@ -789,7 +797,7 @@ class Collector:
         if "requests" in record:  # written after the state: it holds what the state had open
             with contextlib.suppress(KeyError, TypeError, ValueError):
                 ended = datetime.datetime.fromisoformat(record["time"].replace("Z", "+00:00"))
-                window = int(ended.timestamp()) // self.options.aggregate_seconds
+                window = window_start(ended.timestamp(), self.options.aggregate_seconds)
                 self.aggregates.pop(aggregate_key(record, window), None)
         self._count(record)
 
@@ -928,7 +936,7 @@ class Collector:
             if not aggregated(record):
                 alone.append(record)
                 continue
-            window = int(float(record["door_time"])) // seconds
+            window = window_start(float(record["door_time"]), seconds)
             key = aggregate_key(record, window)
             if key not in changed and key not in self.aggregates and sum(
                     1 for open_key in {*self.aggregates, *changed}
@@ -947,7 +955,7 @@ class Collector:
         over = max([*read, self.last_door_time or 0.0, *([time.time()] if caught_up else [])]
                    ) - min(AGGREGATE_DELAY, seconds)
         due = [key for key, aggregate in {**self.aggregates, **changed}.items()
-               if (key[0] + 1) * seconds <= over or len(aggregate["door_seqs"]) >= MAX_RUNS]
+               if key[0] + seconds <= over or len(aggregate["door_seqs"]) >= MAX_RUNS]
         return alone, changed, due
 
     def _append(self, batch: "Batch", caught_up: bool) -> None:

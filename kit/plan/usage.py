@@ -55,6 +55,9 @@ class UsagePlan:
     retention_days: int
     max_bytes: int
     gpu_hour_cost: float | None  # per GPU-hour, in the operator's currency; None: no chargeback
+    # the collector's windows (--aggregate-seconds, --grace); None: the collector's defaults
+    aggregate_seconds: int | None = None  # refusals and nobody's requests, counted per address
+    lost_after_seconds: int | None = None  # a missing door record's wait before it is lost
 
 
 def usage_plan(spec: Spec) -> UsagePlan | None:
@@ -66,4 +69,6 @@ def usage_plan(spec: Spec) -> UsagePlan | None:
         retention_days=usage.retention_days,
         max_bytes=names.size_bytes(usage.max_disk),
         gpu_hour_cost=usage.gpu_hour_cost,
+        aggregate_seconds=usage.aggregate_seconds,
+        lost_after_seconds=usage.lost_after_seconds,
     )

@@ -59,6 +59,12 @@ def usage_facts(plan: Plan) -> dict | None:
         "--models-file", f"{USAGE_MODELS_MOUNT}/{MODELS_FILE}",
         "--routes", json.dumps(ledger_routes()),
         "--budget-seed", f"{COLLECTOR_SPOOL_MOUNT}/{BUDGET_SEED_FILE}",
+        # each only when the spec sets it: the collector's default otherwise, the rendered
+        # files as they were
+        *(["--aggregate-seconds", str(usage.aggregate_seconds)]
+          if usage.aggregate_seconds is not None else []),
+        *(["--grace", str(usage.lost_after_seconds)]
+          if usage.lost_after_seconds is not None else []),
     ]
     return {
         "service": USAGE_SERVICE,

@@ -279,6 +279,12 @@ class Usage(StrictModel):
     # the ledger's bound on disk: beyond it the oldest days go first (recorded in pruned.jsonl)
     max_disk: Annotated[str, Field(pattern=SIZE), AfterValidator(_ledger_size)] = "20g"
     gpu_hour_cost: Annotated[float, Field(ge=0, le=1_000_000)] | None = None  # chargeback
+    # the window requests nobody authenticated, and refusals, are counted in, one record each per
+    # address (docs/usage.md, "Aggregated records"); None: the collector's own, 60 s
+    aggregate_seconds: Annotated[int, Field(ge=10, le=3600)] | None = None
+    # a door record still missing (a later one arrived) this long with the collector caught up
+    # is counted lost (docs/usage.md, "Lost records"); None: the collector's own, 30 s
+    lost_after_seconds: Annotated[int, Field(ge=5, le=3600)] | None = None
 
 
 class Routing(StrictModel):

@@ -2,7 +2,7 @@
 
 The limits count per client address, and every request from this host reaches nginx from the
 same address, so a test that exhausts one brings up its own site (it would starve the next);
-the tests that exhaust none share one.
+the tests that exhaust none share one, and the wrong-password flood runs last on it.
 """
 
 import contextlib
@@ -34,7 +34,8 @@ def make_site(tmp_path, docker_client, test_images) -> Iterator[Callable[..., Li
 @pytest.fixture(scope="module")
 def shared_site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
     """For the tests that exhaust no limit: max_body 2k, a failed-login budget of
-    FAILED_LOGINS_PER_MINUTE (none of them sends a wrong password)."""
+    FAILED_LOGINS_PER_MINUTE (none of them sends a wrong password), and, last, for the flood
+    of wrong passwords."""
     with running(tmp_path_factory.mktemp("limits") / "site", docker_client, prefix="lim",
                  proxy={"max_body": "2k",
                         "failed_logins_per_ip": FAILED_LOGINS_PER_MINUTE}) as site:
@@ -68,8 +69,40 @@ def test_a_client_above_its_request_rate_gets_429(make_site) -> None:
     assert site.completion(site.basic("ops")) == 429  # the client is limited, not a credential
 
 
-def test_a_wrong_password_flood_is_cut_off_before_bcrypt(make_site) -> None:
-    site = make_site(failed_logins_per_ip=FAILED_LOGINS_PER_MINUTE)
+def test_valid_logins_do_not_use_the_failed_login_budget(shared_site: LiveSite) -> None:
+    """Only failures count: more distinct valid users than the budget all get in at once."""
+    site = shared_site
+    users = [f"user{n:02d}" for n in range(3 * FAILED_LOGINS_PER_MINUTE)]
+    for user in users:  # the files only, then the last one live: one reload and proof for all
+        offline = ("--offline",) if user != users[-1] else ()
+        added = site.kit("users add", user, "--password-stdin", *offline,
+                         stdin=f"pw-of-{user}-long\n")
+        assert added.returncode == 0, added.stdout + added.stderr
+    time.sleep(1.1)  # `users add` proved the last login: leave that check out of the count
+    since = time.time()
+    statuses = [site.completion(basic_header(user, f"pw-of-{user}-long")) for user in users]
+    time.sleep(1.1)
+    assert statuses == [200] * len(users)
+    checks = [site.password_checks(since, user) for user in users]
+    # one bcrypt check per credential; the last user added may still have the verdict of the
+    # login `users add` proved (the others were never proven)
+    assert checks[:-1] == [1] * (len(users) - 1) and checks[-1] <= 1, checks
+
+
+def test_metrics_only_per_service_and_only_with_credentials(shared_site: LiveSite) -> None:
+    site = shared_site
+    ops = site.basic("ops")
+    assert site.status("/metrics") == 404
+    assert site.status("/metrics", ops) == 404  # vLLM's own /metrics is not reachable at all
+    assert site.status(f"/metrics/{SERVICE}") == 401
+    reply = site.gate().fetch("GET", f"/metrics/{SERVICE}", credentials=ops)
+    assert reply.status == 200 and b"vllm:num_requests_running" in reply.body
+
+
+def test_a_wrong_password_flood_is_cut_off_before_bcrypt(shared_site: LiveSite) -> None:
+    """Last on the shared site: it leaves this host's address marked, refused before bcrypt
+    (the budget refilled since kit up's gate used some: one every 12 s)."""
+    site = shared_site
     ops = site.basic("ops")
     assert site.status(credentials=ops) == 200  # verified once: the verdict is cached
     since = time.time()
@@ -90,34 +123,6 @@ def test_a_wrong_password_flood_is_cut_off_before_bcrypt(make_site) -> None:
     # the same password in a header never verified before (the verdict cache is keyed by the
     # whole header; nginx reads the scheme case-insensitively) must go to bcrypt: refused too
     assert site.status(credentials=ops.replace("Basic ", "basic ", 1)) == 429
-
-
-def test_valid_logins_do_not_use_the_failed_login_budget(shared_site: LiveSite) -> None:
-    """Only failures count: more distinct valid users than the budget all get in at once."""
-    site = shared_site
-    users = [f"user{n:02d}" for n in range(3 * FAILED_LOGINS_PER_MINUTE)]
-    for user in users:
-        added = site.kit("users add", user, "--password-stdin", stdin=f"pw-of-{user}-long\n")
-        assert added.returncode == 0, added.stdout + added.stderr
-    time.sleep(1.1)  # `users add` proved each login: leave those checks out of the count
-    since = time.time()
-    statuses = [site.completion(basic_header(user, f"pw-of-{user}-long")) for user in users]
-    time.sleep(1.1)
-    assert statuses == [200] * len(users)
-    checks = [site.password_checks(since, user) for user in users]
-    # one bcrypt check per credential; the last user added may still have the verdict of the
-    # login `users add` proved (every add changes the epoch, so the earlier ones' are gone)
-    assert checks[:-1] == [1] * (len(users) - 1) and checks[-1] <= 1, checks
-
-
-def test_metrics_only_per_service_and_only_with_credentials(shared_site: LiveSite) -> None:
-    site = shared_site
-    ops = site.basic("ops")
-    assert site.status("/metrics") == 404
-    assert site.status("/metrics", ops) == 404  # vLLM's own /metrics is not reachable at all
-    assert site.status(f"/metrics/{SERVICE}") == 401
-    reply = site.gate().fetch("GET", f"/metrics/{SERVICE}", credentials=ops)
-    assert reply.status == 200 and b"vllm:num_requests_running" in reply.body
 
 
 def test_open_files_above_the_engines_limit_fail_up_and_a_smaller_site_reloads_in_place(

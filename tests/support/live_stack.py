@@ -117,10 +117,11 @@ class LiveSite:
                prefix: str = "kit", users: tuple[str, ...] = ("ops",), proxy: dict | None = None,
                env: dict[str, str] | None = None, max_num_seqs: int = 256,
                more_services: dict[str, str] | None = None, tls: dict | None = None,
-               overrides: dict[str, dict] | None = None) -> LiveSite:
+               overrides: dict[str, dict] | None = None, usage: dict | None = None) -> LiveSite:
         """Write the spec and render it (not up yet): one stand-in service `tiny`, and one per
         `more_services` entry (service name → served name), all sharing GPU 0 unless
-        `overrides` (service name → spec keys) says otherwise (e.g. gpus and routing)."""
+        `overrides` (service name → spec keys) says otherwise (e.g. gpus and routing);
+        `usage`: the spec's `usage:` keys."""
         site = cls(root, f"{prefix}{secrets.token_hex(3)}", client, https_port)
         models = root / "models"
         (models / SERVICE).mkdir(parents=True)
@@ -132,6 +133,7 @@ class LiveSite:
             "healthcheck_interval": 1,
             "auth": {"users": list(users), "api_keys": True},
             **({"tls": tls} if tls else {}),
+            **({"usage": usage} if usage else {}),
             "proxy": {"bind": "127.0.0.1", "https_port": https_port, "http_port": http_port,
                       **(proxy or {})},
             "services": [{

@@ -624,28 +624,51 @@ def test_a_flood_from_many_addresses_is_bounded_per_window(run, tmp_path) -> Non
     assert sum(record["requests"] for record in records) == count
 
 
-def test_an_open_aggregate_survives_a_kill(run, tmp_path) -> None:
-    """What a window holds so far is in state.json with the checkpoint: a kill -9 loses none
-    of it and counts none twice."""
-    spool = tmp_path / "door.jsonl"
-    now = time.time()
+def refused_at(at: float, seqs: range) -> list[dict]:
+    """Spool lines of refused requests nobody authenticated, all at `at` by the door's clock."""
+    return [spool_line(seq, who="-", t=f"{at:.3f}", status="401", end="refused_auth", model="",
+                       prompt="", completion="", ttft="") for seq in seqs]
 
-    def nobody(seq: int) -> dict:
-        return spool_line(seq, who="-", t=f"{now:.3f}", status="401", end="refused_auth",
-                          model="", prompt="", completion="", ttft="")
 
-    append_spool(spool, [nobody(seq) for seq in range(1, 41)])
-    collector = run(extra=("--aggregate-seconds", "3600"))
+def killed_with_40_open(run, tmp_path: Path, at: float, window: str) -> CollectorProcess:
+    """A collector (--aggregate-seconds `window`) killed -9 once it saved an open aggregate of
+    40 refusals made at `at`."""
+    append_spool(tmp_path / "door.jsonl", refused_at(at, range(1, 41)))
+    collector = run(extra=("--aggregate-seconds", window))
     state = tmp_path / "ledger" / "state.json"
     collector.wait_for(lambda h: state.exists() and [a["requests"] for a in json.loads(
         state.read_text())["aggregating"]] == [40], "40 saved")
     collector.kill()
-    append_spool(spool, [nobody(seq) for seq in range(41, 61)])
+    return collector
+
+
+def test_an_open_aggregate_survives_a_kill(run, tmp_path) -> None:
+    """What a window holds so far is in state.json with the checkpoint: a kill -9 loses none
+    of it and counts none twice."""
+    now = time.time()
+    collector = killed_with_40_open(run, tmp_path, now, "3600")
+    append_spool(tmp_path / "door.jsonl", refused_at(now, range(41, 61)))
     collector.start()
     health = collector.wait_for(
         lambda h: h["door_seq"].get("boot-a", {}).get("through") == 60, "60 read")
     assert [(a["requests"], a["door_seqs"]) for a in health["aggregating"]] == [(60, [[1, 60]])]
     assert health["records"] == 0 and health["duplicates_skipped"] == 0
+
+
+def test_an_open_aggregate_closes_after_the_window_is_made_longer(run, tmp_path) -> None:
+    """usage.aggregate_seconds changed (10 s to an hour, the collector recreated with an
+    aggregate open): it is written once the new window's length has passed since its window
+    began, by the door's time. Its key held the window's number, which read in hours put its
+    end thousands of years on: it was never written."""
+    ahead = time.time() + 100  # the door's clock: its window not over when the first run stops
+    killed_with_40_open(run, tmp_path, ahead, "10")
+    # an hour on, by the door's clock
+    append_spool(tmp_path / "door.jsonl", [spool_line(41, t=f"{ahead + 3700:.3f}")])
+    longer = run(extra=("--aggregate-seconds", "3600"))
+    health = longer.wait_for(lambda h: h["records"] == 2, "the aggregate and the request")
+    assert health["aggregating"] == []
+    assert [record.get("requests") for record in ledger_records(tmp_path / "ledger")] == [
+        None, 40]
 
 
 def test_a_prune_for_space_of_credentials_records_is_loud(run, tmp_path) -> None:
