@@ -30,6 +30,7 @@ from kit.engine.desired import (
 from kit.plan.build import VERIFIER_PORT
 from kit.render.dashboards import le_matcher
 from tests.support.live_stack import (
+    NAME_CONNECT_S,
     SERVICE,
     UNREACHABLE,
     LiveSite,
@@ -236,7 +237,8 @@ def test_a_replica_cannot_sign_in_to_grafana_nor_find_prometheus(site: LiveSite)
     for inside in (SERVICE, DOOR_FIGURES_SERVICE):
         container = site.container(inside)
         for url, header in by_name:
-            code, said = curl(container, url, *([header] if header else []))
+            code, said = curl(container, url, *([header] if header else []),
+                              connect_s=NAME_CONNECT_S)
             assert code in UNREACHABLE, f"from {inside}: {url} answered {said} (curl {code})"
             print(f"from {inside}: {url}: {UNREACHABLE[code]}")
         for address in addresses(site, GRAFANA_SERVICE):

@@ -30,7 +30,15 @@ import pytest
 from kit.engine.desired import VERIFIER_SERVICE, WAKER_SERVICE
 from kit.plan.build import VERIFIER_PORT
 from kit.plan.waker import ask_argv
-from tests.support.live_stack import SERVED_NAME, SERVICE, UNREACHABLE, LiveSite, curl, running
+from tests.support.live_stack import (
+    NAME_CONNECT_S,
+    SERVED_NAME,
+    SERVICE,
+    UNREACHABLE,
+    LiveSite,
+    curl,
+    running,
+)
 from tests.support.swap_client import run_phase, switch_cost
 
 pytestmark = pytest.mark.e2e
@@ -288,7 +296,8 @@ def test_a_replica_cannot_reach_another_service_s_replica(site: LiveSite, key: s
         assert set(container.attrs["NetworkSettings"]["Networks"]) == {
             site.network(f"backend-{inside}")}, "its own network only"
         for method, path in routes:
-            code, said = curl(container, f"http://{other}:8000{path}", method=method)
+            code, said = curl(container, f"http://{other}:8000{path}", method=method,
+                              connect_s=NAME_CONNECT_S)
             assert code in UNREACHABLE, f"from {inside}: {other}{path} answered {said}"
         print(f"from {inside}: {other} by name: {UNREACHABLE[code]}")
         verifier = site.container(VERIFIER_SERVICE).attrs["NetworkSettings"]["Networks"]

@@ -428,11 +428,19 @@ def wait_for(what: str, check, timeout: float) -> float:
 
 
 UNREACHABLE = {6: "name not resolved", 7: "connection refused or no route", 28: "timed out"}
+NAME_CONNECT_S = 1  # curl's connect_s for a name that must not resolve (a known one: ms)
 
 
-def curl(container, url: str, *headers: str, method: str = "GET") -> tuple[int, str]:
-    """curl from inside a container: (curl's exit code, the status or curl's error)."""
+def curl(container, url: str, *headers: str, method: str = "GET",
+         connect_s: float | None = None) -> tuple[int, str]:
+    """curl from inside a container: (curl's exit code, the status or curl's error).
+    `connect_s`: at most this long to resolve the name and connect (3 s in all else). A name
+    Docker's DNS does not know is forwarded, and on an internal network that waits out the
+    whole timeout; one it knows resolves in milliseconds (7 ms, then 86 ms to connect, at a
+    load average of 15)."""
     args = [arg for header in headers for arg in ("-H", header)]
+    if connect_s is not None:
+        args += ["--connect-timeout", str(connect_s)]
     code, out = container.exec_run(["curl", "-sS", "-m", "3", "-X", method, "-o", "/dev/null",
                                      "-w", "%{http_code}", *args, url])
     return code, out.decode(errors="replace").strip()
