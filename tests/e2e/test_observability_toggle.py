@@ -70,7 +70,8 @@ def test_observability_on_and_off_under_64_streams_drops_none(site: LiveSite) ->
                 for url in (f"http://{GRAFANA_SERVICE}:3000/grafana/api/user",
                             f"http://{PROMETHEUS_SERVICE}:9090/api/v1/targets"):
                     code, answered = live_stack.curl(site.container(replica), url,
-                                                     "X-Kit-User: admin")
+                                                     "X-Kit-User: admin",
+                                                     connect_s=live_stack.NAME_CONNECT_S)
                     assert code in live_stack.UNREACHABLE, f"{replica}: {url} answered {answered}"
         else:
             services = {c.labels.get("com.docker.compose.service") for c in

@@ -405,7 +405,7 @@ def test_a_single_replica_service_is_503_json_while_it_restarts(
     """One replica cannot roll: kit up says so (with its last start time), and the gap is a
     JSON 503 with Retry-After that a client may retry, never nginx's 502."""
     site = LiveSite.create(tmp_path / "single", docker_client, free_port(), free_port(),
-                           prefix="one", env={"STANDIN_LOAD_SECONDS": "3"})
+                           prefix="one")
     cleanup_project(site.name)
     site.up()
     spec = yaml.safe_load(site.spec_path.read_text())

@@ -4,8 +4,9 @@ imitates vLLM's sleep mode (tests/standin/vllm_standin/sleep.py; it is not vLLM)
 
 - A client alternating between the two models under 16 streams: 0 failed requests, exactly one
   wake per switch, each switch costing the programmed sleep + wake time plus at most 50 ms.
-- Probes, scrapes, /health, /v1/models and kit status over an idle period of 1.5 x `after`
-  never wake a model nor keep one awake.
+- Probes, scrapes, /health, /v1/models and kit status over an idle period (until the model
+  fell asleep under them, `after` after its last use, and 3 s more) never wake a model nor keep
+  one awake.
 - A wake told to fail: a JSON 503 naming the cause at the door, the model stays asleep, the
   partner put to sleep for it woken back, kit status shows the failure with vLLM's logged cause.
 - kit sleep / kit wake by hand (through the waker), the dev routes refused at the door for every
@@ -28,7 +29,16 @@ import pytest
 
 from kit.engine.desired import VERIFIER_SERVICE, WAKER_SERVICE
 from kit.plan.build import VERIFIER_PORT
-from tests.support.live_stack import SERVED_NAME, SERVICE, UNREACHABLE, LiveSite, curl, running
+from kit.plan.waker import ask_argv
+from tests.support.live_stack import (
+    NAME_CONNECT_S,
+    SERVED_NAME,
+    SERVICE,
+    UNREACHABLE,
+    LiveSite,
+    curl,
+    running,
+)
 from tests.support.swap_client import run_phase, switch_cost
 
 pytestmark = pytest.mark.e2e
@@ -37,6 +47,7 @@ FAIL_FILE = "/tmp/kit-test-fail-wake"
 SLEEP_SECONDS = 0.05
 WAKE_SECONDS = 0.5
 AFTER_S = 10
+ASLEEP_CALLS_S = 3  # the idle calls go on this long on a model asleep: none wakes it
 OTHER, OTHER_SERVED = "coder", "coder-chat"
 MODELS = {SERVICE: SERVED_NAME, OTHER: OTHER_SERVED}
 # min_awake 0s: a swap at once, so a switch's own cost is what the alternating client measures
@@ -78,10 +89,12 @@ def account(site: LiveSite, service: str) -> dict:
 
 
 def waker_account(site: LiveSite, service: str) -> dict:
-    """The waker's account of `service`, as kit status shows it."""
-    result = site.kit("status", "--json")
-    return next(entry["waker"] for entry in json.loads(result.stdout)["sleep"]
-                if entry["service"] == service)
+    """The waker's account of `service`: its /state, asked inside its container as kit status
+    asks it (which shows it as is), without a kit process each time."""
+    code, out = site.container(WAKER_SERVICE).exec_run(ask_argv("/state", 10))
+    status, _, body = out.decode(errors="replace").partition("\n")
+    assert code == 0 and status == "200", out
+    return next(entry for entry in json.loads(body)["services"] if entry["service"] == service)
 
 
 def wakes(site: LiveSite) -> dict[str, int]:
@@ -156,7 +169,10 @@ def test_probes_and_scrapes_over_an_idle_period_never_wake_nor_keep_awake(
     gate = site.gate()
     started = time.monotonic()
     calls = 0
-    while time.monotonic() - started < 1.5 * AFTER_S:
+    asleep_seen: float | None = None  # when the stand-in itself said OTHER slept
+    # until OTHER fell asleep under the calls, then ASLEEP_CALLS_S more of them on it asleep
+    while asleep_seen is None or time.monotonic() - asleep_seen < ASLEEP_CALLS_S:
+        assert time.monotonic() - started < 2 * AFTER_S, f"{OTHER} never fell asleep"
         for model in MODELS.values():  # the probe identity's completions: never a use
             assert ask(site, model, gate.credentials).status in (200, 503)
         for service in MODELS:
@@ -164,13 +180,16 @@ def test_probes_and_scrapes_over_an_idle_period_never_wake_nor_keep_awake(
         assert gate.fetch("GET", "/health").status == 200
         assert gate.fetch("GET", "/v1/models", credentials=key).status == 200
         calls += 2 + len(MODELS) + 2
+        if asleep_seen is None and account(site, OTHER)["is_sleeping"]:
+            asleep_seen = time.monotonic()
         time.sleep(0.3)
+    idle_s = time.monotonic() - started
     assert wakes(site) == before
     assert states(site) == {SERVICE: "asleep", OTHER: "asleep"}
     slept = waker_account(site, OTHER)
     asleep_at = slept["since"] - slept["last_wake"]  # its last use: the wake
     assert AFTER_S <= asleep_at <= AFTER_S + 3
-    print(f"{calls} probe, scrape, health and model-list calls over {1.5 * AFTER_S:.0f} s "
+    print(f"{calls} probe, scrape, health and model-list calls over {idle_s:.0f} s "
           f"(after = {AFTER_S} s): 0 wakes; {OTHER} fell asleep {asleep_at:.1f} s after its "
           "last use")
     reply = ask(site, OTHER_SERVED, gate.credentials)
@@ -277,7 +296,8 @@ def test_a_replica_cannot_reach_another_service_s_replica(site: LiveSite, key: s
         assert set(container.attrs["NetworkSettings"]["Networks"]) == {
             site.network(f"backend-{inside}")}, "its own network only"
         for method, path in routes:
-            code, said = curl(container, f"http://{other}:8000{path}", method=method)
+            code, said = curl(container, f"http://{other}:8000{path}", method=method,
+                              connect_s=NAME_CONNECT_S)
             assert code in UNREACHABLE, f"from {inside}: {other}{path} answered {said}"
         print(f"from {inside}: {other} by name: {UNREACHABLE[code]}")
         verifier = site.container(VERIFIER_SERVICE).attrs["NetworkSettings"]["Networks"]

@@ -23,6 +23,7 @@ from tests.support.live_stack import (
     observed,
     promql_expressions,
     query,
+    query_results,
     wait_for,
 )
 
@@ -77,8 +78,19 @@ def test_the_sleep_panel_and_alerts_return_the_waker_s_figures(site: LiveSite) -
     key = f"Bearer {site.add_key('sleeper')}"
     assert site.completion(key) == 200  # held at the door while the waker wakes it
     awake_after = scraped(site, awake, 1)
-    time.sleep(3 * SCRAPE_S)  # increase() over the window sees the counts' steps
-    figures = {metric: value(site, expr) for metric, expr in panel.items()}
+    figures: dict[str, float] = {}
+
+    def counted() -> bool:
+        """increase() over the window sees both counts' steps (a scrape or two after the
+        wake), every panel figure asked in one exec."""
+        for metric, result in zip(panel, query_results(site, list(panel.values())), strict=True):
+            (sample,) = result
+            figures[metric] = float(sample["value"][1])
+        return figures["kit_sleep_wakes_total"] >= 1 and figures["kit_sleep_sleeps_total"] >= 1
+
+    deadline = time.monotonic() + 30  # then the figures are asserted below
+    while not counted() and time.monotonic() < deadline:
+        time.sleep(0.5)
     print(f"Prometheus saw the sleep in {asleep_after:.1f} s and the wake in "
           f"{awake_after:.1f} s; the panel: " + ", ".join(f"{m} {v:g}" for m, v in
                                                           figures.items()))
@@ -89,8 +101,8 @@ def test_the_sleep_panel_and_alerts_return_the_waker_s_figures(site: LiveSite) -
     assert figures["kit_sleep_failed_wakes_total"] == 0
     assert 0.2 <= figures["kit_sleep_last_wake_seconds"] < 30  # the programmed wake, and more
     walked = promql_expressions(site)
-    empty = [(where, expr) for where, expr in walked
-             if not query(site, "/api/v1/query", query=expr)["result"]]
+    empty = [(where, expr) for (where, expr), result in zip(
+        walked, query_results(site, [expr for _, expr in walked]), strict=True) if not result]
     assert not empty, "queries without data:\n" + "\n".join(f"{w}: {e}" for w, e in empty)
     rules = {where: expr for where, expr in walked if where.startswith("rule KitWake")}
     assert value(site, rules["rule KitWakerDown"]) == 1  # up

@@ -1,12 +1,13 @@
 """kit up / status / down / logs against a real engine, on the local test images.
 
-A site has a unique name, free ports, the vLLM stand-in loading in 2 s and healthchecks every
+A site has a unique name, free ports, the vLLM stand-in loading in 1 s and healthchecks every
 second; the tests assert invariants of the running stack, as Compose's own e2e tests do: what the
 containers were given, which container ids survived a change, what nginx reloaded, and that
 docker compose sees the same stack. The tests that leave a stack as they found it share one
 (`TestOneSharedStack`): a test that changes it does so inside `restored`, which puts the spec back,
-converges with `kit up` and proves the gate passes and nothing is left to change. Tests that
-take a stack down, break its start or let compose create it bring up their own (`make_site`).
+converges with `kit up` and proves the gate passes and nothing is left to change; the one that
+takes it down runs last. Tests that break a stack's start or let compose create it bring up their
+own (`make_site`).
 """
 
 import os
@@ -114,7 +115,7 @@ def new_site(folder: Path, client, backends: int) -> EditedSite:
     (models / "qwen").mkdir(parents=True, exist_ok=True)
     shutil.copy(MODEL_CONFIG, models / "qwen" / "config.json")
     backend = {"model": "qwen", "max_num_seqs": 8, "max_model_len": 4096,
-               "env": {"STANDIN_LOAD_SECONDS": "2"}}
+               "env": {"STANDIN_LOAD_SECONDS": "1"}}
     services = [{"name": "alpha", **backend, "gpus": [0]},
                 {"name": "beta", **backend, "gpus": [1, 2]}][:backends]
     site = EditedSite(folder / name, name, client)
@@ -191,8 +192,9 @@ def restored(site: EditedSite) -> Iterator[None]:
 
 
 class TestOneSharedStack:
-    """The tests that leave the shared two-service stack as they found it: a class, so the
-    stack (and its healthchecks' load) is gone before the tests that bring up their own."""
+    """The tests that leave the shared two-service stack as they found it (or usable: a batch
+    key added), then the one that takes it down: a class, so the stack (and its healthchecks'
+    load) is gone before the tests that bring up their own."""
 
     def test_up_from_nothing_is_healthy_pinned_labelled_and_passes_the_gate(self, shared) -> None:
         site = shared.site  # the first test: the stack as its first `kit up` left it
@@ -377,24 +379,39 @@ class TestOneSharedStack:
                              "nginx": before["nginx"], "usage-ledger": before["usage-ledger"]}
             assert f"reload {site.name}-nginx-1: its mounted config files changed" in result.stdout
 
+    def test_the_first_batch_key_restarts_nothing(self, shared_site) -> None:
+        """Issue 42: every service runs vLLM's priority scheduler from the start, so the first
+        `--class batch` key is live at once and the next `kit up` recreates no container (a
+        single-replica service would otherwise be down while it restarts). The key stays: the
+        stack is as usable as before."""
+        site = shared_site
+        before = site.ids()
+        added = kit("keys", "add", str(site.spec_path), "nightly", "--class", "batch")
+        assert added.returncode == 0, added.stdout + added.stderr
+        again = site.up("--no-probe")
+        assert site.ids() == before, again.stdout
+        assert "recreate" not in again.stdout, again.stdout
 
-def test_down_removes_containers_and_networks_and_volumes_only_when_asked(make_site) -> None:
-    site = make_site()
-    site.up()  # with the gate: its last probe becomes stale below
-    label = {"label": f"{PROJECT_LABEL}={site.name}"}
+    def test_down_removes_containers_and_networks_and_volumes_only_when_asked(
+            self, shared_site) -> None:
+        """The last test of the class: it takes the shared stack down (its first `kit up` and
+        every `restored` ran the gate: the last probe becomes stale below)."""
+        site = shared_site
+        label = {"label": f"{PROJECT_LABEL}={site.name}"}
 
-    result = site.kit("down")
-    assert result.returncode == 0, result.stderr
-    after = site.kit("status")  # the last probe is of a stack that is gone
-    assert "(stale: the front door it probed no longer runs)" in after.stdout, after.stdout
-    assert site.client.containers.list(all=True, filters=label) == []
-    assert site.client.networks.list(filters=label) == []
-    assert {v.name for v in site.client.volumes.list(filters=label)} == {
-        f"{site.name}_hf-cache-alpha", f"{site.name}_door-figures",  # nginx's, always
-        f"{site.name}_usage-spool", f"{site.name}_usage-ledger"}  # kept: who used what
+        result = site.kit("down")
+        assert result.returncode == 0, result.stderr
+        after = site.kit("status")  # the last probe is of a stack that is gone
+        assert "(stale: the front door it probed no longer runs)" in after.stdout, after.stdout
+        assert site.client.containers.list(all=True, filters=label) == []
+        assert site.client.networks.list(filters=label) == []
+        assert {v.name for v in site.client.volumes.list(filters=label)} == {
+            f"{site.name}_hf-cache-alpha", f"{site.name}_hf-cache-beta",
+            f"{site.name}_door-figures",  # nginx's, always
+            f"{site.name}_usage-spool", f"{site.name}_usage-ledger"}  # kept: who used what
 
-    assert site.kit("down", "--volumes").returncode == 0
-    assert site.client.volumes.list(filters=label) == []
+        assert site.kit("down", "--volumes").returncode == 0
+        assert site.client.volumes.list(filters=label) == []
 
 
 def test_a_file_one_service_writes_in_its_cache_is_not_in_anothers(make_site) -> None:
@@ -423,20 +440,6 @@ def test_a_file_one_service_writes_in_its_cache_is_not_in_anothers(make_site) ->
     assert sorted(p.name for p in (site.root / "hf" / "hub").iterdir()) == ["models--org--tiny"]
     models = beta.exec_run(["curl", "-fsS", "http://127.0.0.1:8000/v1/models"])
     assert models.exit_code == 0 and b'"org/tiny"' in models.output, models.output
-
-
-def test_the_first_batch_key_restarts_nothing(make_site) -> None:
-    """Issue 42: every service runs vLLM's priority scheduler from the start, so the first
-    `--class batch` key is live at once and the next `kit up` recreates no container (a
-    single-replica service would otherwise be down while it restarts)."""
-    site = make_site()
-    site.up("--no-probe")
-    before = site.ids()
-    added = kit("keys", "add", str(site.spec_path), "nightly", "--class", "batch")
-    assert added.returncode == 0, added.stdout + added.stderr
-    again = site.up("--no-probe")
-    assert site.ids() == before, again.stdout
-    assert "recreate" not in again.stdout, again.stdout
 
 
 def test_a_failing_start_is_reported_at_once_with_the_log_and_its_cause(make_site) -> None:
