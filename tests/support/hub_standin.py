@@ -15,9 +15,7 @@ loopback.
 With `token` set, the Hub side answers 401 without `Authorization: Bearer <token>`, and every
 request is recorded (`requests`) so a test can prove the storage host never saw the token and
 that a re-run asked for a Range; `served_bytes` counts the model bytes sent.
-`bytes_per_second` throttles the storage host so a test can interrupt a pull half-way; the first
-`unthrottled_bytes` of each response go at full speed (no waiting for the bytes before the
-point a test means to interrupt at).
+`bytes_per_second` throttles the storage host so a test can interrupt a pull half-way.
 """
 
 from __future__ import annotations
@@ -103,7 +101,6 @@ class HubStandin:
     repos: dict[str, Repo] = field(default_factory=dict)
     token: str | None = None
     bytes_per_second: float | None = None
-    unthrottled_bytes: int = 0  # of each storage response, sent before the throttle applies
     requests: list[Seen] = field(default_factory=list)
     blobs: dict[str, bytes] = field(default_factory=dict)  # the storage host's, by sha256
     served_bytes: int = 0  # bytes of model files sent (resolve bodies, storage bodies)
@@ -287,7 +284,7 @@ class _StorageHandler(_Handler):
                 self.hub.served_bytes += len(body[at:at + step])
             except OSError:
                 return  # the client went away (an interrupted pull)
-            if self.hub.bytes_per_second and at + step > self.hub.unthrottled_bytes:
+            if self.hub.bytes_per_second:
                 time.sleep(step / self.hub.bytes_per_second)
 
 
