@@ -157,7 +157,19 @@ def test_a_second_up_changes_nothing_and_a_new_secret_recreates_only_its_holders
     assert reply.json()["datasource_answers"] == {"Prometheus": 200}, reply.body
     # the tests after this one read the new Prometheus: its first scrapes and rule evaluations
     wait_every_target_up(site)
-    wait_for("no alert firing", lambda: not query(site, "/api/v1/alerts")["alerts"], 30)
+    alerts: list[dict] = []
+
+    def quiet() -> bool:
+        """None firing; a pending one may be fair (under CI load, the gate's first token can
+        take longer than the site's 200 ms TTFT SLO: pending for its 600 s `for:`)."""
+        alerts[:] = query(site, "/api/v1/alerts")["alerts"]
+        return all(alert["state"] != "firing" for alert in alerts)
+
+    try:
+        wait_for("no alert firing", quiet, 30)
+    except AssertionError as error:  # which alert, in which state, with what value
+        named = [(alert["labels"], alert["state"], alert.get("value")) for alert in alerts]
+        raise AssertionError(f"{error}: {named}") from None
 
 
 def test_status_shows_live_figures(site: LiveSite) -> None:
