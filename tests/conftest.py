@@ -2,6 +2,7 @@
 them are in tests/support/sites.py); and how the suite splits into a parallel and a serial pass
 (scripts/test.sh, docs/testing.md)."""
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--serial-tests", choices=("skip", "only"), default=None,
         help="skip: leave out the tests marked serial (the parallel pass of scripts/test.sh); "
              "only: run just those (its serial pass, alone on the machine)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C reaches the processes tests start even when the suite itself was started in the
+    background: a non-interactive shell starts `cmd &` with SIGINT ignored, every child inherits
+    that, and an ignored SIGINT stays ignored across exec (Python then installs no
+    KeyboardInterrupt), so a test's Ctrl-C of `kit pull` was lost and the pull ran to its end."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
