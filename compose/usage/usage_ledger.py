@@ -347,14 +347,15 @@ def window_start(seconds_since_epoch: float, window: int) -> int:
     return int(seconds_since_epoch) // window * window
 
 
-def aggregate_key(record: dict, window: int) -> tuple:
-    return (window, *(record[field] for field in AGGREGATE_KEY))
+def aggregate_key(record: dict, began: int) -> tuple:
+    """The record's aggregate: its window's first second (window_start), then its fields."""
+    return (began, *(record[field] for field in AGGREGATE_KEY))
 
 
 def overflow_key(key: tuple) -> tuple:
     """The key a window's requests past MAX_AGGREGATES share: its who, end and door only."""
-    window, who, _, _, _, _, _, _, ended, boot = key
-    return (window, who, None, None, None, "other", "OTHER", 0, ended, boot)
+    began, who, _, _, _, _, _, _, ended, boot = key
+    return (began, who, None, None, None, "other", "OTHER", 0, ended, boot)
 
 
 def aggregate_record(aggregate: dict) -> dict:
@@ -797,8 +798,8 @@ class Collector:
         if "requests" in record:  # written after the state: it holds what the state had open
             with contextlib.suppress(KeyError, TypeError, ValueError):
                 ended = datetime.datetime.fromisoformat(record["time"].replace("Z", "+00:00"))
-                window = window_start(ended.timestamp(), self.options.aggregate_seconds)
-                self.aggregates.pop(aggregate_key(record, window), None)
+                began = window_start(ended.timestamp(), self.options.aggregate_seconds)
+                self.aggregates.pop(aggregate_key(record, began), None)
         self._count(record)
 
     # -- the work ------------------------------------------------------------------------------
@@ -936,11 +937,11 @@ class Collector:
             if not aggregated(record):
                 alone.append(record)
                 continue
-            window = window_start(float(record["door_time"]), seconds)
-            key = aggregate_key(record, window)
+            began = window_start(float(record["door_time"]), seconds)
+            key = aggregate_key(record, began)
             if key not in changed and key not in self.aggregates and sum(
                     1 for open_key in {*self.aggregates, *changed}
-                    if open_key[0] == window) >= MAX_AGGREGATES:
+                    if open_key[0] == began) >= MAX_AGGREGATES:
                 key = overflow_key(key)
             aggregate = changed.get(key)
             if aggregate is None:
