@@ -23,6 +23,7 @@ from tests.support.docker_engine import (
     pick_free_port,
     remove_project,
 )
+from tests.support.live_stack import LiveSite
 
 
 @pytest.fixture(scope="session")
@@ -52,6 +53,16 @@ def test_images(docker_client) -> dict[str, str]:
     if gpus.returncode != 0:
         pytest.fail(f"the end-to-end tests need GPU reservations:\n{gpus.stderr}", pytrace=False)
     return dict(IMAGES)
+
+
+@pytest.fixture(autouse=True)
+def no_load_outlives_its_test(request) -> Iterator[None]:
+    """A shared stack's loadgens stop with the test that started them, failed or not."""
+    yield
+    if "site" in request.fixturenames:
+        site = request.getfixturevalue("site")
+        if isinstance(site, LiveSite):
+            site.stop_loads()
 
 
 @pytest.fixture

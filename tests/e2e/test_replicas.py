@@ -86,13 +86,15 @@ def chat(model: str, text: str, tokens: int = 1) -> dict:
 
 
 def metrics(site: LiveSite, hosts: list[str]) -> dict[str, dict[str, float]]:
-    """Every replica's vllm:* gauges and counters (summed over labels), read at one moment."""
+    """Every replica's vllm:* gauges and counters (summed over labels), read at one moment.
+    Read through a terminal: a raw stream, not Docker's multiplexed frames, one of whose
+    8-byte headers once came back inside the text (CI, a 0xbf byte at 23,812 of ~24 kB)."""
     script = "; ".join(f'echo "== {h}"; curl -s -m 5 http://{h}:8000/metrics' for h in hosts)
     reader = next(c for c in map(site.container, hosts) if c.status == "running")
-    code, output = reader.exec_run(["sh", "-c", script])
+    code, output = reader.exec_run(["sh", "-c", script], tty=True)
     assert code == 0, output
     found: dict[str, dict[str, float]] = {}
-    for part in output.decode().split("== ")[1:]:
+    for part in output.decode().replace("\r\n", "\n").split("== ")[1:]:
         host, _, text = part.partition("\n")
         values: dict[str, float] = {}
         for name, value in METRIC.findall(text):

@@ -111,6 +111,7 @@ class LiveSite:
     client: docker.DockerClient
     https_port: int
     passwords: dict[str, str] = field(default_factory=dict)  # printed once by `kit render`
+    loads: list[subprocess.Popen] = field(default_factory=list, repr=False)  # loadgen()'s
 
     @classmethod
     def create(cls, root: Path, client: docker.DockerClient, https_port: int, http_port: int, *,
@@ -259,7 +260,19 @@ class LiveSite:
         command += auth_options(auth)
         if announce:
             command.append("--announce")
-        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        load = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.loads.append(load)
+        return load
+
+    def stop_loads(self) -> None:
+        """Kill every loadgen of this site still running: a test that failed half-way must not
+        send its load into the next test on the shared stack (CI: a session's requests counted
+        on a second replica were a failed neighbour's)."""
+        for load in self.loads:
+            if load.poll() is None:
+                load.kill()
+                load.communicate()
+        self.loads.clear()
 
     def up_under_load(self, streams: int, model: str = SERVED_NAME
                       ) -> tuple[subprocess.CompletedProcess, int, dict]:
