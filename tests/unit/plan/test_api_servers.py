@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from kit.errors import BadInput
+from kit.plan.api_servers import api_servers
 from kit.plan.build import build_plan
 from kit.spec.load import parse_spec
 from kit.spec.vllm_flags import flag_table
@@ -98,8 +99,6 @@ def test_a_service_with_adapters_keeps_one_api_server(tmp_path: Path) -> None:
     spec.write_text(spec_text("cpus: 64\n", f"{adapters}\napi_servers: 2", models=str(tmp_path)))
     result = run_kit("validate", spec)
     assert result.exit_code == 2 and "api_servers 2 with adapters" in result.output
-    from kit.plan.api_servers import api_servers
-
     auto = api_servers(parse_spec(spec_text("cpus: 64\n", adapters), Path("site.yaml")))
     assert auto["llama8b"].count == 1
     assert "LoRA adapters, which vLLM registers at runtime in one" in auto["llama8b"].reason
@@ -142,7 +141,7 @@ def test_extra_args_cannot_set_the_count_behind_the_key() -> None:
 
 def test_kit_plan_says_the_count_and_why(site: Path) -> None:
     spec = site / "site.yaml"
-    spec.write_text(spec.read_text().replace("services:\n", "cpus: 6\n" "services:\n", 1))
+    spec.write_text(spec.read_text().replace("services:\n", "cpus: 6\nservices:\n", 1))
     text = run_kit("plan", spec)
     assert text.exit_code == 0, text.output
     assert "  api_servers  2 (auto: 6 cores - 2 the site's own" in text.output
