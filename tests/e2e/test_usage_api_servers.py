@@ -15,11 +15,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-import yaml
 
 from kit.plan.build import VLLM_PORT
-from tests.support.docker_engine import pick_free_port, remove_project
-from tests.support.live_stack import SERVED_NAME, LiveSite, checked, write_spec
+from tests.support.live_stack import SERVED_NAME, LiveSite, checked, edited
 from tests.support.usage_stack import door_ids, ledger_with, quiet_start
 
 pytestmark = pytest.mark.e2e
@@ -31,18 +29,10 @@ TOKEN_INTERVAL_MS = 10  # as tests/e2e/test_usage.py: a door under load sees an 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
-    live = LiveSite.create(tmp_path_factory.mktemp("api-servers") / "site", docker_client,
-                           pick_free_port(), pick_free_port(), prefix="asc",
-                           env={"STANDIN_TOKEN_INTERVAL_MS": str(TOKEN_INTERVAL_MS)})
-    try:
-        spec = yaml.safe_load(live.spec_path.read_text())
-        spec["cpus"] = CORES
-        write_spec(live.spec_path, spec)
-        checked(live.kit("render"))
-        live.up()
+    with edited(tmp_path_factory.mktemp("api-servers") / "site", docker_client,
+                lambda spec: spec.update(cpus=CORES), prefix="asc",
+                env={"STANDIN_TOKEN_INTERVAL_MS": str(TOKEN_INTERVAL_MS)}) as live:
         yield live
-    finally:
-        remove_project(docker_client, live.name)
 
 
 def engine_counts(site: LiveSite) -> tuple[int, int]:
