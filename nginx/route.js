@@ -111,7 +111,7 @@ function forward(r, request, model, service) {
     var added = [];
     if (r.variables.kit_usage_on) {
         r.variables.kit_model = model;
-        added = usage.askUsage(r, request);
+        added = usage.askUsage(r, request, service);
     }
     // Every request that takes a priority says its class, batch credential or not: the services
     // run vLLM's priority scheduler from the start, so a client's own "priority" must never

@@ -24,6 +24,7 @@ from kit.plan.adapters import (
     lora_slots,
     service_adapters,
 )
+from kit.plan.api_servers import ApiServers, api_servers
 from kit.plan.multinode import MultiNodePlan, multinode_plan
 from kit.plan.observability import (
     MetricsNetwork,
@@ -125,6 +126,15 @@ class ServicePlan:
     stop_grace_period: int = STOP_GRACE_PERIOD  # seconds the engine waits after SIGTERM
     swap_group: str | None = None  # idle_sleep.swap_group: started one member at a time
     sleep_level: int = 1  # idle_sleep.level
+    # vLLM's API-server processes per replica (--api-server-count), and why (kit plan says it)
+    api_servers: ApiServers = ApiServers(1, "vLLM's one")
+
+    @property
+    def usage_every_chunk(self) -> bool:
+        """Whether the door asks usage on every chunk of every stream (docs/usage.md): where the
+        per-chunk work is spread over several API-server processes, so an aborted stream's
+        prompt is exact for every credential at a cost vLLM's one process could not carry."""
+        return self.api_servers.count >= 2
 
     @property
     def routed_names(self) -> tuple[str, ...]:
@@ -368,7 +378,8 @@ class Plan:
 
 
 def build_plan(spec: Spec) -> Plan:
-    services = [_service_plan(spec, service) for service in spec.services]
+    servers = api_servers(spec)
+    services = [_service_plan(spec, service, servers[service.name]) for service in spec.services]
     streams = sum(s.streams for s in services)
     # Each stream holds a client and an upstream connection; leave room for queued clients.
     worker_connections = min(MAX_WORKER_CONNECTIONS, max(4096, _next_power_of_two(streams * 4)))
@@ -439,7 +450,7 @@ def model_is_local(spec: Spec, model: str) -> bool:
     return "/" not in model or (spec.models_root / model).is_dir()
 
 
-def _service_plan(spec: Spec, service) -> ServicePlan:
+def _service_plan(spec: Spec, service, servers: ApiServers) -> ServicePlan:
     pinned = pinned_relative(service)  # a pinned model is served from its pulled folder
     is_local = pinned is not None or model_is_local(spec, service.model)
     # The capacity model covers one tensor-parallel group on one server.
@@ -478,6 +489,7 @@ def _service_plan(spec: Spec, service) -> ServicePlan:
     if not any(arg.startswith(SCHEDULING_POLICY)
                for arg in service.extra_args):  # the operator's wins
         command += [SCHEDULING_POLICY, "priority"]
+    command += servers.args
     lora, lora_config, downloads = _lora_args(spec, service)
     command += ["--port", str(VLLM_PORT), *histogram_args(service_slo(service)), *lora,
                 *service.extra_args]
@@ -521,6 +533,7 @@ def _service_plan(spec: Spec, service) -> ServicePlan:
         stop_grace_period=grace,
         swap_group=service.idle_sleep.swap_group if service.idle_sleep else None,
         sleep_level=service.idle_sleep.level if service.idle_sleep else 1,
+        api_servers=servers,
     )
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from kit.errors import BadInput
 from kit.plan.adapters import lora_slots, service_adapters
+from kit.plan.api_servers import ApiServers, api_servers
 from kit.plan.capacity import CapacityReport, LoraSlots, plan_capacity
 from kit.plan.modelinfo import (
     NO_CHAT_TEMPLATE,
@@ -110,6 +111,7 @@ class ServiceFit:
     unplanned: str | None = None  # why there is no report
     failed: bool = False  # the service cannot start (errors in the report, or refused)
     notes: list[str] = field(default_factory=list)
+    api_servers: ApiServers | None = None  # its vLLM's API-server processes (kit plan of a spec)
 
 
 def fit_service(spec: Spec, service: Service, detected: dict[int, Gpu] | None = None,
@@ -156,7 +158,9 @@ def fit_spec(spec: Spec, **context) -> list[ServiceFit]:
     """Every service of the spec, asking nvidia-smi only when the spec leaves a GPU size open."""
     open_size = any(spec.gpu_memory_for(gpu) is None for s in spec.services for gpu in s.gpus)
     detected = {gpu.index: gpu for gpu in query_gpus()} if open_size else {}
-    return [fit_service(spec, service, detected, **context) for service in spec.services]
+    servers = api_servers(spec)
+    return [replace(fit_service(spec, service, detected, **context),
+                    api_servers=servers[service.name]) for service in spec.services]
 
 
 def fit_model_dir(model_dir: Path, *, hf_cache: Path | None, gpu_memory_gib: float | None,
@@ -184,12 +188,13 @@ def fits_json(fits: list[ServiceFit]) -> dict:
     """`kit plan --json` of a spec: per service the report's keys, or why it is not planned."""
     services: dict[str, dict] = {}
     for fit in fits:
+        servers = {"api_servers": fit.api_servers.to_json()} if fit.api_servers else {}
         if fit.report is None:
-            services[fit.service.name] = {"planned": False, "reason": fit.unplanned}
+            services[fit.service.name] = {"planned": False, "reason": fit.unplanned, **servers}
             continue
         planned = fit.report.to_json()
         planned["warnings"] += fit.notes
-        services[fit.service.name] = {"planned": True, **planned}
+        services[fit.service.name] = {"planned": True, **planned, **servers}
     return {"services": services}
 
 
@@ -199,11 +204,12 @@ def fits_text(fits: list[ServiceFit]) -> list[str]:
     for fit in fits:
         service = fit.service
         title = f"service {service.name}: {service.model} on {gpu_layout(service.gpus, service.tp)}"
+        servers = [f"  api_servers  {fit.api_servers.line()}"] if fit.api_servers else []
         if fit.report is None or fit.model is None:
-            lines += [title, f"  not planned: {fit.unplanned}", ""]
+            lines += [title, f"  not planned: {fit.unplanned}", *servers, ""]
             continue
         lines += [*capacity_table(title, fit.model, fit.report, service.max_num_seqs),
-                  *(f"  warning: {note}" for note in fit.notes), ""]
+                  *servers, *(f"  warning: {note}" for note in fit.notes), ""]
     return lines
 
 

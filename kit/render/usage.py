@@ -76,6 +76,9 @@ def usage_facts(plan: Plan) -> dict | None:
         # policy.js reserves a request's worst case against its credential's budget: without a
         # max_tokens, its service's max_model_len (docs/policy.md)
         "model_lengths": " ".join(f"{svc.name}={svc.max_model_len}" for svc in plan.services),
+        # usage.js asks every stream of these services usage on every chunk (the planner's
+        # choice: ServicePlan.usage_every_chunk); '' renders no variable
+        "every_chunk": " ".join(svc.name for svc in plan.services if svc.usage_every_chunk),
         "collector_spool_mount": COLLECTOR_SPOOL_MOUNT,
         "ledger_mount": LEDGER_MOUNT,
         "script_mount": SCRIPT_MOUNT,

@@ -56,6 +56,10 @@ RESERVED_USERS = {"kit-probe"}
 # The whole request body sits in one nginx buffer (route.js reads it): bounded like memory.
 MAX_BODY_BYTES = (1 << 10, 1 << 30)
 MAX_TIMEOUT = 86400  # seconds: a day, for the slowest start or the longest generation
+# The host's CPU cores (`cpus:`) and a service's vLLM API-server processes (`api_servers:`,
+# vLLM's --api-server-count; kit/plan/api_servers.py decides `auto`, docs/capacity.md).
+CPU_BOUNDS = (1, 1024)
+API_SERVER_BOUNDS = (1, 16)
 # Env variables whose value kit itself reads (and how it must look).
 ENGINE_READY_TIMEOUT = "VLLM_ENGINE_READY_TIMEOUT_S"
 
@@ -99,6 +103,22 @@ def _absolute_safe_path(path: Path) -> Path:
     return path
 BIND_FIX = ("kit never mounts it into a container, where a model's code runs; put the models "
             "(or the cache) in a folder of their own, e.g. /srv/models")
+
+
+def _cpu_count(value: int) -> int:
+    low, high = CPU_BOUNDS
+    if not low <= value <= high:
+        raise ValueError(f"{value} is outside {low}..{high}: write the host's CPU cores as "
+                         "`nproc` counts them (e.g. cpus: 16), or remove cpus")
+    return value
+
+
+def _api_server_count(value: int) -> int:
+    low, high = API_SERVER_BOUNDS
+    if not low <= value <= high:
+        raise ValueError(f"{value} API-server processes is outside {low}..{high}: write auto "
+                         f"(kit chooses from the host's cpus) or a count in {low}..{high}")
+    return value
 
 
 def _file_path(path: Path) -> Path:
@@ -421,6 +441,9 @@ class Service(StrictModel):
     slo: Slo | None = None
     adapters: Annotated[list[Adapter], Field(max_length=256)] = []
     idle_sleep: IdleSleep | None = None
+    # vLLM's API-server processes (--api-server-count), each on a core of its own: auto (kit
+    # chooses from the host's `cpus:`, docs/capacity.md) or a count
+    api_servers: Annotated[int, AfterValidator(_api_server_count)] | Literal["auto"] = "auto"
 
     @field_validator("gpus")
     @classmethod
@@ -495,6 +518,26 @@ class Service(StrictModel):
             dupes = sorted({value for value in values if values.count(value) > 1})
             if dupes:
                 raise ValueError(f"nodes list the {key} {', '.join(dupes)} twice")
+        return self
+
+    @model_validator(mode="after")
+    def _one_api_server_where_vllm_needs_it(self) -> "Service":
+        """vLLM registers a LoRA adapter loaded at runtime (kit adapters add) in the one
+        API-server process that took the request, so the others would answer 404 for it; a
+        multi-node service's workers run --headless, which takes no API-server count."""
+        if self.api_servers == "auto" or self.api_servers == 1:
+            return self
+        if self.adapters:
+            raise ValueError(
+                f"api_servers {self.api_servers} with adapters: vLLM registers an adapter "
+                "loaded at runtime (kit adapters add) in one of its API-server processes only, "
+                "so the others would not know it; write api_servers: auto (1 here) or 1, or "
+                "serve the adapters from a service of their own")
+        if self.nodes is not None:
+            raise ValueError(
+                f"api_servers {self.api_servers} with nodes: the worker nodes run vLLM "
+                "--headless, which takes no API-server count; write api_servers: auto (1 "
+                "here) or 1")
         return self
 
     @property
@@ -580,6 +623,9 @@ class Spec(StrictModel):
     engine: EngineAddress | None = None
     # An air-gapped server: nothing kit starts may reach the Internet (docs/offline.md).
     offline: bool = False
+    # The host's CPU cores (`nproc`): kit renders offline, so it never probes them; declared,
+    # they let api_servers: auto give vLLM more API-server processes (docs/capacity.md).
+    cpus: Annotated[int, AfterValidator(_cpu_count)] | None = None
 
     def model_names(self) -> list[str]:
         """Every name clients may ask for as `model`: served names and LoRA adapters."""

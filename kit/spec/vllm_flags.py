@@ -37,6 +37,7 @@ SPEC_KEY_FLAGS = {
     "--master-port": "master_port",
     "--headless": "nodes (kit runs every node but the head headless)",
     "--enable-sleep-mode": "idle_sleep (docs/sleep.md)",
+    "--api-server-count": "api_servers",
 }
 # Sleep mode (docs/sleep.md): the flag, and the env that opens vLLM's /sleep and /wake_up routes
 # (with its other development routes, which the front door refuses: kit/names.py).

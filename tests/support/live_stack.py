@@ -561,22 +561,35 @@ def running(root: Path, client: docker.DockerClient, *,
 
 
 @contextmanager
-def observed(root: Path, client: docker.DockerClient, observability: dict,
-             slo: dict | None = None, **options) -> Iterator[LiveSite]:
-    """For the tests' fixtures: a site (LiveSite.create's options) with `observability:` on as
-    given (and `slo:` on its first service), up; its compose project removed afterwards."""
+def edited(root: Path, client: docker.DockerClient, edit: Callable[[dict], None],
+           **options) -> Iterator[LiveSite]:
+    """For the tests' fixtures: a site (LiveSite.create's options) whose spec `edit` changes
+    (in place) before it is rendered again, up; its compose project removed afterwards."""
     site = LiveSite.create(root, client, pick_free_port(), pick_free_port(), **options)
     try:
         spec = yaml.safe_load(site.spec_path.read_text())
-        spec["observability"] = {"enabled": True, **observability}
-        if slo:
-            spec["services"][0]["slo"] = slo
+        edit(spec)
         write_spec(site.spec_path, spec)
         checked(site.kit("render"))
         site.up()
         yield site
     finally:
         remove_project(client, site.name)
+
+
+@contextmanager
+def observed(root: Path, client: docker.DockerClient, observability: dict,
+             slo: dict | None = None, **options) -> Iterator[LiveSite]:
+    """For the tests' fixtures: a site (LiveSite.create's options) with `observability:` on as
+    given (and `slo:` on its first service), up; its compose project removed afterwards."""
+
+    def edit(spec: dict) -> None:
+        spec["observability"] = {"enabled": True, **observability}
+        if slo:
+            spec["services"][0]["slo"] = slo
+
+    with edited(root, client, edit, **options) as site:
+        yield site
 
 
 @contextmanager

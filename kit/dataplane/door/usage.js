@@ -15,7 +15,10 @@ import policy from 'policy.js';
 // for: its stream stays byte for byte the one vLLM would have sent it. Usage on every chunk
 // (continuous_usage_stats) costs vLLM's API server throughput (issue 43: x0.87 on an H100), so
 // the door asks for it only where an abort's prompt must be known: a credential with a token
-// budget (its streams are charged exactly, prompt included), or a client that asked for it.
+// budget (its streams are charged exactly, prompt included), or a client that asked for it;
+// and for every stream of a service whose vLLM runs several API-server processes (kit's
+// planner chose it, $kit_usage_every_chunk): there the cost is spread over their cores and
+// every aborted stream's prompt is then the engine's own count.
 
 // pydantic's lax booleans, as vLLM's request models read `stream` and `stream_options`.
 var TRUE_WORDS = ['1', 'on', 't', 'true', 'y', 'yes'];
@@ -43,24 +46,35 @@ var USAGE_ROUTES = ['/v1/chat/completions', '/v1/completions'];
 var ASK_ALL = Buffer.from(',"stream_options":{"include_usage":true,"continuous_usage_stats":true}');
 var ASK_FINAL = Buffer.from(',"stream_options":{"include_usage":true}');
 
-// What the door asks vLLM of a stream's usage: 'all' for a budgeted credential or a client that
-// asked for all of it, else 'final'.
-function doorAsks(asked, budget) {
-    return budget || asked === 'all' ? 'all' : 'final';
+// Whether kit rendered the service as one whose every stream is asked usage on every chunk
+// (`name …`; undefined: no service of the site is).
+function everyChunk(r, service) {
+    var services = r.variables.kit_usage_every_chunk;
+    return Boolean(services) && services.split(' ').indexOf(service) !== -1;
+}
+
+// What the door asks vLLM of a stream's usage: 'all' for a budgeted credential, a client that
+// asked for all of it or a service asked on every chunk, else 'final'.
+function doorAsks(asked, budget, every) {
+    return budget || every || asked === 'all' ? 'all' : 'final';
 }
 
 // What vLLM gets added to the client's own bytes: for a stream, one of the keys above. vLLM
 // reads the body with Python's json, where the last of two equal keys wins, so the appended
-// stream_options replaces any the client sent.
-function askUsage(r, request) {
+// stream_options replaces any the client sent. What the client asked and what the door asked
+// are kept for the body filter ($kit_stream_usage, $kit_door_asks).
+function askUsage(r, request, service) {
     r.variables.kit_stream_usage = '';
+    r.variables.kit_door_asks = '';
     if (!json.isObject(request) || !laxTrue(request.stream)
         || USAGE_ROUTES.indexOf(r.variables.uri) === -1) {
         return [];
     }
     var asked = usageAsked(request.stream_options);
+    var asks = doorAsks(asked, policy.budgeted(policy.policyOf(r)), everyChunk(r, service));
     r.variables.kit_stream_usage = asked;
-    return [doorAsks(asked, policy.budgeted(policy.policyOf(r))) === 'all' ? ASK_ALL : ASK_FINAL];
+    r.variables.kit_door_asks = asks;
+    return [asks === 'all' ? ASK_ALL : ASK_FINAL];
 }
 
 // Refuses (and answers true) a streamed /v1/responses of a credential with a token budget:
@@ -354,7 +368,7 @@ function filterState(r) {
     // counted by the filter, before the answer's end
     var budget = policy.budgeted(policy.policyOf(r));
     var responses = uri === '/v1/responses';
-    var asks = asked === '' ? '' : doorAsks(asked, budget);
+    var asks = r.variables.kit_door_asks || '';
     return {
         stream: stream,
         asked: asked,

@@ -183,7 +183,9 @@ def test_spec_form_json_and_failure_exit(tmp_path, no_nvidia_smi):
     assert services["chat"]["kv_bytes_per_token"] == 65536
     assert any("max_model_len 32768 needs" in e for e in services["small"]["errors"])
     assert services["small"]["max_num_seqs"] == 64
-    assert services["hub"] == {"planned": False, "reason": services["hub"]["reason"]}
+    assert services["hub"] == {"planned": False, "reason": services["hub"]["reason"],
+                               "api_servers": {"count": 1, "reason": "auto: the host's cores "
+                                               "are not declared (cpus: in the spec)"}}
 
 
 def test_standalone_flags_are_refused_in_the_spec_form(tmp_path):

@@ -155,6 +155,7 @@ FIELDS: dict[str, tuple[Setter, str]] = {
     "services.served_name": (at(*S, "served_name"), "llama-3.1-8b"),
     "services.revision": (revision, "main"),
     "services.max_num_seqs": (at(*S, "max_num_seqs"), "auto"),
+    "services.api_servers": (at(*S, "api_servers"), "auto"),
     "services.dtype": (at(*S, "dtype"), "bfloat16"),
     "services.quantization": (at(*S, "quantization"), "fp8"),
     "services.kv_cache_dtype": (at(*S, "kv_cache_dtype"), "fp8"),

@@ -504,3 +504,71 @@ def test_with_the_ledger_off_the_door_routes_and_records_nothing(
         assert unknown.status == 404
         running.flush_logs()
         assert not running.spool.exists()
+
+
+@pytest.fixture(scope="module")
+def spread_door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Door, str, Path]]:
+    """The base site on a host that declares 6 cores: the planner gives its one replica two
+    API-server processes (6 - 2 the site's - 1 nginx - 1 engine core = 2), so the door asks
+    every stream's usage on every chunk; an unbudgeted key; the rendered site folder."""
+    root = tmp_path_factory.mktemp("spread-door")
+    site = base_site(root)
+    spec = site / "site.yaml"
+    spec.write_text(spec.read_text().replace("services:\n", "cpus: 6\nservices:\n", 1))
+    render_site(Site.load(spec))
+    added = run_kit("keys", "add", spec, "unbudgeted", "--offline")
+    assert added.exit_code == 0, added.output
+    key = added.output.split("key unbudgeted: ")[1].split()[0]
+    (root / "work").mkdir()
+    with serving_door(site / "nginx", root / "work", ["llama8b"], root / "models" / "llama-8b",
+                      SERVED, HOST, standin_args=("--api-server-count", "2"),
+                      STANDIN_TOKEN_INTERVAL_MS="5", STANDIN_LOAD_SECONDS="0.1") as running:
+        yield running, key, site
+
+
+def test_a_service_with_two_api_servers_renders_them_and_tells_the_door(
+        spread_door: tuple[Door, str, Path]) -> None:
+    """The planner's choice reaches vLLM's command and the door's config, and only there."""
+    _, _, site = spread_door
+    compose = (site / "compose" / "docker-compose.yml").read_text()
+    assert '"--scheduling-policy", "priority", "--api-server-count", "2", "--port"' in compose
+    conf = (site / "nginx" / "nginx.conf").read_text()
+    assert 'js_var $kit_usage_every_chunk "llama8b";' in conf
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_an_unbudgeted_stream_on_two_api_servers_is_asked_usage_on_every_chunk(
+        spread_door: tuple[Door, str, Path], route: str) -> None:
+    """Without a budget and without the client asking, the door asks vLLM for usage on every
+    chunk of a service with two API-server processes; the client still gets what it asked."""
+    running, key, _ = spread_door
+    path, body = ROUTES[route]
+    body = {**body, "max_tokens": 3, "stream": True}
+    with running.upstream_bodies() as bodies:
+        assert running.exchange(post(path, body, key, f"spread-asks-{route}")).status == 200
+    (upstream,) = bodies
+    assert json.loads(upstream)["stream_options"] == {"include_usage": True,
+                                                      "continuous_usage_stats": True}
+    through = running.exchange(post(path, body, key, f"spread-gets-{route}"))
+    direct = running.exchange(post(path, body, None, f"spread-gets-{route}"), direct=True)
+    assert through.status == direct.status == 200
+    assert same_shape(through) == same_shape(direct)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_an_aborted_unbudgeted_stream_on_two_api_servers_has_its_prompt(
+        spread_door: tuple[Door, str, Path], route: str) -> None:
+    """An unbudgeted key's stream left mid-way on a service with two API-server processes: its
+    record holds the engine's own prompt count (on one process it would be '': the
+    door asked only for the final usage) and its completion within one chunk."""
+    running, key, _ = spread_door
+    path, body = ROUTES[route]
+    before = running.settled_counters()
+    agent = f"spread-aborts-{route}"
+    running.abort_after(post(path, {**body, "max_tokens": 2000, "stream": True}, key, agent),
+                        events=15)
+    after = running.settled_counters()
+    record = running.record_of(agent)
+    assert record["end"] == "client_abort" and record["status"] == "200"
+    assert record["prompt"] != "" and int(record["prompt"]) == after[0] - before[0]
+    assert 13 <= int(record["completion"]) <= after[1] - before[1] <= int(record["completion"]) + 1
