@@ -87,7 +87,21 @@ def preflight(
     check_subnets(engine, [a.network for a in actions if isinstance(a, CreateNetwork)])
     services = starting_services(actions)
     if services:
+        check_cpus(engine, site.spec)
         check_services(engine, site.spec, site.desired.project, services, observed, report)
+
+
+def check_cpus(engine: Engine, spec: Spec) -> None:
+    """The cores the spec declares (`cpus:`, what the planner shared out among vLLM's API-server
+    processes: docs/capacity.md) are the engine's host's: more would oversubscribe it."""
+    if spec.cpus is None:
+        return
+    has = engine.host_cpus()
+    if spec.cpus > has:
+        raise BadInput(f"cpus: {spec.cpus} in the spec, but the engine's host "
+                       f"({engine.address}) has {has} CPUs",
+                       fix=f"write cpus: {has} (what nproc counts there), or remove cpus: so "
+                           "every service runs one API-server process")
 
 
 def check_services(engine: Engine, spec: Spec, project: str, services: list[ServiceState],

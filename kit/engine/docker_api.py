@@ -187,6 +187,11 @@ class Engine:
         """The engine runs on this host (so host paths and ports here are its own)."""
         return engine_url.is_local(self.address)
 
+    def host_cpus(self) -> int:
+        """The CPUs the engine's host has (`docker info`'s NCPU: what `nproc` counts there)."""
+        with self._errors("asking the engine about its host"):
+            return int(self._api.info()["NCPU"])
+
     def containers(self, labels: list[str]) -> list[dict]:
         """Inspect data of every container (running or not) carrying all `labels`."""
         with self._errors("listing containers"):

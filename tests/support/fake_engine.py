@@ -63,6 +63,7 @@ class FakeEngine:
         self.calls: list[tuple[str, str]] = []  # (method, what it was about), in order
         self.exec_results: dict[tuple[str, ...], list[tuple[int, str]]] = {}  # used in turn
         self.reload_errors: list[str] = []  # [emerg] lines nginx logs instead of reloading
+        self.cpus = 16  # the engine's host's CPUs (docker info's NCPU)
         self.worker_log: list[str] = []  # lines nginx's new workers log (at start, each reload)
         # how much earlier than the container's StartedAt dockerd may stamp its first log lines
         # (its log copier can read them before it records the start)
@@ -377,6 +378,10 @@ class FakeEngine:
 
     def check_device_request(self, name: str, image: str, gpus: tuple[GpuRequest, ...]) -> None:
         self._call("check_device_request", ",".join(i for g in gpus for i in g.device_ids))
+
+    def host_cpus(self) -> int:
+        self._call("host_cpus", str(self.cpus))
+        return self.cpus
 
     def run_with_files(
         self, name: str, image: str, argv: list[str], volumes: dict[str, str],

@@ -10,7 +10,7 @@ import pytest
 import requests
 import yaml
 
-from kit.converge.preflight import check_ports
+from kit.converge.preflight import check_cpus, check_ports
 from kit.converge.reconcile import Action, changes, down_actions, up_actions
 from kit.engine.desired import DesiredState, parse_compose
 from kit.engine.docker_api import explain, show_pull
@@ -386,6 +386,26 @@ def test_a_port_held_elsewhere_is_named_with_its_spec_key(site: Path) -> None:
         # the port the proxy's own running container holds is freed when it is replaced
         check_ports(FakeEngine(), spec_with_ports(port, 8080), [desired.service("nginx")],
                     running(desired))
+
+
+def test_more_cores_declared_than_the_engines_host_has_is_refused_before_anything_starts() -> None:
+    def spec(cpus: str) -> Spec:
+        return parse_spec("site: p\ndomain: llm.test\nmodels_root: /nonexistent\n" + cpus
+                          + "services: [{name: a, model: m, gpus: [0]}]\n", Path("site.yaml"))
+
+    engine = FakeEngine()
+    engine.cpus = 8
+    with pytest.raises(KitError) as raised:
+        check_cpus(engine, spec("cpus: 16\n"))
+    assert raised.value.exit_code == 2
+    assert str(raised.value) == (
+        "cpus: 16 in the spec, but the engine's host (unix:///fake.sock) has 8 CPUs\n"
+        "  fix: write cpus: 8 (what nproc counts there), or remove cpus: so every service runs "
+        "one API-server process")
+    check_cpus(engine, spec("cpus: 8\n"))  # the host's own count passes
+    asked = len(engine.calls)
+    check_cpus(engine, spec(""))  # nothing declared: the engine is not even asked
+    assert len(engine.calls) == asked
 
 
 @pytest.mark.parametrize(
