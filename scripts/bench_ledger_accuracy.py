@@ -112,6 +112,7 @@ class Row:
     ledger_prompt: int = 0  # over the records with a prompt
     ledger_completion: int = 0
     prompt_null: int = 0
+    completion_null: int = 0  # a refusal's
     ends: Counter = field(default_factory=Counter)
     abort_diffs: list[int] = field(default_factory=list)  # engine - ledger completion, in chunks
     abort_prompt_diffs: list[int] = field(default_factory=list)  # engine - ledger, with a prompt
@@ -138,8 +139,9 @@ class Row:
                 found.append("the engine counted tokens of refused requests")
             return found
         if group.kind != "abort":
-            if self.prompt_null:
-                found.append(f"{self.prompt_null} records without a prompt")
+            if self.prompt_null or self.completion_null:
+                found.append(f"{self.prompt_null} records without a prompt, "
+                             f"{self.completion_null} without a completion")
             if (self.ledger_prompt, self.ledger_completion) != (self.engine_prompt,
                                                                 self.engine_completion):
                 found.append("the ledger's tokens are not the engine's")
@@ -295,9 +297,11 @@ def reconcile(rows: list[Row], ids: dict[str, str], positions: dict[str, tuple[s
                 continue
             record = found[0]
             row.ends[record["ended"]] += 1
-            prompt, completion = record["prompt_tokens"], record["completion_tokens"] or 0
+            prompt, completion = record["prompt_tokens"], record["completion_tokens"]
             row.prompt_null += prompt is None
+            row.completion_null += completion is None
             row.ledger_prompt += prompt or 0
+            completion = completion or 0
             row.ledger_completion += completion
             if sent.engine is not None:
                 row.abort_diffs.append(sent.engine[1] - completion)
@@ -376,7 +380,8 @@ def table(rows: list[Row]) -> str:
             f"| {ROUTES[group.route]} {kind} | {CREDENTIALS[group.credential]} | "
             f"{len(row.sent)} | {status} | "
             f"{figures(row.ledger_prompt, row.engine_prompt, row.prompt_null, records)} | "
-            f"{figures(row.ledger_completion, row.engine_completion, 0, records)} | "
+            f"{figures(row.ledger_completion, row.engine_completion, row.completion_null, records)}"
+            f" | "
             f"{row.prompt_null} | {diffs} | {row.lost} | {row.duplicates} |")
     return "\n".join(lines)
 
