@@ -50,7 +50,10 @@ max(256, --streams) slots. --ledger then also runs the ledger on with the bench 
 budget it never reaches (`budget`: the door asks usage on every chunk for a budgeted credential,
 as it did for every credential before issue 43) and the ledger off with the client asking usage
 in every chunk (`usage`, the H100's diagnostic: what per-chunk usage costs the engine without
-the door). --prompt-words N lengthens each prompt by N words (the H100 run's had ~109 tokens).
+the door). --api-servers N: the stand-in runs vLLM's `--api-server-count N` (N API-server
+processes, each a core of its own in the stand-in's virtual time; default 1, as on the H100);
+the tables then add the busiest process's busy fraction. --prompt-words N lengthens each
+prompt by N words (the H100 run's had ~109 tokens).
 
 --mix: `kit bench --mix` (kit/bench/mix.py) through the no-Docker door with a batch key: 4
 interactive streams (~490-token prompts x 32 tokens) beside a batch flood at twice the service's
@@ -73,6 +76,7 @@ from __future__ import annotations
 import argparse
 import base64
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -112,6 +116,7 @@ from tests.support.live_stack import (  # noqa: E402
     cpu_seconds,
     running_site,
 )
+from tests.support.raw_http import request as raw_request  # noqa: E402
 from tests.support.sites import base_site  # noqa: E402
 
 # Rounds of --ledger and --policy by default: enough that the medians resolve their 1-ms bar.
@@ -129,6 +134,8 @@ METRICS = (
     ("connect_p50_ms", "connect p50, TCP+TLS (ms)"),
     ("nginx_cpu_s", "nginx CPU (s)"),
     ("client_cpu_s", "client CPU (s)"),  # --h2, --ledger: loadgen's own
+    # --calibrated: the busiest API-server process's busy fraction (its virtual CPU / the run)
+    ("api_busy", "API server busy, max process"),
     ("failed", "failed requests"),
 )
 
@@ -377,7 +384,8 @@ def standin_pacing(args: argparse.Namespace) -> dict:
     if not args.calibrated:
         return {"STANDIN_TOKEN_INTERVAL_MS": str(args.interval_ms)}
     return {"STANDIN_CALIBRATION": "h100",
-            "standin_args": ("--max-num-seqs", str(max(256, args.streams)))}
+            "standin_args": ("--max-num-seqs", str(max(256, args.streams)),
+                             "--api-server-count", str(args.api_servers))}
 
 
 def door_load(door: Door, keys: list[str], args: argparse.Namespace, shape: Shape,
@@ -387,6 +395,7 @@ def door_load(door: Door, keys: list[str], args: argparse.Namespace, shape: Shap
     options = shape.options(args)
     before = sum(process_cpu_seconds(pid) for pid in door.workers())
     client = resource.getrusage(resource.RUSAGE_CHILDREN)
+    busy, began = api_server_cpu(door), time.monotonic()
     figures = door.load("--model", LEDGER_SITE[1], "--streams", str(args.streams), "--tokens",
                         str(args.tokens), "--ramp", str(options["ramp"]), "--requests",
                         str(options["requests"]), *(f"--auth={key}" for key in keys),
@@ -394,12 +403,25 @@ def door_load(door: Door, keys: list[str], args: argparse.Namespace, shape: Shap
                         *(["--h2"] if h2 else []),
                         *(["--continuous-usage"] if continuous_usage else []),
                         timeout=args.timeout)
+    if busy:  # calibrated: each API-server process's busy fraction over the run
+        wall = time.monotonic() - began
+        figures["api_busy"] = round(max((spent - busy[process]) / wall for process, spent
+                                        in api_server_cpu(door).items()), 3)
     figures["nginx_cpu_s"] = round(sum(process_cpu_seconds(pid) for pid in door.workers())
                                    - before, 2)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     figures["client_cpu_s"] = round(after.ru_utime + after.ru_stime - client.ru_utime
                                     - client.ru_stime, 2)
     return figures
+
+
+def api_server_cpu(door: Door) -> dict[bytes, float]:
+    """The calibrated stand-in's CPU charged to each API-server process so far (its own
+    series, tests/standin/README.md); empty when it charges none."""
+    reply = door.exchange(raw_request("GET", "/metrics", "vllm"), direct=True)
+    return {process: float(value) for process, value in re.findall(
+        rb'^standin_api_server_cpu_seconds_total\{process="(\d+)"\} (\S+)$', reply.body,
+        re.MULTILINE)}
 
 
 def process_cpu_seconds(pid: int) -> float:
@@ -599,11 +621,17 @@ def main() -> None:
     parser.add_argument("--calibrated", action="store_true",
                         help="--ledger, --h2, --policy, --mix: the stand-in with the H100's "
                              "costs (STANDIN_CALIBRATION=h100) and max(256, --streams) slots")
+    parser.add_argument("--api-servers", type=int, default=1, metavar="N",
+                        help="--calibrated: the stand-in's API-server processes (vLLM's "
+                             "--api-server-count N; default 1, as the H100 ran)")
     parser.add_argument("--mix", action="store_true",
                         help="interactive TTFT beside a batch flood at 2x the slots, and idle "
                              "(kit bench --mix through the no-Docker door)")
     parser.add_argument("--mix-seconds", type=float, default=20, help="--mix: each phase")
     args = parser.parse_args()
+    if args.api_servers < 1 or (args.api_servers != 1 and not args.calibrated):
+        parser.error("--api-servers N needs --calibrated and N >= 1 (vLLM's --api-server-count "
+                     "below 1 runs no API server)")
     if args.mix:
         args.rounds = args.rounds or 1
         sys.exit(0 if compare_mix(args) else 1)

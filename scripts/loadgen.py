@@ -19,9 +19,10 @@ concurrency holds). --duration stops starting new requests after that many secon
 (i mod n)-th, so one run can be many distinct users.
 
 Figures over all requests: connect p50/p99, TTFT (request written → first content chunk)
-p50/p99, tokens/s (content chunks / time from the first request to the last stream's end), the
-worst and p99 gap between two chunks of one stream. A request is ok when it got 200, every
-requested token and `data: [DONE]`. --announce prints `streaming` to stderr once every
+p50/p99, tokens/s (tokens / time from the first request to the last stream's end: a content
+chunk is one token, unless the server merged several into it, its usage or its finish saying
+how many), the worst and p99 gap between two chunks of one stream. A request is ok when it got
+200, every requested token and `data: [DONE]`. --announce prints `streaming` to stderr once every
 connection has had a first token (the tests change credentials under running streams), and
 `between` once every connection has finished its first request (with --pause: the tests stop
 nginx's workers in that pause).
@@ -43,6 +44,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import re
 import selectors
 import socket
 import ssl
@@ -60,6 +62,7 @@ except ImportError:
 READ_SIZE = 65536
 DONE = b"[DONE]"
 # `remaining` (bytes left of the chunk, or of the body when not chunked) in its special states:
+COMPLETION_TOKENS = b'"completion_tokens":'
 AT_SIZE_LINE = -1  # chunked: the next bytes are a chunk-size line
 COMPLETE = -2  # the whole response is in
 UNTIL_CLOSE = -3  # neither chunked nor Content-Length: the body ends with the connection
@@ -116,16 +119,17 @@ class Stream:
         self.events = bytearray()  # de-chunked body not yet split into events
         self.done = False
         self.chunks = 0
+        self.got = 0  # tokens of this response so far (a chunk may carry several)
         self.sent = 0.0
         self.last = 0.0
 
     def response_ended(self) -> None:
-        if self.status == 200 and self.done and self.chunks == self.tokens:
+        if self.status == 200 and self.done and self.got == self.tokens:
             self.ok += 1
         elif self.status != 200:
             self.failures.append(f"status {self.status}")
         else:
-            self.failures.append(f"{self.chunks} of {self.tokens} tokens, "
+            self.failures.append(f"{self.got} of {self.tokens} tokens, "
                                  f"[DONE] {'seen' if self.done else 'missing'}")
         self.left -= 1
 
@@ -212,8 +216,24 @@ class Stream:
                 else:
                     self.gaps.append(now - self.last)
                 self.chunks += 1
-                self.received_tokens += 1
+                tokens = self._tokens_in(payload)
+                self.got += tokens
+                self.received_tokens += tokens
                 self.last = now
+
+    def _tokens_in(self, payload: bytes) -> int:
+        """The tokens of a content chunk: one, unless the server merged several into it (vLLM's
+        output collector does while its API server lags): then the usage in the chunk says how
+        many (continuous_usage_stats), or the last chunk (finish_reason "length": the engine made
+        max_tokens, this client's ignore_eos) brings the rest."""
+        at = payload.find(COMPLETION_TOKENS)
+        if at >= 0:
+            digits = re.match(rb"\d+", payload[at + len(COMPLETION_TOKENS):])
+            if digits:
+                return int(digits.group()) - self.got
+        if b'"finish_reason":"length"' in payload:
+            return self.tokens - self.got
+        return 1
 
     @property
     def response_complete(self) -> bool:

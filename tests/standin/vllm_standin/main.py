@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 
 from . import VERSION, buckets, cli, logs, lora, model, multinode
-from .calibration import ApiServerCost, CalibrationError, profile, setting, setting_float
+from .calibration import ApiServers, CalibrationError, profile, setting, setting_float
 from .engine import Engine
 from .server import App, Connection
 from .sleep import SleepMode
@@ -495,7 +495,7 @@ class Standin:
             hidden_size=int(source.config.get("hidden_size") or 4096),
             adapters=adapters,
             sleep=self._sleep_mode(names[0], kv),
-            api_server=ApiServerCost.from_environment(),
+            api_server=ApiServers.from_environment(self.args.api_server_count or 1),
         )
         host = a.host or "0.0.0.0"
         logs.line(logs.API, "INFO", "api_server.py:598", f"Supported tasks: {list(tasks)}")
@@ -624,6 +624,7 @@ class Standin:
             if not self.args.headless:  # a headless node serves no API
                 self.bind()
             source, max_model_len, gpu_count = await self.validate()
+            self.check_api_servers()
             await self.join_nodes()
             kv = await self.load(source, max_model_len, gpu_count)
             if self.args.headless:
@@ -641,6 +642,19 @@ class Standin:
             self.shutdown(server)
             return 0
         return 0
+
+    def check_api_servers(self) -> None:
+        """vLLM's run_multi_api_server, once the engine config is built: runtime LoRA updates
+        register an adapter in one API-server process only, so they are refused with more."""
+        count = self.args.api_server_count or 1
+        if count > 1 and lora.runtime_updates():
+            raise Failure(lambda: api_traceback(
+                [*SERVE_FRAMES[:2], (f"{PKG}/entrypoints/cli/serve.py", 118, "cmd",
+                                     "run_multi_api_server(args)"),
+                 (f"{PKG}/entrypoints/cli/serve.py", 236, "run_multi_api_server",
+                  "raise ValueError(")],
+                "ValueError: VLLM_ALLOW_RUNTIME_LORA_UPDATING cannot be used with "
+                "api_server_count > 1"))
 
     def shutdown(self, server: asyncio.Server | None) -> None:
         if self.peers is not None:
@@ -694,12 +708,37 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.model_tag is not None:
         args.model = args.model_tag
+    problem = api_server_count(args)
+    if problem:
+        print("\n".join([
+            "Traceback (most recent call last):",
+            *(f'  File "{path}", line {lineno}, in {func}\n    {code}'
+              for path, lineno, func, code in [*SERVE_FRAMES[:2], (
+                  f"{PKG}/entrypoints/cli/serve.py", 48, "cmd", "raise ValueError(")]),
+            f"ValueError: {problem}",
+        ]), file=sys.stderr)
+        return 1
     try:
         args.histogram_bounds = buckets.parse(args.custom_histogram_buckets)
     except ValueError as e:
         parser.error(f"argument --custom-histogram-buckets: {e}")
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         return runner.run(Standin(args, parser).run())
+
+
+def api_server_count(args: argparse.Namespace) -> str | None:
+    """vLLM's serve command on `--api-server-count` (an int, argparse's type): with
+    `--headless` a count above 0 is refused (the problem returned); a count below 1 runs the
+    engine headless, with no API server (vLLM's run_headless); unset, one process."""
+    count = args.api_server_count
+    if args.headless:
+        if count is not None and count > 0:
+            return (f"--api-server-count={count} cannot be used with --headless (no API "
+                    "servers are started in headless mode).")
+        args.api_server_count = 0
+    elif count is not None and count < 1:
+        args.headless = True
+    return None
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 
 from . import VERSION, logs, lora
-from .calibration import ApiServerCost
+from .calibration import ApiProcess, ApiServers
 from .engine import Engine, Request
 from .responses import (
     ResponsesCollectSink,
@@ -154,6 +154,7 @@ class Connection(asyncio.Protocol):
         self.peer = ("", 0)
         self.idle: asyncio.TimerHandle | None = None
         self.received = 0.0  # when the pending request's first bytes were read (monotonic)
+        self.process: ApiProcess | None = None  # the API-server process that accepted it
 
     # --- asyncio protocol ------------------------------------------------------------------
 
@@ -167,6 +168,8 @@ class Connection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.peer = transport.get_extra_info("peername") or ("", 0)
         self.app.connections.add(self)
+        if self.app.api_server.active:
+            self.process = self.app.api_server.assign()
 
     def _await_next_request(self) -> None:
         """Like uvicorn's timeout_keep_alive: armed when a response completed (not when the
@@ -191,6 +194,8 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self._stop_idle_timer()
         self.app.connections.discard(self)
+        if self.process is not None:
+            self.process.connections -= 1
         if self.active is not None:
             self.app.engine.abort(self.active)
             self.active = None
@@ -221,6 +226,14 @@ class Connection(asyncio.Protocol):
                 self.chunked = False
             else:
                 self.keep_alive = connection != "close"
+            if self.process is None:
+                self.app.dispatch(self, request)
+            else:  # read by its API-server process once that has the time
+                self.process.read(self.app.api_server.request_s,
+                                  lambda request=request: self._dispatch(request))
+
+    def _dispatch(self, request: HttpRequest) -> None:
+        if not self.transport.is_closing():
             self.app.dispatch(self, request)
 
     def _finish(self) -> None:
@@ -271,12 +284,16 @@ class Connection(asyncio.Protocol):
 
     def write_events(self, *payloads: bytes, end: bool = False, usage_chunks: int = 0) -> None:
         """The SSE messages of one engine step in one write (one send), `end` closing the body:
-        at hundreds of streams a step's sends are the stand-in's hot path. The API server's CPU
-        is charged first: one chunk per message but `data: [DONE]`, `usage_chunks` of them
-        carrying usage (calibration.py)."""
-        cost = self.app.api_server
-        if cost.active:
-            cost.charge(sum(p != DONE for p in payloads), usage_chunks)
+        at hundreds of streams a step's sends are the stand-in's hot path. Calibrated, they are
+        written once the connection's API-server process has spent their CPU: one chunk per
+        message but `data: [DONE]`, `usage_chunks` of them carrying usage (calibration.py)."""
+        if self.process is None:
+            self.send_events(payloads, end)
+            return
+        cost = self.app.api_server.cost(sum(p != DONE for p in payloads), usage_chunks)
+        self.process.run(cost, lambda: self.send_events(payloads, end))
+
+    def send_events(self, payloads: tuple[bytes, ...], end: bool) -> None:
         if not self.transport.is_closing():
             if self.chunked:
                 data = b"".join([b"%x\r\n%b\r\n" % (len(p), p) for p in payloads])
@@ -306,10 +323,10 @@ class App:
         hidden_size: int = 4096,
         adapters: lora.Adapters | None = None,
         sleep: SleepMode | None = None,
-        api_server: ApiServerCost | None = None,
+        api_server: ApiServers | None = None,
     ):
         self.engine = engine
-        self.api_server = api_server or ApiServerCost()  # its CPU per streamed chunk
+        self.api_server = api_server or ApiServers()  # its processes and their CPU
         self.adapters = adapters
         self.sleep = sleep  # dev mode (VLLM_SERVER_DEV_MODE=1): tests/standin/vllm_standin/sleep.py
         self.hidden_size = hidden_size
@@ -848,7 +865,7 @@ class StreamSink:
     carry one, `null` unless continuous, with `prompt_tokens_details: null`)."""
 
     __slots__ = ("conn", "chat", "prefix", "middle", "last", "first", "tail", "prompt_tokens",
-                 "continuous")
+                 "continuous", "held", "held_first", "held_index", "held_last")
 
     def __init__(
         self,
@@ -893,6 +910,9 @@ class StreamSink:
                 b'"prompt_token_ids":null,"token_ids":null}],"usage":'
             )
         self.tail = f'data: {head},"choices":[],"usage":' if usage else None
+        # calibrated: the tokens of the chunk waiting in the API-server process, merged
+        self.held: list[str] | None = None
+        self.held_first, self.held_index, self.held_last = False, 0, False
 
     def _usage(self, completion: int) -> bytes:
         """The usage object of a continuous chunk (field order of vLLM's UsageInfo)."""
@@ -901,12 +921,46 @@ class StreamSink:
                 % (self.prompt_tokens, self.prompt_tokens + completion, completion, details))
 
     def on_token(self, index: int, text: str, last: bool) -> None:
+        """The engine's token `index`: its chunk written, or (calibrated) handed to the
+        connection's API-server process; while the stream's previous chunk still waits there,
+        the token joins that chunk instead (vLLM's output collector merges the deltas its API
+        server has not sent yet)."""
+        process = self.conn.process
+        if process is None:
+            self._write(index == 0, index, text, last)
+            return
+        servers = self.conn.app.api_server
+        if self.held is not None:  # merged: no chunk of its own
+            self.held.append(text)
+            self.held_index, self.held_last = index, last
+            process.merged += 1
+            if last and self.tail is not None:  # the usage chunk now comes with it
+                process.charge(servers.cost(1, 1))
+            return
+        chunks = 1 + (index == 0 and bool(self.first)) + (last and self.tail is not None)
+        usage = chunks if self.continuous else int(last and self.tail is not None)
+        if not servers.merge:  # every token a chunk of its own, however late
+            process.run(servers.cost(chunks, usage),
+                        lambda: self._write(index == 0, index, text, last))
+            return
+        self.held, self.held_first = [text], index == 0
+        self.held_index, self.held_last = index, last
+        process.run(servers.cost(chunks, usage), self._release)
+
+    def _release(self) -> None:
+        """The process got to the held chunk: written with every token merged into it."""
+        held, self.held = self.held or [], None
+        self._write(self.held_first, self.held_index, "".join(held), self.held_last)
+
+    def _write(self, first: bool, index: int, text: str, last: bool) -> None:
+        """One chunk carrying `text`, the stream's tokens up to `index` (after the role chunk
+        when `first`; the usage chunk and [DONE] after it when `last`)."""
         if self.continuous:
             end = (b',"usage":' if self.chat else b"") + self._usage(index + 1) + b"}\n\n"
         else:
             end = b"}\n\n" if self.chat else b"null}\n\n"
         event = self.prefix + text.encode() + (self.last if last else self.middle) + end
-        events = [self.first, event] if index == 0 and self.first else [event]
+        events = [self.first, event] if first and self.first else [event]
         if last:
             if self.tail is not None:
                 done = index + 1
@@ -915,8 +969,7 @@ class StreamSink:
                     f'{self.prompt_tokens + done},"completion_tokens":{done}}}}}\n\n'.encode()
                 )
             events.append(DONE)
-        usage = len(events) - last if self.continuous else int(last and self.tail is not None)
-        self.conn.write_events(*events, end=last, usage_chunks=usage)
+        self.conn.send_events(tuple(events), last)
 
 
 class CollectSink:

@@ -237,3 +237,36 @@ def test_a_request_waits_for_the_servers_window() -> None:
 def test_request_headers_are_plain_literals_any_hpack_decoder_reads() -> None:
     fields = [(":method", "POST"), ("authorization", "Bearer " + "k" * 300)]
     assert hpack.Decoder().decode(loadgen.header_block(fields)) == fields
+
+
+def sse_response(*events: bytes) -> bytes:
+    body = b"".join(events) + b"data: [DONE]\n\n"
+    return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body)
+
+
+def chunk(text: bytes, *, completion: int | None = None, finish: bool = False) -> bytes:
+    usage = b"" if completion is None else b',"usage":{"completion_tokens":%d}' % completion
+    reason = b',"finish_reason":"length"' if finish else b""
+    return b'data: {"choices":[{"delta":{"content":"%b"}%b}]%b}\n\n' % (text, reason, usage)
+
+
+@pytest.mark.parametrize(("events", "ok", "tokens"), [
+    ([chunk(b"a", completion=1), chunk(b"bcd", completion=4), chunk(b"e", completion=5)],
+     True, 5),  # merged: the chunk's usage says how many
+    ([chunk(b"a"), chunk(b"bcde", finish=True)], True, 5),  # merged into the last: the rest
+    ([chunk(b"a"), chunk(b"b"), chunk(b"c")], False, 3),  # one token a chunk, 2 missing
+])
+def test_a_chunk_the_server_merged_counts_every_token_it_carries(
+        events: list[bytes], ok: bool, tokens: int) -> None:
+    """vLLM's output collector merges the tokens of a stream its API server has not sent yet
+    into one chunk (the calibrated stand-in's API-server processes too): its usage
+    (continuous_usage_stats) says how many, or, the last chunk (finish_reason "length", the
+    client's ignore_eos), the rest of max_tokens; a response short of tokens still fails."""
+    stream = loadgen.Stream(("127.0.0.1", 443), b"", 5, 1)
+    stream.state = "head"
+    try:
+        stream.received(sse_response(*events), time.perf_counter())
+        stream.response_ended()
+    finally:
+        stream.sock.close()
+    assert (stream.ok, stream.received_tokens, stream.chunks) == (int(ok), tokens, len(events))

@@ -1,6 +1,7 @@
 """The stand-in's costs calibrated on a real vLLM 0.20 on an H100 (issue 43;
 tests/standin/vllm_standin/calibration.py and engine.py): the API server's CPU per streamed chunk
-and more per chunk carrying usage, an engine step that lasts longer with every running sequence
+and more per chunk carrying usage (charged in virtual time; its processes:
+test_api_servers.py), an engine step that lasts longer with every running sequence
 and every prompt token it computes, vLLM's --long-prefill-token-threshold, and
 `STANDIN_CALIBRATION=h100` setting the knobs' defaults (opt-in). Priority ordering without
 preemption, also under chunked prefill: test_engine_priority.py."""
@@ -26,7 +27,8 @@ from vllm_standin import calibration  # noqa: E402
 from vllm_standin.engine import Engine, Request  # noqa: E402
 
 CHUNK_US, USAGE_US = 2000, 1000
-COUNTER = re.compile(rb"^standin_api_server_cpu_seconds_total (\S+)$", re.MULTILINE)
+COUNTER = re.compile(rb'^standin_api_server_cpu_seconds_total\{process="0"\} (\S+)$',
+                     re.MULTILINE)
 
 
 def stream(port: int, model: str, tokens: int, options: dict | None) -> bytes:
@@ -65,17 +67,22 @@ def test_each_streamed_chunk_costs_the_api_server_cpu_and_usage_costs_more(
     model = model_dir(tmp_path, "llama", LLAMA_8B)
     with serving(str(model), "--disable-uvicorn-access-log",
                  STANDIN_CHUNK_CPU_US=str(CHUNK_US), STANDIN_USAGE_CHUNK_CPU_US=str(USAGE_US),
-                 STANDIN_TOKEN_INTERVAL_MS="1") as (port, proc):
+                 STANDIN_TOKEN_INTERVAL_MS="1", STANDIN_API_SERVER_MERGE="0") as (port, proc):
         before, cpu = charged(port), cpu_seconds(proc.pid)
         requests = 10
+        began = time.monotonic()
         for _ in range(requests):
             payload = stream(port, str(model), 10, options)
             assert payload.count(b"data: ") == 11 + (usage_chunks > 0) + 1  # ... [DONE]
+        wall = time.monotonic() - began
         spent = charged(port) - before
         cpu = cpu_seconds(proc.pid) - cpu
     chunks = 11 + (usage_chunks > 0)
     assert spent == pytest.approx(requests * (chunks * CHUNK_US + usage_chunks * USAGE_US) / 1e6)
-    assert cpu >= 0.9 * spent, (cpu, spent)  # real CPU time of the stand-in's process
+    # virtual time: the streams took at least the CPU charged (a core of its own, issue 43's
+    # API-server processes), which the stand-in's own process did not burn
+    assert wall >= spent
+    assert cpu < 0.5 * spent, (cpu, spent)
 
 
 def test_without_the_knobs_a_chunk_costs_nothing_extra(tmp_path: Path) -> None:
@@ -83,14 +90,6 @@ def test_without_the_knobs_a_chunk_costs_nothing_extra(tmp_path: Path) -> None:
     with serving(str(model), "--disable-uvicorn-access-log") as (port, _):
         stream(port, str(model), 4, {"include_usage": True, "continuous_usage_stats": True})
         assert charged(port) is None
-
-
-def test_the_api_server_cost_is_cpu_time_burnt_on_the_caller() -> None:
-    cost = calibration.ApiServerCost(chunk_s=0.002, usage_s=0.001)
-    start = time.thread_time()
-    cost.charge(chunks=10, usage_chunks=10)
-    assert time.thread_time() - start >= 0.03
-    assert cost.spent_s == pytest.approx(0.03)
 
 
 def token_times(engine: Engine, requests: list[tuple[int, int]], until: int = 0
@@ -165,7 +164,7 @@ def test_the_h100_calibration_sets_the_knobs_unless_the_environment_does(
     assert calibration.setting("STANDIN_CHUNK_CPU_US") is None  # off by default
     monkeypatch.setenv(calibration.CALIBRATION_ENV, "h100")
     assert calibration.setting_float("STANDIN_TOKEN_INTERVAL_MS", 20) == 6
-    assert calibration.ApiServerCost.from_environment().usage_s == pytest.approx(12e-6)
+    assert calibration.ApiServers.from_environment(1).usage_s == pytest.approx(17e-6)
     monkeypatch.setenv("STANDIN_TOKEN_INTERVAL_MS", "9")
     assert calibration.setting_float("STANDIN_TOKEN_INTERVAL_MS", 20) == 9
 
