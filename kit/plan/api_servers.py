@@ -58,8 +58,8 @@ def _fixed(service: Service, usage_on: bool, cpus: int | None) -> ApiServers | N
     if service.api_servers != "auto":
         return ApiServers(service.api_servers, "set in the spec")
     if service.adapters:
-        return ApiServers(1, "auto: it serves LoRA adapters, which vLLM registers at "
-                             "runtime in one API-server process only")
+        return ApiServers(1, "auto: it serves LoRA adapters, loaded at runtime, which vLLM "
+                             "refuses with more than one API-server process")
     if service.nodes is not None:
         return ApiServers(1, "auto: a multi-node service's workers run --headless")
     if not usage_on:

@@ -522,17 +522,18 @@ class Service(StrictModel):
 
     @model_validator(mode="after")
     def _one_api_server_where_vllm_needs_it(self) -> "Service":
-        """vLLM registers a LoRA adapter loaded at runtime (kit adapters add) in the one
-        API-server process that took the request, so the others would answer 404 for it; a
-        multi-node service's workers run --headless, which takes no API-server count."""
+        """vLLM refuses to start with runtime LoRA updates (how kit adapters add loads an
+        adapter) and more than one API-server process; a multi-node service's workers run
+        --headless, which takes no API-server count."""
         if self.api_servers == "auto" or self.api_servers == 1:
             return self
         if self.adapters:
             raise ValueError(
-                f"api_servers {self.api_servers} with adapters: vLLM registers an adapter "
-                "loaded at runtime (kit adapters add) in one of its API-server processes only, "
-                "so the others would not know it; write api_servers: auto (1 here) or 1, or "
-                "serve the adapters from a service of their own")
+                f"api_servers {self.api_servers} with adapters: vLLM refuses to start with "
+                "runtime LoRA updates (how kit adapters add loads an adapter) and more than one "
+                "API-server process (VLLM_ALLOW_RUNTIME_LORA_UPDATING cannot be used with "
+                "api_server_count > 1); write api_servers: auto (1 here) or 1, or serve the "
+                "adapters from a service of their own")
         if self.nodes is not None:
             raise ValueError(
                 f"api_servers {self.api_servers} with nodes: the worker nodes run vLLM "

@@ -89,19 +89,19 @@ def test_other_services_counts_are_taken_before_auto_shares_the_rest() -> None:
 
 
 def test_a_service_with_adapters_keeps_one_api_server(tmp_path: Path) -> None:
-    """vLLM registers a runtime-loaded adapter in one API-server process only: auto gives 1
+    """vLLM refuses runtime LoRA updates with more than one API-server process: auto gives 1
     and says why; a count above one is refused at its key, naming why and the fix."""
     adapters = "adapters: [{name: support, path: support}]"
     why = refusal(spec_text("cpus: 64\n", f"{adapters}\napi_servers: 2"))
     assert "services[0]: api_servers 2 with adapters" in why
-    assert "one of its API-server processes only" in why and "write api_servers: auto" in why
+    assert "cannot be used with api_server_count > 1" in why and "write api_servers: auto" in why
     spec = tmp_path / "site.yaml"
     spec.write_text(spec_text("cpus: 64\n", f"{adapters}\napi_servers: 2", models=str(tmp_path)))
     result = run_kit("validate", spec)
     assert result.exit_code == 2 and "api_servers 2 with adapters" in result.output
     auto = api_servers(parse_spec(spec_text("cpus: 64\n", adapters), Path("site.yaml")))
     assert auto["llama8b"].count == 1
-    assert "LoRA adapters, which vLLM registers at runtime in one" in auto["llama8b"].reason
+    assert "refuses with more than one API-server process" in auto["llama8b"].reason
 
 
 def test_a_multi_node_service_keeps_one_api_server() -> None:
