@@ -354,7 +354,11 @@ def bench_door(args: argparse.Namespace, batch: bool = False) -> Iterator[BenchD
         root = Path(folder)
         spec = base_site(root) / "site.yaml"
         text = spec.read_text().replace(*LEDGER_SPEC_PROXY)
-        spec.write_text(text.replace("max_num_seqs: 64", f"max_num_seqs: {max(256, args.streams)}"))
+        text = text.replace("max_num_seqs: 64", f"max_num_seqs: {max(256, args.streams)}")
+        if args.api_servers > 1:  # the door then asks every stream usage on every chunk
+            text = text.replace("max_num_seqs:", f"api_servers: {args.api_servers}\n"
+                                                  "    max_num_seqs:", 1)
+        spec.write_text(text)
         on, off, passwords = ledger_confs(spec)
         key = run_kit("keys", "add", spec, "bench", "--offline").output.split(
             "key bench: ")[1].split()[0]
@@ -381,11 +385,11 @@ def bench_door(args: argparse.Namespace, batch: bool = False) -> Iterator[BenchD
 def standin_pacing(args: argparse.Namespace) -> dict:
     """serving_door's stand-in options: its token pace, or --calibrated's H100 costs
     (tests/standin/README.md) with the site's slots, as kit renders them."""
+    processes = ("--api-server-count", str(args.api_servers))
     if not args.calibrated:
-        return {"STANDIN_TOKEN_INTERVAL_MS": str(args.interval_ms)}
+        return {"STANDIN_TOKEN_INTERVAL_MS": str(args.interval_ms), "standin_args": processes}
     return {"STANDIN_CALIBRATION": "h100",
-            "standin_args": ("--max-num-seqs", str(max(256, args.streams)),
-                             "--api-server-count", str(args.api_servers))}
+            "standin_args": ("--max-num-seqs", str(max(256, args.streams)), *processes)}
 
 
 def door_load(door: Door, keys: list[str], args: argparse.Namespace, shape: Shape,

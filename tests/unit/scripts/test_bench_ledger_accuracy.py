@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections import Counter
 from types import ModuleType
 
 import pytest
@@ -65,3 +66,22 @@ def test_the_ledger_holds_the_engines_counts_on_every_route_and_credential(
     unbudgeted_abort = by_label["chat-bearer-abort"]
     assert (f"| /v1/chat/completions streamed, aborted | Bearer key | 3 | 3 x 200 | null / "
             f"{unbudgeted_abort.engine_prompt:,} |") in table
+
+
+def test_with_two_api_servers_an_unbudgeted_abort_without_its_prompt_is_a_departure(
+        bench: ModuleType) -> None:
+    """--api-servers 2: the door asks every stream usage on every chunk, so every abort's prompt
+    is the engine's (the run's table in docs/benchmarks.md); a null one is reported."""
+    group = bench.Group("chat", "bearer", "abort")
+    sent = [bench.Sent(f"acc-{n}", 200) for n in range(3)]
+    known = bench.Row(group, sent, engine_prompt=90, engine_completion=30, ledger_prompt=90,
+                      ledger_completion=29, ends=Counter(client_abort=3),
+                      abort_diffs=[0, 1, 0], abort_prompt_diffs=[0, 0, 0])
+    unknown = bench.Row(group, sent, engine_prompt=90, engine_completion=30,
+                        ledger_completion=29, prompt_null=3, ends=Counter(client_abort=3),
+                        abort_diffs=[0, 1, 0])
+    assert known.problems(every_chunk=True) == []
+    assert unknown.problems(every_chunk=True) == [
+        "an abort asked every chunk's usage has not the engine's prompt"]
+    assert unknown.problems() == []  # one API server: an unbudgeted abort's prompt is null
+    assert known.problems() == ["3 unbudgeted aborts with a prompt"]
