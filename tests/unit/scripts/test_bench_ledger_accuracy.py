@@ -85,3 +85,7 @@ def test_with_two_api_servers_an_unbudgeted_abort_without_its_prompt_is_a_depart
         "an abort asked every chunk's usage has not the engine's prompt"]
     assert unknown.problems() == []  # one API server: an unbudgeted abort's prompt is null
     assert known.problems() == ["3 unbudgeted aborts with a prompt"]
+    response = bench.Group("responses", "bearer", "abort")  # no stream_options in vLLM 0.33
+    assert bench.Row(response, sent, engine_prompt=90, engine_completion=30,
+                     ledger_completion=29, prompt_null=3, ends=Counter(client_abort=3),
+                     abort_diffs=[0, 1, 0]).problems(every_chunk=True) == []
