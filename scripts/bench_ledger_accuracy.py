@@ -23,8 +23,9 @@ with"): a completed request's prompt and completion exactly the engine's; an abo
 within one chunk of what the engine generated (one token a chunk), its prompt null without a
 budget and the engine's own with one — the engine's own for every credential with
 --api-servers 2 or more (the service rendered with `api_servers: N`: the door asks every stream
-usage on every chunk), /v1/responses aside (vLLM 0.33 gives it no stream_options); a budgeted credential refused a streamed /v1/responses (400); nothing
-lost or duplicated. Exit status 1 when a figure is not that.
+usage on every chunk), /v1/responses aside (vLLM 0.33 gives it no stream_options); a
+budgeted credential refused a streamed /v1/responses (400); nothing lost or duplicated. Exit
+status 1 when a figure is not that.
 
     python3 scripts/bench_ledger_accuracy.py [--requests 14] [--aborts 5] [--concurrency 8]
                                              [--abort-chunks 40] [--seed 43]
