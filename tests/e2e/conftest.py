@@ -23,7 +23,7 @@ from tests.support.docker_engine import (
     pick_free_port,
     remove_project,
 )
-from tests.support.live_stack import LiveSite
+from tests.support.live_stack import stop_loads
 
 
 @pytest.fixture(scope="session")
@@ -56,13 +56,11 @@ def test_images(docker_client) -> dict[str, str]:
 
 
 @pytest.fixture(autouse=True)
-def no_load_outlives_its_test(request) -> Iterator[None]:
-    """A shared stack's loadgens stop with the test that started them, failed or not."""
+def no_load_outlives_its_test() -> Iterator[None]:
+    """A shared stack's loadgens stop with the test that started them, failed or not (after
+    the test's own fixtures are torn down: autouse ones are the last)."""
     yield
-    if "site" in request.fixturenames:
-        site = request.getfixturevalue("site")
-        if isinstance(site, LiveSite):
-            site.stop_loads()
+    stop_loads()
 
 
 @pytest.fixture

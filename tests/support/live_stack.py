@@ -111,7 +111,6 @@ class LiveSite:
     client: docker.DockerClient
     https_port: int
     passwords: dict[str, str] = field(default_factory=dict)  # printed once by `kit render`
-    loads: list[subprocess.Popen] = field(default_factory=list, repr=False)  # loadgen()'s
 
     @classmethod
     def create(cls, root: Path, client: docker.DockerClient, https_port: int, http_port: int, *,
@@ -261,18 +260,8 @@ class LiveSite:
         if announce:
             command.append("--announce")
         load = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.loads.append(load)
+        STARTED_LOADS.append(load)
         return load
-
-    def stop_loads(self) -> None:
-        """Kill every loadgen of this site still running: a test that failed half-way must not
-        send its load into the next test on the shared stack (CI: a session's requests counted
-        on a second replica were a failed neighbour's)."""
-        for load in self.loads:
-            if load.poll() is None:
-                load.kill()
-                load.communicate()
-        self.loads.clear()
 
     def up_under_load(self, streams: int, model: str = SERVED_NAME
                       ) -> tuple[subprocess.CompletedProcess, int, dict]:
@@ -444,6 +433,21 @@ def wait_for(what: str, check, timeout: float) -> float:
 
 UNREACHABLE = {6: "name not resolved", 7: "connection refused or no route", 28: "timed out"}
 NAME_CONNECT_S = 1  # curl's connect_s for a name that must not resolve (a known one: ms)
+
+
+# Every loadgen a LiveSite started in this process, for stop_loads().
+STARTED_LOADS: list[subprocess.Popen] = []
+
+
+def stop_loads() -> None:
+    """Kill every loadgen still running: a test that failed half-way must not send its load into
+    the next test on a shared stack (CI: a session's requests counted on a second replica were a
+    failed neighbour's)."""
+    for load in STARTED_LOADS:
+        if load.poll() is None:
+            load.kill()
+            load.communicate()
+    STARTED_LOADS.clear()
 
 
 def curl(container, url: str, *headers: str, method: str = "GET",
