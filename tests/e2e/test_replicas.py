@@ -87,17 +87,31 @@ def chat(model: str, text: str, tokens: int = 1) -> dict:
 
 def metrics(site: LiveSite, hosts: list[str]) -> dict[str, dict[str, float]]:
     """Every replica's vllm:* gauges and counters (summed over labels), read at one moment.
-    Read through a terminal: a raw stream, not Docker's multiplexed frames, one of whose
-    8-byte headers once came back inside the text (CI, a 0xbf byte at 23,812 of ~24 kB)."""
+    Read again (twice at most) unless every host's part came back whole: in CI, one of docker
+    exec's 8-byte frame headers once came back inside the ~24 kB of text (a 0xbf byte), and
+    a terminal's raw stream once came back empty."""
     script = "; ".join(f'echo "== {h}"; curl -s -m 5 http://{h}:8000/metrics' for h in hosts)
     reader = next(c for c in map(site.container, hosts) if c.status == "running")
-    code, output = reader.exec_run(["sh", "-c", script], tty=True)
-    assert code == 0, output
+    for _ in range(3):
+        code, output = reader.exec_run(["sh", "-c", script])
+        assert code == 0, output
+        found = parse_metrics(output)
+        if found is not None and set(found) == set(hosts):
+            return found
+    raise AssertionError(f"no whole read of {hosts}' metrics in 3: {output[-300:]!r}")
+
+
+def parse_metrics(output: bytes) -> dict[str, dict[str, float]] | None:
+    """{host: {metric: value}} of metrics()' output; None when it is not text."""
+    try:
+        text = output.decode()
+    except UnicodeDecodeError:
+        return None
     found: dict[str, dict[str, float]] = {}
-    for part in output.decode().replace("\r\n", "\n").split("== ")[1:]:
-        host, _, text = part.partition("\n")
+    for part in text.split("== ")[1:]:
+        host, _, body = part.partition("\n")
         values: dict[str, float] = {}
-        for name, value in METRIC.findall(text):
+        for name, value in METRIC.findall(body):
             values[name] = values.get(name, 0.0) + float(value)
         found[host.strip()] = values
     return found

@@ -108,5 +108,6 @@ def test_the_fake_engine_has_the_real_engines_interface() -> None:
 
     assert interface(FakeEngine).items() >= interface(Engine).items()
     # knock: kit/engine/door_ports.py; archive: kit/usage; save_image, load_images: kit bundle;
-    # connect_network, disconnect_network: the front door rewired to a service added or removed
-    assert len(interface(Engine)) == 33
+    # connect_network, disconnect_network: the front door rewired to a service added or removed;
+    # host_cpus: kit up's check of the spec's declared cores
+    assert len(interface(Engine)) == 34

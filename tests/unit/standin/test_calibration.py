@@ -1,7 +1,7 @@
 """The stand-in's costs calibrated on a real vLLM 0.20 on an H100 (issue 43;
 tests/standin/vllm_standin/calibration.py and engine.py): the API server's CPU per streamed chunk
 and more per chunk carrying usage (charged in virtual time; its processes:
-test_api_servers.py), an engine step that lasts longer with every running sequence
+test_calibration_api_servers.py), an engine step that lasts longer with every running sequence
 and every prompt token it computes, vLLM's --long-prefill-token-threshold, and
 `STANDIN_CALIBRATION=h100` setting the knobs' defaults (opt-in). Priority ordering without
 preemption, also under chunked prefill: test_engine_priority.py."""
