@@ -37,6 +37,7 @@ from tests.support.live_stack import (
     UNREACHABLE,
     LiveSite,
     curl,
+    read_in,
     running,
 )
 from tests.support.swap_client import run_phase, switch_cost
@@ -82,18 +83,16 @@ def states(site: LiveSite) -> dict[str, str]:
 
 def account(site: LiveSite, service: str) -> dict:
     """The stand-in's own account (its /standin/sleep route, asked inside its container)."""
-    code, out = site.container(service).exec_run(
-        ["curl", "-sS", "http://127.0.0.1:8000/standin/sleep"])
-    assert code == 0, out
-    return json.loads(out)
+    return json.loads(read_in(site.container(service),
+                              ["curl", "-sS", "http://127.0.0.1:8000/standin/sleep"]))
 
 
 def waker_account(site: LiveSite, service: str) -> dict:
     """The waker's account of `service`: its /state, asked inside its container as kit status
     asks it (which shows it as is), without a kit process each time."""
-    code, out = site.container(WAKER_SERVICE).exec_run(ask_argv("/state", 10))
+    out = read_in(site.container(WAKER_SERVICE), ask_argv("/state", 10))
     status, _, body = out.decode(errors="replace").partition("\n")
-    assert code == 0 and status == "200", out
+    assert status == "200", out
     return next(entry for entry in json.loads(body)["services"] if entry["service"] == service)
 
 

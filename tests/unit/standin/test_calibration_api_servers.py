@@ -89,7 +89,8 @@ def test_the_chunks_cpu_is_spread_over_the_api_server_processes(
     """8 streams at once, a token every 5 ms each, 1 ms of API-server CPU a chunk: 8 ms of work
     every 5 ms. One process is saturated (busy ~100 % of the run, its streams late, every
     token still in a chunk of its own with STANDIN_API_SERVER_MERGE=0); four share it, 2 ms
-    each every 5 ms (~40 %), and the streams keep the engine's pace."""
+    each every 5 ms (~40 %; a process that took 3 of the 8 connections ~60 %: which takes which
+    depends on when each arrives), none saturated, and the streams keep the engine's pace."""
     model = model_dir(tmp_path, "llama", LLAMA_8B)
     with serving(str(model), "--disable-uvicorn-access-log", "--api-server-count", str(count),
                  STANDIN_CHUNK_CPU_US="1000", STANDIN_TOKEN_INTERVAL_MS="5",
@@ -108,7 +109,7 @@ def test_the_chunks_cpu_is_spread_over_the_api_server_processes(
         assert min(busy) > 0.75, busy
         assert wall > 8 * 62 / 1000  # the process, not the engine (60 x 5 ms), set the pace
     else:
-        assert max(busy) < 0.6, busy
+        assert max(busy) < 0.75, busy
         assert wall < 8 * 62 / 1000  # sooner than one process could have sent it all
 
 

@@ -511,11 +511,14 @@ def test_a_real_nginx_spool_with_hostile_requests_is_read(tmp_path) -> None:
     assert b"\xff\xfe" in spool.read_bytes()  # nginx passed the bytes through
     collector = CollectorProcess(spool, tmp_path / "ledger", grace=0.2).start()
     try:
-        # 2-3 and 4-6 alike, nobody's: one record each, per address and window
-        health = collector.wait_for(lambda h: h["records"] == 4, "4 records")
+        # every seq in the ledger: 2-3 and 4-6 alike, nobody's, aggregated per address and
+        # window (one record each, or two where the grace of 0.2 s ran out between two curls)
+        health = collector.wait_for(lambda h: set(by_door_seq(ledger_records(
+            tmp_path / "ledger"))) == set(range(1, 8)), "seqs 1-7 in the ledger")
     finally:
         assert collector.stop() == 0
     records = by_door_seq(ledger_records(tmp_path / "ledger"))
+    assert all("door_seqs" in records[seq] for seq in range(2, 8))  # nobody's: aggregated
     assert {seq: (r["who"], r["model"], r["route"], r["method"], r["prompt_tokens"])
             for seq, r in records.items()} == {
         1: ("user:alice", "tiny", "/v1/chat/completions", "GET", 5),
