@@ -32,6 +32,7 @@ from tests.support.live_stack import (
     LiveSite,
     checked,
     finished,
+    read_in,
     running,
     wait_for,
     write_spec,
@@ -87,18 +88,18 @@ def chat(model: str, text: str, tokens: int = 1) -> dict:
 
 def metrics(site: LiveSite, hosts: list[str]) -> dict[str, dict[str, float]]:
     """Every replica's vllm:* gauges and counters (summed over labels), read at one moment.
-    Read again (twice at most) unless every host's part came back whole: in CI, one of docker
-    exec's 8-byte frame headers once came back inside the ~24 kB of text (a 0xbf byte), and
-    a terminal's raw stream once came back empty."""
+    Read again (twice at most, live_stack.read_in) unless every host's part came back whole
+    and decodable: docker exec's output can lose bytes under load."""
     script = "; ".join(f'echo "== {h}"; curl -s -m 5 http://{h}:8000/metrics' for h in hosts)
     reader = next(c for c in map(site.container, hosts) if c.status == "running")
-    for _ in range(3):
-        code, output = reader.exec_run(["sh", "-c", script])
-        assert code == 0, output
+
+    def whole(output: bytes) -> bool:
         found = parse_metrics(output)
-        if found is not None and set(found) == set(hosts):
-            return found
-    raise AssertionError(f"no whole read of {hosts}' metrics in 3: {output[-300:]!r}")
+        return found is not None and set(found) == set(hosts)
+
+    found = parse_metrics(read_in(reader, ["sh", "-c", script], whole))
+    assert found is not None
+    return found
 
 
 def parse_metrics(output: bytes) -> dict[str, dict[str, float]] | None:

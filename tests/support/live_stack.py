@@ -435,17 +435,19 @@ UNREACHABLE = {6: "name not resolved", 7: "connection refused or no route", 28: 
 NAME_CONNECT_S = 1  # curl's connect_s for a name that must not resolve (a known one: ms)
 
 
-def read_in(container, argv: list[str], attempts: int = 3) -> bytes:
-    """The output of a read-only command run in `container` (exit 0 asserted), run again when
-    it came back empty: docker-py reads an exec's stream from the raw socket, past the buffer
-    http.client filled while reading the response's headers, so output already there is lost
-    (seen in CI under load: an empty answer, a frame header inside the text)."""
+def read_in(container, argv: list[str], whole: Callable[[bytes], bool] = bool,
+            attempts: int = 3) -> bytes:
+    """The output of a read-only command run in `container` (exit 0 asserted), run again until
+    `whole(output)` (default: not empty): docker-py reads an exec's stream from the raw socket,
+    past the buffer http.client filled while reading the response's headers, so output already
+    there is lost (seen in CI under load: an empty answer, a frame header inside the text)."""
+    output = b""
     for _ in range(attempts):
         code, output = container.exec_run(argv)
         assert code == 0, output
-        if output:
+        if whole(output):
             return output
-    raise AssertionError(f"{argv} printed nothing in {attempts} runs")
+    raise AssertionError(f"{argv}: no whole output in {attempts} runs: {output[-300:]!r}")
 
 
 # Every loadgen a LiveSite started in this process, for stop_loads().
