@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, suppress
+from contextlib import AbstractContextManager, closing, contextmanager, suppress
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal, TextIO, cast
 
 import docker
@@ -44,6 +44,28 @@ CONNECT_ERRORS: dict[int | None, str] = {
 GPU_CHECK_ENTRYPOINT = "/kit-gpu-check-never-runs"  # exec fails after the GPU hook ran
 PULL_REPORT_SECONDS = 5  # how often a non-terminal pull display prints a line
 ARCHIVE_CHUNK = 256 * 1024  # bytes of a container's tar stream held at once (`archive`)
+
+
+EXEC_STREAMS = (0, 1, 2)  # the first byte of each frame of an exec's output: stdin, stdout, stderr
+
+
+def demultiplexed(stream: bytes, what: str) -> bytes:
+    """The payloads of a non-TTY exec's frames in order (stdout and stderr as the process
+    interleaved them): each frame is an 8-byte header — its stream, three zero bytes, its size
+    big-endian — and then that many bytes. A stream that breaks this is an error, never text."""
+    output, at = bytearray(), 0
+    while at < len(stream):
+        header = stream[at:at + 8]
+        size = int.from_bytes(header[4:], "big")
+        if (len(header) < 8 or header[0] not in EXEC_STREAMS or header[1:4] != bytes(3)
+                or at + 8 + size > len(stream)):
+            raise KitError(f"the Docker engine's output of {what} is not framed as its API "
+                           f"says at byte {at} of {len(stream)}",
+                           fix="run the command again; if it persists, report the engine's "
+                           "version (docker version)")
+        output += stream[at + 8:at + 8 + size]
+        at += 8 + size
+    return bytes(output)
 
 
 def engine_address() -> str:
@@ -359,8 +381,23 @@ class Engine:
         """Run `argv` in the container; (exit code, combined output)."""
         with self._errors(f"running {argv[0]} in container {_short(container_id)}"):
             exec_id = self._api.exec_create(container_id, argv)["Id"]
-            output = self._api.exec_start(exec_id)
+            output = self._exec_output(exec_id)
             return self._api.exec_inspect(exec_id)["ExitCode"], output.decode(errors="replace")
+
+    def _exec_output(self, exec_id: str) -> bytes:
+        """The exec's output, read through the HTTP response to its start: docker-py's
+        exec_start reads the socket beneath it, past the bytes http.client already buffered
+        with the headers — under load an exec's output came back empty or misframed. Without
+        an Upgrade header the engine answers 200 and streams until the process ends."""
+        url = f"{self._api.base_url}/v{self._api.api_version}/exec/{exec_id}/start"
+        response = self._api.post(url, json={"Detach": False, "Tty": False}, stream=True,
+                                  timeout=self._api.timeout)
+        with closing(response):
+            try:
+                response.raise_for_status()
+            except requests.exceptions.HTTPError as error:
+                raise docker.errors.create_api_error_from_http_exception(error) from error
+            return demultiplexed(response.raw.read(), f"exec {exec_id[:12]}")
 
     def archive(self, container_id: str, path: str) -> Iterator[bytes] | None:
         """The tar stream of `path` in the container, in chunks of at most ARCHIVE_CHUNK bytes

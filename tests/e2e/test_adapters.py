@@ -32,7 +32,7 @@ import pytest
 
 from kit.spec.edit import edit_adapters
 from tests.support.adapters import write_adapter
-from tests.support.live_stack import SERVED_NAME, SERVICE, LiveSite, checked, running
+from tests.support.live_stack import SERVED_NAME, SERVICE, LiveSite, checked, run_in, running
 
 pytestmark = pytest.mark.e2e
 
@@ -180,8 +180,8 @@ def test_a_replica_crashing_after_the_add_comes_back_serving_it_before_it_is_hea
         # the new process (the engine may not have seen the old one die yet)
         restarted = crashed.attrs["RestartCount"] > before[0] or restarted_by == "docker start"
         if crashed.status == "running" and restarted:
-            code, out = crashed.exec_run(["curl", "-sf", "-m", "2",
-                                          "http://127.0.0.1:8000/v1/models"])
+            code, out = run_in(crashed, ["curl", "-sf", "-m", "2",
+                                         "http://127.0.0.1:8000/v1/models"])
             if code == 0:
                 answers.append([card["id"] for card in json.loads(out)["data"]
                                 if card.get("parent")])

@@ -11,6 +11,7 @@ import pytest
 from docker.types import DeviceRequest
 
 from tests.support.docker_engine import NGINX_VERSION, NJS_VERSION
+from tests.support.live_stack import read_in
 
 pytestmark = pytest.mark.e2e
 
@@ -83,8 +84,8 @@ def test_standin_serves_with_a_gpu_device_request(docker_client, test_images, pr
     assert [(r["Driver"], r["DeviceIDs"], r["Capabilities"]) for r in requests] == [
         ("nvidia", ["0"], [["gpu"]])]
     # Docker gives the variable to the container's process (PID 1), not to `docker exec`.
-    code, out = container.exec_run(["sh", "-c", "tr '\\0' '\\n' </proc/1/environ"])
-    assert code == 0 and b"NVIDIA_VISIBLE_DEVICES=0" in out.split(b"\n")
+    out = read_in(container, ["sh", "-c", "tr '\\0' '\\n' </proc/1/environ"])
+    assert "NVIDIA_VISIBLE_DEVICES=0" in out.split("\n")
 
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     conn.request("POST", "/v1/chat/completions", body=json.dumps({
@@ -182,9 +183,8 @@ def test_nginx_image_runs_njs_with_the_official_layout(docker_client, test_image
 
     status, body = wait_for(answer, 20, "nginx to answer")
     assert status == 200 and body.startswith(b"njs " + NJS_VERSION.encode()), body
-    code, out = server.exec_run(["nginx", "-v"])
-    assert code == 0 and b"nginx/" + NGINX_VERSION.encode() in out, out
-    code, out = server.exec_run(["sh", "-c", "id -u nginx; id -g nginx; command -v curl"])
-    assert (code, out.split()) == (0, [b"101", b"101", b"/usr/bin/curl"])
+    assert f"nginx/{NGINX_VERSION}" in read_in(server, ["nginx", "-v"])
+    out = read_in(server, ["sh", "-c", "id -u nginx; id -g nginx; command -v curl"])
+    assert out.split() == ["101", "101", "/usr/bin/curl"]
     server.stop(timeout=10)
     assert server.wait(timeout=10)["StatusCode"] == 0

@@ -40,6 +40,7 @@ from tests.support.live_stack import (
     promql_expressions,
     query,
     query_results,
+    read_in,
     wait_for,
 )
 
@@ -186,8 +187,7 @@ def test_promtool_accepts_the_mounted_files(site: LiveSite) -> None:
     prometheus = site.container(PROMETHEUS_SERVICE)
     for command in (["promtool", "check", "config", "/etc/kit-prometheus/prometheus.yml"],
                     ["promtool", "check", "rules", "/etc/kit-prometheus/rules.yml"]):
-        code, out = prometheus.exec_run(command)
-        assert code == 0 and b"SUCCESS" in out, out.decode(errors="replace")
+        assert "SUCCESS" in read_in(prometheus, command)
 
 
 def test_from_outside_only_grafana_answers_and_only_with_credentials(site: LiveSite) -> None:
@@ -307,10 +307,10 @@ def test_a_replica_gets_nothing_from_prometheus_s_api_at_any_address(site: LiveS
     else:  # the connections were made: the refusals above were the credentials' doing
         assert "401" in answers and "403" in answers, answers
     # Prometheus itself, asked without its credentials from inside its own container: 401
-    code, out = site.container(PROMETHEUS_SERVICE).exec_run(
-        ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}",
-         "http://127.0.0.1:9090/api/v1/query?query=up"])
-    assert out.decode() == "401", out
+    out = read_in(site.container(PROMETHEUS_SERVICE),
+                  ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}",
+                   "http://127.0.0.1:9090/api/v1/query?query=up"])
+    assert out == "401", out
     assert query(site, "/api/v1/query", query="up")["result"]  # with them: answers
 
 

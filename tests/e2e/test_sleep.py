@@ -91,7 +91,7 @@ def waker_account(site: LiveSite, service: str) -> dict:
     """The waker's account of `service`: its /state, asked inside its container as kit status
     asks it (which shows it as is), without a kit process each time."""
     out = read_in(site.container(WAKER_SERVICE), ask_argv("/state", 10))
-    status, _, body = out.decode(errors="replace").partition("\n")
+    status, _, body = out.partition("\n")
     assert status == "200", out
     return next(entry for entry in json.loads(body)["services"] if entry["service"] == service)
 

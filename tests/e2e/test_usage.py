@@ -31,6 +31,7 @@ from tests.support.live_stack import (
     LiveSite,
     checked,
     finished,
+    read_in,
     running,
     wait_for,
     write_spec,
@@ -76,8 +77,7 @@ def engine_counts(site: LiveSite) -> tuple[int, int]:
     assert len(replicas) == 2
     read = ("import sys, urllib.request; sys.stdout.write(urllib.request.urlopen("
             f"'http://127.0.0.1:{VLLM_PORT}/metrics', timeout=5).read().decode())")
-    text = "".join(replica.exec_run(["python3", "-c", read]).output.decode()
-                   for replica in replicas)
+    text = "".join(read_in(replica, ["python3", "-c", read]) for replica in replicas)
 
     def total(name: str) -> int:
         return int(sum(float(value) for value in re.findall(
@@ -127,7 +127,7 @@ def test_a_replica_gets_nothing_of_who_used_what(site: LiveSite) -> None:
            "    print(error.code, error.read()[:200])\n"
            "except OSError as error:\n"
            "    print('unreachable', error)\n")
-    said = replica.exec_run(["python3", "-c", ask]).output.decode()
+    said = read_in(replica, ["python3", "-c", ask])
     print(f"a replica asking the collector at {address}: {said.strip()}")
     assert said.startswith(("403 ", "unreachable")), said
     assert "series" not in said and "budget" not in said

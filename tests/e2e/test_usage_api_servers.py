@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 from kit.plan.build import VLLM_PORT
-from tests.support.live_stack import SERVED_NAME, LiveSite, checked, edited
+from tests.support.live_stack import SERVED_NAME, LiveSite, checked, edited, read_in
 from tests.support.usage_stack import door_ids, ledger_with, quiet_start
 
 pytestmark = pytest.mark.e2e
@@ -39,7 +39,7 @@ def engine_counts(site: LiveSite) -> tuple[int, int]:
     """The replica's own prompt and generation token counters (its /metrics, read inside it)."""
     read = ("import sys, urllib.request; sys.stdout.write(urllib.request.urlopen("
             f"'http://127.0.0.1:{VLLM_PORT}/metrics', timeout=5).read().decode())")
-    text = site.container("tiny").exec_run(["python3", "-c", read]).output.decode()
+    text = read_in(site.container("tiny"), ["python3", "-c", read])
 
     def total(name: str) -> int:
         return int(sum(float(value) for value in re.findall(

@@ -35,6 +35,7 @@ from kit.engine.desired import (
     SERVICE_LABEL,
     VERIFIER_SERVICE,
 )
+from kit.engine.docker_api import Engine
 from kit.front_door.client import basic_header, probe_password, target_for
 from kit.front_door.gate import Gate
 from kit.layout import SiteLayout
@@ -376,9 +377,7 @@ def to_loopback(request):
 def query(site: LiveSite, path: str, **params: str) -> dict:
     """Prometheus's HTTP API, asked from inside its container (it publishes no port) with the
     credentials of its environment, as kit status asks it."""
-    code, out = site.container(PROMETHEUS_SERVICE).exec_run(api_argv(path, params or None))
-    assert code == 0, out.decode(errors="replace")
-    answer = json.loads(out)
+    answer = json.loads(read_in(site.container(PROMETHEUS_SERVICE), api_argv(path, params or None)))
     assert answer["status"] == "success", answer
     return answer["data"]
 
@@ -387,10 +386,8 @@ def query_results(site: LiveSite, exprs: list[str]) -> list[list]:
     """Each instant query's result, as `query` asks it, but all in one exec (a walk of every
     dashboard expression costs one exec, not one each)."""
     asks = [api_argv("/api/v1/query", {"query": expr})[2] for expr in exprs]
-    code, out = site.container(PROMETHEUS_SERVICE).exec_run(
-        ["sh", "-c", " && ".join(f"{{ {ask}; }} && echo" for ask in asks)])
-    text = out.decode(errors="replace")
-    assert code == 0, text
+    text = read_in(site.container(PROMETHEUS_SERVICE),
+                   ["sh", "-c", " && ".join(f"{{ {ask}; }} && echo" for ask in asks)])
     answers, at, decoder = [], 0, json.JSONDecoder()
     while text[at:].strip():
         answer, at = decoder.raw_decode(text, len(text) - len(text[at:].lstrip()))
@@ -435,19 +432,18 @@ UNREACHABLE = {6: "name not resolved", 7: "connection refused or no route", 28: 
 NAME_CONNECT_S = 1  # curl's connect_s for a name that must not resolve (a known one: ms)
 
 
-def read_in(container, argv: list[str], whole: Callable[[bytes], bool] = bool,
-            attempts: int = 3) -> bytes:
-    """The output of a read-only command run in `container` (exit 0 asserted), run again until
-    `whole(output)` (default: not empty): docker-py reads an exec's stream from the raw socket,
-    past the buffer http.client filled while reading the response's headers, so output already
-    there is lost (seen in CI under load: an empty answer, a frame header inside the text)."""
-    output = b""
-    for _ in range(attempts):
-        code, output = container.exec_run(argv)
-        assert code == 0, output
-        if whole(output):
-            return output
-    raise AssertionError(f"{argv}: no whole output in {attempts} runs: {output[-300:]!r}")
+def run_in(container, argv: list[str]) -> tuple[int, str]:
+    """(exit code, output) of `argv` run in `container`, read by kit's own Engine.exec: docker-py's
+    exec_run reads the socket beneath the HTTP response, past the bytes http.client buffered with
+    its headers (CI under load: empty answers, a frame header inside the text)."""
+    return Engine(container.client.api).exec(container.id, argv)
+
+
+def read_in(container, argv: list[str]) -> str:
+    """The output of a read-only command run in `container`, its exit 0 asserted."""
+    code, output = run_in(container, argv)
+    assert code == 0, output
+    return output
 
 
 # Every loadgen a LiveSite started in this process, for stop_loads().
@@ -475,9 +471,9 @@ def curl(container, url: str, *headers: str, method: str = "GET",
     args = [arg for header in headers for arg in ("-H", header)]
     if connect_s is not None:
         args += ["--connect-timeout", str(connect_s)]
-    code, out = container.exec_run(["curl", "-sS", "-m", "3", "-X", method, "-o", "/dev/null",
-                                     "-w", "%{http_code}", *args, url])
-    return code, out.decode(errors="replace").strip()
+    code, out = run_in(container, ["curl", "-sS", "-m", "3", "-X", method, "-o", "/dev/null",
+                                   "-w", "%{http_code}", *args, url])
+    return code, out.strip()
 
 
 def auth_options(auth: str | list[str] | None) -> list[str]:
