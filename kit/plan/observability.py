@@ -18,6 +18,8 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kit.plan.alerts import AlertsPlan, alerts_plan
+
 if TYPE_CHECKING:
     from kit.spec.model import Spec
 
@@ -105,6 +107,7 @@ class ObservabilityPlan:
     retention_days: int
     replica_down_after: int  # seconds
     slos: tuple[ServiceSlo, ...]
+    alerts: AlertsPlan | None = None  # Alertmanager and its receivers (observability.alerts)
 
     def slo(self, service: str) -> ServiceSlo | None:
         return next((slo for slo in self.slos if slo.service == service), None)
@@ -135,6 +138,7 @@ def observability_plan(spec: Spec) -> ObservabilityPlan | None:
         retention_days=obs.retention_days,
         replica_down_after=obs.replica_down_after,
         slos=slos,
+        alerts=alerts_plan(spec),
     )
 
 

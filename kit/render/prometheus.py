@@ -13,13 +13,15 @@ from typing import TYPE_CHECKING
 
 from kit.credentials.material import PROMETHEUS_PASSWORD_ENV, PROMETHEUS_USER
 from kit.engine.desired import (
+    ALERTMANAGER_SERVICE,
     DOOR_FIGURES_SERVICE,
     GRAFANA_SERVICE,
     PROMETHEUS_SERVICE,
     WAKER_SERVICE,
 )
 from kit.files import generated_yaml
-from kit.layout import PROMETHEUS_AUTH_ENV_FILE, PROMETHEUS_WEB_CONFIG
+from kit.layout import ALERTMANAGER_SECRET, PROMETHEUS_AUTH_ENV_FILE, PROMETHEUS_WEB_CONFIG
+from kit.plan.alerts import ALERTMANAGER_PORT
 from kit.plan.observability import (
     DOOR_FIGURES_PATH,
     DOOR_FIGURES_PORT,
@@ -50,6 +52,9 @@ if TYPE_CHECKING:
 
 # A prune of credentials' records by the disk bound stays an alert this long (it happens once).
 PRUNE_ALERT_WINDOW = "1d"
+# The usage ledger this far behind the door (the collector stalled, or spooled lines it cannot
+# read keep it waiting) is not recording: budgets seeded after a restart and kit usage lag.
+USAGE_LAG_ALERT_S = 120
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,7 @@ def prometheus_config(plan: Plan) -> str:
             "external_labels": {"site": plan.site},
         },
         "rule_files": [f"{PROMETHEUS_MOUNT}/rules.yml"],
+        **({"alerting": alerting_config()} if obs.alerts else {}),
         "scrape_configs": [
             {
                 "job_name": VLLM_JOB,
@@ -125,6 +131,16 @@ def prometheus_config(plan: Plan) -> str:
         ],
     }
     return generated_yaml(config)
+
+
+def alerting_config() -> dict:
+    """Where Prometheus posts firing alerts: Alertmanager by its name on the alerting network,
+    as kit's account (the secret from a file its user's group alone reads)."""
+    return {"alertmanagers": [{
+        "static_configs": [{"targets": [f"{ALERTMANAGER_SERVICE}:{ALERTMANAGER_PORT}"]}],
+        "basic_auth": {"username": PROMETHEUS_USER,
+                       "password_file": f"{PROMETHEUS_MOUNT}/{ALERTMANAGER_SECRET}"},
+    }]}
 
 
 @dataclass(frozen=True)
@@ -188,13 +204,27 @@ def alert_rules(plan: Plan) -> list[AlertRule]:
                       "{{ $labels.service }}: a wake failed (kit status shows vLLM's cause); "
                       "it stays asleep and its requests get a 503"),
         ]
-    if plan.usage is not None:  # docs/usage.md: the disk bound took records of credentials
-        rules.append(AlertRule(
-            "KitUsagePrunedForSpace",
-            f'increase(kit_usage_credential_requests_pruned_total{{job="{USAGE_JOB}"}}'
-            f"[{PRUNE_ALERT_WINDOW}])", ">", 0, 0, "warning",
-            "the usage ledger pruned records of credentials to stay under usage.max_disk: "
-            "raise it (kit status and kit audit verify name the ranges)"))
+    if plan.usage is not None:  # docs/usage.md
+        usage = f'job="{USAGE_JOB}"'
+        rules += [
+            AlertRule("KitUsagePrunedForSpace",
+                      f"increase(kit_usage_credential_requests_pruned_total{{{usage}}}"
+                      f"[{PRUNE_ALERT_WINDOW}])", ">", 0, 0, "warning",
+                      "the usage ledger pruned records of credentials to stay under "
+                      "usage.max_disk: raise it (kit status and kit audit verify name the "
+                      "ranges)"),
+            AlertRule("KitUsageCollectorDown", f"up{{{usage}}}", "==", 0, down, "critical",
+                      "the usage ledger's collector does not answer: requests wait in the "
+                      "spool unrecorded (kit status, kit logs usage-ledger)"),
+            AlertRule("KitUsageNotRecording", f"kit_usage_lag_seconds{{{usage}}}", ">",
+                      USAGE_LAG_ALERT_S, 60, "critical",
+                      "the usage ledger is {{ $value | humanizeDuration }} behind the door "
+                      "(kit status shows why)"),
+            AlertRule("KitUsageDiskFull", f"kit_usage_disk_full{{{usage}}}", "==", 1, 0,
+                      "critical",
+                      "the usage ledger's disk is full: records wait in the spool; free space "
+                      "or lower usage.retention_days"),
+        ]
     for slo in obs.slos:
         selector = f'{job},service="{slo.service}"'
         if slo.ttft_s is not None:
@@ -238,11 +268,12 @@ def rules_file(plan: Plan) -> str:
     return generated_yaml({"groups": [{"name": "kit", "rules": rules}]})
 
 
-def prometheus_get(path: str, output: str = "-") -> str:
-    """A shell command that GETs `path` (URL-encoded) of Prometheus's API from inside its
-    container, with the password from the container's own environment (never in kit's request
-    nor in the compose file): busybox wget in the official image, curl in Debian-based ones."""
-    where = shlex.quote(f"127.0.0.1:{PROMETHEUS_PORT}{path}")
+def prometheus_get(path: str, output: str = "-", port: int = PROMETHEUS_PORT) -> str:
+    """A shell command that GETs `path` (URL-encoded) of Prometheus's API (or Alertmanager's, on
+    its `port`) from inside its container, with the password from the container's own
+    environment (never in kit's request nor in the compose file): busybox wget in the official
+    images, curl in Debian-based ones."""
+    where = shlex.quote(f"127.0.0.1:{port}{path}")
     secret = f'"{PROMETHEUS_USER}:${PROMETHEUS_PASSWORD_ENV}"'
     return (f'wget -q -O {output} "http://"{secret}"@"{where} 2>/dev/null || '
             f'curl -fsS -o {output} -u {secret} "http://"{where}')
