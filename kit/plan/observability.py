@@ -28,6 +28,10 @@ GRAFANA_PORT = 3000
 GRAFANA_PATH = "/grafana/"  # at the front door, behind its authentication
 DOOR_FIGURES_PORT = 9113  # nginx's own connection figures, on the private networks only
 DOOR_FIGURES_PATH = "/kit-figures"
+# The door's own state (kit/dataplane/door/figures.js): budgets' shares, the certificate's end,
+# the ACME loop's last run, replicas in rotation
+DOOR_STATE_PATH = "/kit-door-state"
+DOOR_STATE_JOB = "front-door-state"
 SCRAPE_PATH = "/kit-scrape/"  # + a replica's host: its /metrics, through the door's listener
 METRICS_NETWORK = "metrics"  # the compose file's key of the network above
 DEFAULT_SUBNETS = ipaddress.IPv4Network("198.18.0.0/15")  # benchmarking space: not on LANs

@@ -274,7 +274,7 @@ def generated_files(plan: Plan, spec_name: str) -> list[Output]:
 
 # The front door's njs modules (kit/dataplane/door/), each beside nginx.conf, where js_path finds
 # them and they find each other; verifier.js is the verifier's own.
-DOOR_MODULES = ("auth.js", "json.js", "policy.js", "route.js", "usage.js", "wake.js")
+DOOR_MODULES = ("auth.js", "json.js", "policy.js", "route.js", "usage.js", "wake.js", "figures.js")
 
 
 def door_module(name: str) -> bytes:

@@ -20,6 +20,7 @@ from kit.plan.waker import SLEEP_JOB
 from tests.support.live_stack import (
     SERVICE,
     LiveSite,
+    checked,
     observed,
     promql_expressions,
     query,
@@ -64,6 +65,7 @@ def scraped(site: LiveSite, expr: str, expected: float) -> float:
 
 
 def test_the_sleep_panel_and_alerts_return_the_waker_s_figures(site: LiveSite) -> None:
+    checked(site.kit("keys add", "budgeted", "--tokens-per-day", "100000"))  # budget alerts
     wait_for("every target up", lambda: all(
         t["health"] == "up" for t in query(site, "/api/v1/targets")["activeTargets"]), 60)
     jobs = {t["labels"]["job"] for t in query(site, "/api/v1/targets")["activeTargets"]}

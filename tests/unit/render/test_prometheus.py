@@ -118,7 +118,9 @@ def test_alert_rules(observed: Path) -> None:
     assert set(rules) == {"KitReplicaDown", "KitServiceDown", "KitNoServiceReady",
                           "KitKVCacheFull", "KitRequestsWaiting", "KitServerErrors",
                           "KitTTFTAboveSLO", "KitTPOTAboveSLO", "KitUsagePrunedForSpace",
-                          "KitUsageCollectorDown", "KitUsageNotRecording", "KitUsageDiskFull"}
+                          "KitUsageCollectorDown", "KitUsageNotRecording", "KitUsageDiskFull",
+                          "KitBudgetNearlySpent", "KitBudgetSpent", "KitCertificateExpiresSoon",
+                          "KitReplicaOutOfRotation"}
     assert rules["KitReplicaDown"]["expr"] == 'up{job="vllm"} == 0'
     # issue 42 item 6: the disk bound pruning records of credentials is an alert for a day
     assert rules["KitUsagePrunedForSpace"]["expr"] == (

@@ -113,3 +113,105 @@ def test_the_rule_test_can_fail(rules: Path, promtool: str, tmp_path: Path) -> N
     result = subprocess.run([promtool, "test", "rules", str(file)], capture_output=True,
                             text=True, timeout=120)
     assert result.returncode != 0
+
+
+def test_a_budget_crossing_80_and_100_percent(rules: Path, promtool: str,
+                                             tmp_path: Path) -> None:
+    """The door's share of a credential's window: 80 % warns, 100 % says it is spent; twenty
+    credentials crossing at once are twenty alerts of one name (Alertmanager groups them)."""
+    state = 'job="front-door-state",instance="door"'
+    crossing = [{"series": f'kit_budget_used_ratio{{{state},credential="key:c{n}",window="day"}}',
+                 "values": "0.5 0.85 1 1"} for n in range(20)]
+    run_tests(promtool, rules, [{
+        "interval": "5s",
+        "input_series": crossing,
+        "alert_rule_test": [
+            firing("KitBudgetNearlySpent", "0s", []),
+            firing("KitBudgetNearlySpent", "5s", [
+                {"exp_labels": {"severity": "warning", "job": "front-door-state",
+                                "instance": "door", "credential": f"key:c{n}", "window": "day"},
+                 "exp_annotations": {"summary": f"key:c{n} used 85% of its day token budget "
+                                     "(kit usage shows its requests)"}} for n in range(20)]),
+            firing("KitBudgetSpent", "5s", []),
+            firing("KitBudgetNearlySpent", "10s", []),  # spent: the 80 % one has resolved
+            firing("KitBudgetSpent", "10s", [
+                {"exp_labels": {"severity": "warning", "job": "front-door-state",
+                                "instance": "door", "credential": f"key:c{n}", "window": "day"},
+                 "exp_annotations": {"summary": f"key:c{n} used 100% of its day token budget: "
+                                     "its requests get 429 until the window resets"}}
+                for n in range(20)]),
+        ],
+    }], tmp_path)
+
+
+def test_a_certificate_set_to_expire(rules: Path, promtool: str, tmp_path: Path) -> None:
+    """promtool's clock starts at 0: a certificate ending at 15 days is fine, at 14 days it
+    fires (self-signed: the fix is a new certificate)."""
+    state = 'job="front-door-state",instance="door"'
+    day = 86400
+    run_tests(promtool, rules, [{
+        "interval": "5s",
+        "input_series": [
+            {"series": f"kit_tls_certificate_not_after_seconds{{{state}}}",
+             "values": f"{15 * day}x2 {14 * day}x2"}],
+        "alert_rule_test": [
+            firing("KitCertificateExpiresSoon", "5s", []),
+            firing("KitCertificateExpiresSoon", "15s", [{
+                "exp_labels": {"severity": "critical", "job": "front-door-state",
+                               "instance": "door"},
+                "exp_annotations": {"summary": "the front door's certificate ends in 14.0 days: "
+                                    "install a new one (tls.cert, kit up)"}}]),
+        ],
+    }], tmp_path)
+
+
+def test_a_replica_out_of_rotation_for_15_minutes(rules: Path, promtool: str,
+                                                  tmp_path: Path) -> None:
+    state = 'job="front-door-state",instance="door"'
+    labels = f'{state},service="llama8b",host="llama8b-1"'
+    run_tests(promtool, rules, [{
+        "interval": "1m",
+        "input_series": [{"series": f"kit_door_replica_in_rotation{{{labels}}}",
+                          "values": "1 0x20"}],
+        "alert_rule_test": [
+            firing("KitReplicaOutOfRotation", "10m", []),  # a rollout's replacement, maybe
+            firing("KitReplicaOutOfRotation", "17m", [{
+                "exp_labels": {"severity": "warning", "job": "front-door-state",
+                               "instance": "door", "service": "llama8b", "host": "llama8b-1"},
+                "exp_annotations": {"summary": "llama8b: llama8b-1 is out of the front door's "
+                                    "server list (a rolling update that stopped): kit up puts "
+                                    "it back"}}]),
+        ],
+    }], tmp_path)
+
+
+def test_acme_renewal_failing_for_15_minutes(site: Path, promtool: str, tmp_path: Path) -> None:
+    spec = enable(site, SPEC)
+    spec.write_text(spec.read_text().replace("tls: {mode: self-signed}",
+                                             "tls: {mode: acme, email: ops@example.com}"))
+    result = run_kit("render", spec)
+    assert result.exit_code == 0, result.output
+    rules = site / "observability" / "prometheus" / "rules.yml"
+    state = 'job="front-door-state",instance="door"'
+    day = 86400
+    run_tests(promtool, rules, [{
+        "interval": "1m",
+        "input_series": [
+            {"series": f"kit_acme_last_run_exit_code{{{state}}}", "values": "0 1x20"},
+            {"series": f"kit_tls_certificate_not_after_seconds{{{state}}}",
+             "values": f"{13 * day}x20"}],
+        "alert_rule_test": [
+            firing("KitAcmeRenewalFailing", "10m", []),
+            firing("KitAcmeRenewalFailing", "17m", [{
+                "exp_labels": {"severity": "critical", "job": "front-door-state",
+                               "instance": "door"},
+                "exp_annotations": {"summary": "certbot's runs keep failing (exit 1): kit status "
+                                    "names the cause"}}]),
+            firing("KitCertificateExpiresSoon", "1m", [{
+                "exp_labels": {"severity": "critical", "job": "front-door-state",
+                               "instance": "door"},
+                "exp_annotations": {"summary": "the front door's certificate ends in 13.0 days: "
+                                    "certbot has not renewed it (kit status shows its last "
+                                    "run)"}}]),
+        ],
+    }], tmp_path)

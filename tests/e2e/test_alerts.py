@@ -1,0 +1,226 @@
+"""Delivered alerts end to end (issue 47, docs/observability.md "Delivered alerts"): the rendered
+Alertmanager (Debian's 0.33.1 as prom/alertmanager:v0.33.1) on a live site delivers kit's alerts
+to a webhook receiver and an SMTP sink (aiosmtpd, with a login) on its alerts-out network for a
+stopped replica, the usage ledger's collector stopped, twenty credentials crossing 80 % and then
+100 % of their budgets (grouped: a few notifications, not twenty), and a certificate set to
+expire; the time from each event to its delivery is printed. No secret in `docker inspect`, in
+the containers' logs, or in a world-readable file of the site."""
+
+from __future__ import annotations
+
+import datetime as dt
+import email
+import math
+import secrets
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from kit.engine.desired import ALERTMANAGER_SERVICE, PROMETHEUS_SERVICE
+from tests.support.alert_sinks import SMTP_PORT, WEBHOOK_PORT, Sinks, alert_sinks
+from tests.support.live_stack import DOMAIN, SERVED_NAME, SERVICE, LiveSite, checked, edited
+
+pytestmark = pytest.mark.e2e
+
+TOKEN = "T0KEN-" + secrets.token_hex(8)  # in the webhook's URL, as a service's token would be
+SMTP_USER = "kit-alerts"
+SMTP_PASSWORD = "smtp-" + secrets.token_hex(8)
+CREDENTIALS = 20
+DELIVERY_S = 60  # each event is delivered well within this (printed: a few seconds)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, docker_client, test_images) -> Iterator[tuple[LiveSite, Sinks]]:
+    root = tmp_path_factory.mktemp("alerts") / "site"
+    sink = f"kit-alert-sink-{secrets.token_hex(3)}"
+    (root / "secrets").mkdir(parents=True)
+    for name, value in (("webhook.url", f"http://{sink}:{WEBHOOK_PORT}/hook/{TOKEN}\n"),
+                        ("smtp.password", SMTP_PASSWORD + "\n")):
+        (root / "secrets" / name).write_text(value)
+        (root / "secrets" / name).chmod(0o600)
+
+    def edit(spec: dict) -> None:
+        spec["observability"] = {
+            "enabled": True, "scrape_interval": 1, "replica_down_after": 2,
+            "alerts": {"group_wait": 2, "group_interval": 2, "repeat_interval": 3600,
+                       "receivers": [
+                           {"webhook": {"url_file": "secrets/webhook.url"}},
+                           {"email": {"to": "ops@example.com", "from": "kit@example.com",
+                                      "smtp": {"host": sink, "port": SMTP_PORT,
+                                               "username": SMTP_USER,
+                                               "password_file": "secrets/smtp.password",
+                                               "require_tls": False}}}]}}
+
+    with edited(root, docker_client, edit, prefix="alr") as site, alert_sinks(
+            docker_client, site.network("alerts-out"), sink, root.parent / "sink", SMTP_USER,
+            root / "secrets" / "smtp.password") as sinks:
+        yield site, sinks
+
+
+def firing(alert: str, since: float):
+    """Picks the webhook notifications and mails of `alert` firing that arrived after `since`."""
+
+    def pick(kind: str, deliveries: list[dict]) -> list[dict]:
+        found = []
+        for delivery in deliveries:
+            if delivery["kind"] != kind or delivery["at"] < since:
+                continue
+            if kind == "webhook" and any(a["labels"]["alertname"] == alert
+                                         and a["status"] == "firing"
+                                         for a in delivery["body"]["alerts"]):
+                found.append(delivery)
+            if kind == "smtp" and subject_names(delivery["body"], alert):
+                found.append(delivery)
+        return found
+
+    return pick
+
+
+def subject_names(mail: str, alert: str) -> bool:
+    """Whether the mail's subject (Alertmanager's default: `[FIRING:N] ALERT labels…`) is about
+    `alert` firing."""
+    subject = str(email.message_from_string(mail)["Subject"] or "")
+    return subject.startswith("[FIRING") and alert in subject.split()
+
+
+def delivered(site: LiveSite, sinks: Sinks, alert: str,
+              since: float) -> tuple[list[dict], list[dict]]:
+    """Both receivers' deliveries of `alert` after `since`; the time from the event printed."""
+    pick = firing(alert, since)
+    try:
+        hooks = sinks.wait(f"{alert} by webhook", lambda d: pick("webhook", d), DELIVERY_S)
+        mails = sinks.wait(f"{alert} by mail", lambda d: pick("smtp", d), DELIVERY_S)
+    except AssertionError as error:
+        logs = site.container(ALERTMANAGER_SERVICE).logs(tail=20).decode(errors="replace")
+        raise AssertionError(f"{error}\nAlertmanager's log:\n{logs}") from None
+    print(f"\n{alert}: event → webhook {hooks[0]['at'] - since:.1f} s, "
+          f"→ mail {mails[0]['at'] - since:.1f} s")
+    assert hooks[0]["path"] == f"/hook/{TOKEN}"  # the URL came from the 0600 file
+    assert all(mail["auth"] for mail in mails)  # it logged in with the password file's secret
+    return hooks, mails
+
+
+def test_a_stopped_replica(stack) -> None:
+    site, sinks = stack
+    replica = site.container(SERVICE)
+    since = time.time()
+    replica.stop(timeout=1)
+    try:
+        hooks, _ = delivered(site, sinks, "KitReplicaDown", since)
+        alert = next(a for a in hooks[0]["body"]["alerts"]
+                     if a["labels"]["alertname"] == "KitReplicaDown")
+        assert alert["labels"]["service"] == SERVICE
+    finally:
+        replica.start()
+
+
+def test_the_collector_stopped(stack) -> None:
+    site, sinks = stack
+    collector = site.container("usage-ledger")
+    since = time.time()
+    collector.stop(timeout=2)
+    try:
+        delivered(site, sinks, "KitUsageCollectorDown", since)
+    finally:
+        collector.start()
+
+
+def test_twenty_credentials_crossing_their_budgets_arrive_grouped(stack) -> None:
+    """Twenty keys each spend ~89 % of a day's budget at once, then pass it: each crossing is
+    delivered as a few grouped notifications listing every credential, not twenty."""
+    site, sinks = stack
+    probe = site.add_key("probe")
+    reply = site.gate().fetch("POST", "/v1/chat/completions", credentials=f"Bearer {probe}",
+                              body=request_body())
+    usage = reply.json()["usage"]
+    spent = usage["prompt_tokens"] + usage["completion_tokens"]  # what one request counts
+    budget = spent + max(1, math.ceil(spent / 8))  # one request: 80-100 %; two: past it
+    keys = {}
+    for n in range(CREDENTIALS):
+        added = checked(site.kit("keys add", f"budget{n}", "--tokens-per-day", str(budget)))
+        keys[f"key:budget{n}"] = added.stdout.split(f"key budget{n}: ")[1].split()[0]
+    for alert in ("KitBudgetNearlySpent", "KitBudgetSpent"):
+        since = time.time()
+        with ThreadPoolExecutor(CREDENTIALS) as pool:
+            statuses = list(pool.map(lambda key: site.gate().fetch(
+                "POST", "/v1/chat/completions", credentials=f"Bearer {key}",
+                body=request_body()).status, keys.values()))
+        assert statuses == [200] * CREDENTIALS
+        hooks, mails = delivered(site, sinks, alert, since)
+        everyone = wait_for_all(sinks, alert, since, set(keys))
+        hooks = firing(alert, since)("webhook", sinks.deliveries())
+        mails = firing(alert, since)("smtp", sinks.deliveries())
+        print(f"{alert}: {CREDENTIALS} credentials in {len(hooks)} webhook notifications and "
+              f"{len(mails)} mails")
+        assert everyone == set(keys)
+        assert len(hooks) < CREDENTIALS / 2 and len(mails) < CREDENTIALS / 2
+
+
+def wait_for_all(sinks: Sinks, alert: str, since: float, credentials: set[str]) -> set[str]:
+    """The credentials the webhook's notifications of `alert` named, once they name them all."""
+
+    def named(deliveries: list[dict]) -> list[str]:
+        found = {a["labels"]["credential"]
+                 for d in firing(alert, since)("webhook", deliveries)
+                 for a in d["body"]["alerts"] if a["labels"]["alertname"] == alert}
+        return sorted(found) if found >= credentials else []
+
+    return set(sinks.wait(f"{alert} of every credential", named, DELIVERY_S))
+
+
+def request_body() -> dict:
+    return {"model": SERVED_NAME, "max_tokens": 4,
+            "messages": [{"role": "user", "content": "Say hi."}]}
+
+
+def test_a_certificate_set_to_expire(stack) -> None:
+    """The front door's certificate replaced by one that ends in ten days (its own key, so a
+    reload meanwhile would still pass nginx -t); the door reads it at the next scrape."""
+    site, sinks = stack
+    tls = site.layout.tls_dir
+    kept = {name: (tls / name).read_bytes() for name in ("server.crt", "server.key")}
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(x509.NameOID.COMMON_NAME, DOMAIN)])
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(days=1))
+            .not_valid_after(now + dt.timedelta(days=10))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(DOMAIN)]), critical=False)
+            .sign(key, hashes.SHA256()))
+    since = time.time()
+    try:
+        (tls / "server.key").write_bytes(key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption()))
+        (tls / "server.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        hooks, _ = delivered(site, sinks, "KitCertificateExpiresSoon", since)
+        assert "ends in 9.9 days" in str(hooks[0]["body"]) or "ends in 10.0 days" in str(
+            hooks[0]["body"])
+    finally:
+        for file, content in kept.items():
+            (tls / file).write_bytes(content)
+
+
+def test_no_secret_in_inspect_logs_or_world_readable_files(stack) -> None:
+    site, sinks = stack
+    password = (site.layout.state_dir / "prometheus.password").read_text().strip()
+    for service in (ALERTMANAGER_SERVICE, PROMETHEUS_SERVICE):
+        container = site.container(service)
+        container.reload()
+        inspected = str(container.attrs)
+        logs = container.logs().decode(errors="replace")
+        for secret in (TOKEN, SMTP_PASSWORD):
+            assert secret not in inspected, f"{secret} in docker inspect of {service}"
+            assert secret not in logs, f"{secret} in the logs of {service}"
+        assert password not in inspected.replace(f"KIT_PROMETHEUS_PASSWORD={password}", "")
+    for path in site.root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            content = path.read_bytes()
+            if any(s.encode() in content for s in (TOKEN, SMTP_PASSWORD, password)):
+                assert not path.stat().st_mode & 0o004, f"{path} is world-readable"
