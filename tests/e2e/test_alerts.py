@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import email
 import math
+import re
 import secrets
 import time
 from collections.abc import Iterator
@@ -23,7 +24,15 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from kit.engine.desired import ALERTMANAGER_SERVICE, PROMETHEUS_SERVICE
 from tests.support.alert_sinks import SMTP_PORT, WEBHOOK_PORT, Sinks, alert_sinks
-from tests.support.live_stack import DOMAIN, SERVED_NAME, SERVICE, LiveSite, checked, edited
+from tests.support.live_stack import (
+    DOMAIN,
+    SERVED_NAME,
+    SERVICE,
+    LiveSite,
+    checked,
+    edited,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -205,6 +214,36 @@ def test_a_certificate_set_to_expire(stack) -> None:
     finally:
         for file, content in kept.items():
             (tls / file).write_bytes(content)
+
+
+def test_kit_alerts_lists_silences_and_expires(stack) -> None:
+    """The budgets stay spent for the day: `kit alerts list` shows KitBudgetSpent of each
+    credential; one silenced (by its credential label) shows SILENCED and the others not, and
+    its silence expired leaves it active again, all through the real amtool and API."""
+    site, _ = stack
+    listed = checked(site.kit("alerts list")).stdout
+    assert "KitBudgetSpent" in listed and "credential=key:budget0" in listed, listed
+    added = checked(site.kit("alerts silence", "KitBudgetSpent", "--label",
+                             "credential=key:budget0", "--for", "1h", "--comment",
+                             "raising it"))
+    silence_id = added.stdout.split()[1].rstrip(":")
+    listed = checked(site.kit("alerts list")).stdout
+    rows = {re.search(r"credential=(key:budget\d+),", line).group(1): line.split()[1]
+            for line in listed.splitlines() if line.startswith("KitBudgetSpent ")}
+    assert rows["key:budget0"] == "SILENCED", listed
+    assert rows["key:budget1"] == "active", listed
+    assert f"silence {silence_id} (active" in listed and "raising it" in listed
+    checked(site.kit("alerts expire", silence_id))
+
+    def active_again() -> bool:
+        listed = checked(site.kit("alerts list")).stdout
+        return any(line.startswith("KitBudgetSpent ") and "key:budget0," in line
+                   and " active " in line for line in listed.splitlines())
+
+    wait_for("the expired silence's alert active again", active_again, 30)
+    bad = site.kit("alerts silence", "KitBudgetSpent", "--label", "credential=$(reboot)",
+                   "--comment", "x")
+    assert bad.returncode == 2 and "is not a label" in bad.stderr + bad.stdout
 
 
 def test_no_secret_in_inspect_logs_or_world_readable_files(stack) -> None:
