@@ -9,7 +9,6 @@ the containers' logs, or in a world-readable file of the site."""
 from __future__ import annotations
 
 import datetime as dt
-import email
 import math
 import re
 import secrets
@@ -23,7 +22,16 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from kit.engine.desired import ALERTMANAGER_SERVICE, PROMETHEUS_SERVICE
-from tests.support.alert_sinks import SMTP_PORT, WEBHOOK_PORT, Sinks, alert_sinks
+from tests.support.alert_sinks import (
+    DELIVERY_S,
+    SMTP_PASSWORD,
+    TOKEN,
+    Sinks,
+    delivered,
+    firing,
+    receivers,
+    site_sinks,
+)
 from tests.support.live_stack import (
     DOMAIN,
     SERVED_NAME,
@@ -36,82 +44,22 @@ from tests.support.live_stack import (
 
 pytestmark = pytest.mark.e2e
 
-TOKEN = "T0KEN-" + secrets.token_hex(8)  # in the webhook's URL, as a service's token would be
-SMTP_USER = "kit-alerts"
-SMTP_PASSWORD = "smtp-" + secrets.token_hex(8)
 CREDENTIALS = 20
-DELIVERY_S = 60  # each event is delivered well within this (printed: a few seconds)
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, docker_client, test_images) -> Iterator[tuple[LiveSite, Sinks]]:
     root = tmp_path_factory.mktemp("alerts") / "site"
     sink = f"kit-alert-sink-{secrets.token_hex(3)}"
-    (root / "secrets").mkdir(parents=True)
-    for name, value in (("webhook.url", f"http://{sink}:{WEBHOOK_PORT}/hook/{TOKEN}\n"),
-                        ("smtp.password", SMTP_PASSWORD + "\n")):
-        (root / "secrets" / name).write_text(value)
-        (root / "secrets" / name).chmod(0o600)
+    alerts = receivers(root, sink)
 
     def edit(spec: dict) -> None:
-        spec["observability"] = {
-            "enabled": True, "scrape_interval": 1, "replica_down_after": 2,
-            "alerts": {"group_wait": 2, "group_interval": 2, "repeat_interval": 3600,
-                       "receivers": [
-                           {"webhook": {"url_file": "secrets/webhook.url"}},
-                           {"email": {"to": "ops@example.com", "from": "kit@example.com",
-                                      "smtp": {"host": sink, "port": SMTP_PORT,
-                                               "username": SMTP_USER,
-                                               "password_file": "secrets/smtp.password",
-                                               "require_tls": False}}}]}}
+        spec["observability"] = {"enabled": True, "scrape_interval": 1,
+                                 "replica_down_after": 2, "alerts": alerts}
 
-    with edited(root, docker_client, edit, prefix="alr") as site, alert_sinks(
-            docker_client, site.network("alerts-out"), sink, root.parent / "sink", SMTP_USER,
-            root / "secrets" / "smtp.password") as sinks:
+    with edited(root, docker_client, edit, prefix="alr") as site, \
+            site_sinks(site, sink) as sinks:
         yield site, sinks
-
-
-def firing(alert: str, since: float):
-    """Picks the webhook notifications and mails of `alert` firing that arrived after `since`."""
-
-    def pick(kind: str, deliveries: list[dict]) -> list[dict]:
-        found = []
-        for delivery in deliveries:
-            if delivery["kind"] != kind or delivery["at"] < since:
-                continue
-            if kind == "webhook" and any(a["labels"]["alertname"] == alert
-                                         and a["status"] == "firing"
-                                         for a in delivery["body"]["alerts"]):
-                found.append(delivery)
-            if kind == "smtp" and subject_names(delivery["body"], alert):
-                found.append(delivery)
-        return found
-
-    return pick
-
-
-def subject_names(mail: str, alert: str) -> bool:
-    """Whether the mail's subject (Alertmanager's default: `[FIRING:N] ALERT labels…`) is about
-    `alert` firing."""
-    subject = str(email.message_from_string(mail)["Subject"] or "")
-    return subject.startswith("[FIRING") and alert in subject.split()
-
-
-def delivered(site: LiveSite, sinks: Sinks, alert: str,
-              since: float) -> tuple[list[dict], list[dict]]:
-    """Both receivers' deliveries of `alert` after `since`; the time from the event printed."""
-    pick = firing(alert, since)
-    try:
-        hooks = sinks.wait(f"{alert} by webhook", lambda d: pick("webhook", d), DELIVERY_S)
-        mails = sinks.wait(f"{alert} by mail", lambda d: pick("smtp", d), DELIVERY_S)
-    except AssertionError as error:
-        logs = site.container(ALERTMANAGER_SERVICE).logs(tail=20).decode(errors="replace")
-        raise AssertionError(f"{error}\nAlertmanager's log:\n{logs}") from None
-    print(f"\n{alert}: event → webhook {hooks[0]['at'] - since:.1f} s, "
-          f"→ mail {mails[0]['at'] - since:.1f} s")
-    assert hooks[0]["path"] == f"/hook/{TOKEN}"  # the URL came from the 0600 file
-    assert all(mail["auth"] for mail in mails)  # it logged in with the password file's secret
-    return hooks, mails
 
 
 def test_a_stopped_replica(stack) -> None:
