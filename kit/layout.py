@@ -17,7 +17,9 @@
     <site>/observability/               rendered when observability.enabled: prometheus/
                                         (prometheus.yml, rules.yml, web.yml: its API's
                                         bcrypt hash), grafana/provisioning/,
-                                        grafana/dashboards/, door-figures/ (the door's counter)
+                                        grafana/dashboards/, door-figures/ (the door's counter),
+                                        alertmanager/ (observability.alerts: its config, web.yml,
+                                        secrets/ readable by its user only)
     <site>/compose/usage-models/        rendered: the model names the usage ledger records
     <site>/lora/<service>/adapters.yaml  rendered: a service's LoRA adapters as vLLM's --config
                                         file (mounted read-only at LORA_MOUNT in its replicas)
@@ -45,6 +47,8 @@ LORA_CONFIG = "adapters.yaml"  # vLLM's --config takes .yaml / .yml only
 PROBE_USER = "kit-probe"  # the dedicated identity the gate authenticates as
 PROMETHEUS_WEB_CONFIG = "web.yml"  # in observability/prometheus/: its API's Basic auth (a hash)
 PROMETHEUS_AUTH_ENV_FILE = "prometheus-auth.env"  # in compose/: the API's password, 0600
+# in observability/prometheus/: the same password, which Prometheus sends Alertmanager's API
+ALERTMANAGER_SECRET = "alertmanager.secret"
 
 
 @dataclass(frozen=True)
@@ -175,6 +179,21 @@ class SiteLayout:
     def prometheus_password(self) -> Path:
         """The secret of Prometheus's API (0600), kept across renders: web.yml holds its hash."""
         return self.state_dir / "prometheus.password"
+
+    @property
+    def alertmanager_dir(self) -> Path:
+        """observability.alerts: alertmanager.yml, web.yml and secrets/ (the receivers'), mounted
+        whole into Alertmanager."""
+        return self.observability_dir / "alertmanager"
+
+    @property
+    def alertmanager_web_config(self) -> Path:
+        """Alertmanager's API asks for kit's account too: web.yml as Prometheus's."""
+        return self.alertmanager_dir / PROMETHEUS_WEB_CONFIG
+
+    @property
+    def prometheus_alertmanager_secret(self) -> Path:
+        return self.prometheus_dir / ALERTMANAGER_SECRET
 
     @property
     def grafana_provisioning_dir(self) -> Path:

@@ -27,6 +27,7 @@ ACME_SERVER = r"^https://[A-Za-z0-9.:/_-]+$"
 # an address certbot takes as the value of --email: never an option ('-' first), no dot first
 EMAIL = (r"^[A-Za-z0-9_%+][A-Za-z0-9._%+-]*"  # the local part
          r"@[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)+$")
+SMTP_USER = r"^[A-Za-z0-9_%+@.-]{1,254}$"  # an SMTP login: a name or an address
 PATH_TEXT = r"^/[^\s\"'`$;{}\\:,\x00]*$"  # host paths in compose bind mounts
 HOSTNAME_LABEL = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 INTERFACE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}$"  # a Linux network interface (IFNAMSIZ)

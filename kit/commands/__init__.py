@@ -10,7 +10,7 @@ import click
 VERBS = [
     "init", "validate", "schema", "render", "plan", "up", "probe", "status", "down", "logs",
     "users", "keys", "rotate-password", "tls", "export", "fleet", "bench",
-    "usage", "audit", "lock", "pull", "bundle", "load", "sleep", "wake", "adapters",
+    "usage", "audit", "lock", "pull", "bundle", "load", "sleep", "wake", "adapters", "alerts",
 ]
 
 

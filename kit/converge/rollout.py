@@ -29,11 +29,11 @@ from kit.files import atomic_write
 from kit.front_door.reload import reload, running_proxy
 from kit.front_door.replica_check import prove_replica
 from kit.layout import SiteLayout
+from kit.plan.build import OUT_OF_SERVICE
 from kit.spec.vllm_flags import serving_task
 from kit.state import json_object, read_state
 
 DOWN = " down;"
-OUT_OF_SERVICE = "# out of service: "  # a replica's server line while kit up replaces it
 
 
 @dataclass(frozen=True)

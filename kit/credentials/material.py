@@ -55,6 +55,12 @@ def worker_readable(gid: int = NGINX_GID) -> tuple[int, int | None]:
     return (0o640, gid) if os.geteuid() == 0 else (0o644, None)
 
 
+def secret_readable(gid: int) -> tuple[int, int | None]:
+    """Mode and group for a secret a container's user reads: 0640 with that group as root; else
+    0600, which only a container running as kit's own user could read (docs/observability.md)."""
+    return (0o640, gid) if os.geteuid() == 0 else (SECRET, None)
+
+
 # --------------------------------------------------------------------------- passwords (people)
 
 
@@ -359,11 +365,14 @@ def forget_shown_passwords(layout: SiteLayout) -> None:
 # --------------------------------------------------------------------------- Prometheus's API
 
 
-def prometheus_auth_outputs(layout: SiteLayout) -> list[Output]:
+def prometheus_auth_outputs(layout: SiteLayout, alerting: bool = False) -> list[Output]:
     """Prometheus's API secret: generated once and kept in .kit/ (0600); its bcrypt hash in
     web.yml, kept while it matches (so a second render changes nothing); and the 0600 env file
     that hands it to Prometheus (its healthcheck, kit status's queries) and to Grafana (its
-    data source). A new secret: delete .kit/prometheus.password and run kit up."""
+    data source). A new secret: delete .kit/prometheus.password and run kit up. With
+    `alerting` (observability.alerts) the same account guards Alertmanager's API: its web.yml
+    is Prometheus's, the env file is its too, and Prometheus reads the secret from a file
+    only its user's group reads to post alerts there."""
     rel = layout.root
     password = (read_if_present(layout.prometheus_password) or b"").decode().strip()
     hashed = _web_config_hash(layout) if password else None
@@ -381,6 +390,19 @@ def prometheus_auth_outputs(layout: SiteLayout) -> list[Output]:
                mode, False, group),
         Output(layout.prometheus_auth_env.relative_to(rel), env.encode(), SECRET,
                generated=False, secret=True),
+        *(alerting_auth_outputs(layout, password, web_config(hashed)) if alerting else []),
+    ]
+
+
+def alerting_auth_outputs(layout: SiteLayout, password: str, web: str) -> list[Output]:
+    """Alertmanager's web.yml (Prometheus's) and the secret Prometheus sends it."""
+    rel = layout.root
+    mode, group = worker_readable(PROMETHEUS_GID)
+    secret_mode, secret_group = secret_readable(PROMETHEUS_GID)
+    return [
+        Output(layout.alertmanager_web_config.relative_to(rel), web.encode(), mode, False, group),
+        Output(layout.prometheus_alertmanager_secret.relative_to(rel), password.encode(),
+               secret_mode, False, secret_group, secret=True),
     ]
 
 

@@ -55,6 +55,7 @@ ACME_SERVICE = "certbot"  # the ACME client of tls.mode acme
 PROMETHEUS_SERVICE = "prometheus"  # observability.enabled
 GRAFANA_SERVICE = "grafana"  # observability.enabled, reached through the front door only
 DOOR_FIGURES_SERVICE = "door-figures"  # observability.enabled: the front door's request figures
+ALERTMANAGER_SERVICE = "alertmanager"  # observability.alerts: kit's alerts delivered
 WAKER_SERVICE = "sleep-waker"  # idle_sleep: wakes a sleeping model for the door, sleeps idle ones
 # The compose services kit renders beside the spec's: a spec service may not take their names.
 KIT_SERVICES = {
@@ -65,6 +66,7 @@ KIT_SERVICES = {
     GRAFANA_SERVICE: "the dashboards (observability)",
     DOOR_FIGURES_SERVICE: "the front door's figures (observability)",
     WAKER_SERVICE: "the waker of sleeping models (idle_sleep)",
+    ALERTMANAGER_SERVICE: "the alerts' delivery (observability.alerts)",
 }
 # Site files a service re-reads on every request: a change needs neither reload nor recreate,
 # so they stay out of its digest (the verifier's auth_basic reads htpasswd per request; a

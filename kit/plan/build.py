@@ -76,6 +76,9 @@ NGINX_CONF = f"{NGINX_MOUNT}/nginx.conf"
 NGINX_TEST = ["nginx", "-c", NGINX_CONF, "-t"]  # how a reload is checked first, in any mode
 # A replica that refused a connection (or timed out) is skipped for this long by each worker.
 REPLICA_FAIL_TIMEOUT = 10
+# A replica's server line while kit up replaces it (kit/converge/rollout.py writes it, the door's
+# figures read it: the out-of-rotation alert).
+OUT_OF_SERVICE = "# out of service: "
 # A replica on this host's private network accepts within milliseconds or is gone (a killed
 # container's address answers nothing): after this long nginx gives the request to another one.
 REPLICA_CONNECT_TIMEOUT = 2

@@ -18,6 +18,8 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kit.plan.alerts import AlertsPlan, alerts_plan
+
 if TYPE_CHECKING:
     from kit.spec.model import Spec
 
@@ -26,6 +28,10 @@ GRAFANA_PORT = 3000
 GRAFANA_PATH = "/grafana/"  # at the front door, behind its authentication
 DOOR_FIGURES_PORT = 9113  # nginx's own connection figures, on the private networks only
 DOOR_FIGURES_PATH = "/kit-figures"
+# The door's own state (kit/dataplane/door/figures.js): budgets' shares, the certificate's end,
+# the ACME loop's last run, replicas in rotation
+DOOR_STATE_PATH = "/kit-door-state"
+DOOR_STATE_JOB = "front-door-state"
 SCRAPE_PATH = "/kit-scrape/"  # + a replica's host: its /metrics, through the door's listener
 METRICS_NETWORK = "metrics"  # the compose file's key of the network above
 DEFAULT_SUBNETS = ipaddress.IPv4Network("198.18.0.0/15")  # benchmarking space: not on LANs
@@ -105,6 +111,7 @@ class ObservabilityPlan:
     retention_days: int
     replica_down_after: int  # seconds
     slos: tuple[ServiceSlo, ...]
+    alerts: AlertsPlan | None = None  # Alertmanager and its receivers (observability.alerts)
 
     def slo(self, service: str) -> ServiceSlo | None:
         return next((slo for slo in self.slos if slo.service == service), None)
@@ -135,6 +142,7 @@ def observability_plan(spec: Spec) -> ObservabilityPlan | None:
         retention_days=obs.retention_days,
         replica_down_after=obs.replica_down_after,
         slos=slos,
+        alerts=alerts_plan(spec),
     )
 
 

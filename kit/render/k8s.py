@@ -700,6 +700,10 @@ def cannot_do(plan: Plan) -> list[str]:
         notes.append("observability: Prometheus, Grafana and the front door's figures are not "
                      "exported (nor /grafana/); scrape the vLLM pods' /metrics on port "
                      f"{VLLM_PORT} with the cluster's own monitoring")
+        if plan.observability.alerts is not None:
+            notes.append("observability.alerts: Alertmanager and kit's alert rules are not "
+                         "exported either; route the cluster's own Prometheus alerts to your "
+                         "receivers (docs/observability.md lists each alert and what to do)")
     if plan.usage is not None:
         notes.append(
             "usage ledger: one per front-door pod, in its claim usage-ledger-nginx-N "

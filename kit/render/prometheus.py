@@ -9,17 +9,27 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kit.credentials.material import PROMETHEUS_PASSWORD_ENV, PROMETHEUS_USER
 from kit.engine.desired import (
+    ALERTMANAGER_SERVICE,
     DOOR_FIGURES_SERVICE,
     GRAFANA_SERVICE,
     PROMETHEUS_SERVICE,
     WAKER_SERVICE,
 )
 from kit.files import generated_yaml
-from kit.layout import PROMETHEUS_AUTH_ENV_FILE, PROMETHEUS_WEB_CONFIG
+from kit.layout import (
+    ALERTMANAGER_SECRET,
+    NGINX_MOUNT,
+    PROMETHEUS_AUTH_ENV_FILE,
+    PROMETHEUS_WEB_CONFIG,
+    SiteLayout,
+)
+from kit.plan.alerts import ALERTMANAGER_PORT
+from kit.plan.build import OUT_OF_SERVICE
 from kit.plan.observability import (
     DOOR_FIGURES_PATH,
     DOOR_FIGURES_PORT,
@@ -30,6 +40,8 @@ from kit.plan.observability import (
     DOOR_LOG_SOCKET,
     DOOR_SCRIPT,
     DOOR_SCRIPT_MOUNT,
+    DOOR_STATE_JOB,
+    DOOR_STATE_PATH,
     DOOR_STATES,
     GRAFANA_DASHBOARDS_MOUNT,
     GRAFANA_PATH,
@@ -50,6 +62,15 @@ if TYPE_CHECKING:
 
 # A prune of credentials' records by the disk bound stays an alert this long (it happens once).
 PRUNE_ALERT_WINDOW = "1d"
+# The usage ledger this far behind the door (the collector stalled, or spooled lines it cannot
+# read keep it waiting) is not recording: budgets seeded after a restart and kit usage lag.
+USAGE_LAG_ALERT_S = 120
+BUDGET_WARNING = 0.8  # a credential's share of a budget window that warns before it is spent
+CERT_ALERT_DAYS = 14  # certbot renews at 30 days left: at 14 it has failed for two weeks
+ACME_FAILING_ALERT_S = 900  # certbot retries from acme_retry_s on: failing this long is no blip
+# A replica out of its server list this long: a rolling update takes one out while it replaces
+# it (drain, start, gate); longer, one stopped half-way (kit up puts it back).
+OUT_OF_ROTATION_ALERT_S = 900
 
 
 @dataclass(frozen=True)
@@ -89,6 +110,7 @@ def prometheus_config(plan: Plan) -> str:
             "external_labels": {"site": plan.site},
         },
         "rule_files": [f"{PROMETHEUS_MOUNT}/rules.yml"],
+        **({"alerting": alerting_config()} if obs.alerts else {}),
         "scrape_configs": [
             {
                 "job_name": VLLM_JOB,
@@ -104,6 +126,11 @@ def prometheus_config(plan: Plan) -> str:
             {
                 "job_name": DOOR_JOB,
                 "metrics_path": DOOR_FIGURES_PATH,
+                "static_configs": [{"targets": [door]}],
+            },
+            {
+                "job_name": DOOR_STATE_JOB,
+                "metrics_path": DOOR_STATE_PATH,
                 "static_configs": [{"targets": [door]}],
             },
             {
@@ -125,6 +152,16 @@ def prometheus_config(plan: Plan) -> str:
         ],
     }
     return generated_yaml(config)
+
+
+def alerting_config() -> dict:
+    """Where Prometheus posts firing alerts: Alertmanager by its name on the alerting network,
+    as kit's account (the secret from a file its user's group alone reads)."""
+    return {"alertmanagers": [{
+        "static_configs": [{"targets": [f"{ALERTMANAGER_SERVICE}:{ALERTMANAGER_PORT}"]}],
+        "basic_auth": {"username": PROMETHEUS_USER,
+                       "password_file": f"{PROMETHEUS_MOUNT}/{ALERTMANAGER_SECRET}"},
+    }]}
 
 
 @dataclass(frozen=True)
@@ -176,6 +213,7 @@ def alert_rules(plan: Plan) -> list[AlertRule]:
         AlertRule("KitServerErrors", _error_ratio(), ">", 0.01, 300, "warning",
                   "{{ $labels.service }}: more than 1 % of responses are 5xx"),
     ]
+    rules += door_state_rules(plan)
     if plan.waker is not None:  # idle_sleep (docs/sleep.md): a model that cannot wake is down
         sleep = f'job="{SLEEP_JOB}"'
         rules += [
@@ -188,13 +226,27 @@ def alert_rules(plan: Plan) -> list[AlertRule]:
                       "{{ $labels.service }}: a wake failed (kit status shows vLLM's cause); "
                       "it stays asleep and its requests get a 503"),
         ]
-    if plan.usage is not None:  # docs/usage.md: the disk bound took records of credentials
-        rules.append(AlertRule(
-            "KitUsagePrunedForSpace",
-            f'increase(kit_usage_credential_requests_pruned_total{{job="{USAGE_JOB}"}}'
-            f"[{PRUNE_ALERT_WINDOW}])", ">", 0, 0, "warning",
-            "the usage ledger pruned records of credentials to stay under usage.max_disk: "
-            "raise it (kit status and kit audit verify name the ranges)"))
+    if plan.usage is not None:  # docs/usage.md
+        usage = f'job="{USAGE_JOB}"'
+        rules += [
+            AlertRule("KitUsagePrunedForSpace",
+                      f"increase(kit_usage_credential_requests_pruned_total{{{usage}}}"
+                      f"[{PRUNE_ALERT_WINDOW}])", ">", 0, 0, "warning",
+                      "the usage ledger pruned records of credentials to stay under "
+                      "usage.max_disk: raise it (kit status and kit audit verify name the "
+                      "ranges)"),
+            AlertRule("KitUsageCollectorDown", f"up{{{usage}}}", "==", 0, down, "critical",
+                      "the usage ledger's collector does not answer: requests wait in the "
+                      "spool unrecorded (kit status, kit logs usage-ledger)"),
+            AlertRule("KitUsageNotRecording", f"kit_usage_lag_seconds{{{usage}}}", ">",
+                      USAGE_LAG_ALERT_S, 60, "critical",
+                      "the usage ledger is {{ $value | humanizeDuration }} behind the door "
+                      "(kit status shows why)"),
+            AlertRule("KitUsageDiskFull", f"kit_usage_disk_full{{{usage}}}", "==", 1, 0,
+                      "critical",
+                      "the usage ledger's disk is full: records wait in the spool; free space "
+                      "or lower usage.retention_days"),
+        ]
     for slo in obs.slos:
         selector = f'{job},service="{slo.service}"'
         if slo.ttft_s is not None:
@@ -211,6 +263,40 @@ def alert_rules(plan: Plan) -> list[AlertRule]:
                          "service", RATE_WINDOW),
                 ">", slo.tpot_s, 600, "warning",
                 f"{slo.service}: TPOT p95 above the SLO ({slo.tpot_s * 1000:g} ms)"))
+    return rules
+
+
+def door_state_rules(plan: Plan) -> list[AlertRule]:
+    """Alerts on the door's own state (kit/dataplane/door/figures.js): a credential's budget
+    80 % and wholly used (the usage ledger on), the certificate it serves within
+    CERT_ALERT_DAYS of its end, certbot failing (acme), a replica out of its server list."""
+    state = f'job="{DOOR_STATE_JOB}"'
+    ratio = f"kit_budget_used_ratio{{{state}}}"
+    budget = "{{ $labels.credential }} used {{ $value | humanizePercentage }} of its " \
+        "{{ $labels.window }} token budget"
+    rules = [
+        AlertRule("KitBudgetNearlySpent", f"{ratio} < 1", ">=", BUDGET_WARNING, 0, "warning",
+                  budget + " (kit usage shows its requests)"),
+        AlertRule("KitBudgetSpent", ratio, ">=", 1, 0, "warning",
+                  budget + ": its requests get 429 until the window resets"),
+    ] if plan.usage is not None else []
+    rules += [
+        AlertRule("KitCertificateExpiresSoon",
+                  f"(kit_tls_certificate_not_after_seconds{{{state}}} - time()) / 86400", "<=",
+                  CERT_ALERT_DAYS, 0, "critical",
+                  "the front door's certificate ends in {{ $value | printf \"%.1f\" }} days"
+                  + (": certbot has not renewed it (kit status shows its last run)"
+                     if plan.acme else ": install a new one (tls.cert, kit up)")),
+        AlertRule("KitReplicaOutOfRotation", f"kit_door_replica_in_rotation{{{state}}}", "==", 0,
+                  OUT_OF_ROTATION_ALERT_S, "warning",
+                  "{{ $labels.service }}: {{ $labels.host }} is out of the front door's server "
+                  "list (a rolling update that stopped): kit up puts it back"),
+    ]
+    if plan.acme is not None:
+        rules.append(AlertRule(
+            "KitAcmeRenewalFailing", f"kit_acme_last_run_exit_code{{{state}}}", ">", 0,
+            ACME_FAILING_ALERT_S, "critical",
+            "certbot's runs keep failing (exit {{ $value }}): kit status names the cause"))
     return rules
 
 
@@ -238,11 +324,12 @@ def rules_file(plan: Plan) -> str:
     return generated_yaml({"groups": [{"name": "kit", "rules": rules}]})
 
 
-def prometheus_get(path: str, output: str = "-") -> str:
-    """A shell command that GETs `path` (URL-encoded) of Prometheus's API from inside its
-    container, with the password from the container's own environment (never in kit's request
-    nor in the compose file): busybox wget in the official image, curl in Debian-based ones."""
-    where = shlex.quote(f"127.0.0.1:{PROMETHEUS_PORT}{path}")
+def prometheus_get(path: str, output: str = "-", port: int = PROMETHEUS_PORT) -> str:
+    """A shell command that GETs `path` (URL-encoded) of Prometheus's API (or Alertmanager's, on
+    its `port`) from inside its container, with the password from the container's own
+    environment (never in kit's request nor in the compose file): busybox wget in the official
+    images, curl in Debian-based ones."""
+    where = shlex.quote(f"127.0.0.1:{port}{path}")
     secret = f'"{PROMETHEUS_USER}:${PROMETHEUS_PASSWORD_ENV}"'
     return (f'wget -q -O {output} "http://"{secret}"@"{where} 2>/dev/null || '
             f'curl -fsS -o {output} -u {secret} "http://"{where}')
@@ -266,6 +353,14 @@ def template_facts(plan: Plan) -> dict:
         "prometheus_auth_env_file": PROMETHEUS_AUTH_ENV_FILE,
         "grafana_health": f"http://127.0.0.1:{GRAFANA_PORT}{GRAFANA_PATH}api/health",
         "door_figures_port": DOOR_FIGURES_PORT,
+        "state_path": DOOR_STATE_PATH,
+        "tls_dir": in_nginx(SITE.tls_dir),
+        # a multi-replica service's server list (a file kit up edits), a lone replica's host
+        "replica_pools": json.dumps(
+            {service.name: {"pool": in_nginx(SITE.replica_pool(service.name))}
+             if len(service.replicas) > 1 else {"host": service.replicas[0].host}
+             for service in plan.services}, sort_keys=True),
+        "out_of_service": OUT_OF_SERVICE,
         "scrape_path": SCRAPE_PATH,
         "door_figures_path": DOOR_FIGURES_PATH,
         "door_states": DOOR_STATES,
@@ -306,6 +401,14 @@ def template_facts(plan: Plan) -> dict:
             "GF_ANALYTICS_CHECK_FOR_PLUGIN_UPDATES": "false",
         },
     }
+
+
+SITE = SiteLayout(Path("."))
+
+
+def in_nginx(path: Path) -> str:
+    """A path of the site's nginx folder as the front door's container sees it."""
+    return f"{NGINX_MOUNT}/{path.relative_to(SITE.nginx_dir).as_posix()}"
 
 
 def upstreams(plan: Plan) -> dict[str, str]:

@@ -77,6 +77,8 @@ from kit.plan.build import (
 from kit.plan.host import spec_warnings
 from kit.plan.observability import DOOR_SCRIPT
 from kit.plan.usage import DOOR_SPOOL_MOUNT, SPOOL_VOLUME
+from kit.render.alertmanager import alertmanager_files, secret_outputs
+from kit.render.alertmanager import template_facts as alertmanager_facts
 from kit.render.dashboards import dashboard_files, dashboard_provisioning, datasource_provisioning
 from kit.render.node_files import worker_outputs
 from kit.render.prometheus import prometheus_config, rules_file, template_facts
@@ -225,6 +227,7 @@ def template_context(plan: Plan, spec_name: str) -> dict:
         "usage_spool_volume": SPOOL_VOLUME,
         "usage_door_mount": DOOR_SPOOL_MOUNT,
         "waker": waker_facts(plan),
+        "am": alertmanager_facts(plan),
     }
 
 
@@ -265,12 +268,13 @@ def generated_files(plan: Plan, spec_name: str) -> list[Output]:
         *observability_files(plan, layout),
         *usage_files(plan, layout),
         *waker_files(plan, layout),
+        *alertmanager_files(plan, layout),
     ]
 
 
 # The front door's njs modules (kit/dataplane/door/), each beside nginx.conf, where js_path finds
 # them and they find each other; verifier.js is the verifier's own.
-DOOR_MODULES = ("auth.js", "json.js", "policy.js", "route.js", "usage.js", "wake.js")
+DOOR_MODULES = ("auth.js", "json.js", "policy.js", "route.js", "usage.js", "wake.js", "figures.js")
 
 
 def door_module(name: str) -> bytes:
@@ -384,7 +388,10 @@ def site_outputs(
         outputs.append(Output(layout.ca_bundle.relative_to(layout.root), bundle.read_bytes(),
                               0o644, generated=False))
     if plan.observability is not None:
-        outputs += prometheus_auth_outputs(layout)
+        alerts = plan.observability.alerts
+        outputs += prometheus_auth_outputs(layout, alerting=alerts is not None)
+        if alerts is not None:
+            outputs += secret_outputs(alerts, layout, spec_dir)
     auth = auth_outputs(layout, spec.auth.users)
     return plan, outputs + auth.outputs, auth
 

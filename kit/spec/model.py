@@ -39,6 +39,7 @@ from kit.names import (
     SHA256,
     SITE_NAME,
     SIZE,
+    SMTP_USER,
     USER_NAME,
 )
 from kit.spec.vllm_flags import (
@@ -148,6 +149,8 @@ class Images(StrictModel):
     # observability.enabled
     prometheus: Annotated[str, Field(pattern=IMAGE_REF)] = "prom/prometheus:v3.5.0"
     grafana: Annotated[str, Field(pattern=IMAGE_REF)] = "grafana/grafana:12.1.1"
+    # observability.alerts (docs/observability.md, "Delivered alerts")
+    alertmanager: Annotated[str, Field(pattern=IMAGE_REF)] = "prom/alertmanager:v0.33.1"
 
     @field_validator("nginx")
     @classmethod
@@ -268,6 +271,59 @@ class Slo(StrictModel):
         return self
 
 
+class Webhook(StrictModel):
+    """A webhook receiver: its URL (which often holds a token) lives in a file of its own."""
+
+    url_file: FilePath  # relative to the spec; 0600, one http(s) URL
+
+
+class Smtp(StrictModel):
+    host: Host
+    port: Annotated[int, Field(ge=1, le=65535)] = 587
+    username: Annotated[str, Field(pattern=SMTP_USER)] | None = None
+    password_file: FilePath | None = None  # relative to the spec; 0600, the password alone
+    require_tls: bool = True  # STARTTLS before anything is sent (off: a relay on a trusted LAN)
+
+    @model_validator(mode="after")
+    def _password_with_user(self) -> "Smtp":
+        if (self.username is None) != (self.password_file is None):
+            raise ValueError("smtp.username and smtp.password_file go together (or neither: a "
+                             "relay that asks no login)")
+        return self
+
+
+class Email(StrictModel):
+    to: Annotated[str, Field(pattern=EMAIL, max_length=254)]
+    sender: Annotated[str, Field(pattern=EMAIL, max_length=254, alias="from")]
+    smtp: Smtp
+
+
+class Receiver(StrictModel):
+    """One place alerts go: exactly one of a webhook, an email, a Slack incoming webhook."""
+
+    webhook: Webhook | None = None
+    email: Email | None = None
+    slack_webhook_file: FilePath | None = None  # relative to the spec; 0600, Slack's URL
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "Receiver":
+        kinds = [self.webhook, self.email, self.slack_webhook_file]
+        if sum(kind is not None for kind in kinds) != 1:
+            raise ValueError("a receiver is one of webhook: {url_file: …}, email: {…} or "
+                             "slack_webhook_file: …")
+        return self
+
+
+class Alerts(StrictModel):
+    """Alertmanager beside Prometheus: kit's alerts delivered, grouped, repeated while firing
+    (docs/observability.md, "Delivered alerts")."""
+
+    receivers: Annotated[list[Receiver], Field(min_length=1, max_length=16)]
+    group_wait: Annotated[int, Field(ge=0, le=3600)] = 30  # s before a new group's first notice
+    group_interval: Annotated[int, Field(ge=1, le=86400)] = 300  # s between a group's updates
+    repeat_interval: Annotated[int, Field(ge=60, le=604800)] = 14400  # s: still firing, again
+
+
 class Observability(StrictModel):
     """Prometheus and Grafana beside the services; Grafana only behind the front door."""
 
@@ -279,6 +335,14 @@ class Observability(StrictModel):
     # have fixed addresses (Grafana trusts the user header from the front door's only). Unset:
     # one /28 of 198.18.0.0/15 picked by the site's name. Set it when that one is taken.
     subnet: Annotated[str, AfterValidator(names.private_subnet)] | None = None
+    alerts: Alerts | None = None  # Alertmanager and where it delivers; unset: none rendered
+
+    @model_validator(mode="after")
+    def _alerts_need_prometheus(self) -> "Observability":
+        if self.alerts is not None and not self.enabled:
+            raise ValueError("observability.alerts needs observability.enabled: true (Prometheus "
+                             "evaluates the rules Alertmanager delivers)")
+        return self
 
 
 def _ledger_size(value: str) -> str:

@@ -61,12 +61,12 @@ def site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
 
 
 def wait_every_target_up(site: LiveSite) -> None:
-    """Prometheus has scraped each of its four targets successfully (a new Prometheus has no
+    """Prometheus has scraped each of its five targets successfully (a new Prometheus has no
     sample until its first scrape; `kit status` shows that as `not scraped yet`)."""
 
     def all_up() -> bool:
         targets = query(site, "/api/v1/targets")["activeTargets"]
-        return len(targets) == 4 and all(t["health"] == "up" for t in targets)
+        return len(targets) == 5 and all(t["health"] == "up" for t in targets)
 
     wait_for("every target up", all_up, 30)
 
@@ -75,11 +75,12 @@ def test_every_target_is_up(site: LiveSite) -> None:
     wait_every_target_up(site)
     jobs = sorted((t["labels"]["job"], t["labels"].get("service", "-"))
                   for t in query(site, "/api/v1/targets")["activeTargets"])
-    assert jobs == [("front-door", "-"), ("front-door-requests", "-"), ("usage", "-"),
-                    ("vllm", SERVICE)]
+    assert jobs == [("front-door", "-"), ("front-door-requests", "-"),
+                    ("front-door-state", "-"), ("usage", "-"), ("vllm", SERVICE)]
 
 
 def test_every_panel_and_rule_queries_metrics_that_exist(site: LiveSite) -> None:
+    checked(site.kit("keys add", "budgeted", "--tokens-per-day", "100000"))  # budget alerts
     ops = site.basic("ops")
     for _ in range(12):  # a short load: every histogram gets observations
         assert site.completion(ops, tokens=6) == 200
@@ -115,7 +116,9 @@ def test_every_panel_and_rule_queries_metrics_that_exist(site: LiveSite) -> None
     assert not empty, "queries without data:\n" + "\n".join(f"{w}: {e}" for w, e in empty)
     sources = {where.split(":")[0] for where, _ in walked}
     assert {"kit-front-door.json", f"kit-svc-{SERVICE}.json"} <= sources
-    assert len([s for s in sources if s.startswith("rule ")]) == 9  # seven alerts + two SLO ones
+    # seven alerts, two SLO ones, three of the usage ledger, two of budgets, the certificate's
+    # and the replicas' rotation
+    assert len([s for s in sources if s.startswith("rule ")]) == 16
     print(f"{len(walked)} PromQL expressions walked, every one returned data")
     assert 0 < (found["share"] or 0) <= 1, found
 

@@ -58,8 +58,9 @@ def test_observability_on_and_off_under_64_streams_drops_none(site: LiveSite) ->
         if enabled:
             def every_target_up() -> bool:
                 targets = live_stack.query(site, "/api/v1/targets")["activeTargets"]
-                # the door twice (nginx's figures, its requests), the usage ledger, the replicas
-                return len(targets) == 3 + len(REPLICAS) and all(
+                # the door three times (nginx's figures, its requests, its own state), the
+                # usage ledger, the replicas
+                return len(targets) == 4 + len(REPLICAS) and all(
                     t["health"] == "up" for t in targets)
 
             live_stack.wait_for("every target up", every_target_up, 30)

@@ -6,20 +6,24 @@ tests/standin/vllm_standin/sleep.py).
 After a sleep by hand and a wake by a request through the door, every PromQL expression of
 every dashboard panel and alert rule returns data, and the "Sleep mode" panel's and the sleep
 alerts' with the values the waker holds (awake 1 / asleep 0, the wake and the sleep counted,
-none held); a wake told to fail fires KitWakeFailed.
+none held); a wake told to fail fires KitWakeFailed, which Alertmanager delivers to a webhook
+and an SMTP sink (tests/support/alert_sinks.py).
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Iterator
 
 import pytest
 
 from kit.plan.waker import SLEEP_JOB
+from tests.support.alert_sinks import Sinks, delivered, receivers, site_sinks
 from tests.support.live_stack import (
     SERVICE,
     LiveSite,
+    checked,
     observed,
     promql_expressions,
     query,
@@ -35,12 +39,22 @@ PANEL = "Sleep mode: awake, wakes, held requests"
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory, docker_client, test_images) -> Iterator[LiveSite]:
-    with observed(tmp_path_factory.mktemp("sleepobs") / "site", docker_client,
-                  {"scrape_interval": SCRAPE_S, "replica_down_after": 3}, prefix="sob",
+def stack(tmp_path_factory, docker_client, test_images) -> Iterator[tuple[LiveSite, Sinks]]:
+    """The site, its alerts delivered to a webhook and an SMTP sink (a failed wake's too)."""
+    root = tmp_path_factory.mktemp("sleepobs") / "site"
+    sink = f"kit-alert-sink-{secrets.token_hex(3)}"
+    with observed(root, docker_client,
+                  {"scrape_interval": SCRAPE_S, "replica_down_after": 3,
+                   "alerts": receivers(root, sink)}, prefix="sob",
                   env={"STANDIN_WAKE_SECONDS": "0.2", "STANDIN_WAKE_FAIL_FILE": FAIL_FILE},
-                  overrides={SERVICE: {"idle_sleep": {"after": "15m"}}}) as live:
-        yield live
+                  overrides={SERVICE: {"idle_sleep": {"after": "15m"}}}) as live, \
+            site_sinks(live, sink) as sinks:
+        yield live, sinks
+
+
+@pytest.fixture(scope="module")
+def site(stack) -> LiveSite:
+    return stack[0]
 
 
 def value(site: LiveSite, expr: str) -> float:
@@ -64,6 +78,7 @@ def scraped(site: LiveSite, expr: str, expected: float) -> float:
 
 
 def test_the_sleep_panel_and_alerts_return_the_waker_s_figures(site: LiveSite) -> None:
+    checked(site.kit("keys add", "budgeted", "--tokens-per-day", "100000"))  # budget alerts
     wait_for("every target up", lambda: all(
         t["health"] == "up" for t in query(site, "/api/v1/targets")["activeTargets"]), 60)
     jobs = {t["labels"]["job"] for t in query(site, "/api/v1/targets")["activeTargets"]}
@@ -110,13 +125,16 @@ def test_the_sleep_panel_and_alerts_return_the_waker_s_figures(site: LiveSite) -
     print(f"{len(walked)} PromQL expressions walked, every one returned data")
 
 
-def test_a_failed_wake_fires_kit_wake_failed(site: LiveSite) -> None:
+def test_a_failed_wake_fires_kit_wake_failed_and_is_delivered(stack) -> None:
+    site, sinks = stack
     slept = site.kit("sleep", SERVICE)
     assert slept.returncode == 0, slept.stdout + slept.stderr
     container = site.container(SERVICE)
     container.exec_run(["touch", FAIL_FILE])
     try:
-        assert site.completion(f"Bearer {site.add_key('failing')}") == 503
+        key = f"Bearer {site.add_key('failing')}"
+        since = time.time()
+        assert site.completion(key) == 503
         panel = sleep_panel(site)
         scraped(site, f'kit_sleep_failed_wakes_total{{job="{SLEEP_JOB}",service="{SERVICE}"}}',
                 1)
@@ -129,5 +147,7 @@ def test_a_failed_wake_fires_kit_wake_failed(site: LiveSite) -> None:
 
         print(f"KitWakeFailed firing {wait_for('KitWakeFailed firing', firing, 30):.1f} s "
               "after the failed wake was scraped")
+        hooks, _ = delivered(site, sinks, "KitWakeFailed", since)  # webhook and mail
+        assert any(a["labels"].get("service") == SERVICE for a in hooks[0]["body"]["alerts"])
     finally:
         container.exec_run(["rm", "-f", FAIL_FILE])

@@ -25,6 +25,8 @@
 #    rate limiter, tests/support/acme_limiter).
 # 4. Prometheus 3.5 (Debian forky's prometheus + promtool packages, unpacked and cached by
 #    tests/images/prometheus.sh) tagged prom/prometheus:v3.5.0 and kit-test/prometheus:3; a
+#    Alertmanager 0.33.1 (Debian forky's prometheus-alertmanager, `prometheus.sh alertmanager`)
+#    tagged prom/alertmanager:v0.33.1 and kit-test/alertmanager:0.33; a
 #    Grafana STAND-IN (NOT Grafana,
 #    tests/images/grafana-standin) tagged grafana/grafana:12.1.1 and
 #    kit-test/grafana-standin:latest.
@@ -91,6 +93,8 @@ NGINX_SUITE="trixie"
 NGINX_PACKAGES="curl,ca-certificates,passwd,nginx,libnginx-mod-http-js"
 PROMETHEUS_IMAGE="kit-test/prometheus:3"
 GRAFANA_IMAGE="kit-test/grafana-standin:latest"
+ALERTMANAGER_IMAGE="kit-test/alertmanager:0.33"
+alertmanager_tags=("prom/alertmanager:v0.33.1")  # kit's pinned images.alertmanager
 prometheus_tags=("prom/prometheus:v3.5.0")  # kit's pinned images.prometheus and images.grafana
 grafana_tags=("grafana/grafana:12.1.1")
 PEBBLE_IMAGE="kit-test/pebble:2.4"
@@ -262,6 +266,13 @@ prometheus_dir="$(bash "$HERE/prometheus.sh")"
 cp "$prometheus_dir/usr/bin/prometheus" "$prometheus_dir/usr/bin/promtool" "$work/prometheus/"
 build prometheus "$HERE/prometheus.Dockerfile" "$work/prometheus" "$PROMETHEUS_IMAGE" \
     "${prometheus_tags[@]}"
+mkdir -p "$work/alertmanager"
+alertmanager_dir="$(bash "$HERE/prometheus.sh" alertmanager)"
+cp "$alertmanager_dir/usr/bin/prometheus-alertmanager" "$alertmanager_dir/usr/bin/amtool" \
+    "$work/alertmanager/"
+cp -r "$alertmanager_dir/usr/share/prometheus/alertmanager" "$work/alertmanager/share"
+build alertmanager "$HERE/alertmanager.Dockerfile" "$work/alertmanager" "$ALERTMANAGER_IMAGE" \
+    "${alertmanager_tags[@]}"
 cp "$HERE/grafana-standin/grafana_standin.py" "$work/grafana/"
 build grafana-standin "$HERE/grafana-standin.Dockerfile" "$work/grafana" "$GRAFANA_IMAGE" \
     "${grafana_tags[@]}"
@@ -289,5 +300,6 @@ BASE="$ACME_BASE" build certbot "$HERE/certbot.Dockerfile" "$work/certbot" "$CER
     "${certbot_tags[@]}"
 
 finish "$VLLM_IMAGE" "${vllm_tags[@]}" "$NGINX_IMAGE" "${nginx_tags[@]}" "$NGINX_OLDEST_IMAGE" \
-    "$PROMETHEUS_IMAGE" "${prometheus_tags[@]}" "$GRAFANA_IMAGE" "${grafana_tags[@]}" \
+    "$PROMETHEUS_IMAGE" "${prometheus_tags[@]}" "$ALERTMANAGER_IMAGE" "${alertmanager_tags[@]}" \
+    "$GRAFANA_IMAGE" "${grafana_tags[@]}" \
     "$PEBBLE_IMAGE" "$CERTBOT_IMAGE" "${certbot_tags[@]}"

@@ -13,10 +13,24 @@
 #
 # forky's package index lives in a private apt state under the cache (the host's apt sources stay
 # bookworm's); it is fetched once, and again only when the version it names is gone from the mirror.
+#
+#   tests/images/prometheus.sh [alertmanager]
+#
+# With `alertmanager`: Debian forky's prometheus-alertmanager package (0.33.x, kit pins
+# prom/alertmanager:v0.33.1) unpacked the same way into $KIT_TEST_CACHE/alertmanager-<version>/:
+# usr/bin/prometheus-alertmanager for the test image, usr/bin/amtool for the unit tests.
 set -euo pipefail
 CACHE="${KIT_TEST_CACHE:-/var/cache/kit-test}"
 SUITE="forky"
-MAJOR="3." # kit pins prom/prometheus:v3.5.0; a Debian that moved on to 4.x must be looked at first
+case "${1:-prometheus}" in
+prometheus)
+    NAME="prometheus" PACKAGES=(prometheus promtool) BINARIES=(promtool prometheus)
+    MAJOR="3." ;; # kit pins prom/prometheus:v3.5.0; a Debian on 4.x must be looked at first
+alertmanager)
+    NAME="alertmanager" PACKAGES=(prometheus-alertmanager) BINARIES=(amtool prometheus-alertmanager)
+    MAJOR="0.33." ;; # kit pins prom/alertmanager:v0.33.1
+*) echo "prometheus.sh: unknown component: $1 (prometheus or alertmanager)" >&2; exit 2 ;;
+esac
 mkdir -p "$CACHE"
 exec 8>"$CACHE/prometheus.lock"
 flock 8 # build.sh and the unit tests' fixture may both ask at once
@@ -40,13 +54,13 @@ refresh_index() {
     apt-get "${apt_options[@]}" update -qq >&2
 }
 candidate() {
-    apt-cache "${apt_options[@]}" policy prometheus 2>/dev/null | awk '/Candidate:/ { print $2 }'
+    apt-cache "${apt_options[@]}" policy "${PACKAGES[0]}" 2>/dev/null | awk '/Candidate:/ { print $2 }'
 }
 
 check_major() {
     case "$version" in
     "$MAJOR"*) ;;
-    *) echo "prometheus.sh: Debian $SUITE has prometheus '$version', not $MAJOR*" >&2; exit 1 ;;
+    *) echo "prometheus.sh: Debian $SUITE has ${PACKAGES[0]} '$version', not $MAJOR*" >&2; exit 1 ;;
     esac
 }
 
@@ -56,27 +70,26 @@ if [ -z "$version" ] || [ "$version" = "(none)" ]; then
     refresh_index
     version="$(candidate)"
 fi
-dir="$CACHE/prometheus-${version//[:+~]/_}"
-if [ ! -x "$dir/usr/bin/promtool" ] || [ ! -x "$dir/usr/bin/prometheus" ]; then
+dir="$CACHE/$NAME-${version//[:+~]/_}"
+if [ ! -x "$dir/usr/bin/${BINARIES[0]}" ] || [ ! -x "$dir/usr/bin/${BINARIES[1]}" ]; then
     check_major
     work="$(mktemp -d)"
     trap 'rm -rf "$work"' EXIT
     download() {
         (cd "$work" && apt-get "${apt_options[@]}" download -qq \
-            "prometheus=$version" "promtool=$version" >&2)
+            "${PACKAGES[@]/%/=$version}" >&2)
     }
     if ! download; then
         # The mirror keeps only a suite's current version: take the one it names now.
         refresh_index
         version="$(candidate)"
-        dir="$CACHE/prometheus-${version//[:+~]/_}"
+        dir="$CACHE/$NAME-${version//[:+~]/_}"
         check_major
         download
     fi
     rm -rf "$dir.part"
-    dpkg-deb -x "$work"/prometheus_*.deb "$dir.part"
-    dpkg-deb -x "$work"/promtool_*.deb "$dir.part"
-    "$dir.part/usr/bin/promtool" --version >/dev/null # runs on this host (glibc) or says why not
+    for deb in "$work"/*.deb; do dpkg-deb -x "$deb" "$dir.part"; done
+    "$dir.part/usr/bin/${BINARIES[0]}" --version >/dev/null # runs on this host (glibc) or says why not
     rm -rf "$dir"
     mv "$dir.part" "$dir"
 fi

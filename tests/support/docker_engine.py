@@ -26,6 +26,7 @@ IMAGES = {
     "nginx_debian": "kit-test/nginx:1.22",  # Debian 12's: only the ACME tests' rate limiter
     "prometheus": "prom/prometheus:v3.5.0",  # Debian forky's Prometheus 3.5.3
     "grafana": "grafana/grafana:12.1.1",  # a stand-in, NOT Grafana (tests/images/grafana-standin)
+    "alertmanager": "prom/alertmanager:v0.33.1",  # Debian forky's Alertmanager 0.33.1
     "pebble": "kit-test/pebble:2.4",  # tls.mode acme: the ACME server (tests/support/acme_ca.py)
     "certbot": "certbot/certbot:v3.1.0",  # Debian's certbot under the spec's default name
 }

@@ -351,12 +351,13 @@ def _verifier(netns_pid: int, nginx_dir: Path, work: Path) -> subprocess.Popen:
 def serving_door(nginx_dir: Path, work: Path, hostnames: list[str], model: Path,
                  served_name: str, server_name: str, *, verifier: bool = False,
                  clock_offset_s: int = 0, standin_args: tuple[str, ...] = (),
-                 **standin: str) -> Iterator[Door]:
+                 addresses: tuple[str, ...] = (), **standin: str) -> Iterator[Door]:
     """nginx on the rendered `nginx_dir` and a stand-in serving `model` as `served_name`
     (with `standin_args`, e.g. ("--runner", "pooling")), in a namespace of their own, until
     the block ends; with `verifier`, the rendered verifier too (Basic passwords are checked;
     without it a credential that is not a Bearer key of the site gets a 500); with
-    `clock_offset_s`, nginx's wall clock that far ahead (a window's end comes sooner)."""
+    `clock_offset_s`, nginx's wall clock that far ahead (a window's end comes sooner); with
+    `addresses`, those IPv4 addresses on its loopback too (the metrics listener's, a client's)."""
     root = nginx_ns.nginx_root()
     assert root is not None, nginx_ns.available()
     (work / "spool").mkdir(exist_ok=True)  # kept: a restart of nginx on the same volume
@@ -364,7 +365,8 @@ def serving_door(nginx_dir: Path, work: Path, hostnames: list[str], model: Path,
                                else ("", "", ""))
     script = nginx_ns.namespace_script(
         {NGINX_MOUNT: nginx_dir.resolve(), nginx_ns.USAGE_SPOOL_DIR: (work / "spool").resolve()},
-        hostnames if verifier else [VERIFIER_SERVICE, *hostnames], f"ip link set lo up\n{setup}",
+        hostnames if verifier else [VERIFIER_SERVICE, *hostnames],
+        "ip link set lo up\n" + "".join(f"ip addr add {a}/32 dev lo\n" for a in addresses) + setup,
         f"-c {NGINX_MOUNT}/nginx.conf -g 'daemon off; {keep_env}'", work, prefix=prefix)
     if verifier:
         with open(work / "hosts", "a") as hosts:

@@ -312,6 +312,28 @@ function seedBudgets(r, windows) {
     ngx.shared.kit_usage.add('seeded', 1);
 }
 
+// What each budgeted credential counted against each of its budgets now: [who, window name,
+// tokens, budget] (the door's own figures, figures.js: the budget alerts). Seeded first after
+// a restart of nginx, as its first request would be, so a restart reads no window as empty.
+function budgetUse(r) {
+    var windows = windowsAt(Date.now());
+    if (ngx.shared.kit_usage.get('seeded') === undefined) {
+        seedBudgets(r, windows);
+    }
+    var credentials = kit_policy.credentials;
+    var use = [];
+    Object.keys(credentials).forEach(function (who) {
+        BUDGETS.forEach(function (pair) {
+            var budget = credentials[who][pair[0]];
+            if (budget !== undefined) {
+                var key = who + windows[pair[1]].key;
+                use.push([who, pair[1], ngx.shared.kit_budget.get(key) || 0, budget]);
+            }
+        });
+    });
+    return use;
+}
+
 function counted(tokens) {
     return typeof tokens === 'number' && tokens > 0 && tokens <= Number.MAX_SAFE_INTEGER
         && Math.floor(tokens) === tokens;
@@ -353,4 +375,4 @@ function batchTurn(r) {
 }
 
 export default {policyOf, allowed, batchSite, batchName, expired, budgeted, limited, release, count,
-                batchTurn};
+                batchTurn, budgetUse};

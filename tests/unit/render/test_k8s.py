@@ -33,6 +33,7 @@ from kit.render.k8s import (
     shutdown_timeout,
 )
 from kit.render.usage import usage_facts
+from kit.spec.model import Alerts, Receiver, Webhook
 from kit.spec.vllm_flags import flag_table
 from tests.support import nginx_ns
 from tests.support.cli import run_kit
@@ -533,6 +534,15 @@ def test_observability_is_named_and_left_out_of_the_front_door() -> None:
     plain = export(plan, CREDENTIALS, namespace=plan.site, service_type="LoadBalancer",
                    spec_name="site.yaml")
     assert not any(note.startswith("observability: ") for note in plain.notes)
+    assert not any(note.startswith("observability.alerts: ") for note in result.notes)
+    alerted = build_plan(spec.model_copy(update={
+        "observability": spec.observability.model_copy(update={
+            "enabled": True,
+            "alerts": Alerts(receivers=[Receiver(webhook=Webhook(url_file=Path("hook")))])})}))
+    result = export(alerted, CREDENTIALS, namespace=plan.site, service_type="LoadBalancer",
+                    spec_name="site.yaml")
+    assert any(note.startswith("observability.alerts: Alertmanager and kit's alert rules are "
+                               "not exported") for note in result.notes)
 
 
 # --------------------------------------------------------------------------- the usage ledger

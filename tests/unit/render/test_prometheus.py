@@ -117,7 +117,10 @@ def test_alert_rules(observed: Path) -> None:
     rules = {rule["alert"]: rule for rule in groups["groups"][0]["rules"]}
     assert set(rules) == {"KitReplicaDown", "KitServiceDown", "KitNoServiceReady",
                           "KitKVCacheFull", "KitRequestsWaiting", "KitServerErrors",
-                          "KitTTFTAboveSLO", "KitTPOTAboveSLO", "KitUsagePrunedForSpace"}
+                          "KitTTFTAboveSLO", "KitTPOTAboveSLO", "KitUsagePrunedForSpace",
+                          "KitUsageCollectorDown", "KitUsageNotRecording", "KitUsageDiskFull",
+                          "KitBudgetNearlySpent", "KitBudgetSpent", "KitCertificateExpiresSoon",
+                          "KitReplicaOutOfRotation"}
     assert rules["KitReplicaDown"]["expr"] == 'up{job="vllm"} == 0'
     # issue 42 item 6: the disk bound pruning records of credentials is an alert for a day
     assert rules["KitUsagePrunedForSpace"]["expr"] == (

@@ -118,6 +118,26 @@ def min_awake(data: dict, value: str) -> None:
     data["services"][0]["idle_sleep"]["min_awake"] = value
 
 
+def receiver(*path: str) -> Setter:
+    """A value of an alert receiver (observability.alerts): a webhook, an email or Slack."""
+
+    def setter(data: dict, value: str) -> None:
+        entry: dict = {"email": {"to": "ops@test.example", "from": "kit@test.example",
+                                 "smtp": {"host": "smtp.test.internal", "username": "kit",
+                                          "password_file": "smtp.pw"}}}
+        if path[0] == "webhook":
+            entry = {"webhook": {"url_file": "hook.url"}}
+        elif path[0] == "slack_webhook_file":
+            entry = {}
+        target = entry
+        for part in path[:-1]:
+            target = target[part]
+        target[path[-1]] = value
+        data["observability"] = {"enabled": True, "alerts": {"receivers": [entry]}}
+
+    return setter
+
+
 TLS_NEEDS = {
     "acme": {"email": "ops@test.example"},
     "files": {"cert": "server.pem", "key": "server.key"},
@@ -138,6 +158,20 @@ FIELDS: dict[str, tuple[Setter, str]] = {
     "images.certbot": (at("images", "certbot"), "certbot/certbot:v3.1.0"),
     "images.prometheus": (at("images", "prometheus"), "prom/prometheus:v3.5.0"),
     "images.grafana": (at("images", "grafana"), "grafana/grafana:12.1.1"),
+    "images.alertmanager": (at("images", "alertmanager"), "prom/alertmanager:v0.33.1"),
+    "observability.alerts.receivers.webhook.url_file": (receiver("webhook", "url_file"),
+                                                        "hook.url"),
+    "observability.alerts.receivers.slack_webhook_file": (receiver("slack_webhook_file"),
+                                                          "slack.url"),
+    "observability.alerts.receivers.email.to": (receiver("email", "to"), "ops@test.example"),
+    "observability.alerts.receivers.email.sender": (receiver("email", "from"),
+                                                    "kit@test.example"),
+    "observability.alerts.receivers.email.smtp.host": (receiver("email", "smtp", "host"),
+                                                       "smtp.test.internal"),
+    "observability.alerts.receivers.email.smtp.username": (
+        receiver("email", "smtp", "username"), "kit"),
+    "observability.alerts.receivers.email.smtp.password_file": (
+        receiver("email", "smtp", "password_file"), "smtp.pw"),
     "tls.mode": (at("tls", "mode"), "self-signed"),
     "tls.cert": (at("tls", "cert", mode="files"), "server.pem"),
     "tls.key": (at("tls", "key", mode="files"), "server.key"),

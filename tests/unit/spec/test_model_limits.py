@@ -27,6 +27,7 @@ PAIRED = {
     # gpus / tensor_parallel: one replica at both ends (64 replicas: test_replicas_core.py)
     ("services", 0, "replicas"): (1, 1),
 }
+LISTS = ("services", "receivers")  # lists of models: their first entry takes the extremes
 FLOAT_STEP = 0.01  # the smallest float above an exclusive lower bound that the spec is given
 # Keys read in tls.mode acme only, which needs a public domain: they reach neither nginx nor
 # compose's checks, only the certbot loop's shell (tests/unit/front_door/test_acme.py runs it).
@@ -40,7 +41,7 @@ def numeric_bounds(model: type[BaseModel], prefix: tuple = ()) -> dict[tuple, tu
         path = (*prefix, name)
         nested = _model_of(info.annotation)
         if nested is not None:
-            found.update(numeric_bounds(nested, (*path, 0) if name == "services" else path))
+            found.update(numeric_bounds(nested, (*path, 0) if name in LISTS else path))
             continue
         rules, kind = _number_rules(info.annotation)
         rules += info.metadata
@@ -84,6 +85,10 @@ def extreme_spec(models: Path, end: int) -> dict:
         "tls": {"mode": "self-signed"}, "auth": {"users": ["ops"]}, "proxy": {},
         # a Hub id: no model directory, so no capacity plan limits the numbers
         "services": [{"name": "svc", "model": "org/model", "gpus": [0]}],
+        # observability on, with Alertmanager mailing through an SMTP relay (no secret file)
+        "observability": {"enabled": True, "alerts": {"receivers": [{"email": {
+            "to": "ops@test.example", "from": "kit@test.example",
+            "smtp": {"host": "smtp.test.example"}}}]}},
     }
     for path, bounds in numeric_bounds(Spec).items():
         if path in ACME_ONLY:
