@@ -32,6 +32,7 @@ EXAMPLES = {
     "K8S_NAME": "llama8b-env",
     "SSH_USER": "deploy_1",
     "HEADER_NAME": "X-Session-ID",
+    "SMTP_USER": "alerts+kit@example.com",
 }
 
 
