@@ -27,7 +27,6 @@ import statistics
 import sys
 import tempfile
 import threading
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -36,38 +35,14 @@ sys.path.insert(0, str(ROOT))
 
 from kit.bench.client import Endpoint, Load, StepRecord, run_step, words  # noqa: E402
 from kit.plan.build import VLLM_PORT  # noqa: E402
-from kit.render.site_files import render_site  # noqa: E402
-from kit.site import Site  # noqa: E402
-from tests.support.cli import run_kit  # noqa: E402
-from tests.support.door_ns import Door, serving_door  # noqa: E402
-from tests.support.sites import base_site  # noqa: E402
+from tests.support.door_ns import Door  # noqa: E402
+from tests.support.replica_door import HOST, REPLICAS, SERVED, replica_door  # noqa: E402
 from tests.support.standin_calls import call, metric  # noqa: E402
 
-SERVED = "llama-3.1-8b"
-HOST = "llm.test.internal"
-REPLICAS = {f"llama8b-r{i}": f"127.0.1.{i + 1}" for i in range(4)}
 STANDIN = {"STANDIN_PREFILL_BUDGET": "1", "STANDIN_PREFILL_US_PER_TOKEN": "300",
            "STANDIN_TOKEN_INTERVAL_MS": "20", "STANDIN_PREFIX_CACHE_BLOCKS": "50000",
            "STANDIN_LOAD_SECONDS": "0.1"}
 OUTPUT_TOKENS = 16
-
-
-@contextmanager
-def door(root: Path, routing: str):
-    """A door whose service has four replicas routed by `routing` (a YAML flow mapping); yields
-    (door, key)."""
-    site = base_site(root)
-    spec = site / "site.yaml"
-    spec.write_text(spec.read_text().replace("    gpus: [0]\n", (
-        f"    gpus: [0, 1, 2, 3]\n    tensor_parallel: 1\n    routing: {routing}\n")))
-    render_site(Site.load(spec))
-    added = run_kit("keys", "add", spec, "bench", "--offline")
-    assert added.exit_code == 0, added.output
-    (root / "work").mkdir()
-    with serving_door(site / "nginx", root / "work", ["llama8b", *REPLICAS],
-                      root / "models" / "llama-8b", SERVED, HOST, replicas=REPLICAS,
-                      **STANDIN) as running:
-        yield running, added.output.split("key bench: ")[1].split()[0]
 
 
 def replica_figures(running: Door) -> dict[str, dict[str, float]]:
@@ -86,7 +61,7 @@ def sampled(running: Door, stop: threading.Event, samples: list[list[float]]) ->
 
 
 def one_run(root: Path, routing: str, endpoint: Endpoint, users: int, requests: int) -> dict:
-    with door(root, routing) as (running, key):
+    with replica_door(root, routing, **STANDIN) as (running, key, _):
         endpoint = replace(endpoint, authorization=f"Bearer {key}", ca_file=str(running.ca_file))
         samples: list[list[float]] = []
         stop = threading.Event()

@@ -15,40 +15,24 @@ import pytest
 
 from kit.converge.rollout import mark
 from kit.plan.build import VLLM_PORT
-from kit.render.site_files import render_site
-from kit.site import Site
 from tests.support import nginx_ns
-from tests.support.cli import run_kit
-from tests.support.door_ns import Door, serving_door
+from tests.support.door_ns import Door
 from tests.support.raw_http import request as raw_request
-from tests.support.sites import base_site
+from tests.support.replica_door import HOST, REPLICAS, SERVED, replica_door
 from tests.support.standin_calls import call, metric
 
 pytestmark = pytest.mark.skipif(nginx_ns.available() is not None,
                                 reason=str(nginx_ns.available()))
 
-SERVED = "llama-3.1-8b"
-HOST = "llm.test.internal"
-REPLICAS = {f"llama8b-r{i}": f"127.0.1.{i + 1}" for i in range(4)}
 EPSILON = 0.25
 
 
 @pytest.fixture(scope="module")
 def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Door, str, Path]]:
-    root = tmp_path_factory.mktemp("balance")
-    site = base_site(root)
-    spec = site / "site.yaml"
-    spec.write_text(spec.read_text().replace("    gpus: [0]\n", (
-        "    gpus: [0, 1, 2, 3]\n    tensor_parallel: 1\n"
-        f"    routing: {{affinity: prefix, epsilon: {EPSILON}}}\n")))
-    render_site(Site.load(spec))
-    added = run_kit("keys", "add", spec, "client", "--offline")
-    assert added.exit_code == 0, added.output
-    (root / "work").mkdir()
-    with serving_door(site / "nginx", root / "work", ["llama8b", *REPLICAS],
-                      root / "models" / "llama-8b", SERVED, HOST, replicas=REPLICAS,
+    with replica_door(tmp_path_factory.mktemp("balance"),
+                      f"{{affinity: prefix, epsilon: {EPSILON}}}",
                       STANDIN_TOKEN_INTERVAL_MS="10", STANDIN_LOAD_SECONDS="0.1") as running:
-        yield running, added.output.split("key client: ")[1].split()[0], site / "nginx"
+        yield running
 
 
 def conversation(n: int, turns: int) -> list[dict]:
