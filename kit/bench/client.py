@@ -19,6 +19,14 @@ steady state of N users), `lockstep` (closed loop, every stream starts at once: 
 prefill) and `poisson` (open loop: requests arrive at `rate` per second with exponential gaps,
 `vllm bench serve --request-rate R --burstiness 1`, however many are already in flight).
 
+Three workloads (`Endpoint.workload`, docs/benchmarks.md), what a prefix cache and the router
+in front of it can or cannot use: `random` (every prompt its own, led by its request's number:
+no shared prefix), `shared-prefix` (one system prompt of `system_words` words shared by every
+request, then a question of `turn_words` words of its own: agents, RAG) and `multiturn` (each
+stream is one user at a time: a conversation of `turns` turns on the shared system prompt, each
+turn re-sending the conversation so far with the answers it got, then the next user; a
+`hot_share` of the users start their conversation alike, a hot prefix).
+
 Servers close keep-alive connections that stay idle (uvicorn, so vLLM: after 5 s). A request
 written just as the server closes is never read, and the connection ends without an answer. So a
 connection idle for more than IDLE_REUSE_S is replaced before sending, and a request whose
@@ -42,6 +50,8 @@ NUMBERS = itertools.count(1)
 LAG_TICK_S = 0.005  # the watchdog's sleep: how often the loop's punctuality is sampled
 IDLE_REUSE_S = 2.0  # an idle connection older than this is replaced (uvicorn closes at 5 s)
 ARRIVALS = ("spread", "lockstep", "poisson")
+WORKLOADS = ("random", "shared-prefix", "multiturn")
+USERS = itertools.count(1)
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,11 @@ class Endpoint:
     prompt: str
     output_tokens: int
     timeout_s: float = 300.0
+    workload: str = "random"  # WORKLOADS
+    system_words: int = 2000  # shared-prefix, multiturn: the shared system prompt
+    turn_words: int = 50  # shared-prefix, multiturn: each question
+    turns: int = 8  # multiturn: a user's turns
+    hot_share: float = 0.0  # multiturn: the share of users whose first question is the same
 
 
 @dataclass(frozen=True)
@@ -134,10 +149,53 @@ def numbered(number: int, prompt: str) -> str:
     return f"{number} {prompt}"
 
 
-def request_body(endpoint: Endpoint, number: int) -> bytes:
+def words(seed: str, count: int) -> str:
+    """`count` words of plain text, the same for the same seed."""
+    pick = random.Random(seed)
+    return " ".join(pick.choice(TEXT_WORDS) for _ in range(count))
+
+
+TEXT_WORDS = ("the", "model", "answers", "a", "question", "about", "data", "which", "kept",
+              "in", "cache", "for", "every", "user", "turn", "of", "long", "prompt", "system",
+              "tool", "call", "reads", "document", "shared", "by", "many", "agents", "and")
+
+
+class Conversation:
+    """What a stream sends next under its endpoint's workload; a multiturn user's messages grow
+    with each answer (`answered`) and start again as a new user after `turns` turns."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.system = words("system", endpoint.system_words)
+        self.messages: list[dict] = []
+        self.turn = 0
+
+    def next_messages(self, number: int) -> list[dict]:
+        e = self.endpoint
+        if e.workload == "random":
+            return [{"role": "user", "content": numbered(number, e.prompt)}]
+        system = {"role": "system", "content": self.system}
+        if e.workload == "shared-prefix":
+            return [system, {"role": "user", "content": words(f"q{number}", e.turn_words)}]
+        if not self.messages or self.turn >= e.turns:
+            user = next(USERS)
+            hot = random.Random(user).random() < e.hot_share
+            first = words("hot" if hot else f"user{user}", e.turn_words)
+            self.messages, self.turn = [system, {"role": "user", "content": first}], 0
+        else:
+            self.messages.append({"role": "user", "content": words(f"t{number}", e.turn_words)})
+        self.turn += 1
+        return self.messages
+
+    def answered(self, text: str) -> None:
+        if self.endpoint.workload == "multiturn":
+            self.messages.append({"role": "assistant", "content": text})
+
+
+def request_body(endpoint: Endpoint, messages: list[dict]) -> bytes:
     return json.dumps({
         "model": endpoint.model,
-        "messages": [{"role": "user", "content": numbered(number, endpoint.prompt)}],
+        "messages": messages,
         "max_tokens": endpoint.output_tokens,
         "ignore_eos": True,  # vLLM: exactly max_tokens, as `vllm bench serve` asks
         "temperature": 0,
@@ -161,9 +219,10 @@ class Stream:
         if endpoint.authorization:
             headers.append(f"Authorization: {endpoint.authorization}")
         self.head = "\r\n".join(headers)
+        self.conversation = Conversation(endpoint)
 
     def request(self) -> bytes:
-        body = request_body(self.endpoint, next(NUMBERS))
+        body = request_body(self.endpoint, self.conversation.next_messages(next(NUMBERS)))
         return f"{self.head}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
 
     async def close(self) -> None:
@@ -233,6 +292,7 @@ class Stream:
                 await self.close()
             raise RequestRefused(f"http {status}")
         outcome = Outcome(resent=resent)
+        answer = []
         last = started
         done = False
         pending = b""
@@ -248,6 +308,8 @@ class Stream:
                     continue
                 now = time.perf_counter()
                 if has_choice(message):
+                    if self.endpoint.workload == "multiturn":  # the next turn re-sends it
+                        answer.append(content_of(message))
                     if outcome.ttft == 0.0:
                         outcome.ttft = now - started
                     else:
@@ -265,6 +327,7 @@ class Stream:
             raise RequestFailed("fewer tokens than asked" if outcome.output_tokens else
                                 "no usage in the stream")
         outcome.latency = last - started
+        self.conversation.answered("".join(answer))
         return outcome
 
 
@@ -277,6 +340,12 @@ def has_choice(message: bytes) -> bool:
     if b'"choices":[]' in message:
         return False
     return bool(json.loads(message).get("choices"))
+
+
+def content_of(message: bytes) -> str:
+    """A content chunk's text (parsed: only a multiturn stream keeps its answers)."""
+    choice = json.loads(message)["choices"][0]
+    return (choice.get("delta") or {}).get("content") or choice.get("text") or ""
 
 
 async def _headers(reader: asyncio.StreamReader) -> dict[str, str]:

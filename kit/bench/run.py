@@ -76,6 +76,7 @@ class BenchOptions:
     limit: int = SEARCH_LIMIT
     arrival: str = "spread"
     request_rates: tuple[float, ...] | None = None  # a poisson grid; None: the search
+    workload: str = "random"  # kit.bench.client.WORKLOADS: what the prompts share
 
 
 @dataclass
@@ -358,7 +359,9 @@ def run_bench(site: Site, options: BenchOptions, say: Callable[[str], None],
                    gpus=len(service.gpus), replicas=replicas,
                    configured_max_num_seqs=plan.max_num_seqs, arrival=options.arrival)
     prompt = door.sized_prompt(options.input_tokens)
-    endpoint = door.endpoint(prompt, options.output_tokens)
+    # shared-prefix and multiturn share a system prompt of as many words as the prompt's tokens
+    endpoint = replace(door.endpoint(prompt, options.output_tokens), workload=options.workload,
+                       system_words=options.input_tokens)
     direct = DirectClient(site, plan, endpoint) if options.compare_direct else None
     chosen = options.request_rates if poisson else options.concurrency
     latency = 0.0

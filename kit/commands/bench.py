@@ -52,6 +52,12 @@ def _positive_list(convert, what: str, example: str):
               "all starting at once (vllm bench serve --max-concurrency N); poisson: an open "
               "loop at a request rate (vllm bench serve --request-rate R), where the search "
               "varies the rate [default: spread; poisson with --request-rate].")
+@click.option("--workload", type=click.Choice(["random", "shared-prefix", "multiturn"]),
+              default="random", show_default=True,
+              help="What the prompts share (docs/benchmarks.md): random (nothing), shared-prefix "
+                   "(a system prompt of --input-tokens words, then a 50-word question of its "
+                   "own), multiturn (each stream a user of 8 turns on that system prompt, "
+                   "re-sending the conversation with its answers).")
 @click.option("--concurrency", metavar="LIST",
               callback=_positive_list(int, "positive integers", "1,4,16,64"),
               help="Run this grid (e.g. 1,4,16,64) instead of searching for the boundary.")
@@ -90,7 +96,7 @@ def _positive_list(convert, what: str, example: str):
 @click.pass_context
 def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: float | None,
           slo_tpot_p95_ms: float | None, input_tokens: int, output_tokens: int,
-          arrival: str | None, concurrency: tuple[int, ...] | None,
+          arrival: str | None, workload: str, concurrency: tuple[int, ...] | None,
           request_rate: tuple[float, ...] | None, requests_per_step: int | None,
           max_minutes: float, out: Path | None, max_client_lag_ms: float, compare_direct: bool,
           write_spec: bool, mix: bool, mix_seconds: float, interactive_streams: int,
@@ -110,6 +116,9 @@ def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: 
     from kit.bench.report import charts_missing, table, write_outputs
     from kit.bench.run import BenchOptions, pick_service, run_bench, slo_for
 
+    if mix and workload != "random":
+        raise click.BadParameter("--mix measures batch beside interactive requests of its own "
+                                 "shape; drop --workload", param_hint="--workload")
     if mix:
         _mix(ctx, spec, service, input_tokens, output_tokens, out,
              MixOptions(mix_seconds, interactive_streams, mix_rounds))
@@ -132,6 +141,7 @@ def bench(ctx: click.Context, spec: Path, service: str | None, slo_ttft_p95_ms: 
         slo=slo_for(pick_service(site, service), slo_ttft_p95_ms, slo_tpot_p95_ms),
         input_tokens=input_tokens,
         output_tokens=output_tokens, concurrency=concurrency, arrival=arrival,
+        workload=workload,
         request_rates=request_rate,
         requests_per_step=requests_per_step, max_minutes=max_minutes,
         compare_direct=compare_direct, max_client_lag_ms=max_client_lag_ms,

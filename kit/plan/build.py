@@ -90,7 +90,7 @@ REPLICA_SHUTDOWN_TIMEOUT = 30
 BACKEND_NETWORK = "backend"
 STOP_GRACE_PERIOD = 30  # a single-replica service (no --shutdown-timeout: vLLM's default, 0)
 UNAVAILABLE_RETRY_AFTER = 5  # seconds a client is told to wait when no replica can take it
-PREFIX_KEY = "$kit_prefix"  # route.js: a digest of the conversation's leading text
+PREFIX_KEY = "$kit_pick"  # balance.js: the key nginx's hash upstream takes the chosen replica by
 ADAPTER_KEY = "$kit_adapter"  # route.js: the LoRA adapter a request names ('' for a base model)
 
 
@@ -120,6 +120,7 @@ class ServicePlan:
     replicas: list[ReplicaPlan] = field(default_factory=list)
     affinity: str = "none"  # routing.affinity: none | header | prefix (multi-replica only)
     affinity_key: str | None = None  # the nginx variable the affinity upstream hashes
+    load_bound: float | None = None  # prefix routing's ε: no replica above (1 + ε) × the mean
     adapters: tuple[str, ...] = ()  # LoRA adapters' names: models the door routes here too
     hub_adapters: bool = False  # an adapter vLLM downloads from the Hub (the backend goes out)
     # vLLM's --config file of the adapters (lora/<service>/adapters.yaml: --lora-modules and the
@@ -528,6 +529,7 @@ def _service_plan(spec: Spec, service, servers: ApiServers) -> ServicePlan:
         replicas=replicas,
         affinity=affinity,
         affinity_key=_affinity_key(affinity, service.routing.header),
+        load_bound=service.routing.load_bound() if affinity == "prefix" else None,
         adapters=tuple(adapter.name for adapter in service.adapters),
         hub_adapters=downloads,
         lora_config=lora_config,
@@ -598,7 +600,8 @@ def adapter_paths(spec: Spec, service: Service,
 
 
 def _affinity_key(affinity: str, header: str | None) -> str | None:
-    """What the affinity upstream hashes: the header's nginx variable, or route.js's prefix key."""
+    """What the affinity upstream hashes: the header's nginx variable, or the key of the replica
+    balance.js picked by the request's prefix."""
     if affinity == "header" and header is not None:
         return "$http_" + header.lower().replace("-", "_")
     return PREFIX_KEY if affinity == "prefix" else None

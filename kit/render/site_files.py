@@ -215,6 +215,9 @@ def template_context(plan: Plan, spec_name: str) -> dict:
         "unavailable_retry_after": UNAVAILABLE_RETRY_AFTER,
         "prefix_key": PREFIX_KEY,
         "adapter_key": ADAPTER_KEY,
+        # prefix routing's services and their ε, as balance.js reads them ("service=ε ...")
+        "bounded_load": " ".join(f"{svc.name}={svc.load_bound:g}" for svc in plan.services
+                                 if svc.load_bound is not None),
         "adapter_affinity": any(ADAPTER_KEY in (svc.affinity_hash or "") for svc in plan.services),
         "openai_routes": OPENAI_ROUTES,
         "unknown_user": UNKNOWN_USER,
@@ -274,7 +277,8 @@ def generated_files(plan: Plan, spec_name: str) -> list[Output]:
 
 # The front door's njs modules (kit/dataplane/door/), each beside nginx.conf, where js_path finds
 # them and they find each other; verifier.js is the verifier's own.
-DOOR_MODULES = ("auth.js", "json.js", "policy.js", "route.js", "usage.js", "wake.js", "figures.js")
+DOOR_MODULES = ("auth.js", "balance.js", "json.js", "policy.js", "route.js", "usage.js",
+                "wake.js", "figures.js")
 
 
 def door_module(name: str) -> bytes:

@@ -371,12 +371,18 @@ class Usage(StrictModel):
     lost_after_seconds: Annotated[int, Field(ge=5, le=3600)] | None = None
 
 
+DEFAULT_EPSILON = 0.25  # prefix routing's load bound: no replica above 1.25 × the mean
+
+
 class Routing(StrictModel):
     """How the front door spreads a service's requests over its replicas (least connections
-    unless an affinity keeps a session or a conversation on one replica)."""
+    unless an affinity keeps a session or a conversation on one replica; prefix routing under a
+    load bound: docs/routing.md)."""
 
     affinity: Literal["none", "header", "prefix"] = "none"
     header: Annotated[str, Field(pattern=HEADER_NAME)] | None = None
+    # prefix only: a replica takes a request while it carries at most (1 + ε) × the mean in flight
+    epsilon: Annotated[float, Field(ge=0.05, le=4)] | None = None
 
     @model_validator(mode="after")
     def _header_for_header_affinity(self) -> "Routing":
@@ -384,7 +390,13 @@ class Routing(StrictModel):
             raise ValueError("affinity header needs `header:` (e.g. header: X-Session-ID)")
         if self.affinity != "header" and self.header is not None:
             raise ValueError(f"`header:` is only read with affinity header (not {self.affinity})")
+        if self.affinity != "prefix" and self.epsilon is not None:
+            raise ValueError(f"`epsilon:` is only read with affinity prefix (not {self.affinity})")
         return self
+
+    def load_bound(self) -> float:
+        """Prefix routing's ε (the spec's, else DEFAULT_EPSILON)."""
+        return DEFAULT_EPSILON if self.epsilon is None else self.epsilon
 
 
 class Adapter(StrictModel):

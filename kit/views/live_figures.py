@@ -4,6 +4,7 @@ of the site's Prometheus from inside its container (it publishes no port)."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from urllib.parse import urlencode
 
@@ -18,6 +19,9 @@ FIGURES = {
     "running": f'vllm:num_requests_running{{job="{VLLM_JOB}"}}',
     "waiting": f'vllm:num_requests_waiting{{job="{VLLM_JOB}"}}',
     "kv_cache_usage": f'vllm:kv_cache_usage_perc{{job="{VLLM_JOB}"}}',
+    # prompt tokens found in vLLM's prefix cache since the replica started (NaN before any)
+    "prefix_cache_hit_rate": f'vllm:prefix_cache_hits_total{{job="{VLLM_JOB}"}} / '
+                             f'vllm:prefix_cache_queries_total{{job="{VLLM_JOB}"}}',
 }
 
 
@@ -32,6 +36,7 @@ class ReplicaFigures:
     # not up in Prometheus, but its container reports healthy: the scrape lags (a replica that
     # just started, or Prometheus that did), not a replica that is down
     lagging: bool = False
+    prefix_cache_hit_rate: float | None = None  # 0..1; None before its first prompt
 
     @property
     def verdict(self) -> str:
@@ -56,9 +61,11 @@ class LiveFigures:
         lines = ["live figures (Prometheus):"]
         for r in self.replicas:
             kv = "-" if r.kv_cache_usage is None else f"{100 * r.kv_cache_usage:.0f} %"
+            hits = "-" if r.prefix_cache_hit_rate is None else \
+                f"{100 * r.prefix_cache_hit_rate:.0f} %"
             lines.append(f"  {r.service} replica {r.replica}: {r.verdict}, "
                          f"running {_count(r.running)}, waiting {_count(r.waiting)}, "
-                         f"KV cache {kv}")
+                         f"KV cache {kv}, prefix cache hits {hits}")
         lines += [f"  FIRING {alert}" for alert in self.firing] or ["  no alert firing"]
         return lines
 
@@ -100,7 +107,9 @@ def live_figures(engine: Engine, prometheus_id: str | None,
             for sample in _api(engine, prometheus_id, "/api/v1/query", {"query": expr})["result"]:
                 labels = sample["metric"]
                 key = (labels.get("service", "?"), labels.get("replica", "?"))
-                values.setdefault(key, {})[figure] = float(sample["value"][1])
+                value = float(sample["value"][1])
+                if not math.isnan(value):  # a ratio of counters still at 0
+                    values.setdefault(key, {})[figure] = value
         alerts = _api(engine, prometheus_id, "/api/v1/alerts")["alerts"]
         firing = tuple(sorted(
             f"{alert['labels']['alertname']}: {alert['annotations'].get('summary', '')}"
@@ -115,7 +124,8 @@ def live_figures(engine: Engine, prometheus_id: str | None,
     replicas = tuple(
         ReplicaFigures(service, replica, figures.get("up") == 1, figures.get("running"),
                        figures.get("waiting"), figures.get("kv_cache_usage"),
-                       lagging=figures.get("up") != 1 and (service, replica) in healthy)
+                       lagging=figures.get("up") != 1 and (service, replica) in healthy,
+                       prefix_cache_hit_rate=figures.get("prefix_cache_hit_rate"))
         for (service, replica), figures in sorted(values.items())
     )
     return LiveFigures(replicas, firing)

@@ -178,11 +178,15 @@ def test_a_second_up_changes_nothing_and_a_new_secret_recreates_only_its_holders
 
 def test_status_shows_live_figures(site: LiveSite) -> None:
     shown = checked(site.kit("status")).stdout
-    assert f"{SERVICE} replica 0: up, running 0, waiting 0, KV cache 0 %" in shown, shown
+    assert f"{SERVICE} replica 0: up, running 0, waiting 0, KV cache 0 %, prefix cache hits " \
+        in shown, shown
     assert "no alert firing" in shown
     seen = json.loads(checked(site.kit("status", "--json")).stdout)["observability"]
+    hits = seen["replicas"][0]["prefix_cache_hit_rate"]  # the stand-in's cache is off: 0 or none
+    assert hits in (0.0, None), seen
     assert seen["replicas"] == [{"service": SERVICE, "replica": "0", "up": True, "running": 0.0,
-                                 "waiting": 0.0, "kv_cache_usage": 0.0, "lagging": False}]
+                                 "waiting": 0.0, "kv_cache_usage": 0.0, "lagging": False,
+                                 "prefix_cache_hit_rate": hits}]
     assert seen["firing"] == [] and seen["problem"] is None
 
 

@@ -64,6 +64,7 @@ class Door:
     ca_file: Path
     new_standin: Callable[[], subprocess.Popen]
     verifier: subprocess.Popen | None = None  # serving_door(verifier=True): its nginx's shell
+    replicas: dict[str, subprocess.Popen] | None = None  # serving_door(replicas=…): by address
     clock_offset_s: int = 0  # serving_door(clock_offset_s=…): how far nginx's clock is ahead
 
     def now(self) -> float:
@@ -316,11 +317,12 @@ def _own_namespace(proc: subprocess.Popen, timeout: float = 10) -> int:
 
 
 def _standin(netns: int, work: Path, model: Path, served_name: str,
-             env: dict[str, str], args: tuple[str, ...] = ()) -> subprocess.Popen:
+             env: dict[str, str], args: tuple[str, ...] = (),
+             address: str = "127.0.0.1") -> subprocess.Popen:
     with open(work / "standin.out", "ab") as log:
         return subprocess.Popen(
             [sys.executable, str(STANDIN / "vllm"), "serve", str(model), "--served-model-name",
-             served_name, "--host", "127.0.0.1", "--port", str(VLLM_PORT),
+             served_name, "--host", address, "--port", str(VLLM_PORT),
              "--disable-uvicorn-access-log", *args],
             env=standin_env(**env), stdout=log, stderr=subprocess.STDOUT,
             preexec_fn=lambda: _setns(netns))
@@ -351,13 +353,16 @@ def _verifier(netns_pid: int, nginx_dir: Path, work: Path) -> subprocess.Popen:
 def serving_door(nginx_dir: Path, work: Path, hostnames: list[str], model: Path,
                  served_name: str, server_name: str, *, verifier: bool = False,
                  clock_offset_s: int = 0, standin_args: tuple[str, ...] = (),
-                 addresses: tuple[str, ...] = (), **standin: str) -> Iterator[Door]:
+                 addresses: tuple[str, ...] = (), replicas: dict[str, str] | None = None,
+                 **standin: str) -> Iterator[Door]:
     """nginx on the rendered `nginx_dir` and a stand-in serving `model` as `served_name`
     (with `standin_args`, e.g. ("--runner", "pooling")), in a namespace of their own, until
     the block ends; with `verifier`, the rendered verifier too (Basic passwords are checked;
     without it a credential that is not a Bearer key of the site gets a 500); with
     `clock_offset_s`, nginx's wall clock that far ahead (a window's end comes sooner); with
-    `addresses`, those IPv4 addresses on its loopback too (the metrics listener's, a client's)."""
+    `addresses`, those IPv4 addresses on its loopback too (the metrics listener's, a client's);
+    with `replicas` (hostname → loopback address), each of those names resolves to its address
+    and has a stand-in of its own there (`Door.replicas`, by address)."""
     root = nginx_ns.nginx_root()
     assert root is not None, nginx_ns.available()
     (work / "spool").mkdir(exist_ok=True)  # kept: a restart of nginx on the same volume
@@ -367,7 +372,8 @@ def serving_door(nginx_dir: Path, work: Path, hostnames: list[str], model: Path,
         {NGINX_MOUNT: nginx_dir.resolve(), nginx_ns.USAGE_SPOOL_DIR: (work / "spool").resolve()},
         hostnames if verifier else [VERIFIER_SERVICE, *hostnames],
         "ip link set lo up\n" + "".join(f"ip addr add {a}/32 dev lo\n" for a in addresses) + setup,
-        f"-c {NGINX_MOUNT}/nginx.conf -g 'daemon off; {keep_env}'", work, prefix=prefix)
+        f"-c {NGINX_MOUNT}/nginx.conf -g 'daemon off; {keep_env}'", work, prefix=prefix,
+        addresses=replicas)
     if verifier:
         with open(work / "hosts", "a") as hosts:
             hosts.write(f"{VERIFIER_ADDRESS} {VERIFIER_SERVICE}\n")
@@ -380,9 +386,13 @@ def serving_door(nginx_dir: Path, work: Path, hostnames: list[str], model: Path,
                 lambda: _standin(netns, work, model, served_name, standin, standin_args),
                 clock_offset_s=clock_offset_s)
     checker = door.verifier = _verifier(nginx.pid, nginx_dir, work) if verifier else None
+    door.replicas = {address: _standin(netns, work, model, served_name, standin, standin_args,
+                                       address) for address in (replicas or {}).values()}
     try:
         _wait_port(door, 443, nginx)
         _wait_port(door, VLLM_PORT, standin_proc)
+        for address, proc in door.replicas.items():
+            _wait_port(door, VLLM_PORT, proc, address)
         if checker:
             _wait_port(door, 8081, checker, VERIFIER_ADDRESS)
         yield door
@@ -390,7 +400,7 @@ def serving_door(nginx_dir: Path, work: Path, hostnames: list[str], model: Path,
         if checker and checker.poll() is None:
             os.killpg(checker.pid, signal.SIGTERM)
             checker.wait(timeout=10)
-        for proc in (door.standin, nginx):
+        for proc in (door.standin, *door.replicas.values(), nginx):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM) if proc is nginx else proc.terminate()
                 proc.wait(timeout=10)

@@ -86,15 +86,17 @@ def shifted_clock(offset_s: int) -> tuple[str, str, str]:
 
 def namespace_script(
     mounts: dict[str, Path], hostnames: list[str], setup: str, nginx_args: str, work: Path,
-    after: str = "", prefix: str = "",
+    after: str = "", prefix: str = "", addresses: dict[str, str] | None = None,
 ) -> str:
     """A shell script that binds each source at its target (under /etc/nginx) in the nginx root
     filesystem (whose passwd has the image's `nginx` user), runs `setup` (host commands, e.g.
     `ip`, in the same namespaces), then `<prefix>nginx <nginx_args>` chrooted there, then `after`
-    (host commands again, e.g. a client of the nginx that daemonized)."""
+    (host commands again, e.g. a client of the nginx that daemonized). Each of `hostnames`
+    resolves to 127.0.0.1, or to its own loopback address in `addresses`."""
     root = nginx_root()
     assert root is not None, available()
-    hosts = "127.0.0.1 localhost\n" + "".join(f"127.0.0.1 {h}\n" for h in hostnames)
+    hosts = "127.0.0.1 localhost\n" + "".join(
+        f"{(addresses or {}).get(h, '127.0.0.1')} {h}\n" for h in hostnames)
     (work / "hosts").write_text(hosts)
     binds = "".join(
         f"mkdir -p {root}{target}\nmount --bind {source} {root}{target}\n"

@@ -2,6 +2,7 @@
 // auth, policy, route, usage, wake, json (docs/architecture.md). Layout lives in nginx.conf;
 // these modules only hold the logic nginx cannot express.
 // route.js: which service a request goes to, and the door's own answers built from that.
+import balance from 'balance.js';
 import json from 'json.js';
 import policy from 'policy.js';
 import usage from 'usage.js';
@@ -129,17 +130,19 @@ function forward(r, request, model, service) {
                        + 'requests are served; retry in ' + BATCH_RETRY_AFTER + ' s.');
     } else if (wait > 0) {
         setTimeout(function () {
-            dispatch(r, service);
+            dispatch(r, service, request);
         }, wait);
     } else {
-        dispatch(r, service);
+        dispatch(r, service, request);
     }
 }
 
 var BATCH_RETRY_AFTER = '1';
 
-// The request on to its service's location, through the waker when the service may sleep.
-function dispatch(r, service) {
+// The request on to its service's location (its replica chosen by its prefix when the
+// service routes so), through the waker when the service may sleep.
+function dispatch(r, service, request) {
+    balance.pick(r, service, prefixKeys(request));
     if (wake.sleeps(r, service)) {
         wake.awakeThen(r, service, location(service));
         return;
@@ -165,10 +168,16 @@ function appended(original, added) {
     return Buffer.concat([original.slice(0, end)].concat(added, [original.slice(end)]));
 }
 
-// What prefix affinity hashes: the conversation up to and including its first user message
-// (the system prompt alone is shared by many conversations), or a completion prompt's start.
-// A conversation keeps its replica as it grows, and so the prefix cache vLLM warmed there.
-var PREFIX_CHARS = 2048;
+// What prefix routing keys by: the request's prompt cut where the door can cut it as the chat
+// template will without its tokenizer, at each message's end (a completion prompt: every
+// PROMPT_CHUNK characters), each cut's key a digest chained from the one before it, so the keys
+// of a conversation's next turn start with the keys of this one. The first key (the
+// conversation up to and including its first user message: the system prompt alone is shared
+// by many conversations) places a conversation; the longest key the door saw before finds the
+// replica that computed it (docs/routing.md). The adapter a request names seeds the chain
+// (vLLM's prefix cache keeps each adapter's own). No keys: least connections.
+var PROMPT_CHUNK = 1024;
+var MAX_KEYS = 64;  // the last cuts of a long conversation: enough to find where it went
 
 function text(content) {
     if (typeof content === 'string') {
@@ -182,33 +191,36 @@ function text(content) {
     return '';
 }
 
-function leadingText(body) {
+// The prompt's pieces, in order, and how many of them the first key covers.
+function pieces(body) {
     if (Array.isArray(body.messages)) {
-        var lead = '';
-        for (var i = 0; i < body.messages.length; i++) {
-            var message = body.messages[i] || {};
-            lead += String(message.role) + ':' + text(message.content) + '\n';
-            if (message.role === 'user') {
-                break;
-            }
-        }
-        return lead;
+        var parts = body.messages.map(function (message) {
+            var m = json.isObject(message) ? message : {};
+            return String(m.role) + ':' + text(m.content) + '\n';
+        });
+        var users = body.messages.map(function (m) { return json.isObject(m) && m.role; });
+        var lead = users.indexOf('user');
+        return {parts: parts, lead: lead === -1 ? parts.length : lead + 1};
     }
-    return typeof body.prompt === 'string' ? body.prompt : '';
+    var prompt = typeof body.prompt === 'string' ? body.prompt : '';
+    var chunks = [];
+    for (var i = 0; i < prompt.length; i += PROMPT_CHUNK) {
+        chunks.push(prompt.slice(i, i + PROMPT_CHUNK));
+    }
+    return {parts: chunks, lead: 1};
 }
 
-// The affinity key of a request ('' when the body holds no conversation: least connections).
-function prefixKey(r) {
-    var body;
-    try {
-        body = JSON.parse(r.requestText || '');
-    } catch (e) {
-        return '';
+function prefixKeys(body) {
+    var cut = json.isObject(body) ? pieces(body) : {parts: [], lead: 0};
+    var keys = [];
+    var chain = adapterOf(body && body.model);
+    for (var i = 0; i < cut.parts.length; i++) {
+        chain = crypto.createHash('sha256').update(chain + '\n' + cut.parts[i]).digest('hex');
+        if (i + 1 >= cut.lead) {
+            keys.push(chain);
+        }
     }
-    var lead = body && typeof body === 'object' ? leadingText(body).slice(0, PREFIX_CHARS) : '';
-    var adapter = lead ? adapterOf(body.model) : '';
-    return lead ? crypto.createHash('sha256').update(adapter ? adapter + '\n' + lead : lead)
-        .digest('hex') : '';
+    return keys.slice(0, 1).concat(keys.slice(1).slice(-MAX_KEYS));
 }
 
 function fetchAll(r, prefix, names) {
@@ -313,4 +325,4 @@ function health(r) {
     });
 }
 
-export default {request: route, models, model, metrics, health, prefixKey, adapterName};
+export default {request: route, models, model, metrics, health, adapterName};

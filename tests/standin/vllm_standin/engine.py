@@ -40,7 +40,9 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+from .prefix_cache import PrefixCache
 
 # Token texts: short lowercase pieces, most with a leading space (no JSON escaping needed).
 _rng = random.Random(20261129)
@@ -173,6 +175,7 @@ class Request:
         "to_prefill",
         "priority",
         "lora",
+        "tokens",
     )
 
     def __init__(
@@ -196,6 +199,7 @@ class Request:
         self.admission = 0  # admissions so far: a prefill timer of an earlier one is stale
         self.to_prefill = 0  # prompt tokens still to compute (chunked prefill)
         self.lora: str | None = None  # the LoRA adapter it runs on (None: the base model)
+        self.tokens: Sequence[str] = ()  # its prompt's tokens, for the prefix cache
 
     def order(self) -> tuple[int, float]:
         """Its place in the priority scheduler's queue: the lower priority, then the earlier."""
@@ -223,8 +227,10 @@ class Engine:
         long_prefill_tokens: int = 0,
         preempt: bool = False,
         priority_scheduling: bool = False,
+        prefix_cache: PrefixCache | None = None,
     ):
         self.model_name = model_name
+        self.prefix_cache = prefix_cache
         self.priority_scheduling = priority_scheduling
         self.interval = interval_s
         self.ttft_s = ttft_s
@@ -390,14 +396,29 @@ class Engine:
             request.scheduled = now
         request.prefilling = True
         request.admission += 1
-        request.to_prefill = request.prompt_tokens + request.generated  # recompute if preempted
+        # recomputed if preempted, less what the prefix cache holds
+        request.to_prefill = request.prompt_tokens + request.generated - self._cached(request)
         self.running.append(request)
         if self.ttft_s is not None and self.prefill_budget is None:
-            # the deadline from the admission, not from whenever this line runs
-            asyncio.get_running_loop().call_at(now + self.ttft_s, self._prefilled, request,
+            # the deadline from the admission, not from whenever this line runs; with the
+            # prefix cache, longer by each prompt token it must compute
+            prefill = self.ttft_s + (request.to_prefill * self.prefill_s_per_token
+                                     if self.prefix_cache else 0.0)
+            asyncio.get_running_loop().call_at(now + prefill, self._prefilled, request,
                                                request.admission)
         self.counters["prompt_tokens"] += request.prompt_tokens
         self.window["prompt"] += request.prompt_tokens
+
+    def _cached(self, request: Request) -> int:
+        """The prompt tokens the prefix cache holds for it (0 without the cache)."""
+        if self.prefix_cache is None or not request.tokens:
+            return 0
+        return self.prefix_cache.lookup(request.tokens, request.lora)
+
+    def _computed(self, request: Request) -> None:
+        """Its prompt computed: the prompt's full blocks into the prefix cache."""
+        if self.prefix_cache is not None and request.tokens:
+            self.prefix_cache.store(request.tokens, request.lora)
 
     def _preempt_for_growth(self) -> None:
         """V1's recompute preemption: while the running requests' next tokens need more blocks
@@ -416,6 +437,7 @@ class Engine:
         if request.finished or admission != request.admission or request not in self.running:
             return  # preempted since (a readmission set its own deadline)
         request.prefilling = False
+        self._computed(request)
         now = time.monotonic()
         self._emit(request, now)
         self.counters["generation_tokens"] += 1
@@ -474,6 +496,7 @@ class Engine:
         request.to_prefill -= chunk
         if not request.to_prefill:
             request.prefilling = False
+            self._computed(request)
         return budget - chunk, computed + chunk
 
     def _step(self) -> None:
@@ -570,8 +593,12 @@ class Engine:
             f"Engine 000: Avg prompt throughput: {prompt / elapsed:.1f} tokens/s, "
             f"Avg generation throughput: {generation / elapsed:.1f} tokens/s, "
             f"Running: {len(self.running)} reqs, Waiting: {len(self.waiting)} reqs, "
-            f"GPU KV cache usage: {100 * self.kv_usage():.1f}%, Prefix cache hit rate: 0.0%"
+            f"GPU KV cache usage: {100 * self.kv_usage():.1f}%, "
+            f"Prefix cache hit rate: {100 * self._hit_rate():.1f}%"
         )
+
+    def _hit_rate(self) -> float:
+        return self.prefix_cache.hit_rate() if self.prefix_cache else 0.0
 
     def metrics(self) -> str:
         labels = f'engine="0",model_name="{self.model_name}"'
@@ -622,12 +649,13 @@ class Engine:
         counter(
             "vllm:prefix_cache_queries",
             "Prefix cache queries, in terms of number of queried tokens.",
-            {"": self.counters["prompt_tokens"]},
+            {"": self.prefix_cache.queries if self.prefix_cache
+             else self.counters["prompt_tokens"]},
         )
         counter(
             "vllm:prefix_cache_hits",
             "Prefix cache hits, in terms of number of cached tokens.",
-            {"": 0},
+            {"": self.prefix_cache.hits if self.prefix_cache else 0},
         )
         counter(
             "vllm:num_preemptions",

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from . import VERSION, buckets, cli, logs, lora, model, multinode
 from .calibration import ApiServers, CalibrationError, profile, setting, setting_float
 from .engine import Engine
+from .prefix_cache import PrefixCache
 from .server import App, Connection
 from .sleep import SleepMode
 
@@ -29,6 +30,16 @@ PKG = "/usr/local/lib/python3.12/dist-packages/vllm"
 
 def _env_float(name: str, default: float) -> float:
     return float(os.environ.get(name, default))
+
+
+def prefix_cache(enabled: bool | None, block_size: int) -> PrefixCache | None:
+    """The prefix cache (prefix_cache.py) of STANDIN_PREFIX_CACHE_BLOCKS blocks: opt-in, so the
+    benchmarks that send one prompt again and again keep its cost; never with vLLM's
+    --disable-prefix-caching."""
+    blocks = setting("STANDIN_PREFIX_CACHE_BLOCKS")
+    if blocks is None or enabled is False:
+        return None
+    return PrefixCache(block_size, int(blocks))
 
 
 class Failure(Exception):
@@ -467,6 +478,7 @@ class Standin:
                 "enable_prefix_caching": str(a.enable_prefix_caching is not False),
             },
             bounds=a.histogram_bounds,
+            prefix_cache=prefix_cache(a.enable_prefix_caching, a.block_size or model.BLOCK_SIZE),
         )
         # a pooling model embeds (--runner pooling, --convert embed, or under --runner auto an
         # architecture vLLM registers as pooling: the stand-in knows the bare *Model encoders)

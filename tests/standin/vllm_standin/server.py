@@ -679,7 +679,7 @@ class App:
         # vLLM's `return_token_ids` (a non-streamed chat's ids: the prompt's after the usage)
         ids = [self._token_id(t) for t in tokens] if lax_bool(body.get("return_token_ids")) \
             else None
-        self._generate(conn, request, body, chat=True, prompt_tokens=len(tokens), prompt_ids=ids)
+        self._generate(conn, request, body, chat=True, tokens=tokens, prompt_ids=ids)
 
     def completions(
         self, conn: Connection, request: HttpRequest, handler: str = "create_completion"
@@ -690,9 +690,7 @@ class App:
         if "prompt" not in body:
             self._missing(conn, request, body, "prompt")
             return
-        self._generate(
-            conn, request, body, chat=False, prompt_tokens=len(self._prompt_tokens(body["prompt"]))
-        )
+        self._generate(conn, request, body, chat=False, tokens=self._prompt_tokens(body["prompt"]))
 
     def invocations(self, conn: Connection, request: HttpRequest) -> None:
         body = self._json_body(conn, request, "invocations")
@@ -704,7 +702,7 @@ class App:
                 request,
                 body,
                 chat=False,
-                prompt_tokens=len(self._prompt_tokens(body["prompt"])),
+                tokens=self._prompt_tokens(body["prompt"]),
             )
         elif isinstance(body.get("messages"), list):
             self._generate(
@@ -712,7 +710,7 @@ class App:
                 request,
                 body,
                 chat=True,
-                prompt_tokens=len(self._chat_tokens(body["messages"])),
+                tokens=self._chat_tokens(body["messages"]),
             )
         else:
             self._missing(conn, request, body, "messages")
@@ -734,7 +732,8 @@ class App:
         messages = [{"role": "user", "content": given}] if isinstance(given, str) else given
         if isinstance(body.get("instructions"), str):
             messages = [{"role": "system", "content": body["instructions"]}, *messages]
-        prompt_tokens = len(self._chat_tokens(messages))
+        tokens = self._chat_tokens(messages)
+        prompt_tokens = len(tokens)
         limit = body.get("max_output_tokens")
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)
                                   or limit < 1):
@@ -752,6 +751,7 @@ class App:
             sink = ResponsesCollectSink(conn, request, shape)
         job = Request(prompt_tokens, max_tokens, sink.on_token, conn.received)
         job.lora = model if self.adapters and model in self.adapters.loaded else None
+        job.tokens = tokens
         conn.active = job
         if self.sleep is None:
             self.engine.add(job)
@@ -810,8 +810,9 @@ class App:
 
     def _generate(
         self, conn: Connection, request: HttpRequest, body: dict, *, chat: bool,
-        prompt_tokens: int, prompt_ids: list[int] | None = None
+        tokens: list[str], prompt_ids: list[int] | None = None
     ) -> None:
+        prompt_tokens = len(tokens)
         model = self._model(conn, request, body)
         if model is None:
             return
@@ -849,6 +850,7 @@ class App:
             )
         job = Request(prompt_tokens, max_tokens, sink.on_token, conn.received, priority)
         job.lora = model if self.adapters and model in self.adapters.loaded else None
+        job.tokens = tokens
         conn.active = job
         if self.sleep is None:
             self.engine.add(job)

@@ -252,8 +252,9 @@ def test_lora_memory_is_charged_to_the_kv_cache(site: Path, tmp_path: Path) -> N
 def test_the_adapter_is_part_of_the_affinity_key(tmp_path: Path) -> None:
     """Header affinity hashes the header and the adapter a request names (route.js's
     adapterName); the map that picks the affinity pool still reads the header alone, so a
-    request without one keeps least connections. Prefix affinity's key (route.js's prefixKey)
-    holds the adapter itself. nginx -t accepts the result."""
+    request without one keeps least connections. Prefix affinity's choice (balance.js, keyed by
+    route.js's prefixKey, which holds the adapter itself) reaches nginx as its own key. nginx -t
+    accepts the result."""
     spec = tmp_path / "site.yaml"
     text = (REPO / "tests" / "data" / "replicas" / "site.yaml").read_text()
     lora = ('    extra_args: ["--max-lora-rank", "16"]\n'
@@ -268,8 +269,7 @@ def test_the_adapter_is_part_of_the_affinity_key(tmp_path: Path) -> None:
     pick = conf.one("map", "$http_x_session_id", "$kit_qwen32b_pool")
     assert pick.values("") == [("kit_qwen32b",)]
     assert conf.one("js_set", "$kit_adapter").args == ("$kit_adapter", "route.adapterName")
-    assert conf.one("upstream", "kit_llama8b_affinity").values("hash") == [
-        ("$kit_prefix", "consistent")]
+    assert conf.one("upstream", "kit_llama8b_affinity").values("hash") == [("$kit_pick",)]
     if nginx_ns.available() is None:
         checked = nginx_ns.nginx_t(tmp_path / "nginx", ["llama8b-r0", "llama8b-r1", "llama8b-r2",
                                                         "llama8b-r3", "qwen32b-r0", "qwen32b-r1"])

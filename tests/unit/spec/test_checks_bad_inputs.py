@@ -342,6 +342,13 @@ CASES = [
     ("10.2-header-name-hostile", replace(
         "    gpus: [0]", "    gpus: [0, 1]\n    routing: {affinity: header, header: 'X-A;b'}"),
      ["services[0].routing.header"]),
+    ("51-epsilon-without-prefix-affinity", replace(
+        "    gpus: [0]", "    gpus: [0, 1]\n    routing: {affinity: header, header: X-S, "
+        "epsilon: 0.5}"),
+     ["services[0].routing", "`epsilon:` is only read with affinity prefix (not header)"]),
+    ("51-epsilon-out-of-bounds", replace(
+        "    gpus: [0]", "    gpus: [0, 1]\n    routing: {affinity: prefix, epsilon: 0}"),
+     ["services[0].routing.epsilon"]),
     ("10.2-unknown-affinity", replace(
         "    gpus: [0]", "    gpus: [0, 1]\n    routing: {affinity: cookie}"),
      ["services[0].routing.affinity"]),

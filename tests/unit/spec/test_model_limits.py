@@ -102,6 +102,7 @@ def extreme_spec(models: Path, end: int) -> dict:
     service["env"] = {"VLLM_ENGINE_READY_TIMEOUT_S": str((1, MAX_TIMEOUT)[end])}
     data["proxy"]["max_body"] = ("1k", "1g")[end]
     service["idle_sleep"]["after"] = ("10s", "168h")[end]
+    service["routing"]["affinity"] = "prefix"  # epsilon is read with it only
     return data
 
 

@@ -78,7 +78,7 @@ def test_the_plan_has_replicas_and_counts_their_streams(replicas_site: Path) -> 
     llama, qwen = plan.services
     assert [r.gpus for r in llama.replicas] == [["0"], ["1"], ["2"], ["3"]]
     assert [r.gpus for r in qwen.replicas] == [["4", "5"], ["6", "7"]]
-    assert (llama.affinity, llama.affinity_key) == ("prefix", "$kit_prefix")
+    assert (llama.affinity, llama.affinity_key) == ("prefix", "$kit_pick")
     assert (qwen.affinity, qwen.affinity_key) == ("header", "$http_x_session_id")
     assert llama.streams == 4 * 128 and qwen.streams == 2 * 64
     assert "--tensor-parallel-size" in qwen.command
@@ -138,7 +138,12 @@ def test_nginx_balances_least_connections_with_a_shared_zone(replicas_site: Path
     pick = conf.one("map", "$http_x_session_id", "$kit_qwen32b_pool")
     assert pick.values("") == [("kit_qwen32b",)]
     assert pick.values("default") == [("kit_qwen32b_affinity",)]
-    assert conf.one("js_set", "$kit_prefix").args == ("$kit_prefix", "route.prefixKey")
+    # prefix routing: the door's pick (balance.js), released at the log phase
+    assert conf.one("upstream", "kit_llama8b_affinity").values("hash") == [("$kit_pick",)]
+    assert conf.one("js_var", "$kit_bounded_load").args == ("$kit_bounded_load",
+                                                            "llama8b=0.25")
+    assert conf.one("js_set", "$kit_replica_released").args == ("$kit_replica_released",
+                                                                "balance.release")
     location = conf.one("location", "@kit_qwen32b")
     assert location.values("proxy_pass") == [("http://$kit_qwen32b_pool$uri$is_args$args",)]
     # a request not yet answered may go to another replica; a begun stream never
@@ -159,7 +164,7 @@ def test_a_single_replica_upstream_is_as_before(site: Path) -> None:
     conf = parse((site / "nginx" / "nginx.conf").read_text())
     pool = conf.one("upstream", "kit_llama8b")
     assert pool.values("server") == [("llama8b:8000", "max_fails=0")]
-    assert not pool.values("least_conn") and not conf.find("js_set", "$kit_prefix")
+    assert not pool.values("least_conn") and not conf.find("js_set", "$kit_replica_released")
 
 
 def test_up_starts_every_replica_and_the_probe_checks_each(replicas_site: Path) -> None:

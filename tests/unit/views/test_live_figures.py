@@ -17,9 +17,11 @@ def sample(value: str, service: str = "tiny", replica: str = "0") -> dict:
     return {"metric": {"service": service, "replica": replica}, "value": [0, value]}
 
 
-def scripted(up: str = "1", alerts: list | None = None) -> ExecOnlyEngine:
+def scripted(up: str = "1", alerts: list | None = None,
+             hit_rate: str = "0.613") -> ExecOnlyEngine:
     engine = ExecOnlyEngine(PROMETHEUS)
-    values = {"up": up, "running": "3", "waiting": "1", "kv_cache_usage": "0.42"}
+    values = {"up": up, "running": "3", "waiting": "1", "kv_cache_usage": "0.42",
+              "prefix_cache_hit_rate": hit_rate}
     for figure, expr in FIGURES.items():
         engine.exec_results[tuple(api_argv("/api/v1/query", {"query": expr}))] = [
             answer({"resultType": "vector", "result": [sample(values[figure])]})]
@@ -30,7 +32,8 @@ def scripted(up: str = "1", alerts: list | None = None) -> ExecOnlyEngine:
 def test_figures_per_replica_and_no_alert() -> None:
     figures = live_figures(scripted(), PROMETHEUS)
     assert figures.lines() == ["live figures (Prometheus):",
-                               "  tiny replica 0: up, running 3, waiting 1, KV cache 42 %",
+                               "  tiny replica 0: up, running 3, waiting 1, KV cache 42 %, "
+                               "prefix cache hits 61 %",
                                "  no alert firing"]
 
 
@@ -41,7 +44,8 @@ def test_a_firing_alert_is_shown() -> None:
                "annotations": {"summary": "not yet"}}]
     figures = live_figures(scripted(up="0", alerts=alerts), PROMETHEUS)
     assert figures.firing == ("KitReplicaDown: tiny replica 0 does not answer /metrics",)
-    assert "  tiny replica 0: DOWN, running 3, waiting 1, KV cache 42 %" in figures.lines()
+    assert ("  tiny replica 0: DOWN, running 3, waiting 1, KV cache 42 %, prefix cache hits 61 %"
+            in figures.lines())
 
 
 def test_prometheus_down_or_unreadable_is_said() -> None:
@@ -62,9 +66,24 @@ def test_a_healthy_replica_prometheus_has_not_scraped_up_yet_is_not_down() -> No
                            healthy=frozenset({("tiny", "0"), ("tiny", "1")}))
     assert figures.lines()[1:3] == [
         "  tiny replica 0: not scraped yet (its container is healthy), running 3, waiting 1, "
-        "KV cache 42 %",
+        "KV cache 42 %, prefix cache hits 61 %",
         "  tiny replica 1: not scraped yet (its container is healthy), running -, waiting -, "
-        "KV cache -"]
+        "KV cache -, prefix cache hits -"]
     assert all(r.lagging and not r.up for r in figures.replicas)
-    assert "  tiny replica 0: DOWN, running 3, waiting 1, KV cache 42 %" in live_figures(
+    down = "  tiny replica 0: DOWN, running 3, waiting 1, KV cache 42 %, prefix cache hits 61 %"
+    assert down in live_figures(
         scripted(up="0"), PROMETHEUS, healthy=frozenset({("tiny", "1")})).lines()
+
+
+def test_the_prefix_cache_hit_rate_is_vllms_counters_and_none_before_a_prompt() -> None:
+    """vLLM counts prompt tokens asked of its prefix cache and found there
+    (vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total): their ratio per replica;
+    Prometheus's NaN while both are 0 is no figure, and JSON never carries a NaN."""
+    assert FIGURES["prefix_cache_hit_rate"] == (
+        'vllm:prefix_cache_hits_total{job="vllm"} / vllm:prefix_cache_queries_total{job="vllm"}')
+    (replica,) = live_figures(scripted(hit_rate="NaN"), PROMETHEUS).replicas
+    assert replica.prefix_cache_hit_rate is None
+    assert json.dumps(live_figures(scripted(hit_rate="NaN"), PROMETHEUS).to_json(),
+                      allow_nan=False)
+    (replica,) = live_figures(scripted(), PROMETHEUS).replicas
+    assert replica.prefix_cache_hit_rate == 0.613
