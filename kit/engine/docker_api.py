@@ -46,6 +46,8 @@ PULL_REPORT_SECONDS = 5  # how often a non-terminal pull display prints a line
 ARCHIVE_CHUNK = 256 * 1024  # bytes of a container's tar stream held at once (`archive`)
 
 
+EXEC_EXIT_WAIT_S = 10  # how long an exec's exit may take to be recorded after its output ended
+EXEC_EXIT_POLL_S = 0.02
 EXEC_STREAMS = (0, 1, 2)  # the first byte of each frame of an exec's output: stdin, stdout, stderr
 
 
@@ -382,7 +384,19 @@ class Engine:
         with self._errors(f"running {argv[0]} in container {_short(container_id)}"):
             exec_id = self._api.exec_create(container_id, argv)["Id"]
             output = self._exec_output(exec_id)
-            return self._api.exec_inspect(exec_id)["ExitCode"], output.decode(errors="replace")
+            return self._exec_exit_code(exec_id), output.decode(errors="replace")
+
+    def _exec_exit_code(self, exec_id: str) -> int:
+        """The exec's exit code, asked until the engine has recorded it: its output can end
+        before the engine processed the exit (moby#19607: inspect then says Running, no code)."""
+        deadline = time.monotonic() + EXEC_EXIT_WAIT_S
+        while (state := self._api.exec_inspect(exec_id))["Running"] or state["ExitCode"] is None:
+            if time.monotonic() > deadline:
+                raise KitError(f"the Docker engine did not record the exit of exec {exec_id[:12]} "
+                               f"{EXEC_EXIT_WAIT_S} s after its output ended",
+                               fix="run the command again; if it persists, check dockerd's log")
+            time.sleep(EXEC_EXIT_POLL_S)
+        return int(state["ExitCode"])
 
     def _exec_output(self, exec_id: str) -> bytes:
         """The exec's output, read through the HTTP response to its start: docker-py's

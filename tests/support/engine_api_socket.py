@@ -24,7 +24,9 @@ def _answer(status: str, body: bytes, content_type: str, length: bool = True) ->
     return head.encode() + b"\r\n" + body
 
 
-def _serve(server: socket.socket, output: bytes, exit_code: int, started: list[dict]) -> None:
+def _serve(server: socket.socket, output: bytes, exit_code: int, started: list[dict],
+           running_inspects: int) -> None:
+    inspects = 0
     while True:
         try:
             connection, _ = server.accept()
@@ -46,8 +48,10 @@ def _serve(server: socket.socket, output: bytes, exit_code: int, started: list[d
                 answer = _answer("200 OK", output, "application/vnd.docker.raw-stream",
                                  length=False)
             elif path.endswith("/json"):
-                answer = _answer("200 OK", json.dumps({"ExitCode": exit_code}).encode(),
-                                 "application/json")
+                inspects += 1
+                state = ({"Running": True, "ExitCode": None} if inspects <= running_inspects
+                         else {"Running": False, "ExitCode": exit_code})
+                answer = _answer("200 OK", json.dumps(state).encode(), "application/json")
             else:
                 answer = _answer("201 Created", json.dumps({"Id": EXEC_ID}).encode(),
                                  "application/json")
@@ -55,15 +59,18 @@ def _serve(server: socket.socket, output: bytes, exit_code: int, started: list[d
 
 
 @contextmanager
-def engine_api(folder: Path, output: bytes, exit_code: int = 0) -> Iterator[tuple[str, list]]:
+def engine_api(folder: Path, output: bytes, exit_code: int = 0,
+               running_inspects: int = 0) -> Iterator[tuple[str, list]]:
     """(the engine's address, the exec starts it saw) for an engine whose execs write `output`
-    (framed bytes) and exit with `exit_code`."""
+    (framed bytes) and exit with `exit_code` — inspected as still running, with no exit code,
+    the first `running_inspects` times (an exit the engine has not processed yet)."""
     path = folder / "docker.sock"
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(path))
     server.listen(8)
     started: list[dict] = []
-    thread = threading.Thread(target=_serve, args=(server, output, exit_code, started),
+    thread = threading.Thread(target=_serve, args=(server, output, exit_code, started,
+                                                            running_inspects),
                               daemon=True)
     thread.start()
     try:

@@ -20,6 +20,15 @@ def test_an_execs_output_sent_with_the_headers_is_read_whole_and_in_order(tmp_pa
                         "body": {"Detach": False, "Tty": False}, "upgrade": False}]
 
 
+def test_an_exit_the_engine_has_not_recorded_yet_is_waited_for(tmp_path) -> None:
+    """nginx -t's exit inspected before the engine processed it read as a failure (CI: a
+    remote rotation refused with 'rejected the new config' and no output of nginx's)."""
+    with engine_api(tmp_path, frame(2, b"syntax is ok\n"), exit_code=0,
+                    running_inspects=3) as (address, _):
+        engine = Engine(docker.APIClient(base_url=address, version=API_VERSION), address)
+        assert engine.exec("nginx-1", ["nginx", "-t"]) == (0, "syntax is ok\n")
+
+
 def test_output_not_framed_as_the_api_says_is_an_error_naming_the_byte(tmp_path) -> None:
     with engine_api(tmp_path, frame(1, b"ok\n") + b"\xbfnot a frame") as (address, _):
         engine = Engine(docker.APIClient(base_url=address, version=API_VERSION), address)
