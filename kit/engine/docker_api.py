@@ -402,7 +402,11 @@ class Engine:
         """The exec's output, read through the HTTP response to its start: docker-py's
         exec_start reads the socket beneath it, past the bytes http.client already buffered
         with the headers — under load an exec's output came back empty or misframed. Without
-        an Upgrade header the engine answers 200 and streams until the process ends."""
+        an Upgrade header the engine answers 200 and streams until the process ends. Over
+        ssh:// (docker system dial-stdio) the engine answered such a start with exit 126 and no
+        output: there the exec is started as docker-py does, as before."""
+        if engine_url.ssh_target(self.address) is not None:
+            return self._api.exec_start(exec_id)
         url = f"{self._api.base_url}/v{self._api.api_version}/exec/{exec_id}/start"
         response = self._api.post(url, json={"Detach": False, "Tty": False}, stream=True,
                                   timeout=self._api.timeout)
