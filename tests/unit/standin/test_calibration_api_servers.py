@@ -83,6 +83,7 @@ def content_chunks(chunks: list[dict]) -> list[dict]:
     return [c for c in chunks if c["choices"] and "role" not in c["choices"][0]["delta"]]
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize(("count", "saturated"), [(1, True), (4, False)])
 def test_the_chunks_cpu_is_spread_over_the_api_server_processes(
         tmp_path: Path, count: int, saturated: bool) -> None:
